@@ -1,0 +1,55 @@
+#pragma once
+// The seed's append_info: extra values stored in every checkpoint a manager writes.
+//   ckpt::AppendInfo info{"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
+// "epoch_num" stores the current epoch, "step_num" the global step; a dict's entries are
+// stored as they are (int, float, bool, string or tensor values).
+
+#include <initializer_list>
+#include <string>
+#include <variant>
+
+#include "error.hpp"
+#include "param_dict.hpp"
+#include "progress.hpp"
+
+namespace ckpt {
+
+struct AppendInfo {
+    /// One item of the seed's list: the string "epoch_num" or "step_num", or a dict.
+    struct Item {
+        std::variant<std::string, ParamDict> v;
+        Item(const char* s) : v(std::string(s)) {}
+        Item(std::string s) : v(std::move(s)) {}
+        Item(ParamDict d) : v(std::move(d)) {}
+    };
+
+    bool epoch_num = false;
+    bool step_num = false;
+    ParamDict extra;
+
+    AppendInfo() = default;
+    AppendInfo(std::initializer_list<Item> items) {
+        for (const auto& item : items) {
+            if (const auto* s = std::get_if<std::string>(&item.v)) {
+                if (*s == "epoch_num") epoch_num = true;
+                else if (*s == "step_num") step_num = true;
+                else
+                    throw ConfigError("append_info accepts the strings \"epoch_num\" and \"step_num\" and dicts, not \"" +
+                                      *s + "\"");
+            } else {
+                for (const auto& [name, value] : std::get<ParamDict>(item.v)) extra.set(name, value);
+            }
+        }
+    }
+
+    bool empty() const { return !epoch_num && !step_num && extra.empty(); }
+
+    /// Adds the values for `p` to `dict`.
+    void apply(ParamDict& dict, const Progress& p) const {
+        if (epoch_num) dict.set("epoch_num", p.epoch);
+        if (step_num) dict.set("step_num", p.global_step);
+        for (const auto& [name, value] : extra) dict.set(name, value);
+    }
+};
+
+}  // namespace ckpt

@@ -1,0 +1,424 @@
+#pragma once
+// Saving and loading one checkpoint file: save_checkpoint, load_checkpoint,
+// load_checkpoint_into (straight into existing tensors) and load_param_into_net.
+
+#include <boost/archive/archive_exception.hpp>
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <istream>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "detail/atomic_file.hpp"
+#include "detail/body.hpp"
+#include "detail/hash.hpp"
+#include "detail/posix_io.hpp"
+#include "detail/streams.hpp"
+#include "error.hpp"
+#include "format.hpp"
+#include "param_dict.hpp"
+
+namespace ckpt {
+
+namespace fs = boost::filesystem;
+
+struct SaveOptions {
+    ArchiveKind archive = ArchiveKind::binary;
+    std::int64_t epoch = 0;  ///< recorded in the header; latest() checks it against the file name
+    std::int64_t step = 0;   ///< likewise
+    bool overwrite = true;   ///< false: fail with EEXIST rather than replace an existing file
+};
+
+struct LoadOptions {
+    std::optional<ArchiveKind> archive;  ///< when set, a file of another archive kind is an error
+};
+
+/// What a load into existing tensors did, in the seed's terms.
+struct LoadReport {
+    std::vector<std::string> param_not_load;  ///< target tensors the checkpoint did not fill
+    std::vector<std::string> ckpt_not_load;   ///< checkpoint tensors with no matching target
+    std::vector<std::string> mismatches;      ///< same name, other dtype or shape (also in both lists above)
+    ParamDict rest;                           ///< checkpoint entries not loaded into the target
+    bool complete() const { return param_not_load.empty() && ckpt_not_load.empty(); }
+};
+
+/// A type whose named state can be loaded in place: state_dict() returns views of its tensors.
+template <class T>
+concept HasStateDict = requires(T& t) {
+    { t.state_dict() } -> std::same_as<ParamDict>;
+};
+
+namespace detail {
+
+inline std::int64_t unix_time_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+inline std::string hex64(std::uint64_t v) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string s(16, '0');
+    for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = digits[v & 0xf];
+    return s;
+}
+
+inline ChecksumError body_checksum_error(const std::string& path, std::uint64_t expected, std::uint64_t got,
+                                         const char* extra = "") {
+    return ChecksumError("checkpoint '" + path + "' is corrupt: body xxh3 is " + hex64(got) + ", the header says " +
+                             hex64(expected) + extra,
+                         path);
+}
+
+struct OpenedCheckpoint {
+    Fd fd;
+    FileHeader header;
+};
+
+inline OpenedCheckpoint open_checkpoint(const std::string& path, const LoadOptions& opts) {
+    OpenedCheckpoint c{open_for_read(path), {}};
+    const std::uint64_t size = file_size(c.fd.get(), path);
+    std::array<std::byte, header_size> raw{};
+    const std::size_t got = read_full(c.fd.get(), raw.data(), raw.size(), path);
+    c.header = decode_header(raw.data(), got, size, path);
+    if (opts.archive && *opts.archive != c.header.archive)
+        throw FormatError("checkpoint '" + path + "' is a " + std::string(archive_kind_name(c.header.archive)) +
+                              " archive, expected " + std::string(archive_kind_name(*opts.archive)),
+                          path);
+    return c;
+}
+
+/// Reads the whole body into one aligned block and checks it against the header.
+inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const std::string& path) {
+    const std::uint64_t n = c.header.body_length;
+    auto body = allocate_aligned(static_cast<std::size_t>(n));
+    Xxh3 hash;
+    constexpr std::size_t chunk = 4u << 20;  // hash each chunk while it is still in cache
+    for (std::uint64_t off = 0; off < n; off += chunk) {
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - off));
+        auto* dst = body.get() + off;
+        if (read_full(c.fd.get(), dst, len, path) != len)
+            throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
+        hash.update(dst, len);
+    }
+    if (hash.digest() != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, hash.digest());
+    return body;
+}
+
+template <class F>
+decltype(auto) translating_archive_errors(const std::string& path, F&& f) {
+    try {
+        return f();
+    } catch (const boost::archive::archive_exception& e) {
+        throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
+    }
+}
+
+inline void reject_duplicates(const std::vector<EntryMeta>& toc, const std::string& path) {
+    std::unordered_set<std::string_view> seen;
+    for (const auto& e : toc)
+        if (!seen.insert(e.name).second)
+            throw FormatError("checkpoint '" + path + "' is malformed: entry '" + e.name + "' appears twice", path);
+}
+
+/// Parses a verified in-memory body. Binary payloads that sit 64-byte aligned (all of ours)
+/// become tensors aliasing the body block: no copy.
+inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, std::uint64_t n,
+                            const std::string& path) {
+    MemoryReader src(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
+    auto parse = [&](auto& ar) {
+        BodyParser parser(ar, src, path);
+        auto toc = parser.read_toc();
+        reject_duplicates(toc, path);
+        ParamDict dict;
+        for (auto& e : toc) dict.set(e.name, e.kind == ValueKind::tensor ? Value(Tensor()) : std::move(e.scalar));
+        for (const auto& e : toc) {
+            if (e.kind != ValueKind::tensor) continue;
+            parser.read_padding();
+            Tensor& slot = dict.tensor(e.name);
+            if constexpr (is_binary_archive_v<std::remove_reference_t<decltype(ar)>>) {
+                char* at = src.current();
+                if (reinterpret_cast<std::uintptr_t>(at) % payload_alignment == 0 && e.nbytes <= parser.remaining()) {
+                    slot = Tensor::aliasing(e.dtype, e.shape, body, at);
+                    src.skip(static_cast<std::size_t>(e.nbytes));
+                    continue;
+                }
+            }
+            slot = Tensor::uninitialized(e.dtype, e.shape);
+            parser.read_payload(e, slot.data());
+        }
+        if constexpr (is_binary_archive_v<std::remove_reference_t<decltype(ar)>>)
+            if (parser.remaining() != 0)
+                parser.fail(std::to_string(parser.remaining()) + " bytes after the last entry");
+        return dict;
+    };
+    return translating_archive_errors(path, [&]() -> ParamDict {
+        switch (kind) {
+            case ArchiveKind::binary: {
+                boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
+                return parse(ar);
+            }
+            case ArchiveKind::text: {
+                std::istream is(&src);
+                boost::archive::text_iarchive ar(is);
+                return parse(ar);
+            }
+            case ArchiveKind::xml: {
+                std::istream is(&src);
+                boost::archive::xml_iarchive ar(is);
+                return parse(ar);
+            }
+        }
+        throw FormatError("checkpoint '" + path + "' has an unknown archive kind", path);
+    });
+}
+
+/// Matches the checkpoint's table of contents against the target's tensors.
+struct LoadPlan {
+    LoadReport report;
+    std::vector<Tensor*> destinations;  // per toc entry: target tensor to fill, or null
+};
+
+inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc) {
+    LoadPlan plan;
+    plan.destinations.assign(toc.size(), nullptr);
+    std::unordered_set<std::string_view> in_file;
+    for (std::size_t i = 0; i < toc.size(); ++i) {
+        const auto& e = toc[i];
+        if (e.kind != ValueKind::tensor) continue;
+        in_file.insert(e.name);
+        Value* slot = target.find(e.name);
+        Tensor* t = slot ? slot->get_if<Tensor>() : nullptr;
+        if (!t) {
+            plan.report.ckpt_not_load.push_back(e.name);
+        } else if (t->dtype() != e.dtype || t->shape() != e.shape) {
+            plan.report.mismatches.push_back("'" + e.name + "': checkpoint has " + std::string(dtype_name(e.dtype)) +
+                                             shape_string(e.shape) + ", target has " + t->describe());
+            plan.report.ckpt_not_load.push_back(e.name);
+            plan.report.param_not_load.push_back(e.name);
+        } else {
+            plan.destinations[i] = t;
+        }
+    }
+    for (const auto& [name, value] : target)
+        if (value.is_tensor() && !in_file.contains(name)) plan.report.param_not_load.push_back(name);
+    return plan;
+}
+
+inline std::string join_names(const std::vector<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
+    return s;
+}
+
+inline LoadMismatch strict_failure(const std::string& source, const LoadReport& r) {
+    std::vector<std::string> missing, unexpected;
+    auto mismatched = [&](const std::string& n) {
+        return std::any_of(r.mismatches.begin(), r.mismatches.end(),
+                           [&](const std::string& m) { return m.compare(1, n.size() + 2, n + "':") == 0; });
+    };
+    for (const auto& n : r.param_not_load)
+        if (!mismatched(n)) missing.push_back(n);
+    for (const auto& n : r.ckpt_not_load)
+        if (!mismatched(n)) unexpected.push_back(n);
+    std::string msg = "strict load from " + source + " failed:";
+    if (!missing.empty()) msg += " missing from the checkpoint: " + join_names(missing) + ";";
+    if (!unexpected.empty()) msg += " not in the target: " + join_names(unexpected) + ";";
+    for (const auto& m : r.mismatches) msg += " dtype/shape mismatch " + m + ";";
+    msg.pop_back();
+    return LoadMismatch(msg);
+}
+
+}  // namespace detail
+
+/// Writes `dict` to `file` atomically and durably (see detail/atomic_file.hpp). On any error
+/// the previous file at `file`, if any, is untouched and no temporary is left behind.
+inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const SaveOptions& opts = {}) {
+    const std::string path = file.string();
+    detail::AtomicFile out(file, opts.overwrite);
+    const std::array<std::byte, header_size> placeholder{};
+    detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
+    detail::BodyWriter writer(out.fd(), path);
+    try {
+        auto position = [&] { return writer.position(); };
+        switch (opts.archive) {
+            case ArchiveKind::binary: {
+                boost::archive::binary_oarchive ar(writer, boost::archive::no_header | boost::archive::no_codecvt);
+                detail::write_body(ar, dict, position);
+                break;
+            }
+            case ArchiveKind::text: {
+                std::ostream os(&writer);
+                {
+                    boost::archive::text_oarchive ar(os);
+                    detail::write_body(ar, dict, position);
+                }
+                os.flush();
+                break;
+            }
+            case ArchiveKind::xml: {
+                std::ostream os(&writer);
+                {
+                    boost::archive::xml_oarchive ar(os);
+                    detail::write_body(ar, dict, position);
+                }
+                os.flush();
+                break;
+            }
+        }
+    } catch (...) {
+        writer.rethrow_pending();  // the underlying I/O error says more than the archive's
+        throw;
+    }
+    writer.finish();
+    FileHeader h;
+    h.archive = opts.archive;
+    h.body_length = writer.position();
+    h.body_hash = writer.digest();
+    h.epoch = opts.epoch;
+    h.step = opts.step;
+    h.save_time_ns = detail::unix_time_ns();
+    const auto bytes = encode_header(h);
+    detail::pwrite_all(out.fd(), bytes.data(), bytes.size(), 0, path);
+    out.commit();
+}
+
+/// Reads and checks the header only (64 bytes): cheap, but says nothing about the body.
+inline FileHeader read_header(const fs::path& file) {
+    return detail::open_checkpoint(file.string(), {}).header;
+}
+
+/// Reads the whole file and checks header and body checksum; throws if anything is wrong.
+inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
+    const std::string path = file.string();
+    auto c = detail::open_checkpoint(path, opts);
+    detail::Xxh3 hash;
+    std::vector<char> buf(detail::stream_buffer_size * 4);
+    for (std::uint64_t left = c.header.body_length; left > 0;) {
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), left));
+        if (detail::read_full(c.fd.get(), buf.data(), len, path) != len)
+            throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
+        hash.update(buf.data(), len);
+        left -= len;
+    }
+    if (hash.digest() != c.header.body_hash) throw detail::body_checksum_error(path, c.header.body_hash, hash.digest());
+    return c.header;
+}
+
+/// Loads every entry into a new ParamDict. The body is verified before anything in it is
+/// parsed; binary payloads are not copied again after the read.
+inline ParamDict load_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
+    const std::string path = file.string();
+    auto c = detail::open_checkpoint(path, opts);
+    auto body = detail::read_verified_body(c, path);
+    return detail::parse_body(c.header.archive, std::move(body), c.header.body_length, path);
+}
+
+/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
+/// network's parameters). Only tensors take part; other entries of `src` go to report.rest.
+/// Strict: any missing, unexpected or mismatched tensor throws LoadMismatch naming all of
+/// them, before anything is copied.
+inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false) {
+    std::vector<detail::EntryMeta> toc;
+    for (const auto& [name, value] : src) {
+        detail::EntryMeta e;
+        e.name = name;
+        e.kind = value.kind();
+        if (const Tensor* t = value.get_if<Tensor>()) {
+            e.dtype = t->dtype();
+            e.shape = t->shape();
+        }
+        toc.push_back(std::move(e));
+    }
+    auto plan = detail::plan_load(target, toc);
+    if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan.report);
+    auto it = src.begin();
+    for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
+        if (Tensor* dst = plan.destinations[i]) {
+            const Tensor& from = *it->value.get_if<Tensor>();
+            if (dst->data() != from.data() && from.nbytes()) std::memcpy(dst->data(), from.data(), from.nbytes());
+        } else {
+            plan.report.rest.set(it->name, it->value);
+        }
+    }
+    return plan.report;
+}
+
+template <HasStateDict T>
+LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false) {
+    ParamDict views = net.state_dict();
+    return load_param_into_net(views, src, strict);
+}
+
+/// Loads straight into the memory of `target`'s tensors (binary archives stream from the
+/// file into them; text and xml go through a verified in-memory copy). The body checksum is
+/// checked at the end: if it fails, ChecksumError is thrown and the target tensors may hold
+/// partial data, so reload them from another checkpoint. Strict mode checks names, dtypes
+/// and shapes against the file's table of contents before writing any payload.
+inline LoadReport load_checkpoint_into(const fs::path& file, ParamDict& target, bool strict = false,
+                                       const LoadOptions& opts = {}) {
+    const std::string path = file.string();
+    auto c = detail::open_checkpoint(path, opts);
+    if (c.header.archive != ArchiveKind::binary) {
+        auto body = detail::read_verified_body(c, path);
+        return load_param_into_net(target, detail::parse_body(c.header.archive, std::move(body), c.header.body_length, path),
+                                   strict);
+    }
+    detail::BodyReader src(c.fd.get(), path, c.header.body_length);
+    // A parse error in a body whose checksum also fails is reported as the corruption it is.
+    auto corruption_instead = [&](const char* extra) -> std::optional<ChecksumError> {
+        const std::uint64_t got = src.drain_and_digest();
+        if (got != c.header.body_hash) return detail::body_checksum_error(path, c.header.body_hash, got, extra);
+        return std::nullopt;
+    };
+    LoadReport report;
+    try {
+        detail::translating_archive_errors(path, [&] {
+            boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
+            detail::BodyParser parser(ar, src, path);
+            auto toc = parser.read_toc();
+            detail::reject_duplicates(toc, path);
+            auto plan = detail::plan_load(target, toc);
+            if (strict && !plan.report.complete()) {
+                if (auto e = corruption_instead("")) throw *e;
+                throw detail::strict_failure("'" + path + "'", plan.report);
+            }
+            for (std::size_t i = 0; i < toc.size(); ++i) {
+                auto& e = toc[i];
+                if (e.kind != ValueKind::tensor) {
+                    plan.report.rest.set(e.name, std::move(e.scalar));
+                    continue;
+                }
+                parser.read_padding();
+                if (Tensor* dst = plan.destinations[i]) {
+                    parser.read_payload(e, dst->data());
+                } else {
+                    Tensor fresh = Tensor::uninitialized(e.dtype, e.shape);
+                    parser.read_payload(e, fresh.data());
+                    plan.report.rest.set(e.name, std::move(fresh));
+                }
+            }
+            if (parser.remaining() != 0) parser.fail(std::to_string(parser.remaining()) + " bytes after the last entry");
+            report = std::move(plan.report);
+        });
+    } catch (const FormatError&) {
+        if (auto e = corruption_instead("; the target tensors may hold partial data")) throw *e;
+        throw;
+    }
+    if (auto e = corruption_instead("; the target tensors may hold partial data")) throw *e;
+    return report;
+}
+
+template <HasStateDict T>
+LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
+    ParamDict views = net.state_dict();
+    return load_checkpoint_into(file, views, strict, opts);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,19 @@
+#pragma once
+// ckpt: embeddable checkpoint and resume. Include this one header.
+//
+//   values       ParamDict, Value, Tensor, dtypes                      param_dict.hpp, tensor.hpp
+//   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
+//                load_param_into_net, verify_checkpoint                checkpoint.hpp
+//   errors       Error and its subclasses                               error.hpp
+
+#include "append_info.hpp"
+#include "archive_policy.hpp"
+#include "checkpoint.hpp"
+#include "dtype.hpp"
+#include "error.hpp"
+#include "format.hpp"
+#include "log.hpp"
+#include "param_dict.hpp"
+#include "progress.hpp"
+#include "tensor.hpp"
+#include "xtensor.hpp"

@@ -1,0 +1,136 @@
+#pragma once
+// Atomic, durable file replacement: write a temporary in the same directory, fsync it,
+// rename it over the final name, fsync the directory. A crash at any point leaves either
+// the old state or the complete new file; the temporary is removed on every error path.
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/filesystem.hpp>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "../error.hpp"
+#include "../log.hpp"
+#include "posix_io.hpp"
+
+namespace ckpt::detail {
+
+namespace fs = boost::filesystem;
+
+inline constexpr std::string_view temp_marker = ".tmp-";
+
+/// The temporary for `final_name`: ".{final_name}.tmp-{pid}-{sequence}". The leading dot keeps
+/// it out of listings, the pid tells a later cleanup whether its writer is still alive.
+inline std::string temporary_name(const std::string& final_name) {
+    static std::atomic<unsigned long> sequence{0};
+    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + "-" +
+           std::to_string(sequence.fetch_add(1));
+}
+
+/// The writer's pid if `name` is one of our temporaries.
+inline std::optional<long> temporary_owner(std::string_view name) {
+    if (name.empty() || name.front() != '.') return std::nullopt;
+    const auto at = name.rfind(temp_marker);
+    if (at == std::string_view::npos) return std::nullopt;
+    long pid = 0;
+    const char* first = name.data() + at + temp_marker.size();
+    const char* last = name.data() + name.size();
+    auto [ptr, ec] = std::from_chars(first, last, pid);
+    if (ec != std::errc() || ptr == last || *ptr != '-' || pid <= 0) return std::nullopt;
+    return pid;
+}
+
+inline std::string directory_of(const fs::path& file) {
+    const fs::path parent = file.parent_path();
+    return parent.empty() ? std::string(".") : parent.string();
+}
+
+inline void require_directory(const std::string& dir, const std::string& for_file) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+        const int err = errno;
+        throw IoError("cannot save '" + for_file + "': directory '" + dir + "' " +
+                          (err == ENOENT ? std::string("does not exist") : errno_text(err)),
+                      for_file, err);
+    }
+    if (!S_ISDIR(st.st_mode))
+        throw IoError("cannot save '" + for_file + "': '" + dir + "' is not a directory", for_file, ENOTDIR);
+}
+
+class AtomicFile {
+public:
+    /// `overwrite` false makes commit() fail with EEXIST instead of replacing an existing file.
+    explicit AtomicFile(const fs::path& final_path, bool overwrite = true)
+        : final_(final_path.string()), dir_(directory_of(final_path)), overwrite_(overwrite) {
+        require_directory(dir_, final_);
+        if (!overwrite_ && ::access(final_.c_str(), F_OK) == 0)
+            throw IoError("cannot save '" + final_ + "': the file exists and overwriting was not allowed", final_,
+                          EEXIST);
+        temp_ = (fs::path(dir_) / temporary_name(final_path.filename().string())).string();
+        int fd;
+        do fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0) {
+            const int err = errno;
+            throw IoError("cannot save '" + final_ + "': cannot create a file in '" + dir_ + "': " + errno_text(err),
+                          final_, err);
+        }
+        fd_ = Fd(fd);
+    }
+    AtomicFile(const AtomicFile&) = delete;
+    AtomicFile& operator=(const AtomicFile&) = delete;
+
+    ~AtomicFile() {
+        if (!committed_) {
+            fd_.reset();
+            ::unlink(temp_.c_str());
+        }
+    }
+
+    int fd() const noexcept { return fd_.get(); }
+    const std::string& final_path() const noexcept { return final_; }
+
+    void commit() {
+        fsync_fd(fd_.get(), final_);
+        fd_.close_checked(final_);
+        if (overwrite_) {
+            if (::rename(temp_.c_str(), final_.c_str()) != 0) throw_io("rename a temporary file to", final_);
+        } else {
+            if (::link(temp_.c_str(), final_.c_str()) != 0) throw_io("create", final_);  // fails if it exists
+            ::unlink(temp_.c_str());
+        }
+        committed_ = true;
+        fsync_directory(dir_);
+    }
+
+private:
+    std::string final_, dir_, temp_;
+    bool overwrite_;
+    Fd fd_;
+    bool committed_ = false;
+};
+
+/// Removes temporaries in `dir` whose name starts with ".{prefix}" and whose writer process
+/// is gone (a crash mid-save). Temporaries of live writers are left alone.
+inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefix) {
+    boost::system::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (name.size() < prefix.size() + 1 || name.compare(1, prefix.size(), prefix) != 0) continue;
+        const auto pid = temporary_owner(name);
+        if (!pid) continue;
+        if (::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH) continue;
+        if (::unlink(it->path().c_str()) == 0)
+            log(LogLevel::info, "removed stale temporary '" + it->path().string() + "' left by process " +
+                                    std::to_string(*pid));
+    }
+}
+
+}  // namespace ckpt::detail

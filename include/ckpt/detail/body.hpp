@@ -1,0 +1,228 @@
+#pragma once
+// The checkpoint body, written through a Boost.Serialization archive. Schema (version 1):
+//
+//   entries  u64                          number of entries
+//   per entry, in order (the table of contents):
+//     name   string
+//     kind   u32                          ValueKind
+//     tensor: dtype u32, rank u32, dim i64 x rank, nbytes u64
+//     int64 / double / bool / string: value
+//   per tensor entry, in the same order:
+//     [binary only] pad u32 + pad zero bytes, so the payload starts 64-byte aligned in the body
+//     data   the payload as one binary block (base64 in text and xml archives)
+//
+// The table of contents comes first so a load can check names, dtypes and shapes against its
+// targets before any payload is written into them.
+
+#include <boost/archive/binary_iarchive.hpp>
+#include <boost/archive/binary_oarchive.hpp>
+#include <boost/archive/text_iarchive.hpp>
+#include <boost/archive/text_oarchive.hpp>
+#include <boost/archive/xml_iarchive.hpp>
+#include <boost/archive/xml_oarchive.hpp>
+#include <boost/serialization/binary_object.hpp>
+#include <boost/serialization/nvp.hpp>
+#include <boost/serialization/string.hpp>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../error.hpp"
+#include "../param_dict.hpp"
+#include "../tensor.hpp"
+
+namespace ckpt::detail {
+
+template <class A>
+inline constexpr bool is_binary_archive_v =
+    std::is_same_v<A, boost::archive::binary_oarchive> || std::is_same_v<A, boost::archive::binary_iarchive>;
+
+inline constexpr std::uint32_t max_tensor_rank = 64;
+inline constexpr std::uint32_t payload_alignment = 64;
+
+/// One entry of the table of contents; tensors carry their layout, other kinds their value.
+struct EntryMeta {
+    std::string name;
+    ValueKind kind = ValueKind::int64;
+    DType dtype = DType::float32;
+    Shape shape;
+    std::uint64_t nbytes = 0;
+    Value scalar;
+};
+
+using boost::serialization::make_nvp;
+
+template <class OArchive>
+void write_string(OArchive& ar, const char* tag, const std::string& s) {
+    if constexpr (is_binary_archive_v<OArchive>) {
+        const std::uint64_t n = s.size();
+        ar << make_nvp(tag, n);
+        ar.save_binary(s.data(), s.size());
+    } else {
+        ar << make_nvp(tag, s);
+    }
+}
+
+/// Writes `dict`; `position()` tells the writer's offset in the body, for payload alignment.
+template <class OArchive, class Position>
+void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
+    const std::uint64_t count = dict.size();
+    ar << make_nvp("entries", count);
+    for (const ParamDict::Entry& entry : dict) {
+        const Value& value = entry.value;
+        write_string(ar, "name", entry.name);
+        const auto kind = static_cast<std::uint32_t>(value.kind());
+        ar << make_nvp("kind", kind);
+        if (const Tensor* t = value.get_if<Tensor>()) {
+            const auto dtype = static_cast<std::uint32_t>(t->dtype());
+            const auto rank = static_cast<std::uint32_t>(t->rank());
+            ar << make_nvp("dtype", dtype) << make_nvp("rank", rank);
+            for (std::int64_t d : t->shape()) ar << make_nvp("dim", d);
+            const std::uint64_t nbytes = t->nbytes();
+            ar << make_nvp("nbytes", nbytes);
+        } else if (auto* i = value.get_if<std::int64_t>()) {
+            ar << make_nvp("value", *i);
+        } else if (auto* d = value.get_if<double>()) {
+            ar << make_nvp("value", *d);
+        } else if (auto* b = value.get_if<bool>()) {
+            const std::uint32_t v = *b ? 1 : 0;  // a fixed width: a bool read from a bad byte is undefined
+            ar << make_nvp("value", v);
+        } else {
+            write_string(ar, "value", *value.get_if<std::string>());
+        }
+    }
+    static constexpr std::array<char, payload_alignment> zeros{};
+    for (const ParamDict::Entry& entry : dict) {
+        const Tensor* t = entry.value.get_if<Tensor>();
+        if (!t) continue;
+        if constexpr (is_binary_archive_v<OArchive>) {
+            const auto pad = static_cast<std::uint32_t>((payload_alignment - (position() + 4) % payload_alignment) %
+                                                        payload_alignment);
+            ar << make_nvp("pad", pad);
+            ar.save_binary(zeros.data(), pad);
+        }
+        ar << make_nvp("data", boost::serialization::make_binary_object(const_cast<std::byte*>(t->data()), t->nbytes()));
+    }
+}
+
+/// Reads body elements while bounding every length by the bytes the body has left.
+template <class IArchive, class Source>
+class BodyParser {
+public:
+    BodyParser(IArchive& ar, Source& src, const std::string& path) : ar_(ar), src_(src), path_(path) {}
+
+    std::vector<EntryMeta> read_toc() {
+        std::uint64_t count = 0;
+        ar_ >> make_nvp("entries", count);
+        if (count > remaining()) fail("entry count " + std::to_string(count) + " exceeds the body size");
+        std::vector<EntryMeta> toc(static_cast<std::size_t>(count));
+        std::uint64_t payload_total = 0;
+        for (auto& e : toc) {
+            read_string("name", e.name);
+            std::uint32_t kind = 0;
+            ar_ >> make_nvp("kind", kind);
+            if (kind > static_cast<std::uint32_t>(ValueKind::string))
+                fail("entry '" + e.name + "' has unknown value kind " + std::to_string(kind));
+            e.kind = static_cast<ValueKind>(kind);
+            switch (e.kind) {
+                case ValueKind::tensor: read_tensor_meta(e); break;
+                case ValueKind::int64: e.scalar = read_value<std::int64_t>(); break;
+                case ValueKind::float64: e.scalar = read_value<double>(); break;
+                case ValueKind::boolean: {
+                    const auto v = read_value<std::uint32_t>();
+                    if (v > 1) fail("entry '" + e.name + "' holds bool value " + std::to_string(v));
+                    e.scalar = v == 1;
+                    break;
+                }
+                case ValueKind::string: {
+                    std::string s;
+                    read_string("value", s);
+                    e.scalar = std::move(s);
+                    break;
+                }
+            }
+            payload_total += e.nbytes;
+            if (payload_total > src_.length())
+                fail("tensor payloads add up to more than the body's " + std::to_string(src_.length()) + " bytes");
+        }
+        return toc;
+    }
+
+    /// Skips the alignment padding in front of a payload (binary archives only).
+    void read_padding() {
+        if constexpr (is_binary_archive_v<IArchive>) {
+            std::uint32_t pad = 0;
+            ar_ >> make_nvp("pad", pad);
+            if (pad >= payload_alignment) fail("payload padding of " + std::to_string(pad) + " bytes is invalid");
+            std::array<char, payload_alignment> scratch;
+            ar_.load_binary(scratch.data(), pad);
+        }
+    }
+
+    void read_payload(const EntryMeta& e, void* dst) {
+        if (e.nbytes > remaining())
+            fail("tensor '" + e.name + "' needs " + std::to_string(e.nbytes) + " bytes, the body has " +
+                 std::to_string(remaining()) + " left");
+        auto blob = boost::serialization::make_binary_object(dst, static_cast<std::size_t>(e.nbytes));
+        ar_ >> make_nvp("data", blob);
+    }
+
+    std::uint64_t remaining() const { return src_.length() - src_.position(); }
+
+    [[noreturn]] void fail(const std::string& why) const {
+        throw FormatError("checkpoint '" + path_ + "' is malformed: " + why, path_);
+    }
+
+private:
+    template <class T>
+    T read_value() {
+        T v{};
+        ar_ >> make_nvp("value", v);
+        return v;
+    }
+
+    void read_string(const char* tag, std::string& s) {
+        if constexpr (is_binary_archive_v<IArchive>) {
+            std::uint64_t n = 0;
+            ar_ >> make_nvp(tag, n);
+            if (n > remaining()) fail("a string of " + std::to_string(n) + " bytes exceeds the body size");
+            s.resize(static_cast<std::size_t>(n));
+            ar_.load_binary(s.data(), s.size());
+        } else {
+            ar_ >> make_nvp(tag, s);
+        }
+    }
+
+    void read_tensor_meta(EntryMeta& e) {
+        std::uint32_t dtype = 0, rank = 0;
+        ar_ >> make_nvp("dtype", dtype) >> make_nvp("rank", rank);
+        const auto dt = dtype_from_code(dtype);
+        if (!dt) fail("tensor '" + e.name + "' has unknown dtype code " + std::to_string(dtype));
+        if (rank > max_tensor_rank)
+            fail("tensor '" + e.name + "' has rank " + std::to_string(rank) + " (at most " +
+                 std::to_string(max_tensor_rank) + ")");
+        e.dtype = *dt;
+        e.shape.resize(rank);
+        for (auto& d : e.shape) ar_ >> make_nvp("dim", d);
+        ar_ >> make_nvp("nbytes", e.nbytes);
+        std::size_t numel = 0;
+        try {
+            numel = checked_numel(e.shape, static_cast<std::size_t>(src_.length()));
+        } catch (const FormatError&) {
+            fail("tensor '" + e.name + "' has an impossible shape " + shape_string(e.shape));
+        }
+        if (numel * itemsize(e.dtype) != e.nbytes)
+            fail("tensor '" + e.name + "' of " + std::string(dtype_name(e.dtype)) + shape_string(e.shape) +
+                 " should hold " + std::to_string(numel * itemsize(e.dtype)) + " bytes, not " +
+                 std::to_string(e.nbytes));
+    }
+
+    IArchive& ar_;
+    Source& src_;
+    const std::string& path_;
+};
+
+}  // namespace ckpt::detail

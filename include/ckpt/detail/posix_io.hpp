@@ -1,0 +1,129 @@
+#pragma once
+// Thin POSIX file helpers: every failure becomes an IoError naming the path and errno.
+// The standard library and Boost.Filesystem have no fsync, which durability needs.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "../error.hpp"
+
+namespace ckpt::detail {
+
+inline std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+[[noreturn]] inline void throw_io(const std::string& action, const std::string& path, int err = errno) {
+    throw IoError("cannot " + action + " '" + path + "': " + errno_text(err), path, err);
+}
+
+/// An owned file descriptor.
+class Fd {
+public:
+    Fd() = default;
+    explicit Fd(int fd) : fd_(fd) {}
+    Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+    Fd& operator=(Fd&& o) noexcept {
+        if (this != &o) {
+            reset();
+            fd_ = std::exchange(o.fd_, -1);
+        }
+        return *this;
+    }
+    ~Fd() { reset(); }
+    int get() const noexcept { return fd_; }
+    explicit operator bool() const noexcept { return fd_ >= 0; }
+    void reset() noexcept {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = -1;
+    }
+    /// Closes and reports the error close() returns (NFS can report write errors only here).
+    void close_checked(const std::string& path) {
+        const int fd = std::exchange(fd_, -1);
+        if (fd >= 0 && ::close(fd) != 0 && errno != EINTR) throw_io("close", path);
+    }
+
+private:
+    int fd_ = -1;
+};
+
+inline Fd open_for_read(const std::string& path) {
+    int fd;
+    do fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) throw_io("open checkpoint", path);
+    return Fd(fd);
+}
+
+inline std::uint64_t file_size(int fd, const std::string& path) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw_io("stat", path);
+    if (!S_ISREG(st.st_mode)) throw IoError("'" + path + "' is not a regular file", path, 0);
+    return static_cast<std::uint64_t>(st.st_size);
+}
+
+inline void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
+    auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+        const ssize_t w = ::write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            throw_io("write", path);
+        }
+        p += w;
+        n -= static_cast<std::size_t>(w);
+    }
+}
+
+inline void pwrite_all(int fd, const void* data, std::size_t n, std::uint64_t offset, const std::string& path) {
+    auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+        const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            throw_io("write", path);
+        }
+        p += w;
+        n -= static_cast<std::size_t>(w);
+        offset += static_cast<std::uint64_t>(w);
+    }
+}
+
+/// Reads up to n bytes; returns fewer only at end of file.
+inline std::size_t read_full(int fd, void* data, std::size_t n, const std::string& path) {
+    auto* p = static_cast<char*>(data);
+    std::size_t done = 0;
+    while (done < n) {
+        const ssize_t r = ::read(fd, p + done, n - done);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            throw_io("read", path);
+        }
+        if (r == 0) break;
+        done += static_cast<std::size_t>(r);
+    }
+    return done;
+}
+
+inline void fsync_fd(int fd, const std::string& path) {
+    while (::fsync(fd) != 0)
+        if (errno != EINTR) throw_io("fsync", path);
+}
+
+/// Makes a rename or unlink in `dir` durable.
+inline void fsync_directory(const std::string& dir) {
+    int fd;
+    do fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) throw_io("open directory", dir);
+    Fd guard(fd);
+    fsync_fd(fd, dir);
+}
+
+}  // namespace ckpt::detail

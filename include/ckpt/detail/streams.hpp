@@ -1,0 +1,196 @@
+#pragma once
+// Stream buffers between Boost.Serialization archives and checkpoint files. They hash every
+// body byte as it passes, count positions (for payload alignment), and let large tensor
+// payloads bypass the buffer: written from and read into the tensor's own memory.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <streambuf>
+#include <string>
+
+#include "../error.hpp"
+#include "hash.hpp"
+#include "posix_io.hpp"
+
+namespace ckpt::detail {
+
+inline constexpr std::size_t stream_buffer_size = 256 * 1024;
+
+/// Writes the body to a file descriptor, hashing it.
+class BodyWriter final : public std::streambuf {
+public:
+    BodyWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]) {
+        setp(buf_.get(), buf_.get() + stream_buffer_size);
+    }
+
+    std::uint64_t position() const noexcept { return flushed_ + static_cast<std::uint64_t>(pptr() - pbase()); }
+    std::uint64_t digest() const { return hash_.digest(); }
+
+    /// Writes what is buffered; rethrows the first error met inside the archive's calls.
+    void finish() {
+        rethrow_pending();
+        flush_buffer();
+    }
+    void rethrow_pending() {
+        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+protected:
+    int_type overflow(int_type ch) override {
+        if (!guard([&] { flush_buffer(); })) return traits_type::eof();
+        if (!traits_type::eq_int_type(ch, traits_type::eof())) {
+            *pptr() = traits_type::to_char_type(ch);
+            pbump(1);
+        }
+        return traits_type::not_eof(ch);
+    }
+
+    std::streamsize xsputn(const char* s, std::streamsize n) override {
+        const auto count = static_cast<std::size_t>(n);
+        const auto room = static_cast<std::size_t>(epptr() - pptr());
+        if (count <= room) {
+            std::memcpy(pptr(), s, count);
+            pbump(static_cast<int>(count));
+            return n;
+        }
+        // Large block (a tensor payload): hash and write it straight from the caller's memory.
+        const bool ok = guard([&] {
+            flush_buffer();
+            for (std::size_t off = 0; off < count; off += stream_buffer_size) {
+                const std::size_t len = std::min(stream_buffer_size, count - off);
+                hash_.update(s + off, len);
+                write_all(fd_, s + off, len, path_);
+            }
+            flushed_ += count;
+        });
+        return ok ? n : 0;
+    }
+
+    int sync() override { return guard([&] { flush_buffer(); }) ? 0 : -1; }
+
+private:
+    void flush_buffer() {
+        const auto n = static_cast<std::size_t>(pptr() - pbase());
+        if (n == 0) return;
+        hash_.update(pbase(), n);
+        write_all(fd_, pbase(), n, path_);
+        flushed_ += n;
+        setp(buf_.get(), buf_.get() + stream_buffer_size);
+    }
+    // std::ostream swallows exceptions from its buffer; keep the first one to rethrow later.
+    template <class F>
+    bool guard(F&& f) {
+        try {
+            f();
+            return true;
+        } catch (...) {
+            if (!error_) error_ = std::current_exception();
+            return false;
+        }
+    }
+
+    int fd_;
+    std::string path_;
+    std::unique_ptr<char[]> buf_;
+    std::uint64_t flushed_ = 0;
+    Xxh3 hash_;
+    std::exception_ptr error_;
+};
+
+/// Reads `length` body bytes from a file descriptor, hashing them; large reads go straight
+/// into the caller's memory. Used by loads into existing tensors.
+class BodyReader final : public std::streambuf {
+public:
+    BodyReader(int fd, std::string path, std::uint64_t length)
+        : fd_(fd), path_(std::move(path)), remaining_(length), length_(length), buf_(new char[stream_buffer_size]) {
+        setg(buf_.get(), buf_.get(), buf_.get());
+    }
+
+    std::uint64_t position() const noexcept {
+        return length_ - remaining_ - static_cast<std::uint64_t>(egptr() - gptr());
+    }
+    std::uint64_t length() const noexcept { return length_; }
+
+    /// Reads and hashes whatever the parser left, then returns the digest of the whole body.
+    std::uint64_t drain_and_digest() {
+        setg(buf_.get(), buf_.get(), buf_.get());
+        while (remaining_ > 0) fill();
+        return hash_.digest();
+    }
+
+protected:
+    int_type underflow() override {
+        if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+        if (remaining_ == 0) return traits_type::eof();
+        fill();
+        return traits_type::to_int_type(*gptr());
+    }
+
+    std::streamsize xsgetn(char* s, std::streamsize n) override {
+        auto want = static_cast<std::size_t>(n);
+        std::size_t got = std::min(want, static_cast<std::size_t>(egptr() - gptr()));
+        std::memcpy(s, gptr(), got);
+        gbump(static_cast<int>(got));
+        while (got < want && remaining_ > 0) {
+            const std::size_t left = want - got;
+            if (left < stream_buffer_size) {
+                fill();
+                const std::size_t take = std::min(left, static_cast<std::size_t>(egptr() - gptr()));
+                std::memcpy(s + got, gptr(), take);
+                gbump(static_cast<int>(take));
+                got += take;
+            } else {  // read a chunk straight into the destination, hash it while it is in cache
+                const std::size_t len = static_cast<std::size_t>(
+                    std::min<std::uint64_t>(std::min(left, stream_buffer_size * 4), remaining_));
+                read_exact(s + got, len);
+                got += len;
+            }
+        }
+        return static_cast<std::streamsize>(got);
+    }
+
+private:
+    void fill() {
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(stream_buffer_size, remaining_));
+        read_exact(buf_.get(), len);
+        setg(buf_.get(), buf_.get(), buf_.get() + len);
+    }
+    void read_exact(char* dst, std::size_t len) {
+        if (read_full(fd_, dst, len, path_) != len)
+            throw FormatError("checkpoint '" + path_ + "' ended before its body did (truncated while reading?)",
+                              path_);
+        hash_.update(dst, len);
+        remaining_ -= len;
+    }
+
+    int fd_;
+    std::string path_;
+    std::uint64_t remaining_;
+    std::uint64_t length_;
+    std::unique_ptr<char[]> buf_;
+    Xxh3 hash_;
+};
+
+/// Reads from a body already in memory and verified; lets tensors alias their payloads.
+class MemoryReader final : public std::streambuf {
+public:
+    MemoryReader(char* data, std::size_t n) { setg(data, data, data + n); }
+    std::uint64_t position() const noexcept { return static_cast<std::uint64_t>(gptr() - eback()); }
+    std::uint64_t length() const noexcept { return static_cast<std::uint64_t>(egptr() - eback()); }
+    char* current() const noexcept { return gptr(); }
+    void skip(std::size_t n) { setg(eback(), gptr() + n, egptr()); }
+
+protected:
+    std::streamsize xsgetn(char* s, std::streamsize n) override {
+        const auto take = std::min<std::streamsize>(n, egptr() - gptr());
+        std::memcpy(s, gptr(), static_cast<std::size_t>(take));
+        setg(eback(), gptr() + take, egptr());  // not gbump: payloads can exceed INT_MAX bytes
+        return take;
+    }
+};
+
+}  // namespace ckpt::detail

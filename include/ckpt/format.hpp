@@ -1,0 +1,119 @@
+#pragma once
+// The fixed 64-byte header in front of every checkpoint body. All fields little-endian.
+//
+//   offset  size  field
+//        0     8  magic "\x89CKPT\r\n\x1a" (the \r\n and \x1a catch text-mode mangling)
+//        8     4  format version (1)
+//       12     4  archive kind of the body: 0 binary, 1 text, 2 xml
+//       16     8  body length in bytes (the file is exactly 64 + body length)
+//       24     8  xxh3-64 of the body
+//       32     8  epoch recorded by the writer (0 when none)
+//       40     8  step recorded by the writer (0 when none)
+//       48     8  save time, nanoseconds since the Unix epoch
+//       56     8  xxh3-64 of bytes 0..55 (the header check)
+//
+// Nothing after the header is trusted before the header check and then the body checksum pass.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "detail/hash.hpp"
+#include "error.hpp"
+
+namespace ckpt {
+
+enum class ArchiveKind : std::uint32_t { binary = 0, text = 1, xml = 2 };
+
+constexpr std::string_view archive_kind_name(ArchiveKind k) {
+    switch (k) {
+        case ArchiveKind::binary: return "binary";
+        case ArchiveKind::text: return "text";
+        case ArchiveKind::xml: return "xml";
+    }
+    return "unknown";
+}
+
+inline constexpr std::uint32_t format_version = 1;
+inline constexpr std::size_t header_size = 64;
+inline constexpr std::array<unsigned char, 8> file_magic = {0x89, 'C', 'K', 'P', 'T', '\r', '\n', 0x1a};
+
+struct FileHeader {
+    std::uint32_t version = format_version;
+    ArchiveKind archive = ArchiveKind::binary;
+    std::uint64_t body_length = 0;
+    std::uint64_t body_hash = 0;
+    std::int64_t epoch = 0;
+    std::int64_t step = 0;
+    std::int64_t save_time_ns = 0;
+};
+
+namespace detail {
+template <class T>
+void put_le(std::byte* p, T v) {
+    auto u = static_cast<std::make_unsigned_t<T>>(v);
+    for (std::size_t i = 0; i < sizeof u; ++i) p[i] = static_cast<std::byte>((u >> (8 * i)) & 0xffu);
+}
+template <class T>
+T get_le(const std::byte* p) {
+    std::make_unsigned_t<T> u = 0;
+    for (std::size_t i = 0; i < sizeof u; ++i) u |= static_cast<std::make_unsigned_t<T>>(p[i]) << (8 * i);
+    return static_cast<T>(u);
+}
+}  // namespace detail
+
+inline std::array<std::byte, header_size> encode_header(const FileHeader& h) {
+    std::array<std::byte, header_size> b{};
+    std::memcpy(b.data(), file_magic.data(), file_magic.size());
+    detail::put_le<std::uint32_t>(b.data() + 8, h.version);
+    detail::put_le<std::uint32_t>(b.data() + 12, static_cast<std::uint32_t>(h.archive));
+    detail::put_le<std::uint64_t>(b.data() + 16, h.body_length);
+    detail::put_le<std::uint64_t>(b.data() + 24, h.body_hash);
+    detail::put_le<std::int64_t>(b.data() + 32, h.epoch);
+    detail::put_le<std::int64_t>(b.data() + 40, h.step);
+    detail::put_le<std::int64_t>(b.data() + 48, h.save_time_ns);
+    detail::put_le<std::uint64_t>(b.data() + 56, detail::xxh3(b.data(), 56));
+    return b;
+}
+
+/// Parses and checks a header read from `path`, whose total size is `file_size`.
+/// Throws FormatError (not a checkpoint, truncated, bad kind or length), VersionError or ChecksumError.
+inline FileHeader decode_header(const std::byte* b, std::size_t available, std::uint64_t file_size,
+                                const std::string& path) {
+    if (available < header_size || std::memcmp(b, file_magic.data(), file_magic.size()) != 0) {
+        if (available >= file_magic.size() && std::memcmp(b, file_magic.data(), file_magic.size()) == 0)
+            throw FormatError("checkpoint '" + path + "' is truncated: " + std::to_string(file_size) +
+                                  " bytes, shorter than the " + std::to_string(header_size) + "-byte header",
+                              path);
+        throw FormatError("'" + path + "' is not a ckpt checkpoint (bad magic bytes)", path);
+    }
+    FileHeader h;
+    h.version = detail::get_le<std::uint32_t>(b + 8);
+    if (h.version != format_version)
+        throw VersionError("checkpoint '" + path + "' has format version " + std::to_string(h.version) +
+                               "; this reader knows version " + std::to_string(format_version),
+                           path);
+    if (detail::get_le<std::uint64_t>(b + 56) != detail::xxh3(b, 56))
+        throw ChecksumError("checkpoint '" + path + "' has a corrupt header (header check mismatch)", path);
+    const auto kind = detail::get_le<std::uint32_t>(b + 12);
+    if (kind > static_cast<std::uint32_t>(ArchiveKind::xml))
+        throw FormatError("checkpoint '" + path + "' names unknown archive kind " + std::to_string(kind), path);
+    h.archive = static_cast<ArchiveKind>(kind);
+    h.body_length = detail::get_le<std::uint64_t>(b + 16);
+    h.body_hash = detail::get_le<std::uint64_t>(b + 24);
+    h.epoch = detail::get_le<std::int64_t>(b + 32);
+    h.step = detail::get_le<std::int64_t>(b + 40);
+    h.save_time_ns = detail::get_le<std::int64_t>(b + 48);
+    if (file_size - header_size != h.body_length)
+        throw FormatError("checkpoint '" + path + "' is " + std::to_string(file_size) +
+                              " bytes but its header announces a body of " + std::to_string(h.body_length) +
+                              " bytes after the " + std::to_string(header_size) + "-byte header" +
+                              (file_size - header_size < h.body_length ? " (truncated)" : " (trailing bytes)"),
+                          path);
+    return h;
+}
+
+}  // namespace ckpt

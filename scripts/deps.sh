@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build needs, and only those missing: when everything is
+# there it does nothing and prints nothing.
+#   deps.sh [package ...]    (default: what building and testing ckpt needs)
+set -euo pipefail
+packages=("$@")
+if [ ${#packages[@]} -eq 0 ]; then
+    packages=(g++ cmake make libboost-serialization-dev libboost-filesystem-dev xtensor-dev doctest-dev
+              libxxhash-dev ccache)
+fi
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages: ${missing[*]}" >&2
+    echo "install them as root: apt-get install ${missing[*]}" >&2
+    exit 1
+fi
+echo "installing: ${missing[*]}"
+apt-get update -q
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"

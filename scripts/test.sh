@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds everything and runs the whole test suite. Installs missing Debian packages first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+build=${CKPT_BUILD_DIR:-build}
+generator=()
+command -v ninja > /dev/null && generator=(-G Ninja)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+    cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+else
+    cmake -S . -B "$build" > /dev/null
+fi
+cmake --build "$build" -j"$(nproc)"
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)"

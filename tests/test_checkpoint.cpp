@@ -1,0 +1,334 @@
+// One checkpoint file: round trips under every archive, loads into existing tensors, and
+// every kind of bad input, each with a clear error and nothing overwritten.
+#include <doctest/doctest.h>
+
+#include <sys/resource.h>
+#include <csignal>
+#include <unistd.h>
+
+#include "support.hpp"
+
+namespace {
+
+using test::TempDir;
+
+/// Recomputes the body checksum and header check after a test edits a file, so that the
+/// edit reaches the parser instead of being caught by the checksum.
+void reseal(const boost::filesystem::path& p) {
+    auto b = test::read_bytes(p);
+    const auto body = ckpt::detail::xxh3(b.data() + ckpt::header_size, b.size() - ckpt::header_size);
+    ckpt::detail::put_le<std::uint64_t>(reinterpret_cast<std::byte*>(b.data()) + 24, body);
+    ckpt::detail::put_le<std::uint64_t>(reinterpret_cast<std::byte*>(b.data()) + 56, ckpt::detail::xxh3(b.data(), 56));
+    test::write_bytes(p, b);
+}
+
+ckpt::ParamDict one_tensor() {
+    ckpt::ParamDict d;
+    d.set("w", ckpt::Tensor::from(std::vector<float>(1000, 0.5f), {10, 100}));
+    return d;
+}
+
+template <class A>
+ckpt::SaveOptions with_archive() {
+    ckpt::SaveOptions o;
+    o.archive = A::kind;
+    return o;
+}
+
+}  // namespace
+
+TEST_SUITE("checkpoint") {
+
+TEST_CASE_TEMPLATE("every value kind round-trips", A, ckpt::BinaryArchive, ckpt::TextArchive, ckpt::XmlArchive) {
+    TempDir dir;
+    const auto state = test::sample_state();
+    ckpt::save_checkpoint(state, dir / "s.ckpt", with_archive<A>());
+    const auto loaded = ckpt::load_checkpoint(dir / "s.ckpt");
+    CHECK(loaded == state);
+    CHECK(ckpt::read_header(dir / "s.ckpt").archive == A::kind);
+    std::vector<std::string> order;
+    for (const auto& e : loaded) order.push_back(e.name);
+    CHECK(order.front() == "conv1.weight");
+    CHECK(order.back() == "empty_string");
+}
+
+TEST_CASE_TEMPLATE("a load into existing tensors writes into their memory", A, ckpt::BinaryArchive,
+                   ckpt::TextArchive, ckpt::XmlArchive) {
+    TempDir dir;
+    const auto state = test::sample_state(2.0f);
+    ckpt::save_checkpoint(state, dir / "s.ckpt", with_archive<A>());
+    std::vector<float> weights(30, 0.0f);
+    ckpt::ParamDict target;
+    target.set("conv1.weight", ckpt::Tensor::view(std::span<float>(weights), {6, 5}));
+    target.set("not_in_file", ckpt::Tensor(ckpt::DType::float32, {2}));
+    const auto report = ckpt::load_checkpoint_into(dir / "s.ckpt", target);
+    CHECK(weights[3] == 2.0f * 3 - 3.25f);
+    CHECK(report.param_not_load == std::vector<std::string>{"not_in_file"});
+    CHECK(report.ckpt_not_load.size() == 8);  // the other tensors of the sample
+    CHECK(report.rest.get<std::int64_t>("epoch_num") == 6);
+    CHECK(report.rest.tensor("i64") == state.tensor("i64"));
+}
+
+TEST_CASE("payloads of a fresh binary load are aligned for any dtype") {
+    TempDir dir;
+    ckpt::save_checkpoint(test::sample_state(), dir / "s.ckpt");
+    for (const auto& e : ckpt::load_checkpoint(dir / "s.ckpt"))
+        if (const auto* t = e.value.get_if<ckpt::Tensor>())
+            CHECK(reinterpret_cast<std::uintptr_t>(t->data()) % 64 == 0);
+}
+
+TEST_CASE("the header records archive, epoch, step and save time") {
+    TempDir dir;
+    ckpt::SaveOptions o;
+    o.epoch = 7;
+    o.step = 1875;
+    const auto before = ckpt::detail::unix_time_ns();
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt", o);
+    const auto h = ckpt::verify_checkpoint(dir / "x.ckpt");
+    CHECK(h.epoch == 7);
+    CHECK(h.step == 1875);
+    CHECK(h.save_time_ns >= before);
+    CHECK(h.body_length + ckpt::header_size == boost::filesystem::file_size(dir / "x.ckpt"));
+}
+
+TEST_CASE("load_param_into_net reports both sides and strict names every problem") {
+    ckpt::ParamDict file;
+    file.set("a", ckpt::Tensor::from(std::vector<float>{1, 2}));
+    file.set("b", ckpt::Tensor::from(std::vector<float>{3, 4, 5}));
+    file.set("c", ckpt::Tensor::from(std::vector<double>{6}));
+    file.set("extra", ckpt::Tensor::from(std::vector<float>{7}));
+    file.set("epoch_num", 3);
+    std::vector<float> a(2), b(2), d(1);
+    std::vector<float> c(1);
+    ckpt::ParamDict net;
+    net.set("a", ckpt::Tensor::view(std::span<float>(a), {2}));
+    net.set("b", ckpt::Tensor::view(std::span<float>(b), {2}));
+    net.set("c", ckpt::Tensor::view(std::span<float>(c), {1}));
+    net.set("d", ckpt::Tensor::view(std::span<float>(d), {1}));
+
+    SUBCASE("strict throws before copying anything") {
+        try {
+            ckpt::load_param_into_net(net, file, true);
+            FAIL("strict load did not throw");
+        } catch (const ckpt::LoadMismatch& e) {
+            const std::string msg = e.what();
+            CHECK(msg.find("missing from the checkpoint: 'd'") != std::string::npos);
+            CHECK(msg.find("not in the target: 'extra'") != std::string::npos);
+            CHECK(msg.find("'b': checkpoint has float32[3], target has float32[2]") != std::string::npos);
+            CHECK(msg.find("'c': checkpoint has float64[1], target has float32[1]") != std::string::npos);
+        }
+        CHECK(a[0] == 0.0f);
+    }
+    SUBCASE("non-strict loads what fits and lists the rest") {
+        auto r = ckpt::load_param_into_net(net, file);
+        CHECK(a == std::vector<float>{1, 2});
+        CHECK(r.param_not_load == std::vector<std::string>{"b", "c", "d"});
+        CHECK(r.ckpt_not_load == std::vector<std::string>{"b", "c", "extra"});
+        CHECK(r.mismatches.size() == 2);
+        CHECK(r.rest.get<int>("epoch_num") == 3);
+    }
+}
+
+TEST_CASE("a strict load from a file checks the table of contents before writing") {
+    TempDir dir;
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
+    std::vector<float> small(10, -1.0f);
+    ckpt::ParamDict target;
+    target.set("w", ckpt::Tensor::view(std::span<float>(small), {10}));
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(dir / "x.ckpt", target, true),
+                         doctest::Contains("'w': checkpoint has float32[10, 100], target has float32[10]"),
+                         ckpt::LoadMismatch);
+    CHECK(small[0] == -1.0f);
+}
+
+TEST_CASE("objects with state_dict() load and save through views") {
+    struct Net {
+        std::vector<float> w = std::vector<float>(4, 0.0f);
+        ckpt::ParamDict state_dict() {
+            ckpt::ParamDict d;
+            d.set("w", ckpt::Tensor::view(std::span<float>(w), {4}));
+            return d;
+        }
+    };
+    static_assert(ckpt::HasStateDict<Net>);
+    TempDir dir;
+    Net a;
+    a.w = {1, 2, 3, 4};
+    ckpt::save_checkpoint(a.state_dict(), dir / "n.ckpt");
+    Net b;
+    auto r = ckpt::load_checkpoint_into(dir / "n.ckpt", b, true);
+    CHECK(r.complete());
+    CHECK(b.w == a.w);
+    Net c;
+    ckpt::load_param_into_net(c, ckpt::load_checkpoint(dir / "n.ckpt"), true);
+    CHECK(c.w == a.w);
+}
+
+TEST_CASE("saving replaces a file atomically, or not at all when asked") {
+    TempDir dir;
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
+    ckpt::save_checkpoint(test::sample_state(), dir / "x.ckpt");
+    CHECK(ckpt::load_checkpoint(dir / "x.ckpt") == test::sample_state());
+    ckpt::SaveOptions o;
+    o.overwrite = false;
+    CHECK_THROWS_AS(ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt", o), ckpt::IoError);
+    CHECK(ckpt::load_checkpoint(dir / "x.ckpt") == test::sample_state());
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"x.ckpt"});
+}
+}
+
+TEST_SUITE("bad input") {
+
+TEST_CASE("a missing directory is named") {
+    TempDir dir;
+    CHECK_THROWS_WITH_AS(ckpt::save_checkpoint(one_tensor(), dir / "nope/x.ckpt"),
+                         doctest::Contains(("directory '" + (dir / "nope").string() + "' does not exist").c_str()),
+                         ckpt::IoError);
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "nope.ckpt"),
+                         doctest::Contains(("cannot open checkpoint '" + (dir / "nope.ckpt").string()).c_str()),
+                         ckpt::IoError);
+}
+
+TEST_CASE("an unwritable directory is named") {
+    // root ignores permission bits, but not sysfs
+    const boost::filesystem::path dir = ::geteuid() == 0 ? "/sys" : "/";
+    if (!boost::filesystem::is_directory(dir)) return;
+    CHECK_THROWS_WITH_AS(ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt"),
+                         doctest::Contains(("cannot create a file in '" + dir.string() + "'").c_str()), ckpt::IoError);
+}
+
+TEST_CASE("a file that is not a checkpoint") {
+    TempDir dir;
+    test::write_bytes(dir / "x.ckpt", std::vector<char>(200, 'a'));
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt"), doctest::Contains("is not a ckpt checkpoint"),
+                         ckpt::FormatError);
+    test::write_bytes(dir / "empty.ckpt", {});
+    CHECK_THROWS_AS(ckpt::load_checkpoint(dir / "empty.ckpt"), ckpt::FormatError);
+}
+
+TEST_CASE("truncation at every region boundary") {
+    TempDir dir;
+    ckpt::save_checkpoint(test::sample_state(), dir / "x.ckpt");
+    const auto whole = test::read_bytes(dir / "x.ckpt");
+    for (std::size_t len : {std::size_t{4}, std::size_t{8}, std::size_t{63}, std::size_t{64}, std::size_t{72},
+                            std::size_t{100}, whole.size() / 2, whole.size() - 1}) {
+        CAPTURE(len);
+        test::write_bytes(dir / "t.ckpt", std::vector<char>(whole.begin(), whole.begin() + static_cast<long>(len)));
+        CHECK_THROWS_AS(ckpt::load_checkpoint(dir / "t.ckpt"), ckpt::FormatError);
+        ckpt::ParamDict target = test::sample_state(0.0f);
+        CHECK_THROWS_AS(ckpt::load_checkpoint_into(dir / "t.ckpt", target), ckpt::FormatError);
+        CHECK_THROWS_AS(ckpt::verify_checkpoint(dir / "t.ckpt"), ckpt::FormatError);
+    }
+    auto longer = whole;
+    longer.push_back('x');
+    test::write_bytes(dir / "t.ckpt", longer);
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "t.ckpt"), doctest::Contains("trailing bytes"), ckpt::FormatError);
+}
+
+TEST_CASE("bit flips in the header and the body") {
+    TempDir dir;
+    ckpt::save_checkpoint(test::sample_state(), dir / "x.ckpt");
+    const auto whole = test::read_bytes(dir / "x.ckpt");
+    SUBCASE("magic") {
+        test::flip_bit(dir / "x.ckpt", 2);
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt"), doctest::Contains("bad magic"), ckpt::FormatError);
+    }
+    SUBCASE("header fields") {
+        for (std::size_t off : {12, 17, 25, 33, 41, 50, 60}) {
+            test::write_bytes(dir / "x.ckpt", whole);
+            test::flip_bit(dir / "x.ckpt", off, 3);
+            CHECK_THROWS_AS(ckpt::load_checkpoint(dir / "x.ckpt"), ckpt::ChecksumError);
+        }
+    }
+    SUBCASE("body") {
+        for (std::size_t off : {std::size_t{64}, std::size_t{70}, whole.size() / 2, whole.size() - 1}) {
+            test::write_bytes(dir / "x.ckpt", whole);
+            test::flip_bit(dir / "x.ckpt", off, 5);
+            CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt"), doctest::Contains("body xxh3"),
+                                 ckpt::ChecksumError);
+            ckpt::ParamDict target = test::sample_state(0.0f);
+            CHECK_THROWS_AS(ckpt::load_checkpoint_into(dir / "x.ckpt", target), ckpt::ChecksumError);
+        }
+    }
+    CHECK(test::read_bytes(dir / "x.ckpt").size() == whole.size());  // loads never modify the file
+}
+
+TEST_CASE("an unknown format version") {
+    TempDir dir;
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
+    auto b = test::read_bytes(dir / "x.ckpt");
+    b[8] = 2;
+    test::write_bytes(dir / "x.ckpt", b);
+    reseal(dir / "x.ckpt");
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt"),
+                         doctest::Contains("has format version 2; this reader knows version 1"), ckpt::VersionError);
+}
+
+TEST_CASE("the wrong archive kind") {
+    TempDir dir;
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
+    ckpt::LoadOptions want_xml;
+    want_xml.archive = ckpt::ArchiveKind::xml;
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt", want_xml),
+                         doctest::Contains("is a binary archive, expected xml"), ckpt::FormatError);
+    auto b = test::read_bytes(dir / "x.ckpt");  // a header that lies about the kind
+    for (char kind : {1, 2, 7}) {
+        b[12] = kind;
+        test::write_bytes(dir / "x.ckpt", b);
+        reseal(dir / "x.ckpt");
+        CHECK_THROWS_AS(ckpt::load_checkpoint(dir / "x.ckpt"), ckpt::FormatError);
+    }
+}
+
+TEST_CASE("malformed bodies with valid checksums are rejected, not trusted") {
+    TempDir dir;
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
+    const auto whole = test::read_bytes(dir / "x.ckpt");
+    // binary body: entries u64 @64, name length u64 @72, "w" @80, kind u32 @81, dtype u32 @85,
+    // rank u32 @89, dims i64 @93 and @101, nbytes u64 @109
+    auto patched = [&](std::size_t off, std::uint64_t value, std::size_t width) {
+        auto b = whole;
+        for (std::size_t i = 0; i < width; ++i) b[off + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+        test::write_bytes(dir / "x.ckpt", b);
+        reseal(dir / "x.ckpt");
+    };
+    struct Case {
+        std::size_t off;
+        std::uint64_t value;
+        std::size_t width;
+        const char* message;
+    };
+    for (const Case& c : {Case{64, 1ull << 60, 8, "entry count"}, Case{72, 1ull << 62, 8, "a string of"},
+                          Case{81, 9, 4, "unknown value kind 9"}, Case{85, 99, 4, "unknown dtype code 99"},
+                          Case{89, 1000, 4, "has rank 1000"}, Case{93, 1ull << 40, 8, "impossible shape"},
+                          Case{101, ~0ull, 8, "impossible shape"}, Case{109, 1ull << 50, 8, "should hold 4000 bytes"},
+                          Case{101, 50, 8, "should hold 2000 bytes"}}) {
+        CAPTURE(c.off);
+        patched(c.off, c.value, c.width);
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt"), doctest::Contains(c.message), ckpt::FormatError);
+        ckpt::ParamDict target = one_tensor();
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(dir / "x.ckpt", target), doctest::Contains(c.message),
+                             ckpt::FormatError);
+    }
+}
+
+TEST_CASE("a failed save leaves the old file and no temporary") {
+    TempDir dir;
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
+    const auto before = test::read_bytes(dir / "x.ckpt");
+    ckpt::ParamDict big;
+    big.set("big", ckpt::Tensor(ckpt::DType::float32, {1 << 20}));
+    rlimit old{};
+    ::getrlimit(RLIMIT_FSIZE, &old);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = 1 << 20;  // 1 MiB: the 4 MiB tensor cannot fit
+    ::setrlimit(RLIMIT_FSIZE, &small);
+    CHECK_THROWS_WITH_AS(ckpt::save_checkpoint(big, dir / "x.ckpt"), doctest::Contains("File too large"),
+                         ckpt::IoError);
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(test::read_bytes(dir / "x.ckpt") == before);
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"x.ckpt"});
+}
+}
