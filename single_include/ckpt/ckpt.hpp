@@ -5,6 +5,9 @@
 //   values       ParamDict, Value, Tensor, dtypes                      param_dict.hpp, tensor.hpp
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
+//   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
+//   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy
+//   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
 //   errors       Error and its subclasses                               error.hpp
 
 // The seed's append_info: extra values stored in every checkpoint a manager writes.
@@ -1908,6 +1911,915 @@ template <HasStateDict T>
 LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
     ParamDict views = net.state_dict();
     return load_checkpoint_into(file, views, strict, opts);
+}
+
+}  // namespace ckpt
+// CheckpointConfig: the seed's run-time knobs, mapped onto the same policies.
+//
+//   ckpt::CheckpointConfig cfg;
+//   cfg.save_checkpoint_steps = 100;
+//   cfg.keep_checkpoint_max = 5;
+//   cfg.append_info = {"epoch_num", "step_num"};
+//   auto mgr = ckpt::make_manager("ckpts", "lenet", cfg);
+//
+// The seed's rules for conflicting settings: save_checkpoint_steps wins over
+// save_checkpoint_seconds; keep_checkpoint_max wins over keep_checkpoint_per_n_minutes; all
+// four zero is an error. As in the seed, the last step is also saved when training ends.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+// CheckpointManager: periodic checkpoints from any loop, with policies chosen at compile time.
+//
+//   ckpt::CheckpointManager mgr("ckpts", "heat", ckpt::EverySteps{100}, ckpt::KeepLast{3});
+//   if (auto r = mgr.restore(state)) start = r->file.name.step + 1;   // resume if possible
+//   for (...) { ...; mgr.on_step(ckpt::Progress::at_iteration(i), state); }
+//
+// Policies (each a concept in its own header, with its members):
+//   SavePolicy S       when to save                  default EveryEpochs{1}
+//   RetentionPolicy R  which older files to delete   default KeepLast{5}
+//   NamingPolicy N     file names, runs, meta file   default MindSporeNaming
+//   ArchivePolicy A    body archive                  default BinaryArchive
+//
+// A state is a ParamDict, a callable returning one (called only when saving), or an object
+// with `ParamDict state_dict()` returning views of its tensors.
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// Finding checkpoints again after a restart: by the run, epoch and step in their names,
+// confirmed by their headers and verified by their checksums. Never by file times.
+
+#include <sys/stat.h>
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// NamingPolicy: the file name of each checkpoint, parsed back when looking for checkpoints.
+//
+// A NamingPolicy N provides
+//   std::string checkpoint_name(std::string_view run_prefix, const Progress&, SaveKind)
+//       the name, relative to the checkpoint directory (it may contain sub-directories);
+//   std::optional<NameParts> parse(std::string_view base_prefix, std::string_view name)
+//       the parts of one of its names for `base_prefix` (any run), or nothing;
+//   std::string run_prefix(std::string_view base_prefix, const std::vector<std::string>& names, SaveKind)
+//       the prefix a new run uses, given the names already in the directory;
+//   std::string meta_name(std::string_view run_prefix)
+//       the per-run description file, or "" for none;
+//   int depth() -- how many directory levels below the checkpoint directory its names use.
+//
+// Members: MindSporeNaming (the seed's), StepNaming, LastWordsNaming (the seed's last-words
+// layout) and SingleFileNaming (one file, replaced at every save: the do-nothing member).
+
+#include <charconv>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace ckpt {
+
+enum class SaveKind { regular, breakpoint };
+
+struct NameParts {
+    std::string run_prefix;        ///< "lenet" for run 0, "lenet_3" for run 3
+    std::int64_t run = 0;
+    bool positioned = true;        ///< false when the name carries no epoch/step
+    std::int64_t epoch = 0;
+    std::int64_t step = 0;
+    SaveKind kind = SaveKind::regular;
+    int rank = -1;                 ///< last-words names only
+    std::int64_t global_step = -1; ///< last-words names only
+};
+
+template <class N>
+concept NamingPolicy = std::copy_constructible<N> &&
+    requires(const N& n, std::string_view prefix, const Progress& p, const std::vector<std::string>& names) {
+        { n.checkpoint_name(prefix, p, SaveKind::regular) } -> std::convertible_to<std::string>;
+        { n.parse(prefix, prefix) } -> std::same_as<std::optional<NameParts>>;
+        { n.run_prefix(prefix, names, SaveKind::regular) } -> std::convertible_to<std::string>;
+        { n.meta_name(prefix) } -> std::convertible_to<std::string>;
+        { n.depth() } -> std::convertible_to<int>;
+    };
+
+namespace detail {
+
+/// Parses a non-negative decimal number that is the whole of `s`.
+inline std::optional<std::int64_t> parse_count(std::string_view s) {
+    if (s.empty() || s.size() > 18) return std::nullopt;
+    std::int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || ptr != s.data() + s.size() || v < 0) return std::nullopt;
+    return v;
+}
+
+inline bool consume(std::string_view& s, std::string_view head) {
+    if (!s.starts_with(head)) return false;
+    s.remove_prefix(head.size());
+    return true;
+}
+
+/// Splits "{base}-rest" (run 0) or "{base}_{N}-rest" (run N) into run and "rest".
+inline std::optional<std::pair<std::int64_t, std::string_view>> split_run(std::string_view base,
+                                                                           std::string_view name) {
+    if (!consume(name, base)) return std::nullopt;
+    if (consume(name, "-")) return std::pair{std::int64_t{0}, name};
+    if (!consume(name, "_")) return std::nullopt;
+    const auto dash = name.find('-');
+    if (dash == std::string_view::npos) return std::nullopt;
+    const auto run = parse_count(name.substr(0, dash));
+    if (!run || *run == 0) return std::nullopt;
+    return std::pair{*run, name.substr(dash + 1)};
+}
+
+inline std::string run_prefix_name(std::string_view base, std::int64_t run) {
+    return run == 0 ? std::string(base) : std::string(base) + "_" + std::to_string(run);
+}
+
+/// MindSpore's rule: the first run uses the prefix itself; a later run uses "{prefix}_{N}",
+/// N one above the highest run present among names of the same kind.
+template <class N>
+std::string next_run_prefix(const N& naming, std::string_view base, const std::vector<std::string>& names,
+                            SaveKind kind) {
+    std::int64_t next = 0;
+    for (const auto& n : names)
+        if (auto parts = naming.parse(base, n); parts && parts->kind == kind) next = std::max(next, parts->run + 1);
+    return run_prefix_name(base, next);
+}
+
+}  // namespace detail
+
+/// The seed's names: "{prefix}-{epoch}_{step}.ckpt", "{prefix}-{epoch}_{step}_breakpoint.ckpt"
+/// for exception saves, and "{prefix}-graph.meta". A second run with the same prefix in the
+/// same directory uses "{prefix}_1-…", then "{prefix}_2-…", as MindSpore's code does (its
+/// tutorial's tree shows "lenet-1-7_1875.ckpt", which the code never writes).
+struct MindSporeNaming {
+    std::string checkpoint_name(std::string_view run_prefix, const Progress& p, SaveKind kind) const {
+        return std::string(run_prefix) + "-" + std::to_string(p.epoch) + "_" + std::to_string(p.step) +
+               (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
+    }
+
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        auto split = detail::split_run(base, name);
+        if (!split) return std::nullopt;
+        auto [run, rest] = *split;
+        NameParts parts;
+        if (rest.ends_with("_breakpoint.ckpt")) {
+            parts.kind = SaveKind::breakpoint;
+            rest.remove_suffix(std::string_view("_breakpoint.ckpt").size());
+        } else if (rest.ends_with(".ckpt")) {
+            rest.remove_suffix(5);
+        } else {
+            return std::nullopt;
+        }
+        const auto underscore = rest.find('_');
+        if (underscore == std::string_view::npos) return std::nullopt;
+        const auto epoch = detail::parse_count(rest.substr(0, underscore));
+        const auto step = detail::parse_count(rest.substr(underscore + 1));
+        if (!epoch || !step) return std::nullopt;
+        parts.run_prefix = detail::run_prefix_name(base, run);
+        parts.run = run;
+        parts.epoch = *epoch;
+        parts.step = *step;
+        return parts;
+    }
+
+    std::string run_prefix(std::string_view base, const std::vector<std::string>& names, SaveKind kind) const {
+        return detail::next_run_prefix(*this, base, names, kind);
+    }
+    std::string meta_name(std::string_view run_prefix) const { return std::string(run_prefix) + "-graph.meta"; }
+    int depth() const { return 0; }
+};
+
+/// For loops without epochs: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
+/// saves), with MindSporeNaming's run rule and meta file.
+struct StepNaming {
+    std::string checkpoint_name(std::string_view run_prefix, const Progress& p, SaveKind kind) const {
+        return std::string(run_prefix) + "-" + std::to_string(p.global_step) +
+               (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
+    }
+
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        auto split = detail::split_run(base, name);
+        if (!split) return std::nullopt;
+        auto [run, rest] = *split;
+        NameParts parts;
+        if (rest.ends_with("_breakpoint.ckpt")) {
+            parts.kind = SaveKind::breakpoint;
+            rest.remove_suffix(std::string_view("_breakpoint.ckpt").size());
+        } else if (rest.ends_with(".ckpt")) {
+            rest.remove_suffix(5);
+        } else {
+            return std::nullopt;
+        }
+        const auto step = detail::parse_count(rest);
+        if (!step) return std::nullopt;
+        parts.run_prefix = detail::run_prefix_name(base, run);
+        parts.run = run;
+        parts.epoch = 1;
+        parts.step = *step;
+        parts.global_step = *step;
+        return parts;
+    }
+
+    std::string run_prefix(std::string_view base, const std::vector<std::string>& names, SaveKind kind) const {
+        return detail::next_run_prefix(*this, base, names, kind);
+    }
+    std::string meta_name(std::string_view run_prefix) const { return std::string(run_prefix) + "-graph.meta"; }
+    int depth() const { return 0; }
+};
+
+/// The seed's last-words layout, relative to the last-words directory (ttp_checkpoints):
+/// "tft_saved_checkpoints-step_{global_step}/rank_{rank}/ttp_rank_{rank}-{epoch}_{step}.ckpt".
+/// The prefix is not part of these names; every save is its own step directory.
+struct LastWordsNaming {
+    std::string checkpoint_name(std::string_view, const Progress& p, SaveKind) const {
+        const std::string r = std::to_string(p.rank);
+        return "tft_saved_checkpoints-step_" + std::to_string(p.global_step) + "/rank_" + r + "/ttp_rank_" + r + "-" +
+               std::to_string(p.epoch) + "_" + std::to_string(p.step) + ".ckpt";
+    }
+
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        if (!detail::consume(name, "tft_saved_checkpoints-step_")) return std::nullopt;
+        auto slash = name.find('/');
+        const auto global = detail::parse_count(name.substr(0, slash));
+        if (!global || slash == std::string_view::npos) return std::nullopt;
+        name.remove_prefix(slash + 1);
+        if (!detail::consume(name, "rank_")) return std::nullopt;
+        slash = name.find('/');
+        const auto rank = detail::parse_count(name.substr(0, slash));
+        if (!rank || slash == std::string_view::npos) return std::nullopt;
+        name.remove_prefix(slash + 1);
+        if (!detail::consume(name, "ttp_rank_" + std::to_string(*rank) + "-") || !name.ends_with(".ckpt"))
+            return std::nullopt;
+        name.remove_suffix(5);
+        const auto underscore = name.find('_');
+        if (underscore == std::string_view::npos) return std::nullopt;
+        const auto epoch = detail::parse_count(name.substr(0, underscore));
+        const auto step = detail::parse_count(name.substr(underscore + 1));
+        if (!epoch || !step || *rank > 1'000'000) return std::nullopt;
+        NameParts parts;
+        parts.run_prefix = std::string(base);
+        parts.epoch = *epoch;
+        parts.step = *step;
+        parts.rank = static_cast<int>(*rank);
+        parts.global_step = *global;
+        return parts;
+    }
+
+    std::string run_prefix(std::string_view base, const std::vector<std::string>&, SaveKind) const {
+        return std::string(base);
+    }
+    std::string meta_name(std::string_view) const { return {}; }
+    int depth() const { return 2; }
+};
+
+/// One file, "{prefix}.ckpt", replaced atomically at every save: no numbering, no runs,
+/// nothing for retention to do.
+struct SingleFileNaming {
+    std::string checkpoint_name(std::string_view run_prefix, const Progress&, SaveKind kind) const {
+        return std::string(run_prefix) + (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
+    }
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        NameParts parts;
+        parts.run_prefix = std::string(base);
+        parts.positioned = false;
+        if (name == std::string(base) + ".ckpt") return parts;
+        if (name == std::string(base) + "_breakpoint.ckpt") {
+            parts.kind = SaveKind::breakpoint;
+            return parts;
+        }
+        return std::nullopt;
+    }
+    std::string run_prefix(std::string_view base, const std::vector<std::string>&, SaveKind) const {
+        return std::string(base);
+    }
+    std::string meta_name(std::string_view) const { return {}; }
+    int depth() const { return 0; }
+};
+
+}  // namespace ckpt
+// RetentionPolicy: after each save, which of the run's older checkpoints to delete.
+//
+// A RetentionPolicy R provides
+//   std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const
+//       `files` are this run's readable checkpoints, oldest first; the last one is the file
+//       just written. Returns indices into `files`, ascending.
+//
+// The manager never deletes the file just written, whatever a policy returns, and only ever
+// shows a policy its own run's files.
+//
+// Members: KeepAll (the do-nothing member), KeepLast, KeepOnePerMinutes, and KeepUnion<...>,
+// which keeps a file if any member keeps it.
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+
+
+namespace ckpt {
+
+/// A checkpoint file found in a directory: where it is, what its name says, what its header says.
+struct StoredCheckpoint {
+    boost::filesystem::path path;
+    NameParts name;
+    FileHeader header;
+};
+
+template <class R>
+concept RetentionPolicy = std::copy_constructible<R> && requires(const R& r, std::span<const StoredCheckpoint> files) {
+    { r.to_delete(files) } -> std::same_as<std::vector<std::size_t>>;
+};
+
+/// Deletes nothing.
+struct KeepAll {
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint>) const { return {}; }
+};
+
+/// Keeps the newest n files (the seed's keep_checkpoint_max, default 5).
+struct KeepLast {
+    std::size_t n = 5;
+    explicit KeepLast(std::int64_t keep = 5) : n(static_cast<std::size_t>(keep)) {
+        if (keep < 1) throw ConfigError("KeepLast needs n >= 1, got " + std::to_string(keep));
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i + n < files.size(); ++i) out.push_back(i);
+        return out;
+    }
+};
+
+/// Keeps one file per `minutes` of saving time (the seed's keep_checkpoint_per_n_minutes):
+/// walking oldest to newest, a file is kept when it was saved at least `minutes` after the
+/// last kept one; the newest file is always kept.
+struct KeepOnePerMinutes {
+    double minutes = 1;
+    explicit KeepOnePerMinutes(double m = 1) : minutes(m) {
+        if (!(m > 0)) throw ConfigError("KeepOnePerMinutes needs minutes > 0, got " + std::to_string(m));
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        std::vector<std::size_t> out;
+        const auto window = static_cast<std::int64_t>(minutes * 60e9);
+        std::int64_t last_kept = 0;
+        for (std::size_t i = 0; i < files.size(); ++i) {
+            const std::int64_t t = files[i].header.save_time_ns;
+            const bool newest = i + 1 == files.size();
+            if (i == 0 || newest || t - last_kept >= window) {
+                last_kept = t;
+            } else {
+                out.push_back(i);
+            }
+        }
+        return out;
+    }
+};
+
+/// Keeps a file when any member keeps it: deletes only what every member deletes.
+template <RetentionPolicy... Rs>
+struct KeepUnion {
+    std::tuple<Rs...> members;
+    KeepUnion() = default;
+    explicit KeepUnion(Rs... rs) : members(std::move(rs)...) {}
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        std::vector<int> votes(files.size(), 0);
+        std::apply([&](const auto&... m) { ((count(m.to_delete(files), votes)), ...); }, members);
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i < files.size(); ++i)
+            if (votes[i] == static_cast<int>(sizeof...(Rs))) out.push_back(i);
+        return out;
+    }
+
+private:
+    static void count(const std::vector<std::size_t>& idx, std::vector<int>& votes) {
+        for (auto i : idx)
+            if (i < votes.size()) ++votes[i];
+    }
+};
+
+}  // namespace ckpt
+
+namespace ckpt {
+
+/// A checkpoint latest() passed over, and why.
+struct SkippedCheckpoint {
+    fs::path path;
+    std::string reason;
+};
+
+namespace detail {
+
+/// Names relative to `dir`, down to `depth` levels of sub-directories; temporaries excluded.
+inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
+    std::vector<std::string> names;
+    boost::system::error_code ec;
+    if (!fs::exists(dir, ec)) return names;
+    if (!fs::is_directory(dir, ec))
+        throw IoError("checkpoint directory '" + dir.string() + "' is not a directory", dir.string(), ENOTDIR);
+    fs::recursive_directory_iterator it(dir, ec), end;
+    if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message(), dir.string(), ec.value());
+    for (; it != end; it.increment(ec)) {
+        if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message(), dir.string(), ec.value());
+        const std::string leaf = it->path().filename().string();
+        if (temporary_owner(leaf)) continue;
+        if (fs::is_directory(it->status())) {
+            if (it.depth() >= depth) it.disable_recursion_pending();
+            continue;
+        }
+        names.push_back(it->path().lexically_relative(dir).generic_string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+}  // namespace detail
+
+/// Every checkpoint of `prefix` (all runs) that `naming` recognises in `dir`, oldest first by
+/// (run, epoch, step). Headers are not read here: header fields are left default.
+template <NamingPolicy N = MindSporeNaming>
+std::vector<StoredCheckpoint> list_checkpoints(const fs::path& dir, std::string_view prefix, const N& naming = {},
+                                               SaveKind kind = SaveKind::regular) {
+    std::vector<StoredCheckpoint> out;
+    for (const auto& name : detail::list_names(dir, naming.depth()))
+        if (auto parts = naming.parse(prefix, name); parts && parts->kind == kind)
+            out.push_back({dir / name, std::move(*parts), {}});
+    std::stable_sort(out.begin(), out.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+        return std::tie(a.name.run, a.name.global_step, a.name.epoch, a.name.step) <
+               std::tie(b.name.run, b.name.global_step, b.name.epoch, b.name.step);
+    });
+    return out;
+}
+
+/// Checks that `file` is a whole, uncorrupted checkpoint whose header agrees with its name.
+/// Returns the reason it is not, or nothing when it is.
+inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
+    try {
+        file.header = verify_checkpoint(file.path);
+    } catch (const Error& e) {
+        return std::string(e.what());
+    }
+    if (file.name.positioned && (file.header.epoch != file.name.epoch || file.header.step != file.name.step))
+        return "its name says epoch " + std::to_string(file.name.epoch) + " step " + std::to_string(file.name.step) +
+               " but its header says epoch " + std::to_string(file.header.epoch) + " step " +
+               std::to_string(file.header.step);
+    return std::nullopt;
+}
+
+/// The newest valid checkpoint of `prefix` in `dir`, or nothing (also when `dir` does not
+/// exist). Newer files that fail verification are skipped, each with a warning and, when
+/// `skipped` is given, an entry saying why; older ones are tried in turn.
+template <NamingPolicy N = MindSporeNaming>
+std::optional<StoredCheckpoint> latest_checkpoint(const fs::path& dir, std::string_view prefix, const N& naming = {},
+                                                  std::vector<SkippedCheckpoint>* skipped = nullptr) {
+    auto files = list_checkpoints(dir, prefix, naming);
+    for (auto it = files.rbegin(); it != files.rend(); ++it) {
+        if (auto why = checkpoint_problem(*it)) {
+            detail::log(LogLevel::warning, "skipping checkpoint '" + it->path.string() + "': " + *why);
+            if (skipped) skipped->push_back({it->path, *why});
+            continue;
+        }
+        return std::move(*it);
+    }
+    return std::nullopt;
+}
+
+/// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
+template <NamingPolicy N = MindSporeNaming>
+std::optional<fs::path> latest(const fs::path& dir, std::string_view prefix, const N& naming = {},
+                               std::vector<SkippedCheckpoint>* skipped = nullptr) {
+    if (auto c = latest_checkpoint(dir, prefix, naming, skipped)) return c->path;
+    return std::nullopt;
+}
+
+}  // namespace ckpt
+// SavePolicy: decides, at each step end, epoch end and train end, whether to save.
+//
+// A SavePolicy P provides
+//   bool should_save(const Progress&)  -- asked at every event; may keep state (timers)
+//   void saved(const Progress&)        -- told after every save, whichever policy asked for it
+//
+// Members: Never, EverySteps, EveryEpochs, EverySeconds, OnTrainEnd, and AnyOf<...> to combine.
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+
+
+namespace ckpt {
+
+template <class P>
+concept SavePolicy = std::copy_constructible<P> && requires(P& p, const Progress& pr) {
+    { p.should_save(pr) } -> std::convertible_to<bool>;
+    p.saved(pr);
+};
+
+/// Saves nothing (the do-nothing member).
+struct Never {
+    bool should_save(const Progress&) const { return false; }
+    void saved(const Progress&) const {}
+};
+
+/// Saves when the global step is a multiple of n (the seed's save_checkpoint_steps).
+struct EverySteps {
+    std::int64_t n = 1;
+    explicit EverySteps(std::int64_t every = 1) : n(every) {
+        if (n < 1) throw ConfigError("EverySteps needs n >= 1, got " + std::to_string(n));
+    }
+    bool should_save(const Progress& p) const { return p.event == Event::step_end && p.global_step % n == 0; }
+    void saved(const Progress&) const {}
+};
+
+/// Saves at the end of every n-th epoch.
+struct EveryEpochs {
+    std::int64_t n = 1;
+    explicit EveryEpochs(std::int64_t every = 1) : n(every) {
+        if (n < 1) throw ConfigError("EveryEpochs needs n >= 1, got " + std::to_string(n));
+    }
+    bool should_save(const Progress& p) const { return p.event == Event::epoch_end && p.epoch % n == 0; }
+    void saved(const Progress&) const {}
+};
+
+/// Saves at a step end once `seconds` have passed since the last save, or since the first
+/// step seen (the seed's save_checkpoint_seconds).
+struct EverySeconds {
+    std::chrono::duration<double> interval;
+    explicit EverySeconds(double seconds) : interval(seconds) {
+        if (!(seconds > 0)) throw ConfigError("EverySeconds needs seconds > 0, got " + std::to_string(seconds));
+    }
+    bool should_save(const Progress& p) {
+        if (!last_) last_ = p.now;
+        return p.event == Event::step_end && p.now - *last_ >= interval;
+    }
+    void saved(const Progress& p) { last_ = p.now; }
+
+private:
+    std::optional<std::chrono::steady_clock::time_point> last_;
+};
+
+/// Saves when training ends (the seed saves the last step by default).
+struct OnTrainEnd {
+    bool should_save(const Progress& p) const { return p.event == Event::train_end; }
+    void saved(const Progress&) const {}
+};
+
+/// Saves when any member says so; every member hears about every save.
+template <SavePolicy... Ps>
+struct AnyOf {
+    std::tuple<Ps...> members;
+    AnyOf() = default;
+    explicit AnyOf(Ps... ps) : members(std::move(ps)...) {}
+    bool should_save(const Progress& p) {
+        // every member is asked, so timers in all of them see every event
+        return std::apply([&](auto&... m) { return (false | ... | static_cast<bool>(m.should_save(p))); }, members);
+    }
+    void saved(const Progress& p) {
+        std::apply([&](auto&... m) { (m.saved(p), ...); }, members);
+    }
+};
+
+}  // namespace ckpt
+
+namespace ckpt {
+
+struct ManagerOptions {
+    AppendInfo append_info;       ///< values added to every checkpoint (the seed's append_info)
+    bool exception_save = false;  ///< on_exception() writes a "_breakpoint" checkpoint
+    bool write_meta = true;       ///< write "{run prefix}-graph.meta" at the run's first save
+};
+
+/// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
+/// the values that were not loaded into the target, such as epoch_num and step_num).
+struct Restored {
+    StoredCheckpoint file;
+    LoadReport report;
+};
+
+namespace detail {
+
+template <class State>
+ParamDict collect_state(State& state) {
+    if constexpr (std::is_invocable_r_v<ParamDict, State&>) {
+        return state();
+    } else if constexpr (HasStateDict<State>) {
+        return state.state_dict();
+    } else {
+        static_assert(std::is_convertible_v<State&, const ParamDict&>,
+                      "a checkpoint state must be a ckpt::ParamDict, a callable returning one, or an object with "
+                      "`ckpt::ParamDict state_dict()`");
+        return state;
+    }
+}
+
+/// The readable description of a run's saved state: one line per entry, name and type.
+inline std::string describe_state(const ParamDict& dict, std::string_view run_prefix) {
+    std::string text = "# ckpt state of run '" + std::string(run_prefix) + "': name <TAB> type\n";
+    for (const auto& [name, value] : dict) text += name + "\t" + value.type_name() + "\n";
+    return text;
+}
+
+inline void write_text_file(const fs::path& file, const std::string& text) {
+    AtomicFile out(file);
+    write_all(out.fd(), text.data(), text.size(), file.string());
+    out.commit();
+}
+
+}  // namespace detail
+
+template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
+          ArchivePolicy A = BinaryArchive>
+class CheckpointManager {
+public:
+    using save_policy = S;
+    using retention_policy = R;
+    using naming_policy = N;
+    using archive_policy = A;
+
+    /// Creates `directory` if needed, removes temporaries that crashed writers left for this
+    /// prefix, and picks this run's prefix (see the naming policy).
+    CheckpointManager(fs::path directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
+                      ManagerOptions options = {})
+        : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
+          retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)) {
+        if (prefix_.empty() || prefix_.find('/') != std::string::npos)
+            throw ConfigError("checkpoint prefix must be a non-empty name without '/', got '" + prefix_ + "'");
+        boost::system::error_code ec;
+        fs::create_directories(dir_, ec);
+        if (ec || !fs::is_directory(dir_))
+            throw IoError("cannot create checkpoint directory '" + dir_.string() + "': " +
+                              (ec ? ec.message() : std::string("a file of that name exists")),
+                          dir_.string(), ec.value());
+        detail::remove_stale_temporaries(dir_, prefix_);
+        run_prefix_ = naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::regular);
+    }
+
+    const fs::path& directory() const noexcept { return dir_; }
+    const std::string& prefix() const noexcept { return prefix_; }
+    /// The prefix this run's files use: the prefix, or "{prefix}_{N}" when earlier runs exist.
+    const std::string& run_prefix() const noexcept { return run_prefix_; }
+    S& save_policy_instance() noexcept { return save_; }
+    const ManagerOptions& options() const noexcept { return options_; }
+
+    /// Call after each step; saves when the save policy says so. Returns the file written.
+    template <class State>
+    std::optional<fs::path> on_step(Progress p, State&& state) {
+        p.event = Event::step_end;
+        return maybe_save(p, state);
+    }
+    template <class State>
+    std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+        p.event = Event::epoch_end;
+        return maybe_save(p, state);
+    }
+    template <class State>
+    std::optional<fs::path> on_train_end(Progress p, State&& state) {
+        p.event = Event::train_end;
+        return maybe_save(p, state);
+    }
+
+    /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
+    template <class State>
+    std::optional<fs::path> on_exception(const Progress& p, State&& state) {
+        if (!options_.exception_save) return std::nullopt;
+        if (breakpoint_prefix_.empty())
+            breakpoint_prefix_ =
+                naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::breakpoint);
+        return write(p, detail::collect_state(state), SaveKind::breakpoint, breakpoint_prefix_);
+    }
+
+    /// Saves now, whatever the save policy says, then applies retention.
+    template <class State>
+    fs::path save(const Progress& p, State&& state) {
+        ParamDict dict = detail::collect_state(state);
+        const fs::path file = write(p, dict, SaveKind::regular, run_prefix_);
+        if (options_.write_meta && !meta_written_) {
+            if (const auto meta = naming_.meta_name(run_prefix_); !meta.empty())
+                detail::write_text_file(dir_ / meta, detail::describe_state(with_append_info(dict, p), run_prefix_));
+            meta_written_ = true;
+        }
+        last_saved_ = p.global_step;
+        save_.saved(p);
+        apply_retention(file, p);
+        return file;
+    }
+
+    /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
+    std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+        return latest_checkpoint(dir_, prefix_, naming_, skipped);
+    }
+
+    /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
+    /// state_dict()), falling back to older files when one turns out corrupt. Nothing when
+    /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
+    /// throws LoadMismatch rather than resuming half a model.
+    template <class Target>
+    std::optional<Restored> restore(Target& target, bool strict = true,
+                                    std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+        auto files = list_checkpoints(dir_, prefix_, naming_);
+        for (auto it = files.rbegin(); it != files.rend(); ++it) {
+            std::optional<std::string> why = checkpoint_problem(*it);
+            if (!why) {
+                try {
+                    return Restored{*it, load_checkpoint_into(it->path, target, strict)};
+                } catch (const FormatError& e) {  // changed between verification and load
+                    why = e.what();
+                }
+            }
+            detail::log(LogLevel::warning, "skipping checkpoint '" + it->path.string() + "': " + *why);
+            if (skipped) skipped->push_back({it->path, *why});
+        }
+        return std::nullopt;
+    }
+
+    /// This run's checkpoints with readable headers, oldest first.
+    std::vector<StoredCheckpoint> run_checkpoints(int rank = -1) const {
+        std::vector<StoredCheckpoint> mine;
+        for (auto& f : list_checkpoints(dir_, prefix_, naming_)) {
+            if (f.name.run_prefix != run_prefix_ || (f.name.rank >= 0 && rank >= 0 && f.name.rank != rank)) continue;
+            try {
+                f.header = read_header(f.path);
+            } catch (const Error& e) {
+                detail::log(LogLevel::warning, "retention leaves alone '" + f.path.string() + "': " + e.what());
+                continue;
+            }
+            mine.push_back(std::move(f));
+        }
+        std::stable_sort(mine.begin(), mine.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+            return std::tie(a.name.global_step, a.name.epoch, a.name.step, a.header.save_time_ns) <
+                   std::tie(b.name.global_step, b.name.epoch, b.name.step, b.header.save_time_ns);
+        });
+        return mine;
+    }
+
+private:
+    template <class State>
+    std::optional<fs::path> maybe_save(const Progress& p, State& state) {
+        if (!save_.should_save(p)) return std::nullopt;
+        if (last_saved_ && *last_saved_ == p.global_step) return std::nullopt;  // already saved at this step
+        return save(p, state);
+    }
+
+    ParamDict with_append_info(ParamDict dict, const Progress& p) const {
+        options_.append_info.apply(dict, p);
+        return dict;
+    }
+
+    fs::path write(const Progress& p, const ParamDict& state, SaveKind kind, const std::string& run_prefix) {
+        const fs::path file = dir_ / naming_.checkpoint_name(run_prefix, p, kind);
+        if (naming_.depth() > 0) {
+            boost::system::error_code ec;
+            fs::create_directories(file.parent_path(), ec);
+            if (ec)
+                throw IoError("cannot create '" + file.parent_path().string() + "': " + ec.message(),
+                              file.parent_path().string(), ec.value());
+        }
+        SaveOptions opts;
+        opts.archive = A::kind;
+        opts.epoch = p.epoch;
+        opts.step = p.step;
+        save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
+        return file;
+    }
+
+    void apply_retention(const fs::path& just_written, const Progress& p) {
+        auto files = run_checkpoints(p.rank);
+        // The file just written goes last whatever its name says; it is never deleted.
+        auto it = std::find_if(files.begin(), files.end(),
+                               [&](const StoredCheckpoint& f) { return f.path == just_written; });
+        if (it == files.end()) return;
+        std::rotate(it, it + 1, files.end());
+        for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files))) {
+            if (i + 1 >= files.size()) continue;
+            boost::system::error_code ec;
+            fs::remove(files[i].path, ec);
+            if (ec)
+                detail::log(LogLevel::warning, "retention could not delete '" + files[i].path.string() + "': " + ec.message());
+            else
+                detail::log(LogLevel::info, "retention deleted '" + files[i].path.string() + "'");
+        }
+    }
+
+    fs::path dir_;
+    std::string prefix_;
+    S save_;
+    R retention_;
+    N naming_;
+    ManagerOptions options_;
+    std::string run_prefix_;
+    std::string breakpoint_prefix_;
+    std::optional<std::int64_t> last_saved_;
+    bool meta_written_ = false;
+};
+
+}  // namespace ckpt
+
+namespace ckpt {
+
+struct CheckpointConfig {
+    std::int64_t save_checkpoint_steps = 1;
+    std::int64_t save_checkpoint_seconds = 0;
+    std::int64_t keep_checkpoint_max = 5;
+    std::int64_t keep_checkpoint_per_n_minutes = 0;
+    AppendInfo append_info;
+    bool exception_save = false;
+};
+
+namespace detail {
+inline void validate(const CheckpointConfig& c) {
+    auto non_negative = [](std::int64_t v, const char* name) {
+        if (v < 0) throw ConfigError(std::string(name) + " must not be negative, got " + std::to_string(v));
+    };
+    non_negative(c.save_checkpoint_steps, "save_checkpoint_steps");
+    non_negative(c.save_checkpoint_seconds, "save_checkpoint_seconds");
+    non_negative(c.keep_checkpoint_max, "keep_checkpoint_max");
+    non_negative(c.keep_checkpoint_per_n_minutes, "keep_checkpoint_per_n_minutes");
+    if (!c.save_checkpoint_steps && !c.save_checkpoint_seconds && !c.keep_checkpoint_max &&
+        !c.keep_checkpoint_per_n_minutes)
+        throw ConfigError(
+            "save_checkpoint_steps, save_checkpoint_seconds, keep_checkpoint_max and keep_checkpoint_per_n_minutes "
+            "cannot all be 0");
+}
+}  // namespace detail
+
+/// The SavePolicy a CheckpointConfig stands for.
+class ConfiguredSave {
+public:
+    explicit ConfiguredSave(const CheckpointConfig& c) {
+        detail::validate(c);
+        if (c.save_checkpoint_steps > 0) steps_ = EverySteps(c.save_checkpoint_steps);
+        else if (c.save_checkpoint_seconds > 0) seconds_ = EverySeconds(static_cast<double>(c.save_checkpoint_seconds));
+    }
+    bool should_save(const Progress& p) {
+        // every member sees every event, so the timer starts with the first step
+        const bool by_seconds = seconds_ && seconds_->should_save(p);
+        return (steps_ && steps_->should_save(p)) || by_seconds || at_end_.should_save(p);
+    }
+    void saved(const Progress& p) {
+        if (seconds_) seconds_->saved(p);
+    }
+
+private:
+    std::optional<EverySteps> steps_;
+    std::optional<EverySeconds> seconds_;
+    OnTrainEnd at_end_;
+};
+
+/// The RetentionPolicy a CheckpointConfig stands for (keep all when both knobs are 0).
+class ConfiguredRetention {
+public:
+    explicit ConfiguredRetention(const CheckpointConfig& c) {
+        detail::validate(c);
+        if (c.keep_checkpoint_max > 0) last_ = KeepLast(c.keep_checkpoint_max);
+        else if (c.keep_checkpoint_per_n_minutes > 0)
+            per_minutes_ = KeepOnePerMinutes(static_cast<double>(c.keep_checkpoint_per_n_minutes));
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        if (last_) return last_->to_delete(files);
+        if (per_minutes_) return per_minutes_->to_delete(files);
+        return {};
+    }
+
+private:
+    std::optional<KeepLast> last_;
+    std::optional<KeepOnePerMinutes> per_minutes_;
+};
+
+template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
+using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A>;
+
+template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
+ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, const CheckpointConfig& config,
+                                     N naming = {}) {
+    ManagerOptions opts;
+    opts.append_info = config.append_info;
+    opts.exception_save = config.exception_save;
+    return ConfiguredManager<N, A>(std::move(directory), std::move(prefix), ConfiguredSave(config),
+                                   ConfiguredRetention(config), std::move(naming), std::move(opts));
 }
 
 }  // namespace ckpt

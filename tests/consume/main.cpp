@@ -14,7 +14,8 @@ int main() {
     d.set("epoch_num", std::int64_t{3});
     ckpt::save_checkpoint(d, dir / "x.ckpt");
     const auto loaded = ckpt::load_checkpoint(dir / "x.ckpt");
-    const bool ok = loaded.get<std::int64_t>("epoch_num") == 3 && loaded.tensor("w").values<float>()[2] == 3.0f;
+    const bool ok = loaded.get<std::int64_t>("epoch_num") == 3 && loaded.tensor("w").values<float>()[2] == 3.0f &&
+                    ckpt::latest(dir, "x", ckpt::SingleFileNaming{}).has_value();
     boost::filesystem::remove_all(dir);
     std::puts(ok ? "installed package ok" : "installed package FAILED");
     return ok ? 0 : 1;

@@ -1,0 +1,271 @@
+#pragma once
+// CheckpointManager: periodic checkpoints from any loop, with policies chosen at compile time.
+//
+//   ckpt::CheckpointManager mgr("ckpts", "heat", ckpt::EverySteps{100}, ckpt::KeepLast{3});
+//   if (auto r = mgr.restore(state)) start = r->file.name.step + 1;   // resume if possible
+//   for (...) { ...; mgr.on_step(ckpt::Progress::at_iteration(i), state); }
+//
+// Policies (each a concept in its own header, with its members):
+//   SavePolicy S       when to save                  default EveryEpochs{1}
+//   RetentionPolicy R  which older files to delete   default KeepLast{5}
+//   NamingPolicy N     file names, runs, meta file   default MindSporeNaming
+//   ArchivePolicy A    body archive                  default BinaryArchive
+//
+// A state is a ParamDict, a callable returning one (called only when saving), or an object
+// with `ParamDict state_dict()` returning views of its tensors.
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "append_info.hpp"
+#include "archive_policy.hpp"
+#include "checkpoint.hpp"
+#include "detail/atomic_file.hpp"
+#include "error.hpp"
+#include "latest.hpp"
+#include "log.hpp"
+#include "naming_policy.hpp"
+#include "param_dict.hpp"
+#include "progress.hpp"
+#include "retention_policy.hpp"
+#include "save_policy.hpp"
+
+namespace ckpt {
+
+struct ManagerOptions {
+    AppendInfo append_info;       ///< values added to every checkpoint (the seed's append_info)
+    bool exception_save = false;  ///< on_exception() writes a "_breakpoint" checkpoint
+    bool write_meta = true;       ///< write "{run prefix}-graph.meta" at the run's first save
+};
+
+/// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
+/// the values that were not loaded into the target, such as epoch_num and step_num).
+struct Restored {
+    StoredCheckpoint file;
+    LoadReport report;
+};
+
+namespace detail {
+
+template <class State>
+ParamDict collect_state(State& state) {
+    if constexpr (std::is_invocable_r_v<ParamDict, State&>) {
+        return state();
+    } else if constexpr (HasStateDict<State>) {
+        return state.state_dict();
+    } else {
+        static_assert(std::is_convertible_v<State&, const ParamDict&>,
+                      "a checkpoint state must be a ckpt::ParamDict, a callable returning one, or an object with "
+                      "`ckpt::ParamDict state_dict()`");
+        return state;
+    }
+}
+
+/// The readable description of a run's saved state: one line per entry, name and type.
+inline std::string describe_state(const ParamDict& dict, std::string_view run_prefix) {
+    std::string text = "# ckpt state of run '" + std::string(run_prefix) + "': name <TAB> type\n";
+    for (const auto& [name, value] : dict) text += name + "\t" + value.type_name() + "\n";
+    return text;
+}
+
+inline void write_text_file(const fs::path& file, const std::string& text) {
+    AtomicFile out(file);
+    write_all(out.fd(), text.data(), text.size(), file.string());
+    out.commit();
+}
+
+}  // namespace detail
+
+template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
+          ArchivePolicy A = BinaryArchive>
+class CheckpointManager {
+public:
+    using save_policy = S;
+    using retention_policy = R;
+    using naming_policy = N;
+    using archive_policy = A;
+
+    /// Creates `directory` if needed, removes temporaries that crashed writers left for this
+    /// prefix, and picks this run's prefix (see the naming policy).
+    CheckpointManager(fs::path directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
+                      ManagerOptions options = {})
+        : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
+          retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)) {
+        if (prefix_.empty() || prefix_.find('/') != std::string::npos)
+            throw ConfigError("checkpoint prefix must be a non-empty name without '/', got '" + prefix_ + "'");
+        boost::system::error_code ec;
+        fs::create_directories(dir_, ec);
+        if (ec || !fs::is_directory(dir_))
+            throw IoError("cannot create checkpoint directory '" + dir_.string() + "': " +
+                              (ec ? ec.message() : std::string("a file of that name exists")),
+                          dir_.string(), ec.value());
+        detail::remove_stale_temporaries(dir_, prefix_);
+        run_prefix_ = naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::regular);
+    }
+
+    const fs::path& directory() const noexcept { return dir_; }
+    const std::string& prefix() const noexcept { return prefix_; }
+    /// The prefix this run's files use: the prefix, or "{prefix}_{N}" when earlier runs exist.
+    const std::string& run_prefix() const noexcept { return run_prefix_; }
+    S& save_policy_instance() noexcept { return save_; }
+    const ManagerOptions& options() const noexcept { return options_; }
+
+    /// Call after each step; saves when the save policy says so. Returns the file written.
+    template <class State>
+    std::optional<fs::path> on_step(Progress p, State&& state) {
+        p.event = Event::step_end;
+        return maybe_save(p, state);
+    }
+    template <class State>
+    std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+        p.event = Event::epoch_end;
+        return maybe_save(p, state);
+    }
+    template <class State>
+    std::optional<fs::path> on_train_end(Progress p, State&& state) {
+        p.event = Event::train_end;
+        return maybe_save(p, state);
+    }
+
+    /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
+    template <class State>
+    std::optional<fs::path> on_exception(const Progress& p, State&& state) {
+        if (!options_.exception_save) return std::nullopt;
+        if (breakpoint_prefix_.empty())
+            breakpoint_prefix_ =
+                naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::breakpoint);
+        return write(p, detail::collect_state(state), SaveKind::breakpoint, breakpoint_prefix_);
+    }
+
+    /// Saves now, whatever the save policy says, then applies retention.
+    template <class State>
+    fs::path save(const Progress& p, State&& state) {
+        ParamDict dict = detail::collect_state(state);
+        const fs::path file = write(p, dict, SaveKind::regular, run_prefix_);
+        if (options_.write_meta && !meta_written_) {
+            if (const auto meta = naming_.meta_name(run_prefix_); !meta.empty())
+                detail::write_text_file(dir_ / meta, detail::describe_state(with_append_info(dict, p), run_prefix_));
+            meta_written_ = true;
+        }
+        last_saved_ = p.global_step;
+        save_.saved(p);
+        apply_retention(file, p);
+        return file;
+    }
+
+    /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
+    std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+        return latest_checkpoint(dir_, prefix_, naming_, skipped);
+    }
+
+    /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
+    /// state_dict()), falling back to older files when one turns out corrupt. Nothing when
+    /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
+    /// throws LoadMismatch rather than resuming half a model.
+    template <class Target>
+    std::optional<Restored> restore(Target& target, bool strict = true,
+                                    std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+        auto files = list_checkpoints(dir_, prefix_, naming_);
+        for (auto it = files.rbegin(); it != files.rend(); ++it) {
+            std::optional<std::string> why = checkpoint_problem(*it);
+            if (!why) {
+                try {
+                    return Restored{*it, load_checkpoint_into(it->path, target, strict)};
+                } catch (const FormatError& e) {  // changed between verification and load
+                    why = e.what();
+                }
+            }
+            detail::log(LogLevel::warning, "skipping checkpoint '" + it->path.string() + "': " + *why);
+            if (skipped) skipped->push_back({it->path, *why});
+        }
+        return std::nullopt;
+    }
+
+    /// This run's checkpoints with readable headers, oldest first.
+    std::vector<StoredCheckpoint> run_checkpoints(int rank = -1) const {
+        std::vector<StoredCheckpoint> mine;
+        for (auto& f : list_checkpoints(dir_, prefix_, naming_)) {
+            if (f.name.run_prefix != run_prefix_ || (f.name.rank >= 0 && rank >= 0 && f.name.rank != rank)) continue;
+            try {
+                f.header = read_header(f.path);
+            } catch (const Error& e) {
+                detail::log(LogLevel::warning, "retention leaves alone '" + f.path.string() + "': " + e.what());
+                continue;
+            }
+            mine.push_back(std::move(f));
+        }
+        std::stable_sort(mine.begin(), mine.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+            return std::tie(a.name.global_step, a.name.epoch, a.name.step, a.header.save_time_ns) <
+                   std::tie(b.name.global_step, b.name.epoch, b.name.step, b.header.save_time_ns);
+        });
+        return mine;
+    }
+
+private:
+    template <class State>
+    std::optional<fs::path> maybe_save(const Progress& p, State& state) {
+        if (!save_.should_save(p)) return std::nullopt;
+        if (last_saved_ && *last_saved_ == p.global_step) return std::nullopt;  // already saved at this step
+        return save(p, state);
+    }
+
+    ParamDict with_append_info(ParamDict dict, const Progress& p) const {
+        options_.append_info.apply(dict, p);
+        return dict;
+    }
+
+    fs::path write(const Progress& p, const ParamDict& state, SaveKind kind, const std::string& run_prefix) {
+        const fs::path file = dir_ / naming_.checkpoint_name(run_prefix, p, kind);
+        if (naming_.depth() > 0) {
+            boost::system::error_code ec;
+            fs::create_directories(file.parent_path(), ec);
+            if (ec)
+                throw IoError("cannot create '" + file.parent_path().string() + "': " + ec.message(),
+                              file.parent_path().string(), ec.value());
+        }
+        SaveOptions opts;
+        opts.archive = A::kind;
+        opts.epoch = p.epoch;
+        opts.step = p.step;
+        save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
+        return file;
+    }
+
+    void apply_retention(const fs::path& just_written, const Progress& p) {
+        auto files = run_checkpoints(p.rank);
+        // The file just written goes last whatever its name says; it is never deleted.
+        auto it = std::find_if(files.begin(), files.end(),
+                               [&](const StoredCheckpoint& f) { return f.path == just_written; });
+        if (it == files.end()) return;
+        std::rotate(it, it + 1, files.end());
+        for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files))) {
+            if (i + 1 >= files.size()) continue;
+            boost::system::error_code ec;
+            fs::remove(files[i].path, ec);
+            if (ec)
+                detail::log(LogLevel::warning, "retention could not delete '" + files[i].path.string() + "': " + ec.message());
+            else
+                detail::log(LogLevel::info, "retention deleted '" + files[i].path.string() + "'");
+        }
+    }
+
+    fs::path dir_;
+    std::string prefix_;
+    S save_;
+    R retention_;
+    N naming_;
+    ManagerOptions options_;
+    std::string run_prefix_;
+    std::string breakpoint_prefix_;
+    std::optional<std::int64_t> last_saved_;
+    bool meta_written_ = false;
+};
+
+}  // namespace ckpt

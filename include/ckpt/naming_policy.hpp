@@ -1,0 +1,249 @@
+#pragma once
+// NamingPolicy: the file name of each checkpoint, parsed back when looking for checkpoints.
+//
+// A NamingPolicy N provides
+//   std::string checkpoint_name(std::string_view run_prefix, const Progress&, SaveKind)
+//       the name, relative to the checkpoint directory (it may contain sub-directories);
+//   std::optional<NameParts> parse(std::string_view base_prefix, std::string_view name)
+//       the parts of one of its names for `base_prefix` (any run), or nothing;
+//   std::string run_prefix(std::string_view base_prefix, const std::vector<std::string>& names, SaveKind)
+//       the prefix a new run uses, given the names already in the directory;
+//   std::string meta_name(std::string_view run_prefix)
+//       the per-run description file, or "" for none;
+//   int depth() -- how many directory levels below the checkpoint directory its names use.
+//
+// Members: MindSporeNaming (the seed's), StepNaming, LastWordsNaming (the seed's last-words
+// layout) and SingleFileNaming (one file, replaced at every save: the do-nothing member).
+
+#include <charconv>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "progress.hpp"
+
+namespace ckpt {
+
+enum class SaveKind { regular, breakpoint };
+
+struct NameParts {
+    std::string run_prefix;        ///< "lenet" for run 0, "lenet_3" for run 3
+    std::int64_t run = 0;
+    bool positioned = true;        ///< false when the name carries no epoch/step
+    std::int64_t epoch = 0;
+    std::int64_t step = 0;
+    SaveKind kind = SaveKind::regular;
+    int rank = -1;                 ///< last-words names only
+    std::int64_t global_step = -1; ///< last-words names only
+};
+
+template <class N>
+concept NamingPolicy = std::copy_constructible<N> &&
+    requires(const N& n, std::string_view prefix, const Progress& p, const std::vector<std::string>& names) {
+        { n.checkpoint_name(prefix, p, SaveKind::regular) } -> std::convertible_to<std::string>;
+        { n.parse(prefix, prefix) } -> std::same_as<std::optional<NameParts>>;
+        { n.run_prefix(prefix, names, SaveKind::regular) } -> std::convertible_to<std::string>;
+        { n.meta_name(prefix) } -> std::convertible_to<std::string>;
+        { n.depth() } -> std::convertible_to<int>;
+    };
+
+namespace detail {
+
+/// Parses a non-negative decimal number that is the whole of `s`.
+inline std::optional<std::int64_t> parse_count(std::string_view s) {
+    if (s.empty() || s.size() > 18) return std::nullopt;
+    std::int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || ptr != s.data() + s.size() || v < 0) return std::nullopt;
+    return v;
+}
+
+inline bool consume(std::string_view& s, std::string_view head) {
+    if (!s.starts_with(head)) return false;
+    s.remove_prefix(head.size());
+    return true;
+}
+
+/// Splits "{base}-rest" (run 0) or "{base}_{N}-rest" (run N) into run and "rest".
+inline std::optional<std::pair<std::int64_t, std::string_view>> split_run(std::string_view base,
+                                                                           std::string_view name) {
+    if (!consume(name, base)) return std::nullopt;
+    if (consume(name, "-")) return std::pair{std::int64_t{0}, name};
+    if (!consume(name, "_")) return std::nullopt;
+    const auto dash = name.find('-');
+    if (dash == std::string_view::npos) return std::nullopt;
+    const auto run = parse_count(name.substr(0, dash));
+    if (!run || *run == 0) return std::nullopt;
+    return std::pair{*run, name.substr(dash + 1)};
+}
+
+inline std::string run_prefix_name(std::string_view base, std::int64_t run) {
+    return run == 0 ? std::string(base) : std::string(base) + "_" + std::to_string(run);
+}
+
+/// MindSpore's rule: the first run uses the prefix itself; a later run uses "{prefix}_{N}",
+/// N one above the highest run present among names of the same kind.
+template <class N>
+std::string next_run_prefix(const N& naming, std::string_view base, const std::vector<std::string>& names,
+                            SaveKind kind) {
+    std::int64_t next = 0;
+    for (const auto& n : names)
+        if (auto parts = naming.parse(base, n); parts && parts->kind == kind) next = std::max(next, parts->run + 1);
+    return run_prefix_name(base, next);
+}
+
+}  // namespace detail
+
+/// The seed's names: "{prefix}-{epoch}_{step}.ckpt", "{prefix}-{epoch}_{step}_breakpoint.ckpt"
+/// for exception saves, and "{prefix}-graph.meta". A second run with the same prefix in the
+/// same directory uses "{prefix}_1-…", then "{prefix}_2-…", as MindSpore's code does (its
+/// tutorial's tree shows "lenet-1-7_1875.ckpt", which the code never writes).
+struct MindSporeNaming {
+    std::string checkpoint_name(std::string_view run_prefix, const Progress& p, SaveKind kind) const {
+        return std::string(run_prefix) + "-" + std::to_string(p.epoch) + "_" + std::to_string(p.step) +
+               (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
+    }
+
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        auto split = detail::split_run(base, name);
+        if (!split) return std::nullopt;
+        auto [run, rest] = *split;
+        NameParts parts;
+        if (rest.ends_with("_breakpoint.ckpt")) {
+            parts.kind = SaveKind::breakpoint;
+            rest.remove_suffix(std::string_view("_breakpoint.ckpt").size());
+        } else if (rest.ends_with(".ckpt")) {
+            rest.remove_suffix(5);
+        } else {
+            return std::nullopt;
+        }
+        const auto underscore = rest.find('_');
+        if (underscore == std::string_view::npos) return std::nullopt;
+        const auto epoch = detail::parse_count(rest.substr(0, underscore));
+        const auto step = detail::parse_count(rest.substr(underscore + 1));
+        if (!epoch || !step) return std::nullopt;
+        parts.run_prefix = detail::run_prefix_name(base, run);
+        parts.run = run;
+        parts.epoch = *epoch;
+        parts.step = *step;
+        return parts;
+    }
+
+    std::string run_prefix(std::string_view base, const std::vector<std::string>& names, SaveKind kind) const {
+        return detail::next_run_prefix(*this, base, names, kind);
+    }
+    std::string meta_name(std::string_view run_prefix) const { return std::string(run_prefix) + "-graph.meta"; }
+    int depth() const { return 0; }
+};
+
+/// For loops without epochs: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
+/// saves), with MindSporeNaming's run rule and meta file.
+struct StepNaming {
+    std::string checkpoint_name(std::string_view run_prefix, const Progress& p, SaveKind kind) const {
+        return std::string(run_prefix) + "-" + std::to_string(p.global_step) +
+               (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
+    }
+
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        auto split = detail::split_run(base, name);
+        if (!split) return std::nullopt;
+        auto [run, rest] = *split;
+        NameParts parts;
+        if (rest.ends_with("_breakpoint.ckpt")) {
+            parts.kind = SaveKind::breakpoint;
+            rest.remove_suffix(std::string_view("_breakpoint.ckpt").size());
+        } else if (rest.ends_with(".ckpt")) {
+            rest.remove_suffix(5);
+        } else {
+            return std::nullopt;
+        }
+        const auto step = detail::parse_count(rest);
+        if (!step) return std::nullopt;
+        parts.run_prefix = detail::run_prefix_name(base, run);
+        parts.run = run;
+        parts.epoch = 1;
+        parts.step = *step;
+        parts.global_step = *step;
+        return parts;
+    }
+
+    std::string run_prefix(std::string_view base, const std::vector<std::string>& names, SaveKind kind) const {
+        return detail::next_run_prefix(*this, base, names, kind);
+    }
+    std::string meta_name(std::string_view run_prefix) const { return std::string(run_prefix) + "-graph.meta"; }
+    int depth() const { return 0; }
+};
+
+/// The seed's last-words layout, relative to the last-words directory (ttp_checkpoints):
+/// "tft_saved_checkpoints-step_{global_step}/rank_{rank}/ttp_rank_{rank}-{epoch}_{step}.ckpt".
+/// The prefix is not part of these names; every save is its own step directory.
+struct LastWordsNaming {
+    std::string checkpoint_name(std::string_view, const Progress& p, SaveKind) const {
+        const std::string r = std::to_string(p.rank);
+        return "tft_saved_checkpoints-step_" + std::to_string(p.global_step) + "/rank_" + r + "/ttp_rank_" + r + "-" +
+               std::to_string(p.epoch) + "_" + std::to_string(p.step) + ".ckpt";
+    }
+
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        if (!detail::consume(name, "tft_saved_checkpoints-step_")) return std::nullopt;
+        auto slash = name.find('/');
+        const auto global = detail::parse_count(name.substr(0, slash));
+        if (!global || slash == std::string_view::npos) return std::nullopt;
+        name.remove_prefix(slash + 1);
+        if (!detail::consume(name, "rank_")) return std::nullopt;
+        slash = name.find('/');
+        const auto rank = detail::parse_count(name.substr(0, slash));
+        if (!rank || slash == std::string_view::npos) return std::nullopt;
+        name.remove_prefix(slash + 1);
+        if (!detail::consume(name, "ttp_rank_" + std::to_string(*rank) + "-") || !name.ends_with(".ckpt"))
+            return std::nullopt;
+        name.remove_suffix(5);
+        const auto underscore = name.find('_');
+        if (underscore == std::string_view::npos) return std::nullopt;
+        const auto epoch = detail::parse_count(name.substr(0, underscore));
+        const auto step = detail::parse_count(name.substr(underscore + 1));
+        if (!epoch || !step || *rank > 1'000'000) return std::nullopt;
+        NameParts parts;
+        parts.run_prefix = std::string(base);
+        parts.epoch = *epoch;
+        parts.step = *step;
+        parts.rank = static_cast<int>(*rank);
+        parts.global_step = *global;
+        return parts;
+    }
+
+    std::string run_prefix(std::string_view base, const std::vector<std::string>&, SaveKind) const {
+        return std::string(base);
+    }
+    std::string meta_name(std::string_view) const { return {}; }
+    int depth() const { return 2; }
+};
+
+/// One file, "{prefix}.ckpt", replaced atomically at every save: no numbering, no runs,
+/// nothing for retention to do.
+struct SingleFileNaming {
+    std::string checkpoint_name(std::string_view run_prefix, const Progress&, SaveKind kind) const {
+        return std::string(run_prefix) + (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
+    }
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        NameParts parts;
+        parts.run_prefix = std::string(base);
+        parts.positioned = false;
+        if (name == std::string(base) + ".ckpt") return parts;
+        if (name == std::string(base) + "_breakpoint.ckpt") {
+            parts.kind = SaveKind::breakpoint;
+            return parts;
+        }
+        return std::nullopt;
+    }
+    std::string run_prefix(std::string_view base, const std::vector<std::string>&, SaveKind) const {
+        return std::string(base);
+    }
+    std::string meta_name(std::string_view) const { return {}; }
+    int depth() const { return 0; }
+};
+
+}  // namespace ckpt

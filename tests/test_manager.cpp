@@ -1,0 +1,267 @@
+// CheckpointManager and latest(): the seed's directory tree, retention limits, fallbacks.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "support.hpp"
+
+namespace {
+
+using test::TempDir;
+
+/// A tiny "network": one weight vector, loaded and saved through views.
+struct TinyNet {
+    std::vector<float> w = std::vector<float>(8, 0.0f);
+    ckpt::ParamDict state_dict() {
+        ckpt::ParamDict d;
+        d.set("fc.weight", ckpt::Tensor::view(std::span<float>(w), {2, 4}));
+        return d;
+    }
+};
+
+ckpt::Progress epoch_end(std::int64_t epoch, std::int64_t steps_per_epoch = 1875) {
+    ckpt::Progress p;
+    p.epoch = epoch;
+    p.step = steps_per_epoch;
+    p.global_step = epoch * steps_per_epoch;
+    return p;
+}
+
+ckpt::ManagerOptions seed_options() {
+    ckpt::ManagerOptions o;
+    o.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
+    return o;
+}
+
+using SeedManager = ckpt::CheckpointManager<ckpt::EveryEpochs, ckpt::KeepLast, ckpt::MindSporeNaming>;
+
+}  // namespace
+
+TEST_SUITE("manager") {
+
+TEST_CASE("the seed's fault-recovery tree: crash after epoch 6, resume at 7, finish at 10") {
+    TempDir dir;
+    TinyNet net;
+    {
+        SeedManager mgr(dir / "lenet", "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, seed_options());
+        CHECK(mgr.run_prefix() == "lenet");
+        for (std::int64_t e = 1; e <= 6; ++e) {
+            std::fill(net.w.begin(), net.w.end(), static_cast<float>(e));
+            mgr.on_epoch_end(epoch_end(e), net);
+        }
+    }  // "Some errors happen."
+    CHECK(test::names_in(dir / "lenet") ==
+          std::vector<std::string>{"lenet-2_1875.ckpt", "lenet-3_1875.ckpt", "lenet-4_1875.ckpt", "lenet-5_1875.ckpt",
+                                   "lenet-6_1875.ckpt", "lenet-graph.meta"});
+
+    TinyNet resumed;
+    SeedManager mgr(dir / "lenet", "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, seed_options());
+    CHECK(mgr.run_prefix() == "lenet_1");
+    auto restored = mgr.restore(resumed);
+    REQUIRE(restored);
+    CHECK(restored->file.path.filename() == "lenet-6_1875.ckpt");
+    CHECK(resumed.w == net.w);
+    const auto epoch_num = restored->report.rest.get<std::int64_t>("epoch_num");
+    CHECK(epoch_num == 6);
+    CHECK(restored->report.rest.get<std::int64_t>("step_num") == 6 * 1875);
+    CHECK(restored->report.rest.get<double>("momentum") == 0.9);
+    for (std::int64_t e = epoch_num + 1; e <= 10; ++e) mgr.on_epoch_end(epoch_end(e), resumed);
+    CHECK(test::names_in(dir / "lenet") ==
+          std::vector<std::string>{"lenet-2_1875.ckpt", "lenet-3_1875.ckpt", "lenet-4_1875.ckpt", "lenet-5_1875.ckpt",
+                                   "lenet-6_1875.ckpt", "lenet-graph.meta", "lenet_1-10_1875.ckpt",
+                                   "lenet_1-7_1875.ckpt", "lenet_1-8_1875.ckpt", "lenet_1-9_1875.ckpt",
+                                   "lenet_1-graph.meta"});
+    CHECK(ckpt::latest(dir / "lenet", "lenet")->filename() == "lenet_1-10_1875.ckpt");
+}
+
+TEST_CASE("graph.meta describes the saved state in readable text") {
+    TempDir dir;
+    TinyNet net;
+    SeedManager mgr(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, seed_options());
+    mgr.on_epoch_end(epoch_end(1), net);
+    const auto text = test::read_bytes(dir / "lenet-graph.meta");
+    const std::string meta(text.begin(), text.end());
+    CHECK(meta.find("fc.weight\tfloat32[2, 4]\n") != std::string::npos);
+    CHECK(meta.find("epoch_num\tint64\n") != std::string::npos);
+    CHECK(meta.find("lr\tdouble\n") != std::string::npos);
+}
+
+TEST_CASE("a step-end and an epoch-end save at the same step write one file") {
+    TempDir dir;
+    TinyNet net;
+    ckpt::CheckpointManager mgr(dir.path(), "m", ckpt::AnyOf(ckpt::EverySteps{2}, ckpt::EveryEpochs{1}),
+                                ckpt::KeepAll{});
+    auto p = epoch_end(1, 4);
+    CHECK(mgr.on_step(p, net));
+    CHECK_FALSE(mgr.on_epoch_end(p, net));
+    CHECK(mgr.run_checkpoints().size() == 1);
+}
+
+TEST_CASE("retention touches only this run's files and never the one just written") {
+    TempDir dir;
+    TinyNet net;
+    ckpt::save_checkpoint(net.state_dict(), dir / "other-1_1.ckpt");
+    ckpt::save_checkpoint(net.state_dict(), dir / "m-1_1.ckpt");  // an earlier run of the same prefix
+    ckpt::CheckpointManager mgr(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{1});
+    CHECK(mgr.run_prefix() == "m_1");
+    for (std::int64_t s = 1; s <= 4; ++s) {
+        ckpt::Progress p;
+        p.step = p.global_step = s;
+        mgr.on_step(p, net);
+    }
+    CHECK(test::names_in(dir.path()) ==
+          std::vector<std::string>{"m-1_1.ckpt", "m_1-1_4.ckpt", "m_1-graph.meta", "other-1_1.ckpt"});
+}
+
+TEST_CASE("retention leaves a newer corrupt file alone and does not count it") {
+    TempDir dir;
+    TinyNet net;
+    ckpt::CheckpointManager mgr(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    auto at = [](std::int64_t s) {
+        ckpt::Progress p;
+        p.step = p.global_step = s;
+        return p;
+    };
+    mgr.on_step(at(1), net);
+    mgr.on_step(at(2), net);
+    test::write_bytes(dir / "m-1_9.ckpt", std::vector<char>(10, 'x'));  // newer by name, not a checkpoint
+    test::LogCapture log;
+    mgr.on_step(at(3), net);
+    CHECK(test::names_in(dir.path()) ==
+          std::vector<std::string>{"m-1_2.ckpt", "m-1_3.ckpt", "m-1_9.ckpt", "m-graph.meta"});
+    REQUIRE_FALSE(log.warnings.empty());
+    CHECK(log.warnings[0].find("m-1_9.ckpt") != std::string::npos);
+    CHECK(ckpt::latest(dir.path(), "m")->filename() == "m-1_3.ckpt");
+}
+
+TEST_CASE("latest() falls back past corrupt and mislabelled files, saying why") {
+    TempDir dir;
+    TinyNet net;
+    SeedManager mgr(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5});
+    for (std::int64_t e = 1; e <= 4; ++e) mgr.on_epoch_end(epoch_end(e), net);
+    test::flip_bit(dir / "lenet-4_1875.ckpt", 200);
+    boost::filesystem::copy_file(dir / "lenet-1_1875.ckpt", dir / "lenet-9_1875.ckpt");
+    test::write_bytes(dir / "lenet-8_1875.ckpt", {});
+    test::LogCapture log;
+    std::vector<ckpt::SkippedCheckpoint> skipped;
+    auto found = ckpt::latest(dir.path(), "lenet", ckpt::MindSporeNaming{}, &skipped);
+    REQUIRE(found);
+    CHECK(found->filename() == "lenet-3_1875.ckpt");
+    REQUIRE(skipped.size() == 3);
+    CHECK(skipped[0].reason.find("name says epoch 9 step 1875 but its header says epoch 1 step 1875") !=
+          std::string::npos);
+    CHECK(skipped[1].reason.find("not a ckpt checkpoint") != std::string::npos);
+    CHECK(skipped[2].reason.find("body xxh3") != std::string::npos);
+    CHECK(log.warnings.size() == 3);
+
+    TinyNet resumed;
+    auto restored = mgr.restore(resumed);
+    REQUIRE(restored);
+    CHECK(restored->file.path.filename() == "lenet-3_1875.ckpt");
+    CHECK(boost::filesystem::exists(dir / "lenet-4_1875.ckpt"));  // evidence is kept
+}
+
+TEST_CASE("no checkpoint: latest and restore say so") {
+    TempDir dir;
+    CHECK_FALSE(ckpt::latest(dir / "absent", "x"));
+    TinyNet net;
+    ckpt::CheckpointManager mgr(dir.path(), "x", ckpt::EverySteps{1}, ckpt::KeepAll{});
+    CHECK_FALSE(mgr.restore(net));
+    test::write_bytes(dir / "file", {});
+    CHECK_THROWS_AS(ckpt::latest(dir / "file", "x"), ckpt::IoError);
+    CHECK_THROWS_AS(ckpt::CheckpointManager(dir / "file", "x", ckpt::EverySteps{1}, ckpt::KeepAll{}), ckpt::IoError);
+    CHECK_THROWS_AS(ckpt::CheckpointManager(dir.path(), "a/b", ckpt::EverySteps{1}, ckpt::KeepAll{}), ckpt::ConfigError);
+}
+
+TEST_CASE("restore is strict: a checkpoint of another model is an error, not a half-loaded net") {
+    TempDir dir;
+    ckpt::ParamDict other;
+    other.set("fc.weight", ckpt::Tensor(ckpt::DType::float32, {3, 3}));
+    ckpt::save_checkpoint(other, dir / "m-1_1.ckpt", {ckpt::ArchiveKind::binary, 1, 1});
+    ckpt::CheckpointManager mgr(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepAll{});
+    TinyNet net;
+    CHECK_THROWS_AS(mgr.restore(net), ckpt::LoadMismatch);
+    CHECK(mgr.restore(net, false)->report.mismatches.size() == 1);
+}
+
+TEST_CASE("exception saves write breakpoint files with their own run numbering") {
+    TempDir dir;
+    TinyNet net;
+    ckpt::ManagerOptions o;
+    o.exception_save = true;
+    SeedManager mgr(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, o);
+    auto p = epoch_end(3);
+    p.step = 17;
+    CHECK(mgr.on_exception(p, net)->filename() == "lenet-3_17_breakpoint.ckpt");
+    SeedManager again(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, o);
+    CHECK(again.on_exception(p, net)->filename() == "lenet_1-3_17_breakpoint.ckpt");
+    CHECK(again.run_prefix() == "lenet");  // regular saves still start at the plain prefix
+    CHECK_FALSE(ckpt::latest(dir.path(), "lenet"));  // breakpoints are not periodic checkpoints
+    SeedManager off(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5});
+    CHECK_FALSE(off.on_exception(p, net));
+}
+
+TEST_CASE("stale temporaries of dead writers are removed when a manager starts") {
+    TempDir dir;
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    ::waitpid(child, nullptr, 0);
+    const std::string dead = ".m-1_1.ckpt.tmp-" + std::to_string(child) + "-0";
+    const std::string live = ".m-1_2.ckpt.tmp-" + std::to_string(::getpid()) + "-0";
+    const std::string foreign = ".q-1_1.ckpt.tmp-" + std::to_string(child) + "-0";
+    for (const auto& n : {dead, live, foreign}) test::write_bytes(dir / n, {'x'});
+    ckpt::CheckpointManager mgr(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepAll{});
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{live, foreign});
+    CHECK(mgr.run_prefix() == "m");  // temporaries never count as checkpoints
+}
+
+TEST_CASE("make_manager maps CheckpointConfig onto the policies") {
+    TempDir dir;
+    TinyNet net;
+    ckpt::CheckpointConfig cfg;
+    cfg.save_checkpoint_steps = 3;
+    cfg.keep_checkpoint_max = 2;
+    cfg.append_info = {"step_num"};
+    auto mgr = ckpt::make_manager(dir.path(), "cfg", cfg);
+    ckpt::Progress p;
+    for (std::int64_t s = 1; s <= 10; ++s) {
+        p.step = p.global_step = s;
+        mgr.on_step(p, net);
+    }
+    mgr.on_train_end(p, net);
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"cfg-1_10.ckpt", "cfg-1_9.ckpt", "cfg-graph.meta"});
+    CHECK(ckpt::load_checkpoint(dir / "cfg-1_10.ckpt").get<int>("step_num") == 10);
+}
+
+TEST_CASE_TEMPLATE("a manager with any archive policy restores what it saved", A, ckpt::BinaryArchive,
+                   ckpt::TextArchive, ckpt::XmlArchive) {
+    TempDir dir;
+    TinyNet net;
+    std::iota(net.w.begin(), net.w.end(), 1.0f);
+    ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming, A> mgr(
+        dir.path(), "run", ckpt::EverySteps{1}, ckpt::KeepLast{1});
+    mgr.on_step(ckpt::Progress::at_iteration(5), net);
+    CHECK(ckpt::read_header(dir / "run-5.ckpt").archive == A::kind);
+    TinyNet back;
+    REQUIRE(mgr.restore(back));
+    CHECK(back.w == net.w);
+}
+
+TEST_CASE("a last-words manager writes the seed's per-step, per-rank layout") {
+    TempDir dir;
+    TinyNet net;
+    ckpt::CheckpointManager<ckpt::Never, ckpt::KeepAll, ckpt::LastWordsNaming> mgr(dir / "ttp_checkpoints", "ttp");
+    ckpt::Progress p;
+    p.epoch = 2;
+    p.step = 17;
+    p.global_step = 1892;
+    p.rank = 3;
+    const auto file = mgr.save(p, net);
+    CHECK(file == dir / "ttp_checkpoints/tft_saved_checkpoints-step_1892/rank_3/ttp_rank_3-2_17.ckpt");
+    auto found = mgr.latest();
+    REQUIRE(found);
+    CHECK(found->name.rank == 3);
+    CHECK(found->path == file);
+}
+}
