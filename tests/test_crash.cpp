@@ -1,11 +1,14 @@
 // Crash safety: a real child process, saving in a loop, SIGKILLed at many moments. Whatever
-// the moment, latest() must return a checkpoint that verifies and loads, never a torn one.
+// the moment, latest() must return a checkpoint that verifies and loads, never a torn one,
+// and never one older than a save the child had seen complete.
 #include <doctest/doctest.h>
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <random>
 #include <thread>
 
@@ -14,22 +17,36 @@
 namespace {
 
 constexpr std::size_t state_floats = 1 << 18;  // 1 MiB per save: long enough to be caught mid-write
+using Manager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming>;
 
-/// The child: resume from the latest checkpoint, then save every step, for ever.
-[[noreturn]] void saving_child(const boost::filesystem::path& dir) {
+/// The child: resume from the latest checkpoint, then save every step for ever, reporting
+/// each completed save's step through `report_fd`.
+[[noreturn]] void saving_child(const boost::filesystem::path& dir, int report_fd) {
     ckpt::set_log_sink({});
     std::vector<float> w(state_floats, 0.0f);
     ckpt::ParamDict state;
     state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
-    ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> mgr(dir, "crash", ckpt::EverySteps{1},
-                                                                                   ckpt::KeepLast{2});
+    Manager mgr(dir, "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2});
     std::int64_t step = 0;
     if (auto r = mgr.restore(state)) step = r->file.name.step;
     for (;;) {
         ++step;
         std::fill(w.begin(), w.end(), static_cast<float>(step));
         mgr.on_step(ckpt::Progress::at_iteration(step), state);
+        if (::write(report_fd, &step, sizeof step) != sizeof step) ::_exit(3);
     }
+}
+
+/// The last step the child reported within `timeout`, after at least `saves` reports.
+std::int64_t await_saves(int fd, int saves, std::chrono::milliseconds timeout) {
+    std::int64_t step = 0;
+    for (int seen = 0; seen < saves;) {
+        pollfd p{fd, POLLIN, 0};
+        REQUIRE_MESSAGE(::poll(&p, 1, static_cast<int>(timeout.count())) == 1, "the saving child stopped reporting");
+        REQUIRE(::read(fd, &step, sizeof step) == sizeof step);
+        ++seen;
+    }
+    return step;
 }
 
 }  // namespace
@@ -37,42 +54,61 @@ constexpr std::size_t state_floats = 1 << 18;  // 1 MiB per save: long enough to
 TEST_CASE("a saving process SIGKILLed at random moments never leaves a torn latest checkpoint") {
     test::TempDir dir;
     test::LogCapture quiet;
+
+    // How long one save takes here, to spread the kills over a save's whole duration.
+    ckpt::ParamDict probe;
+    probe.set("w", ckpt::Tensor(ckpt::DType::float32, {static_cast<std::int64_t>(state_floats)}));
+    const auto t0 = std::chrono::steady_clock::now();
+    ckpt::save_checkpoint(probe, dir / "probe.ckpt");
+    const auto save_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+    boost::filesystem::remove(dir / "probe.ckpt");
+
     std::mt19937 rng(20261122);
-    std::uniform_int_distribution<int> delay_us(0, 30000);
+    std::uniform_int_distribution<int> completed_saves(0, 2);
+    std::uniform_int_distribution<long> delay_us(0, 2 * save_us.count() + 100);
     constexpr int kills = 60;
-    std::int64_t last_step = 0;
-    int resumed_forward = 0;
     int killed_mid_save = 0;
+    std::int64_t previous = 0;
     for (int i = 0; i < kills; ++i) {
+        int pipe_fds[2];
+        REQUIRE(::pipe(pipe_fds) == 0);
         const pid_t child = ::fork();
         REQUIRE(child >= 0);
-        if (child == 0) saving_child(dir.path());
-        std::this_thread::sleep_for(std::chrono::microseconds(5000 + delay_us(rng)));
+        if (child == 0) {
+            ::close(pipe_fds[0]);
+            saving_child(dir.path(), pipe_fds[1]);
+        }
+        ::close(pipe_fds[1]);
+        const int saves = completed_saves(rng);
+        const std::int64_t reported = saves ? await_saves(pipe_fds[0], saves, std::chrono::seconds(30)) : 0;
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
         ::kill(child, SIGKILL);
         int status = 0;
         ::waitpid(child, &status, 0);
+        ::close(pipe_fds[0]);
         REQUIRE(WIFSIGNALED(status));
         const auto names = test::names_in(dir.path());
         killed_mid_save += std::any_of(names.begin(), names.end(),
                                        [](const std::string& n) { return ckpt::detail::temporary_owner(n).has_value(); });
 
         auto found = ckpt::latest_checkpoint(dir.path(), "crash", ckpt::StepNaming{});
-        if (!found) continue;  // killed before the first save finished
+        if (!found) {
+            REQUIRE(reported == 0);
+            continue;
+        }
+        CHECK(found->name.step >= reported);  // a save that returned is never lost
+        CHECK(found->name.step >= previous);  // and resuming never goes backwards
+        previous = found->name.step;
         const auto state = ckpt::load_checkpoint(found->path);
         const auto w = state.tensor("w").values<float>();
         REQUIRE(w.size() == state_floats);
         const float expected = static_cast<float>(found->name.step);
         CHECK(std::all_of(w.begin(), w.end(), [&](float v) { return v == expected; }));
-        CHECK(found->name.step >= last_step);  // resume never goes backwards
-        if (found->name.step > last_step) ++resumed_forward;
-        last_step = found->name.step;
     }
-    CHECK(resumed_forward > kills / 4);  // the children really did make progress between kills
-    CHECK(killed_mid_save >= kills / 10);  // and were often caught in the middle of a save
-    MESSAGE(kills << " kills, " << killed_mid_save << " in the middle of a save, " << resumed_forward
-                  << " after progress");
+    MESSAGE(kills << " kills, " << killed_mid_save << " of them during a save; newest step " << previous);
+    CHECK(killed_mid_save > 0);
+    CHECK(previous >= kills / 2);  // the children made progress between kills
     // The next manager to start clears what the killed writers left behind.
-    ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> mgr(dir.path(), "crash",
-                                                                                   ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    Manager mgr(dir.path(), "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2});
     for (const auto& name : test::names_in(dir.path())) CHECK_MESSAGE(!ckpt::detail::temporary_owner(name), name);
 }

@@ -98,8 +98,8 @@ inline OpenedCheckpoint open_checkpoint(const std::string& path, const LoadOptio
 inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const std::string& path) {
     const std::uint64_t n = c.header.body_length;
     auto body = allocate_aligned(static_cast<std::size_t>(n));
-    Xxh3 hash;
-    constexpr std::size_t chunk = 4u << 20;  // hash each chunk while it is still in cache
+    OrderedHasher hash(n >= parallel_hash_threshold);  // hashes chunk k while chunk k+1 is read
+    constexpr std::size_t chunk = 4u << 20;
     for (std::uint64_t off = 0; off < n; off += chunk) {
         const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - off));
         auto* dst = body.get() + off;
@@ -107,7 +107,7 @@ inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const 
             throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
         hash.update(dst, len);
     }
-    if (hash.digest() != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, hash.digest());
+    if (const auto got = hash.digest(); got != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, got);
     return body;
 }
 
@@ -244,7 +244,10 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
     detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
-    detail::BodyWriter writer(out.fd(), path);
+    std::uint64_t payload = 0;
+    for (const auto& e : dict)
+        if (const Tensor* t = e.value.get_if<Tensor>()) payload += t->nbytes();
+    detail::BodyWriter writer(out.fd(), path, payload >= detail::parallel_hash_threshold);
     try {
         auto position = [&] { return writer.position(); };
         switch (opts.archive) {
@@ -298,16 +301,22 @@ inline FileHeader read_header(const fs::path& file) {
 inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    detail::Xxh3 hash;
-    std::vector<char> buf(detail::stream_buffer_size * 4);
-    for (std::uint64_t left = c.header.body_length; left > 0;) {
-        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), left));
-        if (detail::read_full(c.fd.get(), buf.data(), len, path) != len)
+    constexpr std::size_t chunk = 1u << 20;
+    std::vector<char> buffers(2 * chunk);  // one is read into while the other is hashed
+    detail::OrderedHasher hash(c.header.body_length >= detail::parallel_hash_threshold);  // after: joined first
+    std::uint64_t tickets[2] = {0, 0};
+    std::uint64_t left = c.header.body_length;
+    for (int i = 0; left > 0; i ^= 1) {
+        char* buf = buffers.data() + i * chunk;
+        hash.wait(tickets[i]);
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, left));
+        if (detail::read_full(c.fd.get(), buf, len, path) != len)
             throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
-        hash.update(buf.data(), len);
+        tickets[i] = hash.update(buf, len);
         left -= len;
     }
-    if (hash.digest() != c.header.body_hash) throw detail::body_checksum_error(path, c.header.body_hash, hash.digest());
+    if (const auto got = hash.digest(); got != c.header.body_hash)
+        throw detail::body_checksum_error(path, c.header.body_hash, got);
     return c.header;
 }
 

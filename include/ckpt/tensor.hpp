@@ -3,6 +3,8 @@
 // (64-byte aligned) or borrows memory that belongs to a network, so that saving a
 // network's parameters copies nothing and loading can write straight into them.
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -29,7 +31,29 @@ inline std::string shape_string(const Shape& s) {
 namespace detail {
 inline constexpr std::size_t tensor_alignment = 64;
 
+inline constexpr std::size_t huge_page_size = 2u << 20;
+
+/// Large blocks are mapped 2 MiB-aligned and marked for transparent huge pages: first touch
+/// then costs one fault per 2 MiB instead of per 4 KiB, which on virtual machines is the
+/// difference between reading a fresh 256 MiB checkpoint in tens of milliseconds and in most
+/// of a second.
+inline std::shared_ptr<std::byte> allocate_huge(std::size_t n) {
+    const std::size_t size = (n + huge_page_size - 1) / huge_page_size * huge_page_size;
+    void* raw = ::mmap(nullptr, size + huge_page_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    const auto base = reinterpret_cast<std::uintptr_t>(raw);
+    const auto aligned = (base + huge_page_size - 1) / huge_page_size * huge_page_size;
+    if (aligned > base) ::munmap(raw, aligned - base);
+    if (const auto tail = base + size + huge_page_size - (aligned + size)) ::munmap(reinterpret_cast<void*>(aligned + size), tail);
+#ifdef MADV_HUGEPAGE
+    ::madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);
+#endif
+    return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(aligned),
+                                      [size](std::byte* p) { ::munmap(p, size); });
+}
+
 inline std::shared_ptr<std::byte> allocate_aligned(std::size_t n) {
+    if (n >= 2 * huge_page_size) return allocate_huge(n);
     auto* p = static_cast<std::byte*>(::operator new(std::max<std::size_t>(n, 1), std::align_val_t{tensor_alignment}));
     return std::shared_ptr<std::byte>(p, [](std::byte* q) { ::operator delete(q, std::align_val_t{tensor_alignment}); });
 }

@@ -18,17 +18,21 @@
 
 namespace ckpt::detail {
 
-inline constexpr std::size_t stream_buffer_size = 256 * 1024;
+inline constexpr std::size_t stream_buffer_size = 64 * 1024;
+/// Payload reads go straight into the tensor in chunks of this size, each hashed on the
+/// second thread while the next is read; large enough that thread hand-offs stay rare.
+inline constexpr std::size_t direct_read_chunk = 4u << 20;
 
-/// Writes the body to a file descriptor, hashing it.
+/// Writes the body to a file descriptor, hashing it (on a second thread when `threaded`).
 class BodyWriter final : public std::streambuf {
 public:
-    BodyWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]) {
+    BodyWriter(int fd, std::string path, bool threaded)
+        : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]), hash_(threaded) {
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
 
     std::uint64_t position() const noexcept { return flushed_ + static_cast<std::uint64_t>(pptr() - pbase()); }
-    std::uint64_t digest() const { return hash_.digest(); }
+    std::uint64_t digest() { return hash_.digest(); }
 
     /// Writes what is buffered; rethrows the first error met inside the archive's calls.
     void finish() {
@@ -57,14 +61,12 @@ protected:
             pbump(static_cast<int>(count));
             return n;
         }
-        // Large block (a tensor payload): hash and write it straight from the caller's memory.
+        // Large block (a tensor payload): written straight from the caller's memory, which
+        // stays unchanged until the save ends, while the hasher reads it.
         const bool ok = guard([&] {
             flush_buffer();
-            for (std::size_t off = 0; off < count; off += stream_buffer_size) {
-                const std::size_t len = std::min(stream_buffer_size, count - off);
-                hash_.update(s + off, len);
-                write_all(fd_, s + off, len, path_);
-            }
+            hash_.update(s, count);
+            write_all(fd_, s, count, path_);
             flushed_ += count;
         });
         return ok ? n : 0;
@@ -76,9 +78,10 @@ private:
     void flush_buffer() {
         const auto n = static_cast<std::size_t>(pptr() - pbase());
         if (n == 0) return;
-        hash_.update(pbase(), n);
+        const auto ticket = hash_.update(pbase(), n);
         write_all(fd_, pbase(), n, path_);
         flushed_ += n;
+        hash_.wait(ticket);  // the buffer is about to be reused
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
     // std::ostream swallows exceptions from its buffer; keep the first one to rethrow later.
@@ -97,7 +100,7 @@ private:
     std::string path_;
     std::unique_ptr<char[]> buf_;
     std::uint64_t flushed_ = 0;
-    Xxh3 hash_;
+    OrderedHasher hash_;  // after buf_: stopped before the buffer goes away
     std::exception_ptr error_;
 };
 
@@ -106,7 +109,8 @@ private:
 class BodyReader final : public std::streambuf {
 public:
     BodyReader(int fd, std::string path, std::uint64_t length)
-        : fd_(fd), path_(std::move(path)), remaining_(length), length_(length), buf_(new char[stream_buffer_size]) {
+        : fd_(fd), path_(std::move(path)), remaining_(length), length_(length), buf_(new char[stream_buffer_size]),
+          hash_(length >= parallel_hash_threshold) {
         setg(buf_.get(), buf_.get(), buf_.get());
     }
 
@@ -143,9 +147,9 @@ protected:
                 std::memcpy(s + got, gptr(), take);
                 gbump(static_cast<int>(take));
                 got += take;
-            } else {  // read a chunk straight into the destination, hash it while it is in cache
+            } else {  // straight into the destination, hashed there while the next chunk is read
                 const std::size_t len = static_cast<std::size_t>(
-                    std::min<std::uint64_t>(std::min(left, stream_buffer_size * 4), remaining_));
+                    std::min<std::uint64_t>(std::min(left, direct_read_chunk), remaining_));
                 read_exact(s + got, len);
                 got += len;
             }
@@ -155,16 +159,17 @@ protected:
 
 private:
     void fill() {
+        hash_.wait(buffer_ticket_);  // the hasher may still be reading the buffer
         const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(stream_buffer_size, remaining_));
-        read_exact(buf_.get(), len);
+        buffer_ticket_ = read_exact(buf_.get(), len);
         setg(buf_.get(), buf_.get(), buf_.get() + len);
     }
-    void read_exact(char* dst, std::size_t len) {
+    std::uint64_t read_exact(char* dst, std::size_t len) {
         if (read_full(fd_, dst, len, path_) != len)
             throw FormatError("checkpoint '" + path_ + "' ended before its body did (truncated while reading?)",
                               path_);
-        hash_.update(dst, len);
         remaining_ -= len;
+        return hash_.update(dst, len);
     }
 
     int fd_;
@@ -172,7 +177,8 @@ private:
     std::uint64_t remaining_;
     std::uint64_t length_;
     std::unique_ptr<char[]> buf_;
-    Xxh3 hash_;
+    OrderedHasher hash_;  // after buf_: stopped before the buffer goes away
+    std::uint64_t buffer_ticket_ = 0;
 };
 
 /// Reads from a body already in memory and verified; lets tensors alias their payloads.
