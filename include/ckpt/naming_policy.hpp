@@ -80,6 +80,19 @@ inline std::optional<std::pair<std::int64_t, std::string_view>> split_run(std::s
     return std::pair{*run, name.substr(dash + 1)};
 }
 
+/// Removes "_breakpoint.ckpt" or ".ckpt" from the end of `rest`, noting which it was.
+inline bool strip_checkpoint_suffix(std::string_view& rest, SaveKind& kind) {
+    constexpr std::string_view breakpoint = "_breakpoint.ckpt", regular = ".ckpt";
+    if (rest.ends_with(breakpoint)) {
+        kind = SaveKind::breakpoint;
+        rest.remove_suffix(breakpoint.size());
+        return true;
+    }
+    if (!rest.ends_with(regular)) return false;
+    rest.remove_suffix(regular.size());
+    return true;
+}
+
 inline std::string run_prefix_name(std::string_view base, std::int64_t run) {
     return run == 0 ? std::string(base) : std::string(base) + "_" + std::to_string(run);
 }
@@ -112,14 +125,7 @@ struct MindSporeNaming {
         if (!split) return std::nullopt;
         auto [run, rest] = *split;
         NameParts parts;
-        if (rest.ends_with("_breakpoint.ckpt")) {
-            parts.kind = SaveKind::breakpoint;
-            rest.remove_suffix(std::string_view("_breakpoint.ckpt").size());
-        } else if (rest.ends_with(".ckpt")) {
-            rest.remove_suffix(5);
-        } else {
-            return std::nullopt;
-        }
+        if (!detail::strip_checkpoint_suffix(rest, parts.kind)) return std::nullopt;
         const auto underscore = rest.find('_');
         if (underscore == std::string_view::npos) return std::nullopt;
         const auto epoch = detail::parse_count(rest.substr(0, underscore));
@@ -152,14 +158,7 @@ struct StepNaming {
         if (!split) return std::nullopt;
         auto [run, rest] = *split;
         NameParts parts;
-        if (rest.ends_with("_breakpoint.ckpt")) {
-            parts.kind = SaveKind::breakpoint;
-            rest.remove_suffix(std::string_view("_breakpoint.ckpt").size());
-        } else if (rest.ends_with(".ckpt")) {
-            rest.remove_suffix(5);
-        } else {
-            return std::nullopt;
-        }
+        if (!detail::strip_checkpoint_suffix(rest, parts.kind)) return std::nullopt;
         const auto step = detail::parse_count(rest);
         if (!step) return std::nullopt;
         parts.run_prefix = detail::run_prefix_name(base, run);
