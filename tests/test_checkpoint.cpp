@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <sys/resource.h>
+
+#include <random>
 #include <csignal>
 #include <unistd.h>
 
@@ -312,6 +314,24 @@ TEST_CASE("malformed bodies with valid checksums are rejected, not trusted") {
     }
 }
 
+TEST_CASE("invalid base64 in a text or xml body is a format error") {
+    TempDir dir;
+    for (auto kind : {ckpt::ArchiveKind::text, ckpt::ArchiveKind::xml}) {
+        ckpt::SaveOptions o;
+        o.archive = kind;
+        ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt", o);
+        auto b = test::read_bytes(dir / "x.ckpt");
+        const std::string text(b.begin(), b.end());
+        const auto payload = text.find("AAAA");  // 0.5f is 0000003f: its base64 starts with AAAA
+        REQUIRE(payload != std::string::npos);
+        b[payload + 1] = '*';
+        test::write_bytes(dir / "x.ckpt", b);
+        reseal(dir / "x.ckpt");
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt"), doctest::Contains("could not be parsed"),
+                             ckpt::FormatError);
+    }
+}
+
 TEST_CASE("a failed save leaves the old file and no temporary") {
     TempDir dir;
     ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
@@ -330,5 +350,43 @@ TEST_CASE("a failed save leaves the old file and no temporary") {
     std::signal(SIGXFSZ, old_handler);
     CHECK(test::read_bytes(dir / "x.ckpt") == before);
     CHECK(test::names_in(dir.path()) == std::vector<std::string>{"x.ckpt"});
+}
+}
+
+TEST_SUITE("bad input") {
+
+TEST_CASE("random corruption is always a ckpt::Error, never a crash or a wrong load") {
+    // Flips, truncations and resealed edits (which get past the checksum to the parser) at
+    // random offsets, for every archive kind, through all three readers.
+    TempDir dir;
+    std::mt19937 rng(7);
+    int rejected = 0, loaded = 0;
+    for (auto kind : {ckpt::ArchiveKind::binary, ckpt::ArchiveKind::text, ckpt::ArchiveKind::xml}) {
+        ckpt::SaveOptions o;
+        o.archive = kind;
+        ckpt::save_checkpoint(test::sample_state(), dir / "x.ckpt", o);
+        const auto whole = test::read_bytes(dir / "x.ckpt");
+        for (int i = 0; i < 150; ++i) {
+            auto b = whole;
+            const auto off = std::uniform_int_distribution<std::size_t>(0, b.size() - 1)(rng);
+            const int mode = i % 3;
+            if (mode == 0) b[off] = static_cast<char>(b[off] ^ (1 << (i % 8)));
+            if (mode == 1) b.resize(off);
+            if (mode == 2) b[std::max<std::size_t>(off, ckpt::header_size)] = static_cast<char>(rng());
+            test::write_bytes(dir / "c.ckpt", b);
+            if (mode == 2 && b.size() > ckpt::header_size) reseal(dir / "c.ckpt");
+            try {
+                const auto d = ckpt::load_checkpoint(dir / "c.ckpt");
+                ckpt::ParamDict target = test::sample_state(0.0f);
+                ckpt::load_checkpoint_into(dir / "c.ckpt", target);
+                CHECK(mode == 2);  // only an edit that was resealed can still load
+                ++loaded;
+            } catch (const ckpt::Error&) {
+                ++rejected;
+            }
+        }
+    }
+    MESSAGE(rejected << " corrupt files rejected, " << loaded << " resealed edits still parsed");
+    CHECK(rejected >= 300);
 }
 }

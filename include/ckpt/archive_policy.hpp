@@ -4,8 +4,9 @@
 // An ArchivePolicy A provides `static constexpr ArchiveKind kind`. Loading needs no policy:
 // the header records the kind and the reader dispatches on it.
 //
-// Members: BinaryArchive (the default: fastest, payloads as raw blocks, same-platform),
-// TextArchive and XmlArchive (portable and readable; payloads base64-encoded).
+// Members: BinaryArchive (the default: fastest, payloads as raw blocks, same platform only),
+// TextArchive (portable; strings and payloads base64-encoded) and XmlArchive (portable, with
+// readable names and values; payloads base64-encoded).
 // There is no do-nothing member: a checkpoint that is not written is SavePolicy Never.
 
 #include <concepts>

@@ -117,6 +117,8 @@ decltype(auto) translating_archive_errors(const std::string& path, F&& f) {
         return f();
     } catch (const boost::archive::archive_exception& e) {
         throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
+    } catch (const boost::archive::iterators::dataflow_exception& e) {  // bad base64 in text or xml
+        throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
     }
 }
 

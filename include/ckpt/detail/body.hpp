@@ -23,6 +23,7 @@
 #include <boost/serialization/binary_object.hpp>
 #include <boost/serialization/nvp.hpp>
 #include <boost/serialization/string.hpp>
+#include <boost/archive/iterators/dataflow_exception.hpp>
 
 #include <array>
 #include <cstdint>
@@ -55,14 +56,20 @@ struct EntryMeta {
 
 using boost::serialization::make_nvp;
 
+template <class A>
+inline constexpr bool is_xml_archive_v =
+    std::is_same_v<A, boost::archive::xml_oarchive> || std::is_same_v<A, boost::archive::xml_iarchive>;
+
+/// Strings are a length then the bytes (base64 in text archives), so that a reader can
+/// bound the length by the body before allocating; xml keeps them readable between tags.
 template <class OArchive>
 void write_string(OArchive& ar, const char* tag, const std::string& s) {
-    if constexpr (is_binary_archive_v<OArchive>) {
+    if constexpr (is_xml_archive_v<OArchive>) {
+        ar << make_nvp(tag, s);
+    } else {
         const std::uint64_t n = s.size();
         ar << make_nvp(tag, n);
         ar.save_binary(s.data(), s.size());
-    } else {
-        ar << make_nvp(tag, s);
     }
 }
 
@@ -185,14 +192,14 @@ private:
     }
 
     void read_string(const char* tag, std::string& s) {
-        if constexpr (is_binary_archive_v<IArchive>) {
+        if constexpr (is_xml_archive_v<IArchive>) {
+            ar_ >> make_nvp(tag, s);  // the text between two tags: bounded by the body
+        } else {
             std::uint64_t n = 0;
             ar_ >> make_nvp(tag, n);
             if (n > remaining()) fail("a string of " + std::to_string(n) + " bytes exceeds the body size");
             s.resize(static_cast<std::size_t>(n));
             ar_.load_binary(s.data(), s.size());
-        } else {
-            ar_ >> make_nvp(tag, s);
         }
     }
 
