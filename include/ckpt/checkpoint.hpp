@@ -246,10 +246,7 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
     detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
-    std::uint64_t payload = 0;
-    for (const auto& e : dict)
-        if (const Tensor* t = e.value.get_if<Tensor>()) payload += t->nbytes();
-    detail::BodyWriter writer(out.fd(), path, payload >= detail::parallel_hash_threshold);
+    detail::BodyWriter writer(out.fd(), path);
     try {
         auto position = [&] { return writer.position(); };
         switch (opts.archive) {

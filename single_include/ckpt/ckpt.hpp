@@ -666,9 +666,9 @@ struct AppendInfo {
 #include <string_view>
 
 // Streaming xxh3-64, the checksum of checkpoint bodies. On x86-64 the library's dispatcher
-// picks the widest vector unit at run time. For large bodies the hashing runs on a second
-// thread, in order, while the first one moves bytes to or from the file, so that checking
-// costs almost nothing on top of the I/O.
+// picks the widest vector unit at run time. Loads of large bodies hash on a second thread,
+// in order, while the first one reads the next bytes, so that verifying costs little on top
+// of the read.
 
 #include <xxhash.h>
 
@@ -710,7 +710,7 @@ private:
 
 inline std::uint64_t xxh3(const void* data, std::size_t n) { return CKPT_XXH3_ONESHOT(data, n); }
 
-/// Bodies at least this large are hashed on a second thread.
+/// Bodies at least this large are hashed on a second thread when loaded.
 inline constexpr std::uint64_t parallel_hash_threshold = 8u << 20;
 
 /// xxh3 over a sequence of memory ranges, hashed in the order given. With `threaded`, a
@@ -1463,16 +1463,17 @@ inline constexpr std::size_t stream_buffer_size = 64 * 1024;
 /// second thread while the next is read; large enough that thread hand-offs stay rare.
 inline constexpr std::size_t direct_read_chunk = 4u << 20;
 
-/// Writes the body to a file descriptor, hashing it (on a second thread when `threaded`).
+/// Writes the body to a file descriptor, hashing it on the way. A save waits on fsync far
+/// longer than on the hash, and hashing a payload just before its write() measured faster
+/// than handing it to a second thread, so saves hash on the calling thread.
 class BodyWriter final : public std::streambuf {
 public:
-    BodyWriter(int fd, std::string path, bool threaded)
-        : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]), hash_(threaded) {
+    BodyWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]) {
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
 
     std::uint64_t position() const noexcept { return flushed_ + static_cast<std::uint64_t>(pptr() - pbase()); }
-    std::uint64_t digest() { return hash_.digest(); }
+    std::uint64_t digest() const { return hash_.digest(); }
 
     /// Writes what is buffered; rethrows the first error met inside the archive's calls.
     void finish() {
@@ -1501,8 +1502,7 @@ protected:
             pbump(static_cast<int>(count));
             return n;
         }
-        // Large block (a tensor payload): written straight from the caller's memory, which
-        // stays unchanged until the save ends, while the hasher reads it.
+        // Large block (a tensor payload): hashed and written straight from the caller's memory.
         const bool ok = guard([&] {
             flush_buffer();
             hash_.update(s, count);
@@ -1518,10 +1518,9 @@ private:
     void flush_buffer() {
         const auto n = static_cast<std::size_t>(pptr() - pbase());
         if (n == 0) return;
-        const auto ticket = hash_.update(pbase(), n);
+        hash_.update(pbase(), n);
         write_all(fd_, pbase(), n, path_);
         flushed_ += n;
-        hash_.wait(ticket);  // the buffer is about to be reused
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
     // std::ostream swallows exceptions from its buffer; keep the first one to rethrow later.
@@ -1540,7 +1539,7 @@ private:
     std::string path_;
     std::unique_ptr<char[]> buf_;
     std::uint64_t flushed_ = 0;
-    OrderedHasher hash_;  // after buf_: stopped before the buffer goes away
+    Xxh3 hash_;
     std::exception_ptr error_;
 };
 
@@ -1862,10 +1861,7 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
     detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
-    std::uint64_t payload = 0;
-    for (const auto& e : dict)
-        if (const Tensor* t = e.value.get_if<Tensor>()) payload += t->nbytes();
-    detail::BodyWriter writer(out.fd(), path, payload >= detail::parallel_hash_threshold);
+    detail::BodyWriter writer(out.fd(), path);
     try {
         auto position = [&] { return writer.position(); };
         switch (opts.archive) {

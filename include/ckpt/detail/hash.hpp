@@ -1,8 +1,8 @@
 #pragma once
 // Streaming xxh3-64, the checksum of checkpoint bodies. On x86-64 the library's dispatcher
-// picks the widest vector unit at run time. For large bodies the hashing runs on a second
-// thread, in order, while the first one moves bytes to or from the file, so that checking
-// costs almost nothing on top of the I/O.
+// picks the widest vector unit at run time. Loads of large bodies hash on a second thread,
+// in order, while the first one reads the next bytes, so that verifying costs little on top
+// of the read.
 
 #include <xxhash.h>
 
@@ -44,7 +44,7 @@ private:
 
 inline std::uint64_t xxh3(const void* data, std::size_t n) { return CKPT_XXH3_ONESHOT(data, n); }
 
-/// Bodies at least this large are hashed on a second thread.
+/// Bodies at least this large are hashed on a second thread when loaded.
 inline constexpr std::uint64_t parallel_hash_threshold = 8u << 20;
 
 /// xxh3 over a sequence of memory ranges, hashed in the order given. With `threaded`, a

@@ -1,0 +1,512 @@
+// ckpt_io: checkpoint save/load throughput against plain POSIX I/O of the same bytes.
+//
+// 64 float32 tensors of shape {1024, 1024} (4 MiB each, 256 MiB in all) are saved and loaded
+// with ckpt, alternating round by round with a baseline that moves the same bytes with bare
+// open/write/fsync/close and open/read/close, in the same process and the same directory.
+//
+//   save          ckpt::save_checkpoint(dict, dir/"bench.ckpt")          vs  write(): open + write x64 + fsync + close
+//   load_inplace  ckpt::load_checkpoint_into(path, views of 64 buffers)  vs  read():  open + read x64 + close
+//   load_fresh    ckpt::load_checkpoint(path), a new ParamDict            vs  read()
+//
+// Both files are unlinked before each save round, so both writers allocate new blocks. Loads
+// are served from the page cache for both (the files were just written); caches are not
+// dropped. Ratios are throughput ratios, baseline_time / ckpt_time: 1.00 means as fast as
+// the baseline, above 1 faster.
+//
+//   ckpt_io [--rounds N] [--dir DIR] [--verbose] [--no-prime]
+//
+// --verbose prints every round's times. Before every timed operation, ckpt or baseline, the
+// memory it is about to use is primed the same way (the source buffers touched before a
+// save; before a load, the file read once with plain read() into the destination buffers,
+// which are then touched). Without this (--no-prime), on some virtual machines the first
+// touch of already-mapped memory after a large allocation or free elsewhere costs about 1 us
+// per 4 KiB page (80 ms per 256 MiB instead of 8 ms on the 2-vCPU VM of docs/PERFORMANCE.md),
+// and which contender pays it depends on the order of operations rather than on the code.
+// Priming does not warm anything a contender allocates itself: load_fresh still pays for
+// faulting in its new block.
+
+#include <ckpt/ckpt.hpp>
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/statfs.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = boost::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int tensor_count = 64;
+constexpr std::int64_t rows = 1024, cols = 1024;
+constexpr std::size_t tensor_bytes = static_cast<std::size_t>(rows * cols) * sizeof(float);
+constexpr std::size_t total_bytes = tensor_bytes * tensor_count;
+constexpr double small_buffer_mib = 1.0;  // allowance on top of the largest tensor for the save peak
+
+[[noreturn]] void die(const std::string& what) {
+    std::fprintf(stderr, "ckpt_io: %s: %s\n", what.c_str(), std::strerror(errno));
+    std::exit(2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Machine description
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind("model name", 0) == 0) {
+            const auto colon = line.find(':');
+            return colon == std::string::npos ? line : line.substr(line.find_first_not_of(" \t", colon + 1));
+        }
+    return "unknown";
+}
+
+std::string fs_type_name(const std::string& dir) {
+    struct statfs s {};
+    if (::statfs(dir.c_str(), &s) != 0) return "unknown";
+    static const std::map<unsigned long, const char*> names = {
+        {0xEF53, "ext2/3/4"},   {0x58465342, "xfs"},      {0x9123683E, "btrfs"}, {0x01021994, "tmpfs"},
+        {0x794c7630, "overlayfs"}, {0x6969, "nfs"},       {0x2fc12fc1, "zfs"},   {0xF2F52010, "f2fs"},
+        {0x65735546, "fuse"},   {0x858458f6, "ramfs"},    {0x5346544e, "ntfs"},  {0x4d44, "vfat"},
+    };
+    const auto type = static_cast<unsigned long>(s.f_type) & 0xffffffffUL;
+    auto it = names.find(type);
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "0x%lx", type);
+    return it == names.end() ? std::string("unknown (") + hex + ")" : std::string(it->second) + " (" + hex + ")";
+}
+
+/// The 1-minute load average: other work on the machine skews every number here.
+std::string loadavg() {
+    std::ifstream in("/proc/loadavg");
+    std::string one;
+    in >> one;
+    return one.empty() ? "unknown" : one;
+}
+
+void print_machine(const std::string& dir) {
+    struct utsname u {};
+    ::uname(&u);
+    char date[64];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
+    std::printf("machine: cpu=\"%s\" nproc=%ld kernel=%s %s %s\n", cpu_model().c_str(), ::sysconf(_SC_NPROCESSORS_ONLN),
+                u.sysname, u.release, u.machine);
+    std::printf("dir: %s fs=%s\n", dir.c_str(), fs_type_name(dir).c_str());
+    std::printf("date: %s\n", date);
+    std::printf("load: 1-minute load average %s at start (other work on the machine skews the numbers)\n",
+                loadavg().c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory status
+
+/// A field of /proc/self/status in KiB ("VmRSS", "VmHWM"), or -1.
+long status_kib(const char* field) {
+    std::ifstream in("/proc/self/status");
+    const std::string key = std::string(field) + ":";
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind(key, 0) == 0) return std::atol(line.c_str() + key.size());
+    return -1;
+}
+
+/// Resets VmHWM to the current RSS; false when the kernel does not allow it.
+bool reset_peak_rss() {
+    const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool ok = ::write(fd, "5", 1) == 1;
+    ::close(fd);
+    return ok;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data and the baseline
+
+/// Non-trivial, deterministic, incompressible floats in [-1, 1): splitmix64 per element.
+void fill(float* p, std::size_t n, std::uint64_t seed) {
+    std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+    for (std::size_t i = 0; i < n; ++i) {
+        std::uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z ^= z >> 31;
+        p[i] = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
+    }
+}
+
+/// 64 buffers of 4 MiB, 64-byte aligned and touched, allocated the way an application would
+/// (plain aligned_alloc, not the library's allocator), so both contenders use the same memory.
+struct Buffers {
+    std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> blocks;
+    Buffers() {
+        for (int i = 0; i < tensor_count; ++i) {
+            auto* p = static_cast<std::byte*>(std::aligned_alloc(64, tensor_bytes));
+            if (!p) die("aligned_alloc");
+            blocks.emplace_back(p, &std::free);
+            std::memset(p, 0, tensor_bytes);  // fault every page in now
+        }
+    }
+    std::byte* operator[](int i) const { return blocks[static_cast<std::size_t>(i)].get(); }
+};
+
+std::string tensor_name(int i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "layer%02d.weight", i);
+    return name;
+}
+
+void baseline_write(const std::string& path, const Buffers& src) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) die("open " + path);
+    for (int i = 0; i < tensor_count; ++i) {
+        const std::byte* p = src[i];
+        std::size_t left = tensor_bytes;
+        while (left > 0) {
+            const ssize_t w = ::write(fd, p, left);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                die("write " + path);
+            }
+            p += w;
+            left -= static_cast<std::size_t>(w);
+        }
+    }
+    if (::fsync(fd) != 0) die("fsync " + path);
+    if (::close(fd) != 0) die("close " + path);
+}
+
+void baseline_read(const std::string& path, const Buffers& dst) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) die("open " + path);
+    for (int i = 0; i < tensor_count; ++i) {
+        std::byte* p = dst[i];
+        std::size_t left = tensor_bytes;
+        while (left > 0) {
+            const ssize_t r = ::read(fd, p, left);
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                die("read " + path);
+            }
+            if (r == 0) {
+                std::fprintf(stderr, "ckpt_io: %s is shorter than expected\n", path.c_str());
+                std::exit(2);
+            }
+            p += r;
+            left -= static_cast<std::size_t>(r);
+        }
+    }
+    ::close(fd);
+}
+
+/// Reads one byte of every 4 KiB page from user space.
+void touch_pages(const Buffers& b) {
+    unsigned long sum = 0;
+    for (int i = 0; i < tensor_count; ++i)
+        for (std::size_t k = 0; k < tensor_bytes; k += 4096) sum += static_cast<unsigned char>(b[i][k]);
+    volatile unsigned long sink = sum;
+    (void)sink;
+}
+
+/// Brings the memory a load will use to the same state for every contender: reads `path`
+/// with plain read() into `dst` (the file's page-cache pages, seen by the kernel, and the
+/// destination buffers), then touches `dst` from user space. The bytes read are overwritten
+/// by the timed load.
+void prime_for_load(const std::string& path, const Buffers& dst) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) die("open " + path);
+    static std::vector<char> tail(1 << 20);
+    for (int i = 0;; ++i) {
+        char* p = i < tensor_count ? reinterpret_cast<char*>(dst[i]) : tail.data();
+        const std::size_t n = i < tensor_count ? tensor_bytes : tail.size();
+        const ssize_t r = ::read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) die("read " + path);
+        if (r == 0) break;
+    }
+    ::close(fd);
+    touch_pages(dst);
+}
+
+void remove_file(const std::string& path) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) die("unlink " + path);
+}
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+template <class F>
+double timed(F&& f) {
+    const auto t0 = Clock::now();
+    f();
+    return ms_since(t0);
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Correctness
+
+bool same_as_source(const ckpt::ParamDict& loaded, const Buffers& src, const char* what) {
+    if (loaded.size() != static_cast<std::size_t>(tensor_count)) {
+        std::printf("VERIFY FAILED (%s): %zu entries, expected %d\n", what, loaded.size(), tensor_count);
+        return false;
+    }
+    for (int i = 0; i < tensor_count; ++i) {
+        const ckpt::Value* v = loaded.find(tensor_name(i));
+        const ckpt::Tensor* t = v ? v->get_if<ckpt::Tensor>() : nullptr;
+        if (!t || t->dtype() != ckpt::DType::float32 || t->shape() != ckpt::Shape{rows, cols} ||
+            std::memcmp(t->data(), src[i], tensor_bytes) != 0) {
+            std::printf("VERIFY FAILED (%s): tensor '%s' differs from what was saved\n", what, tensor_name(i).c_str());
+            return false;
+        }
+    }
+    return true;
+}
+
+bool buffers_equal(const Buffers& a, const Buffers& b, const char* what) {
+    for (int i = 0; i < tensor_count; ++i)
+        if (std::memcmp(a[i], b[i], tensor_bytes) != 0) {
+            std::printf("VERIFY FAILED (%s): tensor '%s' differs from what was saved\n", what, tensor_name(i).c_str());
+            return false;
+        }
+    return true;
+}
+
+void scramble(const Buffers& b) {
+    for (int i = 0; i < tensor_count; ++i) std::memset(b[i], 0xA5, tensor_bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Args {
+    int rounds = 7;
+    std::string dir;
+    bool verbose = false;
+    bool prime = true;
+};
+
+Args parse_args(int argc, char** argv) {
+    Args a;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--rounds" && i + 1 < argc) {
+            a.rounds = std::atoi(argv[++i]);
+        } else if (arg == "--dir" && i + 1 < argc) {
+            a.dir = argv[++i];
+        } else if (arg == "--verbose") {
+            a.verbose = true;
+        } else if (arg == "--no-prime") {
+            a.prime = false;
+        } else {
+            std::fprintf(stderr, "usage: %s [--rounds N] [--dir DIR] [--verbose] [--no-prime]\n", argv[0]);
+            std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
+        }
+    }
+    if (a.rounds < 1) {
+        std::fprintf(stderr, "ckpt_io: --rounds must be at least 1\n");
+        std::exit(2);
+    }
+    return a;
+}
+
+int run(const Args& args, const std::string& dir) {
+    const std::string ckpt_path = (fs::path(dir) / "bench.ckpt").string();
+    const std::string base_path = (fs::path(dir) / "bench.raw").string();
+
+    print_machine(dir);
+    std::printf("data: %d float32 tensors of [%lld, %lld] (%.0f MiB each), %.0f MiB in all; rounds=%d\n",
+                tensor_count, static_cast<long long>(rows), static_cast<long long>(cols),
+                tensor_bytes / 1048576.0, total_bytes / 1048576.0, args.rounds);
+    std::printf("note: loads read files that were just written, from the page cache, for ckpt and the baseline "
+                "alike (caches are not dropped); saves end with fsync, so they include the device write\n");
+    std::printf("note: %s\n", args.prime ? "memory primed the same way before every timed operation (see --no-prime)"
+                                          : "no priming (--no-prime): times depend on what ran before");
+
+    // Source data: views of 64 buffers (a network's parameters); the baseline writes the same blocks.
+    Buffers source;
+    ckpt::ParamDict dict;
+    for (int i = 0; i < tensor_count; ++i) {
+        fill(reinterpret_cast<float*>(source[i]), static_cast<std::size_t>(rows * cols), static_cast<std::uint64_t>(i));
+        dict.set(tensor_name(i), ckpt::Tensor::view(ckpt::DType::float32, {rows, cols}, source[i]));
+    }
+    // Load destinations: preallocated and touched, shared by load_inplace and the read() baseline.
+    Buffers dest;
+    ckpt::ParamDict target;
+    for (int i = 0; i < tensor_count; ++i)
+        target.set(tensor_name(i), ckpt::Tensor::view(ckpt::DType::float32, {rows, cols}, dest[i]));
+
+    // Warm-up round, untimed, doubling as the correctness check.
+    bool ok = true;
+    ckpt::save_checkpoint(dict, ckpt_path);
+    baseline_write(base_path, source);
+    ckpt::verify_checkpoint(ckpt_path);
+    scramble(dest);
+    const auto report = ckpt::load_checkpoint_into(ckpt_path, target, /*strict=*/true);
+    ok = ok && report.complete() && buffers_equal(dest, source, "load_checkpoint_into");
+    {
+        const ckpt::ParamDict fresh = ckpt::load_checkpoint(ckpt_path);
+        ok = ok && same_as_source(fresh, source, "load_checkpoint");
+    }
+    scramble(dest);
+    baseline_read(base_path, dest);
+    ok = ok && buffers_equal(dest, source, "baseline read");
+    if (!ok) return 1;
+    std::printf("verify: ok (load_checkpoint_into, load_checkpoint and the baseline read all return the saved bytes)\n");
+
+    // Peak extra memory of one save.
+    double peak_extra_mib = -1;
+    {
+        remove_file(ckpt_path);
+        const long rss_before = status_kib("VmRSS");
+        if (reset_peak_rss()) {
+            ckpt::save_checkpoint(dict, ckpt_path);
+            const long hwm = status_kib("VmHWM");
+            peak_extra_mib = std::max(0L, hwm - rss_before) / 1024.0;
+        } else {
+            std::printf("peak memory: cannot write /proc/self/clear_refs, peak not measured\n");
+            ckpt::save_checkpoint(dict, ckpt_path);
+        }
+    }
+
+    // Timed rounds. Each pair runs in both orders, alternating round by round. The read()
+    // baseline is paired with each ckpt load, so it gets two samples per round.
+    std::vector<double> t_save, t_write, t_inplace, t_fresh, t_read, t_free;
+    for (int r = 0; r < args.rounds; ++r) {
+        const bool ckpt_first = r % 2 == 0;
+        auto pair = [&](const std::function<void()>& ck, const std::function<void()>& base) {
+            if (ckpt_first) {
+                ck();
+                base();
+            } else {
+                base();
+                ck();
+            }
+        };
+        remove_file(ckpt_path);
+        remove_file(base_path);
+        auto prime_save = [&] {
+            if (args.prime) touch_pages(source);
+        };
+        auto prime_load = [&](const std::string& path) {
+            if (args.prime) prime_for_load(path, dest);
+        };
+        auto read_baseline = [&] {
+            prime_load(base_path);
+            t_read.push_back(timed([&] { baseline_read(base_path, dest); }));
+        };
+        pair(
+            [&] {
+                prime_save();
+                t_save.push_back(timed([&] { ckpt::save_checkpoint(dict, ckpt_path); }));
+            },
+            [&] {
+                prime_save();
+                t_write.push_back(timed([&] { baseline_write(base_path, source); }));
+            });
+        pair(
+            [&] {
+                prime_load(ckpt_path);
+                t_inplace.push_back(timed([&] { ckpt::load_checkpoint_into(ckpt_path, target); }));
+            },
+            read_baseline);
+        pair(
+            [&] {
+                prime_load(ckpt_path);
+                std::optional<ckpt::ParamDict> fresh;
+                t_fresh.push_back(timed([&] { fresh = ckpt::load_checkpoint(ckpt_path); }));
+                t_free.push_back(timed([&] { fresh.reset(); }));  // reported, not counted in load_fresh
+            },
+            read_baseline);
+        if (args.verbose)
+            std::printf("round %d (%s first): save %.1f write %.1f | load_inplace %.1f read %.1f | "
+                        "load_fresh %.1f read %.1f (ms)\n",
+                        r, ckpt_first ? "ckpt" : "baseline", t_save.back(), t_write.back(), t_inplace.back(),
+                        t_read[t_read.size() - 2], t_fresh.back(), t_read.back());
+    }
+
+    std::printf("load: 1-minute load average %s at end\n", loadavg().c_str());
+    const double save = median(t_save), write = median(t_write), inplace = median(t_inplace),
+                 fresh = median(t_fresh), read = median(t_read);
+    const double mb = total_bytes / 1e6;
+    auto row = [&](const char* name, double ms, const std::vector<double>& all) {
+        std::printf("  %-22s %9.1f ms %9.0f MB/s   (min %.1f, max %.1f, n=%zu)\n", name, ms, mb / (ms / 1e3),
+                    *std::min_element(all.begin(), all.end()), *std::max_element(all.begin(), all.end()), all.size());
+    };
+    std::printf("medians (MB = 10^6 bytes of tensor payload):\n");
+    row("save   ckpt", save, t_save);
+    row("save   write()", write, t_write);
+    row("load_inplace ckpt", inplace, t_inplace);
+    row("load_fresh   ckpt", fresh, t_fresh);
+    row("load   read()", read, t_read);
+    std::printf("  (destroying the load_fresh ParamDict: median %.1f ms, not included above)\n", median(t_free));
+
+    const double r1 = write / save, r2 = read / inplace, r3 = read / fresh;
+    auto verdict = [](double r, double target) { return r >= target ? "met" : "MISSED"; };
+    std::printf("ratios (baseline_time / ckpt_time, >= 1 means ckpt is at least as fast):\n");
+    std::printf("  save/write          %.3f  target >= 0.90  %s\n", r1, verdict(r1, 0.9));
+    std::printf("  load_inplace/read   %.3f  target >= 0.90  %s\n", r2, verdict(r2, 0.9));
+    std::printf("  load_fresh/read     %.3f  target >= 0.70  %s\n", r3, verdict(r3, 0.7));
+
+    const double budget = tensor_bytes / 1048576.0 + small_buffer_mib;
+    if (peak_extra_mib >= 0) {
+        std::printf("peak extra memory while saving: %.2f MiB (VmHWM during save - VmRSS before); "
+                    "budget largest tensor %.0f MiB + %.0f MiB buffer = %.0f MiB  %s\n",
+                    peak_extra_mib, tensor_bytes / 1048576.0, small_buffer_mib, budget,
+                    peak_extra_mib <= budget ? "met" : "MISSED");
+        std::printf("peak_extra_save_mib=%.2f\n", peak_extra_mib);
+    } else {
+        std::printf("peak_extra_save_mib=n/a\n");
+    }
+    std::printf("ckpt_io save/write=%.2f load_inplace/read=%.2f load_fresh/read=%.2f\n", r1, r2, r3);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    const Args args = parse_args(argc, argv);
+    std::string dir = args.dir;
+    const bool own_dir = dir.empty();
+    if (own_dir) {
+        std::string tmpl = "/var/tmp/ckpt_io-XXXXXX";
+        if (!::mkdtemp(tmpl.data())) die("mkdtemp " + tmpl);
+        dir = tmpl;
+    }
+    int rc = 0;
+    try {
+        rc = run(args, dir);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "ckpt_io: %s\n", e.what());
+        rc = 2;
+    }
+    boost::system::error_code ec;
+    if (own_dir) {
+        fs::remove_all(dir, ec);
+    } else {
+        fs::remove(fs::path(dir) / "bench.ckpt", ec);
+        fs::remove(fs::path(dir) / "bench.raw", ec);
+    }
+    return rc;
+}
