@@ -71,6 +71,47 @@ TEST_CASE_TEMPLATE("a load into existing tensors writes into their memory", A, c
     CHECK(report.rest.tensor("i64") == state.tensor("i64"));
 }
 
+TEST_CASE("large bodies are read by two threads and still verified to the last byte") {
+    TempDir dir;
+    ckpt::ParamDict big;
+    for (int i = 0; i < 3; ++i) {
+        std::vector<float> v(1'500'000 + 3 * i);  // odd sizes: chunks never line up with payloads
+        for (std::size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(k % 9973) * (i + 1);
+        big.set("t" + std::to_string(i), ckpt::Tensor::from(v));
+    }
+    big.set("tail", 7);
+    ckpt::save_checkpoint(big, dir / "big.ckpt");
+    const auto size = boost::filesystem::file_size(dir / "big.ckpt");
+    REQUIRE(size > ckpt::detail::parallel_read_threshold);
+
+    CHECK(ckpt::load_checkpoint(dir / "big.ckpt") == big);
+    ckpt::ParamDict target;
+    for (int i = 0; i < 3; ++i) {
+        const auto& t = big.tensor("t" + std::to_string(i));
+        target.set("t" + std::to_string(i), ckpt::Tensor(t.dtype(), t.shape()));
+    }
+    CHECK(ckpt::load_checkpoint_into(dir / "big.ckpt", target, false).rest.get<int>("tail") == 7);
+    for (int i = 0; i < 3; ++i) CHECK(target.tensor("t" + std::to_string(i)) == big.tensor("t" + std::to_string(i)));
+    CHECK(ckpt::verify_checkpoint(dir / "big.ckpt").body_length + ckpt::header_size == size);
+
+    const auto whole = test::read_bytes(dir / "big.ckpt");
+    for (std::size_t off : {std::size_t{ckpt::header_size + 100}, std::size_t{size / 2}, std::size_t{size - 1}}) {
+        CAPTURE(off);
+        test::write_bytes(dir / "bad.ckpt", whole);
+        test::flip_bit(dir / "bad.ckpt", off, 6);
+        CHECK_THROWS_AS(ckpt::load_checkpoint(dir / "bad.ckpt"), ckpt::ChecksumError);
+        CHECK_THROWS_AS(ckpt::load_checkpoint_into(dir / "bad.ckpt", target), ckpt::ChecksumError);
+        CHECK_THROWS_AS(ckpt::verify_checkpoint(dir / "bad.ckpt"), ckpt::ChecksumError);
+    }
+    // A file cut short after its header was checked (truncated while being read) fails in
+    // whichever thread meets the end, and the error reaches the caller.
+    test::write_bytes(dir / "short.ckpt", whole);
+    ckpt::detail::OpenedCheckpoint opened = ckpt::detail::open_checkpoint((dir / "short.ckpt").string(), {});
+    REQUIRE(::truncate((dir / "short.ckpt").c_str(), static_cast<off_t>(size / 2)) == 0);
+    CHECK_THROWS_WITH_AS(ckpt::detail::read_verified_body(opened, (dir / "short.ckpt").string()),
+                         doctest::Contains("ended before its body did"), ckpt::FormatError);
+}
+
 TEST_CASE("payloads of a fresh binary load are aligned for any dtype") {
     TempDir dir;
     ckpt::save_checkpoint(test::sample_state(), dir / "s.ckpt");

@@ -98,16 +98,9 @@ inline OpenedCheckpoint open_checkpoint(const std::string& path, const LoadOptio
 inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const std::string& path) {
     const std::uint64_t n = c.header.body_length;
     auto body = allocate_aligned(static_cast<std::size_t>(n));
-    OrderedHasher hash(n >= parallel_hash_threshold);  // hashes chunk k while chunk k+1 is read
-    constexpr std::size_t chunk = 4u << 20;
-    for (std::uint64_t off = 0; off < n; off += chunk) {
-        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - off));
-        auto* dst = body.get() + off;
-        if (read_full(c.fd.get(), dst, len, path) != len)
-            throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
-        hash.update(dst, len);
-    }
-    if (const auto got = hash.digest(); got != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, got);
+    VerifiedReader reader(c.fd.get(), path, header_size, n);  // after body: joined first
+    reader.read(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
+    if (const auto got = reader.digest(); got != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, got);
     return body;
 }
 
@@ -300,21 +293,17 @@ inline FileHeader read_header(const fs::path& file) {
 inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    constexpr std::size_t chunk = 1u << 20;
-    std::vector<char> buffers(2 * chunk);  // one is read into while the other is hashed
-    detail::OrderedHasher hash(c.header.body_length >= detail::parallel_hash_threshold);  // after: joined first
+    constexpr std::size_t chunk = 4u << 20;
+    const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, c.header.body_length));
+    std::vector<char> buffers(2 * size);  // one is read into while the other is hashed
+    detail::VerifiedReader reader(c.fd.get(), path, header_size, c.header.body_length);  // after: joined first
     std::uint64_t tickets[2] = {0, 0};
-    std::uint64_t left = c.header.body_length;
-    for (int i = 0; left > 0; i ^= 1) {
-        char* buf = buffers.data() + i * chunk;
-        hash.wait(tickets[i]);
-        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, left));
-        if (detail::read_full(c.fd.get(), buf, len, path) != len)
-            throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
-        tickets[i] = hash.update(buf, len);
-        left -= len;
+    for (int i = 0; reader.remaining() > 0; i ^= 1) {
+        reader.wait(tickets[i]);
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(size, reader.remaining()));
+        tickets[i] = reader.read(buffers.data() + i * size, len);
     }
-    if (const auto got = hash.digest(); got != c.header.body_hash)
+    if (const auto got = reader.digest(); got != c.header.body_hash)
         throw detail::body_checksum_error(path, c.header.body_hash, got);
     return c.header;
 }

@@ -666,21 +666,14 @@ struct AppendInfo {
 #include <string_view>
 
 // Streaming xxh3-64, the checksum of checkpoint bodies. On x86-64 the library's dispatcher
-// picks the widest vector unit at run time. Loads of large bodies hash on a second thread,
-// in order, while the first one reads the next bytes, so that verifying costs little on top
-// of the read.
+// picks the widest vector unit at run time.
 
 #include <xxhash.h>
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <new>
-#include <thread>
-#include <utility>
 
 #if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
 #include <xxh_x86dispatch.h>
@@ -709,85 +702,6 @@ private:
 };
 
 inline std::uint64_t xxh3(const void* data, std::size_t n) { return CKPT_XXH3_ONESHOT(data, n); }
-
-/// Bodies at least this large are hashed on a second thread when loaded.
-inline constexpr std::uint64_t parallel_hash_threshold = 8u << 20;
-
-/// xxh3 over a sequence of memory ranges, hashed in the order given. With `threaded`, a
-/// worker thread does the hashing: update() only queues the range, whose memory must then
-/// stay unchanged until wait(ticket) (or digest()) returns.
-class OrderedHasher {
-public:
-    explicit OrderedHasher(bool threaded) {
-        if (threaded) worker_ = std::thread([this] { run(); });
-    }
-    OrderedHasher(const OrderedHasher&) = delete;
-    OrderedHasher& operator=(const OrderedHasher&) = delete;
-    ~OrderedHasher() {
-        if (!worker_.joinable()) return;
-        {
-            std::lock_guard lock(mutex_);
-            stop_ = true;  // queued ranges may be gone during unwinding: drop them
-            queue_.clear();
-        }
-        wake_worker_.notify_one();
-        worker_.join();
-    }
-
-    /// Queues (or, unthreaded, hashes) a range; returns its ticket.
-    std::uint64_t update(const void* data, std::size_t n) {
-        if (!worker_.joinable()) {
-            hash_.update(data, n);
-            return ++queued_;
-        }
-        std::uint64_t ticket;
-        {
-            std::lock_guard lock(mutex_);
-            queue_.emplace_back(data, n);
-            ticket = ++queued_;
-        }
-        wake_worker_.notify_one();
-        return ticket;
-    }
-
-    /// Returns once the range with this ticket, and all before it, are hashed.
-    void wait(std::uint64_t ticket) {
-        if (!worker_.joinable()) return;
-        std::unique_lock lock(mutex_);
-        hashed_cv_.wait(lock, [&] { return hashed_ >= ticket; });
-    }
-    void wait_all() { wait(queued_); }
-
-    std::uint64_t digest() {
-        wait_all();
-        return hash_.digest();
-    }
-
-private:
-    void run() {
-        std::unique_lock lock(mutex_);
-        for (;;) {
-            wake_worker_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-            if (stop_) return;
-            const auto [data, n] = queue_.front();
-            lock.unlock();
-            hash_.update(data, n);
-            lock.lock();
-            queue_.pop_front();
-            ++hashed_;
-            hashed_cv_.notify_all();
-        }
-    }
-
-    Xxh3 hash_;
-    std::uint64_t queued_ = 0;  // written by the owner only
-    std::uint64_t hashed_ = 0;  // guarded by mutex_
-    std::deque<std::pair<const void*, std::size_t>> queue_;
-    bool stop_ = false;
-    std::mutex mutex_;
-    std::condition_variable wake_worker_, hashed_cv_;
-    std::thread worker_;  // last: started after, and joined before, everything it uses
-};
 
 }  // namespace ckpt::detail
 
@@ -1455,13 +1369,207 @@ private:
 #include <streambuf>
 #include <string>
 
+// Reading a checkpoint body from its file into memory, hashing it in file order.
+//
+// Large bodies are read by two threads: both pread 1 MiB chunks, and the second one also
+// hashes the chunks that are read, in order, as soon as they are. Reading from the page cache
+// is a memory copy, so two threads copy nearly twice as fast as one, and the hash, which must
+// run in order on one thread, overlaps the copying instead of following it.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+
+
+namespace ckpt::detail {
+
+/// Bodies at least this large are read by two threads.
+inline constexpr std::uint64_t parallel_read_threshold = 8u << 20;
+inline constexpr std::size_t read_chunk = 1u << 20;
+
+inline void pread_exact(int fd, char* dst, std::size_t len, std::uint64_t offset, const std::string& path) {
+    while (len > 0) {
+        const ssize_t r = ::pread(fd, dst, len, static_cast<off_t>(offset));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            throw_io("read", path);
+        }
+        if (r == 0)
+            throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
+        dst += r;
+        len -= static_cast<std::size_t>(r);
+        offset += static_cast<std::uint64_t>(r);
+    }
+}
+
+class VerifiedReader {
+public:
+    /// Reads the `length` bytes that start at `offset` of `fd`, in order, through read().
+    VerifiedReader(int fd, std::string path, std::uint64_t offset, std::uint64_t length)
+        : fd_(fd), path_(std::move(path)), offset_(offset), remaining_(length) {
+        if (length >= parallel_read_threshold) worker_ = std::thread([this] { work(); });
+    }
+    VerifiedReader(const VerifiedReader&) = delete;
+    VerifiedReader& operator=(const VerifiedReader&) = delete;
+    ~VerifiedReader() {
+        if (!worker_.joinable()) return;
+        {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+        }
+        work_cv_.notify_all();
+        worker_.join();  // it may be reading into or hashing caller memory: finish first
+    }
+
+    std::uint64_t remaining() const noexcept { return remaining_; }
+
+    /// Reads the next `len` body bytes into `dst`. Returns a ticket: the bytes may still be
+    /// being hashed, so `dst` must not change until wait(ticket) or digest() returns.
+    std::uint64_t read(char* dst, std::size_t len) {
+        if (len > remaining_)
+            throw FormatError("checkpoint '" + path_ + "': a read past the end of the body", path_);
+        const std::uint64_t at = offset_;
+        offset_ += len;
+        remaining_ -= len;
+        if (!worker_.joinable()) {
+            pread_exact(fd_, dst, len, at, path_);
+            hash_.update(dst, len);
+            hashed_ = ++queued_;
+            return queued_;
+        }
+        std::uint64_t last;
+        {
+            std::lock_guard lock(mutex_);
+            for (std::size_t off = 0; off < len; off += read_chunk)
+                chunks_.push_back({dst + off, std::min(read_chunk, len - off), at + off, false, false});
+            last = queued_ += (len + read_chunk - 1) / read_chunk;
+        }
+        work_cv_.notify_one();
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            if (error_) std::rethrow_exception(error_);
+            if (Chunk* c = claim()) {
+                read_chunk_unlocked(*c, lock);
+                continue;
+            }
+            if (read_through(last)) return last;
+            progress_cv_.wait(lock);
+        }
+    }
+
+    /// Returns once everything up to `ticket` is hashed.
+    void wait(std::uint64_t ticket) {
+        if (!worker_.joinable()) return;
+        std::unique_lock lock(mutex_);
+        progress_cv_.wait(lock, [&] { return hashed_ >= ticket || error_; });
+        if (error_) std::rethrow_exception(error_);
+    }
+
+    /// The xxh3 of everything read so far.
+    std::uint64_t digest() {
+        wait(queued_);
+        return hash_.digest();
+    }
+
+private:
+    struct Chunk {
+        char* dst;
+        std::size_t len;
+        std::uint64_t offset;
+        bool claimed;
+        bool read;
+    };
+
+    // With the lock held: the oldest chunk nobody reads yet.
+    Chunk* claim() {
+        for (auto& c : chunks_)
+            if (!c.claimed) {
+                c.claimed = true;
+                return &c;
+            }
+        return nullptr;
+    }
+    // With the lock held: whether every chunk up to sequence number `last` is read.
+    bool read_through(std::uint64_t last) const {
+        std::uint64_t seq = hashed_;
+        for (const auto& c : chunks_) {
+            if (++seq > last) break;
+            if (!c.read) return false;
+        }
+        return true;
+    }
+    // Reads one claimed chunk with the lock released. Chunks stay put in the deque until they
+    // are hashed, so `c` stays valid.
+    void read_chunk_unlocked(Chunk& c, std::unique_lock<std::mutex>& lock) {
+        lock.unlock();
+        std::exception_ptr failed;
+        try {
+            pread_exact(fd_, c.dst, c.len, c.offset, path_);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        lock.lock();
+        if (failed && !error_) error_ = failed;
+        c.read = !failed;
+        progress_cv_.notify_all();
+        work_cv_.notify_one();
+    }
+
+    void work() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            work_cv_.wait(lock, [&] {
+                return stop_ || error_ || (!chunks_.empty() && chunks_.front().read) ||
+                       std::any_of(chunks_.begin(), chunks_.end(), [](const Chunk& c) { return !c.claimed; });
+            });
+            if (stop_) return;
+            if (error_) {  // nothing more will be hashed; wait to be stopped
+                work_cv_.wait(lock, [&] { return stop_; });
+                return;
+            }
+            if (chunks_.front().read) {  // hashing first: only this thread can do it
+                const Chunk c = chunks_.front();
+                lock.unlock();
+                hash_.update(c.dst, c.len);
+                lock.lock();
+                chunks_.pop_front();
+                ++hashed_;
+                progress_cv_.notify_all();
+            } else if (Chunk* c = claim()) {
+                read_chunk_unlocked(*c, lock);
+            }
+        }
+    }
+
+    int fd_;
+    std::string path_;
+    std::uint64_t offset_;
+    std::uint64_t remaining_;
+    Xxh3 hash_;
+    std::uint64_t queued_ = 0;  // chunks handed in (sequence number of the last)
+    std::uint64_t hashed_ = 0;  // chunks hashed; guarded by mutex_ when threaded
+    std::deque<Chunk> chunks_;  // not yet hashed, in file order
+    std::exception_ptr error_;
+    bool stop_ = false;
+    std::mutex mutex_;
+    std::condition_variable work_cv_, progress_cv_;
+    std::thread worker_;  // last: started after everything it uses
+};
+
+}  // namespace ckpt::detail
 
 namespace ckpt::detail {
 
 inline constexpr std::size_t stream_buffer_size = 64 * 1024;
-/// Payload reads go straight into the tensor in chunks of this size, each hashed on the
-/// second thread while the next is read; large enough that thread hand-offs stay rare.
-inline constexpr std::size_t direct_read_chunk = 4u << 20;
 
 /// Writes the body to a file descriptor, hashing it on the way. A save waits on fsync far
 /// longer than on the hash, and hashing a payload just before its write() measured faster
@@ -1543,42 +1651,41 @@ private:
     std::exception_ptr error_;
 };
 
-/// Reads `length` body bytes from a file descriptor, hashing them; large reads go straight
-/// into the caller's memory. Used by loads into existing tensors.
+/// Reads the body that follows the header, hashing it; large reads go straight into the
+/// caller's memory (see VerifiedReader). Used by loads into existing tensors.
 class BodyReader final : public std::streambuf {
 public:
     BodyReader(int fd, std::string path, std::uint64_t length)
-        : fd_(fd), path_(std::move(path)), remaining_(length), length_(length), buf_(new char[stream_buffer_size]),
-          hash_(length >= parallel_hash_threshold) {
+        : length_(length), buf_(new char[stream_buffer_size]), reader_(fd, std::move(path), header_size, length) {
         setg(buf_.get(), buf_.get(), buf_.get());
     }
 
     std::uint64_t position() const noexcept {
-        return length_ - remaining_ - static_cast<std::uint64_t>(egptr() - gptr());
+        return length_ - reader_.remaining() - static_cast<std::uint64_t>(egptr() - gptr());
     }
     std::uint64_t length() const noexcept { return length_; }
 
     /// Reads and hashes whatever the parser left, then returns the digest of the whole body.
     std::uint64_t drain_and_digest() {
         setg(buf_.get(), buf_.get(), buf_.get());
-        while (remaining_ > 0) fill();
-        return hash_.digest();
+        while (reader_.remaining() > 0) fill();
+        return reader_.digest();
     }
 
 protected:
     int_type underflow() override {
         if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
-        if (remaining_ == 0) return traits_type::eof();
+        if (reader_.remaining() == 0) return traits_type::eof();
         fill();
         return traits_type::to_int_type(*gptr());
     }
 
     std::streamsize xsgetn(char* s, std::streamsize n) override {
-        auto want = static_cast<std::size_t>(n);
+        const auto want = static_cast<std::size_t>(n);
         std::size_t got = std::min(want, static_cast<std::size_t>(egptr() - gptr()));
         std::memcpy(s, gptr(), got);
         gbump(static_cast<int>(got));
-        while (got < want && remaining_ > 0) {
+        while (got < want && reader_.remaining() > 0) {
             const std::size_t left = want - got;
             if (left < stream_buffer_size) {
                 fill();
@@ -1586,10 +1693,9 @@ protected:
                 std::memcpy(s + got, gptr(), take);
                 gbump(static_cast<int>(take));
                 got += take;
-            } else {  // straight into the destination, hashed there while the next chunk is read
-                const std::size_t len = static_cast<std::size_t>(
-                    std::min<std::uint64_t>(std::min(left, direct_read_chunk), remaining_));
-                read_exact(s + got, len);
+            } else {  // a payload: straight into the destination
+                const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(left, reader_.remaining()));
+                reader_.read(s + got, len);
                 got += len;
             }
         }
@@ -1598,25 +1704,15 @@ protected:
 
 private:
     void fill() {
-        hash_.wait(buffer_ticket_);  // the hasher may still be reading the buffer
-        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(stream_buffer_size, remaining_));
-        buffer_ticket_ = read_exact(buf_.get(), len);
+        reader_.wait(buffer_ticket_);  // the buffer may still be being hashed
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(stream_buffer_size, reader_.remaining()));
+        buffer_ticket_ = reader_.read(buf_.get(), len);
         setg(buf_.get(), buf_.get(), buf_.get() + len);
     }
-    std::uint64_t read_exact(char* dst, std::size_t len) {
-        if (read_full(fd_, dst, len, path_) != len)
-            throw FormatError("checkpoint '" + path_ + "' ended before its body did (truncated while reading?)",
-                              path_);
-        remaining_ -= len;
-        return hash_.update(dst, len);
-    }
 
-    int fd_;
-    std::string path_;
-    std::uint64_t remaining_;
     std::uint64_t length_;
     std::unique_ptr<char[]> buf_;
-    OrderedHasher hash_;  // after buf_: stopped before the buffer goes away
+    VerifiedReader reader_;  // after buf_: stopped before the buffer goes away
     std::uint64_t buffer_ticket_ = 0;
 };
 
@@ -1713,16 +1809,9 @@ inline OpenedCheckpoint open_checkpoint(const std::string& path, const LoadOptio
 inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const std::string& path) {
     const std::uint64_t n = c.header.body_length;
     auto body = allocate_aligned(static_cast<std::size_t>(n));
-    OrderedHasher hash(n >= parallel_hash_threshold);  // hashes chunk k while chunk k+1 is read
-    constexpr std::size_t chunk = 4u << 20;
-    for (std::uint64_t off = 0; off < n; off += chunk) {
-        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - off));
-        auto* dst = body.get() + off;
-        if (read_full(c.fd.get(), dst, len, path) != len)
-            throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
-        hash.update(dst, len);
-    }
-    if (const auto got = hash.digest(); got != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, got);
+    VerifiedReader reader(c.fd.get(), path, header_size, n);  // after body: joined first
+    reader.read(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
+    if (const auto got = reader.digest(); got != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, got);
     return body;
 }
 
@@ -1915,21 +2004,17 @@ inline FileHeader read_header(const fs::path& file) {
 inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    constexpr std::size_t chunk = 1u << 20;
-    std::vector<char> buffers(2 * chunk);  // one is read into while the other is hashed
-    detail::OrderedHasher hash(c.header.body_length >= detail::parallel_hash_threshold);  // after: joined first
+    constexpr std::size_t chunk = 4u << 20;
+    const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, c.header.body_length));
+    std::vector<char> buffers(2 * size);  // one is read into while the other is hashed
+    detail::VerifiedReader reader(c.fd.get(), path, header_size, c.header.body_length);  // after: joined first
     std::uint64_t tickets[2] = {0, 0};
-    std::uint64_t left = c.header.body_length;
-    for (int i = 0; left > 0; i ^= 1) {
-        char* buf = buffers.data() + i * chunk;
-        hash.wait(tickets[i]);
-        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, left));
-        if (detail::read_full(c.fd.get(), buf, len, path) != len)
-            throw FormatError("checkpoint '" + path + "' ended before its body did (truncated while reading?)", path);
-        tickets[i] = hash.update(buf, len);
-        left -= len;
+    for (int i = 0; reader.remaining() > 0; i ^= 1) {
+        reader.wait(tickets[i]);
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(size, reader.remaining()));
+        tickets[i] = reader.read(buffers.data() + i * size, len);
     }
-    if (const auto got = hash.digest(); got != c.header.body_hash)
+    if (const auto got = reader.digest(); got != c.header.body_hash)
         throw detail::body_checksum_error(path, c.header.body_hash, got);
     return c.header;
 }

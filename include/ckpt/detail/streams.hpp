@@ -13,15 +13,14 @@
 #include <string>
 
 #include "../error.hpp"
+#include "../format.hpp"
 #include "hash.hpp"
 #include "posix_io.hpp"
+#include "verified_reader.hpp"
 
 namespace ckpt::detail {
 
 inline constexpr std::size_t stream_buffer_size = 64 * 1024;
-/// Payload reads go straight into the tensor in chunks of this size, each hashed on the
-/// second thread while the next is read; large enough that thread hand-offs stay rare.
-inline constexpr std::size_t direct_read_chunk = 4u << 20;
 
 /// Writes the body to a file descriptor, hashing it on the way. A save waits on fsync far
 /// longer than on the hash, and hashing a payload just before its write() measured faster
@@ -103,42 +102,41 @@ private:
     std::exception_ptr error_;
 };
 
-/// Reads `length` body bytes from a file descriptor, hashing them; large reads go straight
-/// into the caller's memory. Used by loads into existing tensors.
+/// Reads the body that follows the header, hashing it; large reads go straight into the
+/// caller's memory (see VerifiedReader). Used by loads into existing tensors.
 class BodyReader final : public std::streambuf {
 public:
     BodyReader(int fd, std::string path, std::uint64_t length)
-        : fd_(fd), path_(std::move(path)), remaining_(length), length_(length), buf_(new char[stream_buffer_size]),
-          hash_(length >= parallel_hash_threshold) {
+        : length_(length), buf_(new char[stream_buffer_size]), reader_(fd, std::move(path), header_size, length) {
         setg(buf_.get(), buf_.get(), buf_.get());
     }
 
     std::uint64_t position() const noexcept {
-        return length_ - remaining_ - static_cast<std::uint64_t>(egptr() - gptr());
+        return length_ - reader_.remaining() - static_cast<std::uint64_t>(egptr() - gptr());
     }
     std::uint64_t length() const noexcept { return length_; }
 
     /// Reads and hashes whatever the parser left, then returns the digest of the whole body.
     std::uint64_t drain_and_digest() {
         setg(buf_.get(), buf_.get(), buf_.get());
-        while (remaining_ > 0) fill();
-        return hash_.digest();
+        while (reader_.remaining() > 0) fill();
+        return reader_.digest();
     }
 
 protected:
     int_type underflow() override {
         if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
-        if (remaining_ == 0) return traits_type::eof();
+        if (reader_.remaining() == 0) return traits_type::eof();
         fill();
         return traits_type::to_int_type(*gptr());
     }
 
     std::streamsize xsgetn(char* s, std::streamsize n) override {
-        auto want = static_cast<std::size_t>(n);
+        const auto want = static_cast<std::size_t>(n);
         std::size_t got = std::min(want, static_cast<std::size_t>(egptr() - gptr()));
         std::memcpy(s, gptr(), got);
         gbump(static_cast<int>(got));
-        while (got < want && remaining_ > 0) {
+        while (got < want && reader_.remaining() > 0) {
             const std::size_t left = want - got;
             if (left < stream_buffer_size) {
                 fill();
@@ -146,10 +144,9 @@ protected:
                 std::memcpy(s + got, gptr(), take);
                 gbump(static_cast<int>(take));
                 got += take;
-            } else {  // straight into the destination, hashed there while the next chunk is read
-                const std::size_t len = static_cast<std::size_t>(
-                    std::min<std::uint64_t>(std::min(left, direct_read_chunk), remaining_));
-                read_exact(s + got, len);
+            } else {  // a payload: straight into the destination
+                const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(left, reader_.remaining()));
+                reader_.read(s + got, len);
                 got += len;
             }
         }
@@ -158,25 +155,15 @@ protected:
 
 private:
     void fill() {
-        hash_.wait(buffer_ticket_);  // the hasher may still be reading the buffer
-        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(stream_buffer_size, remaining_));
-        buffer_ticket_ = read_exact(buf_.get(), len);
+        reader_.wait(buffer_ticket_);  // the buffer may still be being hashed
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(stream_buffer_size, reader_.remaining()));
+        buffer_ticket_ = reader_.read(buf_.get(), len);
         setg(buf_.get(), buf_.get(), buf_.get() + len);
     }
-    std::uint64_t read_exact(char* dst, std::size_t len) {
-        if (read_full(fd_, dst, len, path_) != len)
-            throw FormatError("checkpoint '" + path_ + "' ended before its body did (truncated while reading?)",
-                              path_);
-        remaining_ -= len;
-        return hash_.update(dst, len);
-    }
 
-    int fd_;
-    std::string path_;
-    std::uint64_t remaining_;
     std::uint64_t length_;
     std::unique_ptr<char[]> buf_;
-    OrderedHasher hash_;  // after buf_: stopped before the buffer goes away
+    VerifiedReader reader_;  // after buf_: stopped before the buffer goes away
     std::uint64_t buffer_ticket_ = 0;
 };
 
