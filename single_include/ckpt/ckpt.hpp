@@ -1379,7 +1379,9 @@ private:
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -1425,8 +1427,8 @@ public:
         {
             std::lock_guard lock(mutex_);
             stop_ = true;
+            changed();
         }
-        work_cv_.notify_all();
         worker_.join();  // it may be reading into or hashing caller memory: finish first
     }
 
@@ -1452,8 +1454,8 @@ public:
             for (std::size_t off = 0; off < len; off += read_chunk)
                 chunks_.push_back({dst + off, std::min(read_chunk, len - off), at + off, false, false});
             last = queued_ += (len + read_chunk - 1) / read_chunk;
+            changed();
         }
-        work_cv_.notify_one();
         std::unique_lock lock(mutex_);
         for (;;) {
             if (error_) std::rethrow_exception(error_);
@@ -1462,7 +1464,8 @@ public:
                 continue;
             }
             if (read_through(last)) return last;
-            progress_cv_.wait(lock);
+            const auto seen = events_.load(std::memory_order_relaxed);
+            await(lock, progress_cv_, [&] { return events_.load(std::memory_order_relaxed) != seen; });
         }
     }
 
@@ -1470,7 +1473,7 @@ public:
     void wait(std::uint64_t ticket) {
         if (!worker_.joinable()) return;
         std::unique_lock lock(mutex_);
-        progress_cv_.wait(lock, [&] { return hashed_ >= ticket || error_; });
+        await(lock, progress_cv_, [&] { return hashed_ >= ticket || error_; });
         if (error_) std::rethrow_exception(error_);
     }
 
@@ -1520,14 +1523,38 @@ private:
         lock.lock();
         if (failed && !error_) error_ = failed;
         c.read = !failed;
+        changed();
+    }
+
+    // With the lock held: wakes whoever waits for the state just changed.
+    void changed() {
+        events_.fetch_add(1, std::memory_order_relaxed);
         progress_cv_.notify_all();
         work_cv_.notify_one();
+    }
+
+    // Waits for `ready` (checked with the lock held). Spins briefly first: the other thread
+    // usually answers within microseconds, and a virtual CPU put to sleep on a condition
+    // variable can take far longer than that to be woken again.
+    template <class Ready>
+    void await(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Ready ready) {
+        if (ready()) return;
+        const auto seen = events_.load(std::memory_order_relaxed);
+        lock.unlock();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+        while (events_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        lock.lock();
+        cv.wait(lock, ready);
     }
 
     void work() {
         std::unique_lock lock(mutex_);
         for (;;) {
-            work_cv_.wait(lock, [&] {
+            await(lock, work_cv_, [&] {
                 return stop_ || error_ || (!chunks_.empty() && chunks_.front().read) ||
                        std::any_of(chunks_.begin(), chunks_.end(), [](const Chunk& c) { return !c.claimed; });
             });
@@ -1543,7 +1570,7 @@ private:
                 lock.lock();
                 chunks_.pop_front();
                 ++hashed_;
-                progress_cv_.notify_all();
+                changed();
             } else if (Chunk* c = claim()) {
                 read_chunk_unlocked(*c, lock);
             }
@@ -1560,6 +1587,7 @@ private:
     std::deque<Chunk> chunks_;  // not yet hashed, in file order
     std::exception_ptr error_;
     bool stop_ = false;
+    std::atomic<std::uint64_t> events_{0};  // bumped at every change, for waiters that spin
     std::mutex mutex_;
     std::condition_variable work_cv_, progress_cv_;
     std::thread worker_;  // last: started after everything it uses
