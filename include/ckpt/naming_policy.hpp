@@ -110,71 +110,71 @@ std::string next_run_prefix(const N& naming, std::string_view base, const std::v
 
 }  // namespace detail
 
+namespace detail {
+
+/// What the namings of the form "{run prefix}-{position}.ckpt" share: the breakpoint suffix,
+/// MindSpore's run rule and the meta file. `Position` writes and parses the position part.
+template <class Position>
+struct RunNaming {
+    std::string checkpoint_name(std::string_view run_prefix, const Progress& p, SaveKind kind) const {
+        return std::string(run_prefix) + "-" + Position::format(p) +
+               (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
+    }
+
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        auto split = split_run(base, name);
+        if (!split) return std::nullopt;
+        auto [run, rest] = *split;
+        NameParts parts;
+        if (!strip_checkpoint_suffix(rest, parts.kind) || !Position::parse(rest, parts)) return std::nullopt;
+        parts.run_prefix = run_prefix_name(base, run);
+        parts.run = run;
+        return parts;
+    }
+
+    std::string run_prefix(std::string_view base, const std::vector<std::string>& names, SaveKind kind) const {
+        return next_run_prefix(*this, base, names, kind);
+    }
+    std::string meta_name(std::string_view run_prefix) const { return std::string(run_prefix) + "-graph.meta"; }
+    int depth() const { return 0; }
+};
+
+struct EpochStepPosition {
+    static std::string format(const Progress& p) { return std::to_string(p.epoch) + "_" + std::to_string(p.step); }
+    static bool parse(std::string_view s, NameParts& parts) {
+        const auto underscore = s.find('_');
+        if (underscore == std::string_view::npos) return false;
+        const auto epoch = parse_count(s.substr(0, underscore));
+        const auto step = parse_count(s.substr(underscore + 1));
+        if (!epoch || !step) return false;
+        parts.epoch = *epoch;
+        parts.step = *step;
+        return true;
+    }
+};
+
+struct GlobalStepPosition {
+    static std::string format(const Progress& p) { return std::to_string(p.global_step); }
+    static bool parse(std::string_view s, NameParts& parts) {
+        const auto step = parse_count(s);
+        if (!step) return false;
+        parts.epoch = 1;
+        parts.step = parts.global_step = *step;
+        return true;
+    }
+};
+
+}  // namespace detail
+
 /// The seed's names: "{prefix}-{epoch}_{step}.ckpt", "{prefix}-{epoch}_{step}_breakpoint.ckpt"
 /// for exception saves, and "{prefix}-graph.meta". A second run with the same prefix in the
 /// same directory uses "{prefix}_1-…", then "{prefix}_2-…", as MindSpore's code does (its
 /// tutorial's tree shows "lenet-1-7_1875.ckpt", which the code never writes).
-struct MindSporeNaming {
-    std::string checkpoint_name(std::string_view run_prefix, const Progress& p, SaveKind kind) const {
-        return std::string(run_prefix) + "-" + std::to_string(p.epoch) + "_" + std::to_string(p.step) +
-               (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
-    }
-
-    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
-        auto split = detail::split_run(base, name);
-        if (!split) return std::nullopt;
-        auto [run, rest] = *split;
-        NameParts parts;
-        if (!detail::strip_checkpoint_suffix(rest, parts.kind)) return std::nullopt;
-        const auto underscore = rest.find('_');
-        if (underscore == std::string_view::npos) return std::nullopt;
-        const auto epoch = detail::parse_count(rest.substr(0, underscore));
-        const auto step = detail::parse_count(rest.substr(underscore + 1));
-        if (!epoch || !step) return std::nullopt;
-        parts.run_prefix = detail::run_prefix_name(base, run);
-        parts.run = run;
-        parts.epoch = *epoch;
-        parts.step = *step;
-        return parts;
-    }
-
-    std::string run_prefix(std::string_view base, const std::vector<std::string>& names, SaveKind kind) const {
-        return detail::next_run_prefix(*this, base, names, kind);
-    }
-    std::string meta_name(std::string_view run_prefix) const { return std::string(run_prefix) + "-graph.meta"; }
-    int depth() const { return 0; }
-};
+struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {};
 
 /// For loops without epochs: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
 /// saves), with MindSporeNaming's run rule and meta file.
-struct StepNaming {
-    std::string checkpoint_name(std::string_view run_prefix, const Progress& p, SaveKind kind) const {
-        return std::string(run_prefix) + "-" + std::to_string(p.global_step) +
-               (kind == SaveKind::breakpoint ? "_breakpoint.ckpt" : ".ckpt");
-    }
-
-    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
-        auto split = detail::split_run(base, name);
-        if (!split) return std::nullopt;
-        auto [run, rest] = *split;
-        NameParts parts;
-        if (!detail::strip_checkpoint_suffix(rest, parts.kind)) return std::nullopt;
-        const auto step = detail::parse_count(rest);
-        if (!step) return std::nullopt;
-        parts.run_prefix = detail::run_prefix_name(base, run);
-        parts.run = run;
-        parts.epoch = 1;
-        parts.step = *step;
-        parts.global_step = *step;
-        return parts;
-    }
-
-    std::string run_prefix(std::string_view base, const std::vector<std::string>& names, SaveKind kind) const {
-        return detail::next_run_prefix(*this, base, names, kind);
-    }
-    std::string meta_name(std::string_view run_prefix) const { return std::string(run_prefix) + "-graph.meta"; }
-    int depth() const { return 0; }
-};
+struct StepNaming : detail::RunNaming<detail::GlobalStepPosition> {};
 
 /// The seed's last-words layout, relative to the last-words directory (ttp_checkpoints):
 /// "tft_saved_checkpoints-step_{global_step}/rank_{rank}/ttp_rank_{rank}-{epoch}_{step}.ckpt".
