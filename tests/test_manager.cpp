@@ -265,3 +265,61 @@ TEST_CASE("a last-words manager writes the seed's per-step, per-rank layout") {
     CHECK(found->path == file);
 }
 }
+
+TEST_SUITE("async save") {
+
+using AsyncManager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming>;
+
+ckpt::ManagerOptions async_options() {
+    ckpt::ManagerOptions o;
+    o.async_save = true;
+    return o;
+}
+
+TEST_CASE("an async save writes what the state was when it was asked for") {
+    test::TempDir dir;
+    std::vector<float> w(8u << 20, 1.0f);  // 32 MiB: still being written when the loop goes on
+    ckpt::ParamDict state;
+    state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
+    AsyncManager mgr(dir.path(), "a", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, async_options());
+    for (std::int64_t s = 1; s <= 3; ++s) {
+        std::fill(w.begin(), w.end(), static_cast<float>(s));
+        CHECK(mgr.on_step(ckpt::Progress::at_iteration(s), state));
+        std::fill(w.begin(), w.end(), -1.0f);  // the training step that follows the save
+    }
+    mgr.on_train_end(ckpt::Progress::at_iteration(3), state);  // waits for the save in flight
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"a-2.ckpt", "a-3.ckpt", "a-graph.meta"});
+    for (std::int64_t s : {2, 3}) {
+        const auto loaded = ckpt::load_checkpoint(dir / ("a-" + std::to_string(s) + ".ckpt"));
+        const auto v = loaded.tensor("w").values<float>();
+        CHECK(std::all_of(v.begin(), v.end(), [&](float x) { return x == static_cast<float>(s); }));
+    }
+}
+
+TEST_CASE("a background save's error reaches the caller at its next call") {
+    test::TempDir dir;
+    TinyNet net;
+    AsyncManager mgr(dir / "ckpts", "a", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, async_options());
+    mgr.on_step(ckpt::Progress::at_iteration(1), net);
+    mgr.wait();
+    CHECK(ckpt::latest(dir / "ckpts", "a", ckpt::StepNaming{}));
+    boost::filesystem::remove_all(dir / "ckpts");  // the disk goes away under the running job
+    mgr.on_step(ckpt::Progress::at_iteration(2), net);
+    CHECK_THROWS_WITH_AS(mgr.wait(), doctest::Contains("does not exist"), ckpt::IoError);
+    mgr.wait();  // reported once
+}
+
+TEST_CASE("CheckpointConfig's async_save reaches the manager") {
+    test::TempDir dir;
+    TinyNet net;
+    ckpt::CheckpointConfig cfg;
+    cfg.async_save = true;
+    auto mgr = ckpt::make_manager(dir.path(), "cfg", cfg);
+    CHECK(mgr.options().async_save);
+    ckpt::Progress p;
+    p.step = p.global_step = 1;
+    mgr.on_step(p, net);
+    mgr.on_train_end(p, net);
+    CHECK(boost::filesystem::exists(dir / "cfg-1_1.ckpt"));
+}
+}

@@ -32,6 +32,7 @@ struct CheckpointConfig {
     std::int64_t keep_checkpoint_per_n_minutes = 0;
     AppendInfo append_info;
     bool exception_save = false;
+    bool async_save = false;
 };
 
 namespace detail {
@@ -103,6 +104,7 @@ ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, con
     ManagerOptions opts;
     opts.append_info = config.append_info;
     opts.exception_save = config.exception_save;
+    opts.async_save = config.async_save;
     return ConfiguredManager<N, A>(std::move(directory), std::move(prefix), ConfiguredSave(config),
                                    ConfiguredRetention(config), std::move(naming), std::move(opts));
 }

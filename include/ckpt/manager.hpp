@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "append_info.hpp"
+#include "detail/background_save.hpp"
 #include "archive_policy.hpp"
 #include "checkpoint.hpp"
 #include "detail/atomic_file.hpp"
@@ -43,6 +44,9 @@ struct ManagerOptions {
     AppendInfo append_info;       ///< values added to every checkpoint (the seed's append_info)
     bool exception_save = false;  ///< on_exception() writes a "_breakpoint" checkpoint
     bool write_meta = true;       ///< write "{run prefix}-graph.meta" at the run's first save
+    /// Snapshot the state and write it on a background thread, one save at a time (the
+    /// seed's async_save). A background error is rethrown by the next call into the manager.
+    bool async_save = false;
 };
 
 /// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
@@ -66,6 +70,16 @@ ParamDict collect_state(State& state) {
                       "`ckpt::ParamDict state_dict()`");
         return state;
     }
+}
+
+/// A deep copy of `dict`, for a background save: the caller may change its tensors as soon
+/// as the save call returns.
+inline ParamDict snapshot(const ParamDict& dict) {
+    ParamDict copy;
+    for (const auto& [name, value] : dict)
+        if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
+        else copy.set(name, value);
+    return copy;
 }
 
 /// The readable description of a run's saved state: one line per entry, name and type.
@@ -120,19 +134,27 @@ public:
     /// Call after each step; saves when the save policy says so. Returns the file written.
     template <class State>
     std::optional<fs::path> on_step(Progress p, State&& state) {
+        background_.check();
         p.event = Event::step_end;
         return maybe_save(p, state);
     }
     template <class State>
     std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+        background_.check();
         p.event = Event::epoch_end;
         return maybe_save(p, state);
     }
+    /// Saves if the policy says so, then waits for any background save to be durable.
     template <class State>
     std::optional<fs::path> on_train_end(Progress p, State&& state) {
         p.event = Event::train_end;
-        return maybe_save(p, state);
+        auto file = maybe_save(p, state);
+        background_.wait();
+        return file;
     }
+
+    /// Blocks until a background save in flight is durable; rethrows its error.
+    void wait() { background_.wait(); }
 
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
@@ -141,22 +163,36 @@ public:
         if (breakpoint_prefix_.empty())
             breakpoint_prefix_ =
                 naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::breakpoint);
-        return write(p, detail::collect_state(state), SaveKind::breakpoint, breakpoint_prefix_);
+        background_.wait();  // the breakpoint is the newest state: let no older save land after it
+        const fs::path file = dir_ / naming_.checkpoint_name(breakpoint_prefix_, p, SaveKind::breakpoint);
+        write(file, p, detail::collect_state(state));
+        return file;
     }
 
     /// Saves now, whatever the save policy says, then applies retention.
+    /// With async_save the file is written in the background: the returned path is where it
+    /// will be once wait() (or the next save) returns.
     template <class State>
     fs::path save(const Progress& p, State&& state) {
+        background_.check();
         ParamDict dict = detail::collect_state(state);
-        const fs::path file = write(p, dict, SaveKind::regular, run_prefix_);
         if (options_.write_meta && !meta_written_) {
             if (const auto meta = naming_.meta_name(run_prefix_); !meta.empty())
                 detail::write_text_file(dir_ / meta, detail::describe_state(with_append_info(dict, p), run_prefix_));
             meta_written_ = true;
         }
+        const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         last_saved_ = p.global_step;
         save_.saved(p);
-        apply_retention(file, p);
+        if (options_.async_save) {
+            background_.start([this, file, p, copy = detail::snapshot(dict)] {
+                write(file, p, copy);
+                apply_retention(file, p);
+            });
+        } else {
+            write(file, p, dict);
+            apply_retention(file, p);
+        }
         return file;
     }
 
@@ -221,8 +257,9 @@ private:
         return dict;
     }
 
-    fs::path write(const Progress& p, const ParamDict& state, SaveKind kind, const std::string& run_prefix) {
-        const fs::path file = dir_ / naming_.checkpoint_name(run_prefix, p, kind);
+    // Runs on the background thread with async_save: it reads only members that do not
+    // change after construction.
+    void write(const fs::path& file, const Progress& p, const ParamDict& state) const {
         if (naming_.depth() > 0) {
             boost::system::error_code ec;
             fs::create_directories(file.parent_path(), ec);
@@ -235,10 +272,9 @@ private:
         opts.epoch = p.epoch;
         opts.step = p.step;
         save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
-        return file;
     }
 
-    void apply_retention(const fs::path& just_written, const Progress& p) {
+    void apply_retention(const fs::path& just_written, const Progress& p) const {
         auto files = run_checkpoints(p.rank);
         // The file just written goes last whatever its name says; it is never deleted.
         auto it = std::find_if(files.begin(), files.end(),
@@ -266,6 +302,7 @@ private:
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;
     bool meta_written_ = false;
+    detail::BackgroundSave background_;  // last: joined before the members its job reads
 };
 
 }  // namespace ckpt
