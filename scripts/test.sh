@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+# ccache keeps its cache under $HOME; give it a place when there is no home.
+[ -n "${HOME:-}" ] || export CCACHE_DIR=${CCACHE_DIR:-/var/tmp/ckpt-ccache}
 build=${CKPT_BUILD_DIR:-build}
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
