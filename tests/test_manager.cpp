@@ -98,6 +98,20 @@ TEST_CASE("a step-end and an epoch-end save at the same step write one file") {
     CHECK(mgr.run_checkpoints().size() == 1);
 }
 
+TEST_CASE("a save that failed is tried again at the next event of the same step") {
+    test::TempDir dir;
+    TinyNet net;
+    ckpt::ManagerOptions no_meta;  // so that the checkpoint write itself is what fails
+    no_meta.write_meta = false;
+    ckpt::CheckpointManager mgr(dir / "ckpts", "m", ckpt::AnyOf(ckpt::EverySteps{2}, ckpt::EveryEpochs{1}),
+                                ckpt::KeepAll{}, ckpt::MindSporeNaming{}, no_meta);
+    boost::filesystem::remove_all(dir / "ckpts");
+    auto p = epoch_end(1, 4);
+    CHECK_THROWS_AS(mgr.on_step(p, net), ckpt::IoError);
+    boost::filesystem::create_directories(dir / "ckpts");
+    CHECK(mgr.on_epoch_end(p, net));  // not skipped as "already saved at this step"
+}
+
 TEST_CASE("retention touches only this run's files and never the one just written") {
     TempDir dir;
     TinyNet net;

@@ -128,7 +128,6 @@ public:
     const std::string& prefix() const noexcept { return prefix_; }
     /// The prefix this run's files use: the prefix, or "{prefix}_{N}" when earlier runs exist.
     const std::string& run_prefix() const noexcept { return run_prefix_; }
-    S& save_policy_instance() noexcept { return save_; }
     const ManagerOptions& options() const noexcept { return options_; }
 
     /// Call after each step; saves when the save policy says so. Returns the file written.
@@ -182,8 +181,6 @@ public:
             meta_written_ = true;
         }
         const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
-        last_saved_ = p.global_step;
-        save_.saved(p);
         if (options_.async_save) {
             background_.start([this, file, p, copy = detail::snapshot(dict)] {
                 write(file, p, copy);
@@ -193,6 +190,8 @@ public:
             write(file, p, dict);
             apply_retention(file, p);
         }
+        last_saved_ = p.global_step;  // only once the save is written (or handed over)
+        save_.saved(p);
         return file;
     }
 
