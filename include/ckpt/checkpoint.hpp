@@ -178,6 +178,8 @@ inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, s
 struct LoadPlan {
     LoadReport report;
     std::vector<Tensor*> destinations;  // per toc entry: target tensor to fill, or null
+    std::vector<std::string> missing;     // target tensors absent from the checkpoint
+    std::vector<std::string> unexpected;  // checkpoint tensors absent from the target
 };
 
 inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc) {
@@ -192,6 +194,7 @@ inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc) 
         Tensor* t = slot ? slot->get_if<Tensor>() : nullptr;
         if (!t) {
             plan.report.ckpt_not_load.push_back(e.name);
+            plan.unexpected.push_back(e.name);
         } else if (t->dtype() != e.dtype || t->shape() != e.shape) {
             plan.report.mismatches.push_back("'" + e.name + "': checkpoint has " + std::string(dtype_name(e.dtype)) +
                                              shape_string(e.shape) + ", target has " + t->describe());
@@ -202,7 +205,10 @@ inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc) 
         }
     }
     for (const auto& [name, value] : target)
-        if (value.is_tensor() && !in_file.contains(name)) plan.report.param_not_load.push_back(name);
+        if (value.is_tensor() && !in_file.contains(name)) {
+            plan.report.param_not_load.push_back(name);
+            plan.missing.push_back(name);
+        }
     return plan;
 }
 
@@ -212,20 +218,11 @@ inline std::string join_names(const std::vector<std::string>& names) {
     return s;
 }
 
-inline LoadMismatch strict_failure(const std::string& source, const LoadReport& r) {
-    std::vector<std::string> missing, unexpected;
-    auto mismatched = [&](const std::string& n) {
-        return std::any_of(r.mismatches.begin(), r.mismatches.end(),
-                           [&](const std::string& m) { return m.compare(1, n.size() + 2, n + "':") == 0; });
-    };
-    for (const auto& n : r.param_not_load)
-        if (!mismatched(n)) missing.push_back(n);
-    for (const auto& n : r.ckpt_not_load)
-        if (!mismatched(n)) unexpected.push_back(n);
+inline LoadMismatch strict_failure(const std::string& source, const LoadPlan& plan) {
     std::string msg = "strict load from " + source + " failed:";
-    if (!missing.empty()) msg += " missing from the checkpoint: " + join_names(missing) + ";";
-    if (!unexpected.empty()) msg += " not in the target: " + join_names(unexpected) + ";";
-    for (const auto& m : r.mismatches) msg += " dtype/shape mismatch " + m + ";";
+    if (!plan.missing.empty()) msg += " missing from the checkpoint: " + join_names(plan.missing) + ";";
+    if (!plan.unexpected.empty()) msg += " not in the target: " + join_names(plan.unexpected) + ";";
+    for (const auto& m : plan.report.mismatches) msg += " dtype/shape mismatch " + m + ";";
     msg.pop_back();
     return LoadMismatch(msg);
 }
@@ -334,7 +331,7 @@ inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, b
         toc.push_back(std::move(e));
     }
     auto plan = detail::plan_load(target, toc);
-    if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan.report);
+    if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
     auto it = src.begin();
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
         if (Tensor* dst = plan.destinations[i]) {
@@ -384,7 +381,7 @@ inline LoadReport load_checkpoint_into(const fs::path& file, ParamDict& target, 
             auto plan = detail::plan_load(target, toc);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
-                throw detail::strict_failure("'" + path + "'", plan.report);
+                throw detail::strict_failure("'" + path + "'", plan);
             }
             for (std::size_t i = 0; i < toc.size(); ++i) {
                 auto& e = toc[i];
