@@ -1,0 +1,75 @@
+#pragma once
+// ModelCheckpoint: the seed's checkpoint callback, on the core CheckpointManager.
+//
+//   nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> cb(
+//       "lenet", "./lenet", {.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}}}});
+//   auto cb2 = nn::make_model_checkpoint("lenet", "./lenet", config);   // from a CheckpointConfig
+
+#include <boost/filesystem.hpp>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "../ckpt/config.hpp"
+#include "../ckpt/log.hpp"
+#include "../ckpt/manager.hpp"
+#include "callbacks.hpp"
+
+namespace nn {
+
+template <ckpt::SavePolicy S = ckpt::EveryEpochs, ckpt::RetentionPolicy R = ckpt::KeepLast,
+          ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive>
+class ModelCheckpoint {
+public:
+    using Manager = ckpt::CheckpointManager<S, R, N, A>;
+
+    ModelCheckpoint(std::string prefix, boost::filesystem::path directory, ckpt::ManagerOptions options = {},
+                    S save = S{}, R retention = R{}, N naming = N{})
+        : manager_(std::move(directory), std::move(prefix), std::move(save), std::move(retention), std::move(naming),
+                   std::move(options)) {}
+
+    void on_step_end(RunContext& ctx) { last_ = manager_.on_step(ctx.progress(ckpt::Event::step_end), ctx.state); }
+    void on_epoch_end(RunContext& ctx) {
+        last_ = manager_.on_epoch_end(ctx.progress(ckpt::Event::epoch_end), ctx.state);
+    }
+    void on_train_end(RunContext& ctx) {
+        if (auto f = manager_.on_train_end(ctx.progress(ckpt::Event::train_end), ctx.state)) last_ = f;
+    }
+    /// Writes "{prefix}-{epoch}_{step}_breakpoint.ckpt" when exception_save is on, unless the
+    /// failure struck inside an optimizer update (then the state is torn and is not saved).
+    void on_exception(RunContext& ctx) {
+        if (!manager_.options().exception_save) return;
+        if (!ctx.consistent) {
+            ckpt::detail::log(ckpt::LogLevel::warning,
+                              "no breakpoint checkpoint: the failure interrupted an optimizer update at global step " +
+                                  std::to_string(ctx.global_step + 1));
+            return;
+        }
+        last_ = manager_.on_exception(ctx.progress(ckpt::Event::step_end), ctx.state);
+    }
+
+    Manager& manager() noexcept { return manager_; }
+    const Manager& manager() const noexcept { return manager_; }
+    /// The file the last save wrote (or is writing, with async_save).
+    const std::optional<boost::filesystem::path>& last_saved() const noexcept { return last_; }
+
+private:
+    Manager manager_;
+    std::optional<boost::filesystem::path> last_;
+};
+
+/// A ModelCheckpoint configured the seed's way, by a CheckpointConfig.
+template <ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive>
+ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A> make_model_checkpoint(
+    std::string prefix, boost::filesystem::path directory, const ckpt::CheckpointConfig& config, N naming = {}) {
+    ckpt::ManagerOptions opts;
+    opts.append_info = config.append_info;
+    opts.exception_save = config.exception_save;
+    opts.async_save = config.async_save;
+    return ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A>(
+        std::move(prefix), std::move(directory), std::move(opts), ckpt::ConfiguredSave(config),
+        ckpt::ConfiguredRetention(config), std::move(naming));
+}
+
+}  // namespace nn

@@ -1,0 +1,234 @@
+// Trainer and ModelCheckpoint on real Fashion-MNIST (a few hundred images): the seed's
+// crash-and-resume scenario, bit-exact resume from epoch ends, mid-epoch saves, breakpoint
+// files and shuffled data, and the errors of a resume that cannot work.
+#include <doctest/doctest.h>
+
+#include <nn/nn.hpp>
+
+#include "support.hpp"
+
+namespace {
+
+using test::TempDir;
+using Checkpoints = nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast>;
+
+nn::MnistDataset lenet_data(std::size_t n = 256, std::size_t batch = 32, std::optional<std::uint64_t> shuffle = {}) {
+    nn::MnistDataset ds(CKPT_FASHION_MNIST_DIR, nn::Usage::test);
+    ds.take(n).map({nn::Rescale(1.0 / 255.0, 0), nn::Resize(32, 32), nn::HWC2CHW()}).batch(batch, true);
+    if (shuffle) ds.shuffle(*shuffle);
+    return ds;
+}
+
+/// A fresh "process": network, optimizer and trainer built from nothing.
+struct Session {
+    nn::LeNet5 net;
+    nn::Momentum opt{net.parameters(), 0.01, 0.9};
+    nn::Trainer<nn::LeNet5, nn::Momentum> trainer{net, opt};
+    /// Parameters and optimizer state, as bytes.
+    std::vector<float> state() {
+        std::vector<float> out;
+        for (auto& [name, v] : trainer.load_target()) {
+            auto vals = v.get_if<ckpt::Tensor>()->values<float>();
+            out.insert(out.end(), vals.begin(), vals.end());
+        }
+        return out;
+    }
+};
+
+std::vector<float> uninterrupted(std::int64_t epochs, nn::MnistDataset data) {
+    Session s;
+    s.trainer.train(epochs, data);
+    return s.state();
+}
+
+ckpt::ManagerOptions seed_options(bool exception_save = false) {
+    ckpt::ManagerOptions o;
+    o.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
+    o.exception_save = exception_save;
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("the seed's scenario: fail after epoch 6, resume from the latest, the seed's tree, bit-exact") {
+    TempDir dir;
+    const auto expected = uninterrupted(10, lenet_data(64));
+    {
+        Session s;
+        auto data = lenet_data(64);
+        Checkpoints cb("lenet", dir.path(), seed_options());
+        nn::FailAtEpochEnd crash(6);
+        CHECK_THROWS_AS(s.trainer.train(10, data, nn::callbacks(cb, crash)), nn::InjectedFault);
+    }
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"lenet-2_2.ckpt", "lenet-3_2.ckpt", "lenet-4_2.ckpt",
+                                                                 "lenet-5_2.ckpt", "lenet-6_2.ckpt", "lenet-graph.meta"});
+    const auto latest = ckpt::latest(dir.path(), "lenet");
+    REQUIRE(latest);
+    CHECK(latest->filename() == "lenet-6_2.ckpt");
+    const auto dict = ckpt::load_checkpoint(*latest);
+    CHECK(dict.get<std::int64_t>("epoch_num") == 6);
+    CHECK(dict.get<std::int64_t>("step_num") == 12);
+    CHECK(dict.get<double>("lr") == 0.01);
+    CHECK(dict.contains("moments.fc3.bias"));
+    Session s;
+    auto data = lenet_data(64);
+    const nn::ResumePoint rp = s.trainer.resume_from(*latest, data);
+    CHECK(rp.initial_epoch == 6);
+    CHECK(rp.initial_step == 0);
+    Checkpoints cb("lenet", dir.path(), seed_options());
+    s.trainer.train(10, data, cb, rp.initial_epoch);
+    CHECK(s.state() == expected);
+    CHECK(test::names_in(dir.path()) ==
+          std::vector<std::string>{"lenet-2_2.ckpt", "lenet-3_2.ckpt", "lenet-4_2.ckpt", "lenet-5_2.ckpt",
+                                   "lenet-6_2.ckpt", "lenet-graph.meta", "lenet_1-10_2.ckpt", "lenet_1-7_2.ckpt",
+                                   "lenet_1-8_2.ckpt", "lenet_1-9_2.ckpt", "lenet_1-graph.meta"});
+}
+
+TEST_CASE("a crash mid-epoch resumes through set_init_step from a step checkpoint, shuffled, bit-exact") {
+    TempDir dir;
+    const auto expected = uninterrupted(3, lenet_data(256, 32, 7));
+    {
+        Session s;
+        auto data = lenet_data(256, 32, 7);
+        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> cb("lenet", dir.path(), {}, ckpt::EverySteps(3),
+                                                                 ckpt::KeepLast(2));
+        nn::FailAtStep crash(13);  // epoch 2, step 5; the last save was at global step 12
+        CHECK_THROWS_AS(s.trainer.train(3, data, nn::callbacks(cb, crash)), nn::InjectedFault);
+    }
+    Session s;
+    auto data = lenet_data(256, 32, 7);
+    const nn::ResumePoint rp = s.trainer.resume_or_start(dir.path(), "lenet", data);
+    REQUIRE(rp.file);
+    CHECK(rp.file->filename() == "lenet-2_4.ckpt");
+    CHECK(rp.initial_epoch == 1);
+    CHECK(rp.initial_step == 4);
+    CHECK(rp.global_step == 12);
+    s.trainer.train(3, data, std::tuple<>{}, rp.initial_epoch);
+    CHECK(s.state() == expected);
+}
+
+TEST_CASE("the exception-save breakpoint file is a resume point, bit-exact") {
+    TempDir dir;
+    const auto expected = uninterrupted(2, lenet_data());
+    {
+        Session s;
+        auto data = lenet_data();
+        Checkpoints cb("lenet", dir.path(), seed_options(/*exception_save=*/true));
+        nn::FailAtStep crash(11);  // epoch 2 step 3, no regular save since epoch 1
+        CHECK_THROWS_AS(s.trainer.train(2, data, nn::callbacks(cb, crash)), nn::InjectedFault);
+        REQUIRE(cb.last_saved());
+        CHECK(cb.last_saved()->filename() == "lenet-2_3_breakpoint.ckpt");
+    }
+    Session s;
+    auto data = lenet_data();
+    const auto rp = s.trainer.resume_from(dir / "lenet-2_3_breakpoint.ckpt", data);
+    CHECK(rp.initial_epoch == 1);
+    CHECK(rp.initial_step == 3);
+    s.trainer.train(2, data, std::tuple<>{}, rp.initial_epoch);
+    CHECK(s.state() == expected);
+}
+
+TEST_CASE("resume_or_start: fresh without checkpoints, past a corrupt newest file, still bit-exact") {
+    TempDir dir;
+    auto data = lenet_data(64);
+    {
+        Session s;
+        CHECK_FALSE(s.trainer.resume_or_start(dir / "absent", "lenet", data).file);
+        CHECK_FALSE(s.trainer.resume_or_start(dir.path(), "lenet", data).file);
+        Checkpoints cb("lenet", dir.path());
+        nn::FailAtEpochEnd crash(3);
+        CHECK_THROWS_AS(s.trainer.train(4, data, nn::callbacks(cb, crash)), nn::InjectedFault);
+    }
+    test::flip_bit(dir / "lenet-3_2.ckpt", 200);
+    test::LogCapture log;
+    Session s;
+    const auto rp = s.trainer.resume_or_start(dir.path(), "lenet", data);
+    REQUIRE(rp.file);
+    CHECK(rp.file->filename() == "lenet-2_2.ckpt");
+    REQUIRE(log.warnings.size() == 1);
+    CHECK(log.warnings[0].find("lenet-3_2.ckpt") != std::string::npos);
+    s.trainer.train(4, data, std::tuple<>{}, rp.initial_epoch);
+    CHECK(s.state() == uninterrupted(4, lenet_data(64)));
+}
+
+TEST_CASE("a resume that cannot work says why and changes nothing") {
+    TempDir dir;
+    auto data = lenet_data(64);
+    {
+        Session s;
+        Checkpoints cb("lenet", dir.path());
+        s.trainer.train(1, data, cb);
+    }
+    Session s;
+    const auto before = s.state();
+    SUBCASE("a checkpoint of another model names the tensors") {
+        nn::UceNet other;
+        ckpt::save_checkpoint(other.state_dict(), dir / "other.ckpt");
+        try {
+            s.trainer.resume_from(dir / "other.ckpt", data);
+            FAIL("no error");
+        } catch (const ckpt::LoadMismatch& e) {
+            const std::string what = e.what();
+            CHECK(what.find("holds no position") != std::string::npos);
+        }
+        ckpt::ParamDict d = other.state_dict();
+        d.set("trainer.epoch", std::int64_t{1});
+        d.set("trainer.step", std::int64_t{2});
+        d.set("trainer.global_step", std::int64_t{2});
+        ckpt::save_checkpoint(d, dir / "other.ckpt");
+        try {
+            s.trainer.resume_from(dir / "other.ckpt", data);
+            FAIL("no error");
+        } catch (const ckpt::LoadMismatch& e) {
+            const std::string what = e.what();
+            INFO(what);
+            CHECK(what.find("other.ckpt' does not fit") != std::string::npos);
+            CHECK(what.find("conv1.weight") != std::string::npos);
+            CHECK(what.find("layer1.param") != std::string::npos);
+        }
+    }
+    SUBCASE("another batch size") {
+        auto other = lenet_data(64, 16);
+        CHECK_THROWS_WITH_AS(s.trainer.resume_from(dir / "lenet-1_2.ckpt", other),
+                             doctest::Contains("saved with 2 steps per epoch, this data set gives 4"), ckpt::LoadMismatch);
+    }
+    SUBCASE("a resume epoch at or beyond the epochs requested") {
+        const auto rp = s.trainer.resume_from(dir / "lenet-1_2.ckpt", data);
+        CHECK_THROWS_WITH_AS(s.trainer.train(1, data, std::tuple<>{}, rp.initial_epoch),
+                             doctest::Contains("initial_epoch 1 leaves nothing to train: epochs is 1"), ckpt::ConfigError);
+        return;  // this one loaded the checkpoint, as asked
+    }
+    SUBCASE("images of another size") {
+        nn::MnistDataset raw(CKPT_FASHION_MNIST_DIR, nn::Usage::test);
+        raw.take(64).map({nn::Rescale(1.0 / 255.0, 0), nn::HWC2CHW()}).batch(32);
+        CHECK_THROWS_WITH_AS(s.trainer.train(1, raw),
+                             doctest::Contains("takes samples of shape (1, 32, 32), the data set gives (1, 28, 28)"),
+                             nn::ShapeError);
+    }
+    CHECK(s.state() == before);
+}
+
+TEST_CASE("callbacks run in order at every hook; an exception reaches on_exception, then the caller") {
+    struct Recorder {
+        std::vector<std::string>* log;
+        std::string name;
+        void on_train_begin(nn::RunContext&) { log->push_back(name + ":train_begin"); }
+        void on_epoch_end(nn::RunContext& c) { log->push_back(name + ":epoch_end " + std::to_string(c.epoch)); }
+        void on_step_end(nn::RunContext& c) {
+            if (c.step == c.steps_per_epoch) log->push_back(name + ":last_step " + std::to_string(c.global_step));
+        }
+        void on_train_end(nn::RunContext&) { log->push_back(name + ":train_end"); }
+        void on_exception(nn::RunContext& c) { log->push_back(name + ":exception at " + std::to_string(c.global_step)); }
+    };
+    std::vector<std::string> log;
+    Recorder a{&log, "a"}, b{&log, "b"};
+    auto data = lenet_data(64);
+    Session s;
+    s.trainer.train(1, data, nn::callbacks(a, b));
+    CHECK(log == std::vector<std::string>{"a:train_begin", "b:train_begin", "a:last_step 2", "b:last_step 2",
+                                          "a:epoch_end 1", "b:epoch_end 1", "a:train_end", "b:train_end"});
+    log.clear();
+    nn::FailAtStep crash(3);
+    CHECK_THROWS_AS(s.trainer.train(2, data, nn::callbacks(a, crash, b)), nn::InjectedFault);
+    CHECK(log.back() == "b:exception at 3");
+}
