@@ -85,8 +85,15 @@ TEST_CASE("the seed's MLPs: gradients through MatMul and Dense") {
 }
 
 TEST_CASE("Conv2d equals a direct convolution, and ToChannelMajor/FlattenChannelMajor invert each other") {
-    const std::size_t n = 2, c = 3, h = 7, w = 6, o = 2, k = 3, s = 2;
-    nn::Conv2d conv("c", c, o, k, {.stride = s, .pad_mode = nn::Padding::same, .has_bias = true});
+    const std::size_t n = 2, c = 3, h = 7, w = 6, o = 2, k = 3;
+    std::size_t s = 2;
+    nn::Padding pad = nn::Padding::same;
+    SUBCASE("same padding, stride 2") {}
+    SUBCASE("valid, stride 1 (the unpadded fast path)") {
+        s = 1;
+        pad = nn::Padding::valid;
+    }
+    nn::Conv2d conv("c", c, o, k, {.stride = s, .pad_mode = pad, .has_bias = true});
     std::mt19937_64 g(7);
     conv.initialize(g);
     std::vector<nn::Parameter*> params;
@@ -94,9 +101,10 @@ TEST_CASE("Conv2d equals a direct convolution, and ToChannelMajor/FlattenChannel
     const nn::Array x = random_array({n, c, h, w}, 21);
     nn::ToChannelMajor to_cm;
     const nn::Array y = conv.forward(to_cm.forward(x));
-    const std::size_t oh = (h + s - 1) / s, ow = (w + s - 1) / s;
+    const bool same = pad == nn::Padding::same;
+    const std::size_t oh = same ? (h + s - 1) / s : (h - k) / s + 1, ow = same ? (w + s - 1) / s : (w - k) / s + 1;
     REQUIRE(y.shape() == std::vector<std::size_t>{o, n, oh, ow});
-    const std::size_t pt = ((oh - 1) * s + k - h) / 2, pl = ((ow - 1) * s + k - w) / 2;
+    const std::size_t pt = same ? ((oh - 1) * s + k - h) / 2 : 0, pl = same ? ((ow - 1) * s + k - w) / 2 : 0;
     const nn::Array& wt = params[0]->value;
     for (std::size_t b = 0; b < n; ++b)
         for (std::size_t oc = 0; oc < o; ++oc)

@@ -351,55 +351,63 @@ private:
             plan_.push_back(std::move(s));
         }
         sample_shape_ = chw ? std::vector<std::size_t>{c, h, w} : std::vector<std::size_t>{h, w, c};
-        scratch_.resize(std::max(height_ * width_, h * w) * c);
+        chw_ = chw;
     }
 
     // Applies the plan to sample idx, writing sample_shape_ floats to out.
     void transform(std::size_t idx, float* out) const {
         const std::uint8_t* px = pixels_.data() + idx * height_ * width_;
-        std::vector<float>& a = scratch_;
+        std::vector<float>* a = &scratch_;
+        std::vector<float>* b = &resized_;
         std::size_t n = height_ * width_;
-        for (std::size_t i = 0; i < n; ++i) a[i] = px[i];
+        a->resize(n);
+        for (std::size_t i = 0; i < n; ++i) (*a)[i] = px[i];
         for (const auto& s : plan_) {
             if (const auto* r = std::get_if<Rescale>(&s.what)) {
-                const auto k = static_cast<float>(r->rescale), b = static_cast<float>(r->shift);
-                for (std::size_t i = 0; i < n; ++i) a[i] = a[i] * k + b;
+                const auto k = static_cast<float>(r->rescale), c = static_cast<float>(r->shift);
+                float* v = a->data();
+                for (std::size_t i = 0; i < n; ++i) v[i] = v[i] * k + c;
             } else if (const auto* rs = std::get_if<Resize>(&s.what)) {
-                resized_.resize(rs->height * rs->width * s.c);
-                for (std::size_t y = 0; y < rs->height; ++y) {
-                    const float wy = s.rows.w[y];
-                    const float* r0 = a.data() + s.rows.lo[y] * s.w * s.c;
-                    const float* r1 = a.data() + s.rows.hi[y] * s.w * s.c;
-                    for (std::size_t x = 0; x < rs->width; ++x) {
-                        const float wx = s.cols.w[x];
-                        const std::size_t x0 = s.cols.lo[x] * s.c, x1 = s.cols.hi[x] * s.c;
-                        for (std::size_t ch = 0; ch < s.c; ++ch) {
-                            const float top = r0[x0 + ch] + (r0[x1 + ch] - r0[x0 + ch]) * wx;
-                            const float bottom = r1[x0 + ch] + (r1[x1 + ch] - r1[x0 + ch]) * wx;
-                            resized_[(y * rs->width + x) * s.c + ch] = top + (bottom - top) * wy;
-                        }
-                    }
-                }
-                n = resized_.size();
-                if (a.size() < n) a.resize(n);
-                std::copy(resized_.begin(), resized_.end(), a.begin());
+                n = rs->height * rs->width * s.c;
+                b->resize(n);
+                resize_bilinear(s, rs->height, rs->width, a->data(), b->data());
+                std::swap(a, b);
             } else if (const auto* nz = std::get_if<Normalize>(&s.what)) {
+                float* v = a->data();
                 for (std::size_t i = 0; i < n; ++i) {
                     const std::size_t ch = i % s.c;
-                    a[i] = static_cast<float>((a[i] - nz->mean[ch]) / nz->std[ch]);
+                    v[i] = static_cast<float>((v[i] - nz->mean[ch]) / nz->std[ch]);
                 }
             }
             // HWC2CHW is applied on the way out; TypeCast changes nothing (float32 already).
         }
-        const bool chw = std::any_of(plan_.begin(), plan_.end(),
-                                     [](const auto& s) { return std::holds_alternative<HWC2CHW>(s.what); });
-        const std::size_t c = chw ? sample_shape_[0] : sample_shape_[2];
-        if (!chw || c == 1) {
-            std::copy(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n), out);
+        const std::size_t c = chw_ ? sample_shape_[0] : sample_shape_[2];
+        if (!chw_ || c == 1) {
+            std::copy(a->begin(), a->begin() + static_cast<std::ptrdiff_t>(n), out);
         } else {
             const std::size_t hw = n / c;
             for (std::size_t i = 0; i < hw; ++i)
-                for (std::size_t ch = 0; ch < c; ++ch) out[ch * hw + i] = a[i * c + ch];
+                for (std::size_t ch = 0; ch < c; ++ch) out[ch * hw + i] = (*a)[i * c + ch];
+        }
+    }
+
+    static void resize_bilinear(const detail::ImageStep& s, std::size_t oh, std::size_t ow, const float* src,
+                                float* dst) {
+        const std::size_t c = s.c, row = s.w * c;
+        for (std::size_t y = 0; y < oh; ++y) {
+            const float wy = s.rows.w[y];
+            const float* r0 = src + s.rows.lo[y] * row;
+            const float* r1 = src + s.rows.hi[y] * row;
+            float* d = dst + y * ow * c;
+            for (std::size_t x = 0; x < ow; ++x) {
+                const float wx = s.cols.w[x];
+                const std::size_t x0 = s.cols.lo[x] * c, x1 = s.cols.hi[x] * c;
+                for (std::size_t ch = 0; ch < c; ++ch) {
+                    const float top = r0[x0 + ch] + (r0[x1 + ch] - r0[x0 + ch]) * wx;
+                    const float bottom = r1[x0 + ch] + (r1[x1 + ch] - r1[x0 + ch]) * wx;
+                    d[x * c + ch] = top + (bottom - top) * wy;
+                }
+            }
         }
     }
 
@@ -424,6 +432,7 @@ private:
     std::vector<ImageTransform> transforms_;
     std::vector<detail::ImageStep> plan_;
     std::vector<std::size_t> sample_shape_;
+    bool chw_ = false;
     std::size_t batch_size_ = 1;
     bool drop_remainder_ = false;
     bool shuffle_ = false;
