@@ -4,7 +4,7 @@
 // that never failed: compare the last line with that of --no-fault.
 //
 //   fault_recover [--data DIR] [--dir DIR] [--epochs N] [--fail-at-epoch K] [--no-fault]
-//                 [--limit N] [--threads N] [--quiet]
+//                 [--limit N] [--threads N] [--seed N] [--quiet]
 
 #include <nn/nn.hpp>
 #include <xxhash.h>
@@ -28,13 +28,14 @@ struct Options {
     bool fault = true;
     std::size_t limit = 0;
     int threads = 1;
+    std::uint64_t seed = 1;
     bool quiet = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "fault_recover: " << why << "\n"
               << "usage: fault_recover [--data DIR] [--dir DIR] [--epochs N] [--fail-at-epoch K] [--no-fault]\n"
-              << "                     [--limit N] [--threads N] [--quiet]\n";
+              << "                     [--limit N] [--threads N] [--seed N] [--quiet]\n";
     std::exit(2);
 }
 
@@ -56,6 +57,7 @@ Options parse(int argc, char** argv) {
         else if (a == "--no-fault") o.fault = false;
         else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i, a));
         else if (a == "--threads") o.threads = static_cast<int>(number(i, a));
+        else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number(i, a));
         else if (a == "--quiet") o.quiet = true;
         else usage("unknown option '" + a + "'");
     }
@@ -136,7 +138,7 @@ ckpt::ManagerOptions checkpoint_options() {
 std::optional<std::string> session(const Options& o, const std::optional<fs::path>& from, bool inject) {
     auto train = create_dataset(o.data, nn::Usage::train, o.limit, true);
     auto test = create_dataset(o.data, nn::Usage::test, 0, false);
-    nn::LeNet5 net;                                    // the model
+    nn::LeNet5 net(10, 1, o.seed);                     // the model
     nn::Momentum opt(net.parameters(), 0.01, 0.9);     // the optimizer
     nn::Trainer trainer(net, opt);                     // Model(net, loss_fn, optimizer)
     std::int64_t initial_epoch = 0;
