@@ -5,6 +5,8 @@
 
 #include <nn/nn.hpp>
 
+#include <sstream>
+
 #include "support.hpp"
 
 namespace {
@@ -231,4 +233,46 @@ TEST_CASE("callbacks run in order at every hook; an exception reaches on_excepti
     nn::FailAtStep crash(3);
     CHECK_THROWS_AS(s.trainer.train(2, data, nn::callbacks(a, crash, b)), nn::InjectedFault);
     CHECK(log.back() == "b:exception at 3");
+}
+
+TEST_CASE("make_model_checkpoint follows a CheckpointConfig; the monitors print the seed's lines") {
+    TempDir dir;
+    auto data = lenet_data(128);  // 4 steps per epoch
+    ckpt::CheckpointConfig config;
+    config.save_checkpoint_steps = 3;
+    config.keep_checkpoint_max = 2;
+    config.append_info = {"step_num"};
+    auto cb = nn::make_model_checkpoint("lenet", dir.path(), config);
+    std::ostringstream out;
+    nn::LossMonitor loss_cb(4, out);
+    nn::TimeMonitor time_cb(out);
+    Session s;
+    s.trainer.train(2, data, nn::callbacks(cb, loss_cb, time_cb));
+    // steps 3 and 6 by the step rule, 8 at the end of training; the last two kept
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"lenet-2_2.ckpt", "lenet-2_4.ckpt", "lenet-graph.meta"});
+    CHECK(ckpt::load_checkpoint(dir / "lenet-2_4.ckpt").get<std::int64_t>("step_num") == 8);
+    const std::string text = out.str();
+    CHECK(text.find("epoch: 1 step: 4, loss is ") != std::string::npos);
+    CHECK(text.find("epoch: 2 step: 4, loss is ") != std::string::npos);
+    CHECK(text.find("epoch time: ") != std::string::npos);
+    CHECK(text.find(" ms, per step time: ") != std::string::npos);
+}
+
+TEST_CASE("fault injection fires once, on the rank asked for") {
+    auto data = lenet_data(64);
+    Session rank0;
+    nn::FailAtStep other_rank(2, /*rank=*/1);
+    nn::FailAtEpochEnd any_rank(1);
+    CHECK_THROWS_AS(rank0.trainer.train(2, data, nn::callbacks(other_rank, any_rank)), nn::InjectedFault);
+    CHECK_FALSE(other_rank.fired());
+    CHECK(any_rank.fired());
+    nn::Trainer<nn::LeNet5, nn::Momentum> on_rank1(rank0.net, rank0.opt, {}, /*rank=*/1);
+    try {
+        on_rank1.train(2, data, other_rank);
+        FAIL("no fault");
+    } catch (const nn::InjectedFault& e) {
+        CHECK(e.rank() == 1);
+        CHECK(e.global_step() == 2);
+    }
+    on_rank1.train(1, data, nn::callbacks(other_rank, any_rank));  // both fired already
 }
