@@ -1,5 +1,5 @@
 # Fails when a file in single_include/ differs from what tools/amalgamate.cmake makes now.
-foreach(entry ckpt nn)
+foreach(entry ckpt nn fault)
   execute_process(COMMAND ${CMAKE_COMMAND} -DROOT=${ROOT} -DENTRY=${entry} -DOUT=${FRESH}.${entry}
                           -P ${ROOT}/tools/amalgamate.cmake
                   RESULT_VARIABLE rc)

@@ -1,12 +1,13 @@
-# Generates a single header: cmake -DROOT=<repo> -DOUT=<file> [-DENTRY=ckpt|nn] -P tools/amalgamate.cmake
+# Generates a single header: cmake -DROOT=<repo> -DOUT=<file> [-DENTRY=ckpt|nn|fault] -P tools/amalgamate.cmake
 # Starting from include/<ENTRY>/<ENTRY>.hpp, every quoted include is replaced by the file it
 # names (resolved against the including file's folder), each file at most once; angle-bracket
-# includes stay. The nn header does not inline the core: its includes of include/ckpt/ become
-# one `#include <ckpt/ckpt.hpp>`, so both single headers can be used together. Files are handled as whole strings, never as CMake lists, so semicolons,
+# includes stay. The nn and fault headers do not inline the core: their includes of
+# include/ckpt/ become one `#include <ckpt/ckpt.hpp>`, so the single headers can be used
+# together. Files are handled as whole strings, never as CMake lists, so semicolons,
 # brackets and blank lines come through unchanged.
 cmake_minimum_required(VERSION 3.20)
 if(NOT ROOT OR NOT OUT)
-  message(FATAL_ERROR "usage: cmake -DROOT=<repo> -DOUT=<file> [-DENTRY=ckpt|nn] -P tools/amalgamate.cmake")
+  message(FATAL_ERROR "usage: cmake -DROOT=<repo> -DOUT=<file> [-DENTRY=ckpt|nn|fault] -P tools/amalgamate.cmake")
 endif()
 if(NOT ENTRY)
   set(ENTRY ckpt)

@@ -1,0 +1,54 @@
+#pragma once
+// The Communicator concept: the collectives data-parallel training needs, each with a
+// timeout, each able to fail with PeerFailure naming the ranks that did not take part.
+//
+//   allreduce(std::span<float> data, ReduceOp op)        in place; sum or mean over ranks
+//   broadcast(std::span<float> data, int root)          root's data to every rank
+//   allgather(std::span<const float> in, std::span<float> out)   out = in of rank 0, 1, …
+//   barrier()
+//   send(std::span<const float> data, int dst, int tag) / recv(std::span<float> data, int src, int tag)
+//   rank(), size()
+//
+// Buffers are passed by span and copied in and out: no implementation may rely on ranks
+// sharing memory, so the same code runs over threads (ThreadComm) and processes or hosts.
+// Results are deterministic: a reduction adds the ranks' values in rank order, whatever the
+// order in which they arrive, so a run repeated with the same inputs gives the same bits.
+
+#include <chrono>
+#include <concepts>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../ckpt/error.hpp"
+
+namespace fault {
+
+enum class ReduceOp { sum, mean };
+
+/// A collective or point-to-point call could not complete because of other ranks: they
+/// failed, or did not arrive before the timeout.
+class PeerFailure : public ckpt::Error {
+public:
+    PeerFailure(const std::string& what, std::vector<int> ranks) : ckpt::Error(what), ranks_(std::move(ranks)) {}
+    /// The ranks that failed or did not arrive, ascending.
+    const std::vector<int>& ranks() const noexcept { return ranks_; }
+
+private:
+    std::vector<int> ranks_;
+};
+
+template <class C>
+concept Communicator = requires(C& c, std::span<float> data, std::span<const float> in, int peer) {
+    { c.rank() } -> std::convertible_to<int>;
+    { c.size() } -> std::convertible_to<int>;
+    c.allreduce(data, ReduceOp::sum);
+    c.broadcast(data, peer);
+    c.allgather(in, data);
+    c.barrier();
+    c.send(in, peer, 0);
+    c.recv(data, peer, 0);
+};
+
+}  // namespace fault

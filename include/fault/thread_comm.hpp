@@ -1,0 +1,345 @@
+#pragma once
+// ThreadComm: the Communicator for ranks that are threads of one process, the embedded
+// default (tests, single-machine data parallelism, the examples).
+//
+//   fault::ThreadGroup group(4, std::chrono::seconds(10));
+//   auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+//       comm.allreduce(grads, fault::ReduceOp::mean);
+//   });
+//
+// Every call copies its buffer in and its result out, as a transport between processes
+// would. Calls are matched by order: the k-th collective of every rank is one collective,
+// and ranks calling different collectives at the same position is an error. A rank marked
+// failed (ThreadGroup::fail, or run_ranks when its function throws) makes every call that
+// needs it throw PeerFailure on the other ranks; so does a rank that has not arrived when
+// the timeout expires.
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "communicator.hpp"
+
+namespace fault {
+
+class ThreadComm;
+
+/// The shared state of N in-process ranks.
+class ThreadGroup {
+public:
+    explicit ThreadGroup(int size, std::chrono::milliseconds timeout = std::chrono::seconds(30))
+        : size_(size), timeout_(timeout), state_(static_cast<std::size_t>(size), State::active) {
+        if (size < 1) throw ckpt::ConfigError("a ThreadGroup needs at least 1 rank, got " + std::to_string(size));
+        if (timeout.count() <= 0) throw ckpt::ConfigError("a ThreadGroup needs a positive timeout");
+    }
+    ThreadGroup(const ThreadGroup&) = delete;
+    ThreadGroup& operator=(const ThreadGroup&) = delete;
+
+    int size() const noexcept { return size_; }
+    std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+    /// Marks `rank` failed: calls on other ranks that need it throw PeerFailure naming it.
+    void fail(int rank) { set_state(rank, State::failed); }
+    /// Marks `rank` as gone after a failure elsewhere (it gave up with PeerFailure): calls
+    /// that need it still fail, but name the ranks that failed first.
+    void leave(int rank) { set_state(rank, State::left); }
+    bool failed(int rank) const {
+        std::lock_guard lock(m_);
+        return state_.at(static_cast<std::size_t>(rank)) == State::failed;
+    }
+    std::vector<int> failed_ranks() const {
+        std::lock_guard lock(m_);
+        std::vector<int> out;
+        for (int r = 0; r < size_; ++r)
+            if (state_[static_cast<std::size_t>(r)] == State::failed) out.push_back(r);
+        return out;
+    }
+
+private:
+    friend class ThreadComm;
+    enum class State { active, failed, left };
+    void set_state(int rank, State st) {
+        {
+            std::lock_guard lock(m_);
+            State& cur = state_.at(static_cast<std::size_t>(rank));
+            if (cur != State::failed) cur = st;
+        }
+        cv_.notify_all();
+    }
+    enum class Kind { allreduce_sum, allreduce_mean, broadcast, allgather, barrier };
+    static const char* name(Kind k) {
+        switch (k) {
+            case Kind::allreduce_sum: return "allreduce(sum)";
+            case Kind::allreduce_mean: return "allreduce(mean)";
+            case Kind::broadcast: return "broadcast";
+            case Kind::allgather: return "allgather";
+            case Kind::barrier: return "barrier";
+        }
+        return "?";
+    }
+    struct Round {
+        Kind kind;
+        int root = 0;
+        std::size_t count = 0;  // floats each rank passes
+        std::vector<std::vector<float>> in;
+        std::vector<bool> arrived;
+        int arrivals = 0, departures = 0;
+        bool reduced = false;
+        std::vector<int> gave_up;  // ranks that left it with PeerFailure: it can no longer complete
+        std::vector<float> result;
+    };
+
+    // Runs the collective number `seq` for `rank`; returns the result (a copy).
+    std::vector<float> collective(int rank, std::uint64_t seq, Kind kind, int root, std::span<const float> data) {
+        std::unique_lock lock(m_);
+        Round& r = rounds_[seq];
+        if (r.arrived.empty()) {
+            r.kind = kind;
+            r.root = root;
+            r.count = data.size();
+            r.in.resize(static_cast<std::size_t>(size_));
+            r.arrived.assign(static_cast<std::size_t>(size_), false);
+        } else if (r.kind != kind || r.root != root || (kind != Kind::broadcast && r.count != data.size())) {
+            throw ckpt::ConfigError("collective #" + std::to_string(seq) + ": rank " + std::to_string(rank) + " called " +
+                                    describe(kind, root, data.size()) + ", another rank " +
+                                    describe(r.kind, r.root, r.count));
+        }
+        const std::string call = std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+        if (!r.gave_up.empty()) {  // a late arrival: the others already gave up on this call
+            const auto who = r.gave_up;
+            r.arrived[static_cast<std::size_t>(rank)] = true;
+            ++r.arrivals;
+            finish(seq, r);
+            if (any_gone()) throw gone_error(call);
+            throw PeerFailure(call + ": arrived after " + ranks_text(who) + " gave up on it", who);
+        }
+        if (kind != Kind::broadcast || rank == root) r.in[static_cast<std::size_t>(rank)].assign(data.begin(), data.end());
+        r.arrived[static_cast<std::size_t>(rank)] = true;
+        ++r.arrivals;
+        cv_.notify_all();
+        const auto deadline = std::chrono::steady_clock::now() + timeout_;
+        auto absent = [&](bool gone_only) {
+            std::vector<int> out;
+            for (int q = 0; q < size_; ++q)
+                if (!r.arrived[static_cast<std::size_t>(q)] &&
+                    (!gone_only || state_[static_cast<std::size_t>(q)] != State::active))
+                    out.push_back(q);
+            return out;
+        };
+        // Complete once every rank's data is in, even if a rank fails afterwards.
+        while (r.arrivals < size_) {
+            if (!absent(true).empty()) {
+                r.gave_up.push_back(rank);
+                finish(seq, r);
+                throw gone_error(call);
+            }
+            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty()) {
+                const auto late = absent(false);
+                r.gave_up.push_back(rank);
+                finish(seq, r);
+                throw PeerFailure(call + ": " + ranks_text(late) + " did not arrive within " +
+                                      std::to_string(timeout_.count()) + " ms",
+                                  late);
+            }
+        }
+        if (!r.reduced) {
+            reduce(r);
+            r.reduced = true;
+        }
+        std::vector<float> out = r.result;
+        finish(seq, r);
+        return out;
+    }
+
+    void send(int src, int dst, int tag, std::span<const float> data) {
+        check_peer(dst, "send");
+        {
+            std::lock_guard lock(m_);
+            mail_[{src, dst, tag}].emplace_back(data.begin(), data.end());
+        }
+        cv_.notify_all();
+    }
+
+    void recv(int src, int dst, int tag, std::span<float> data) {
+        check_peer(src, "recv");
+        std::unique_lock lock(m_);
+        const auto key = std::make_tuple(src, dst, tag);
+        const auto deadline = std::chrono::steady_clock::now() + timeout_;
+        for (;;) {
+            auto it = mail_.find(key);
+            if (it != mail_.end() && !it->second.empty()) {
+                std::vector<float> msg = std::move(it->second.front());
+                it->second.pop_front();
+                if (msg.size() != data.size())
+                    throw ckpt::ConfigError("rank " + std::to_string(dst) + " expected " + std::to_string(data.size()) +
+                                            " floats from rank " + std::to_string(src) + " (tag " + std::to_string(tag) +
+                                            "), it sent " + std::to_string(msg.size()));
+                std::copy(msg.begin(), msg.end(), data.begin());
+                return;
+            }
+            if (state_[static_cast<std::size_t>(src)] != State::active)
+                throw gone_error("recv on rank " + std::to_string(dst) + " from rank " + std::to_string(src));
+            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !has_mail(key))
+                throw PeerFailure("recv on rank " + std::to_string(dst) + ": nothing from rank " + std::to_string(src) +
+                                      " (tag " + std::to_string(tag) + ") within " + std::to_string(timeout_.count()) +
+                                      " ms",
+                                  {src});
+        }
+    }
+
+    // PeerFailure for a call that cannot complete because ranks are gone: it names the
+    // ranks that failed (those that only left after a failure are mentioned, not blamed).
+    PeerFailure gone_error(const std::string& call) const {
+        std::vector<int> failed, left;
+        for (int q = 0; q < size_; ++q) {
+            if (state_[static_cast<std::size_t>(q)] == State::failed) failed.push_back(q);
+            if (state_[static_cast<std::size_t>(q)] == State::left) left.push_back(q);
+        }
+        std::string what = call + ": ";
+        if (!failed.empty()) what += ranks_text(failed) + " failed";
+        if (!left.empty()) what += std::string(failed.empty() ? "" : "; ") + ranks_text(left) + " left";
+        return PeerFailure(what, failed.empty() ? left : failed);
+    }
+
+    bool any_gone() const {
+        return std::any_of(state_.begin(), state_.end(), [](State st) { return st != State::active; });
+    }
+
+    bool has_mail(const std::tuple<int, int, int>& key) const {
+        auto it = mail_.find(key);
+        return it != mail_.end() && !it->second.empty();
+    }
+    void check_peer(int peer, const char* what) const {
+        if (peer < 0 || peer >= size_)
+            throw ckpt::ConfigError(std::string(what) + ": rank " + std::to_string(peer) + " is not in a group of " +
+                                    std::to_string(size_));
+    }
+    static std::string ranks_text(const std::vector<int>& ranks) {
+        std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+        for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+        return s;
+    }
+    static std::string describe(Kind k, int root, std::size_t count) {
+        std::string s = std::string(name(k)) + " of " + std::to_string(count) + " floats";
+        if (k == Kind::broadcast) s += " from rank " + std::to_string(root);
+        return s;
+    }
+    // The rank leaves round `seq` (the lock is held); the last one out removes it.
+    void finish(std::uint64_t seq, Round& r) {
+        if (++r.departures == size_) rounds_.erase(seq);
+    }
+    // Sums in rank order, so the bits do not depend on arrival order.
+    void reduce(Round& r) const {
+        switch (r.kind) {
+            case Kind::allreduce_sum:
+            case Kind::allreduce_mean: {
+                r.result = r.in[0];
+                for (std::size_t q = 1; q < r.in.size(); ++q) {
+                    const float* src = r.in[q].data();
+                    float* dst = r.result.data();
+                    for (std::size_t i = 0; i < r.count; ++i) dst[i] += src[i];
+                }
+                if (r.kind == Kind::allreduce_mean) {
+                    const float n = static_cast<float>(size_);
+                    for (float& v : r.result) v /= n;
+                }
+                break;
+            }
+            case Kind::broadcast: r.result = r.in[static_cast<std::size_t>(r.root)]; break;
+            case Kind::allgather:
+                r.result.clear();
+                for (const auto& part : r.in) r.result.insert(r.result.end(), part.begin(), part.end());
+                break;
+            case Kind::barrier: break;
+        }
+    }
+
+    int size_;
+    std::chrono::milliseconds timeout_;
+    mutable std::mutex m_;
+    std::condition_variable cv_;
+    std::vector<State> state_;
+    std::map<std::uint64_t, Round> rounds_;
+    std::map<std::tuple<int, int, int>, std::deque<std::vector<float>>> mail_;
+};
+
+/// One rank's handle on a ThreadGroup.
+class ThreadComm {
+public:
+    ThreadComm(ThreadGroup& group, int rank) : group_(&group), rank_(rank) {
+        if (rank < 0 || rank >= group.size())
+            throw ckpt::ConfigError("rank " + std::to_string(rank) + " is not in a group of " + std::to_string(group.size()));
+    }
+    int rank() const noexcept { return rank_; }
+    int size() const noexcept { return group_->size(); }
+    ThreadGroup& group() noexcept { return *group_; }
+
+    void allreduce(std::span<float> data, ReduceOp op) {
+        const auto kind = op == ReduceOp::sum ? ThreadGroup::Kind::allreduce_sum : ThreadGroup::Kind::allreduce_mean;
+        auto out = group_->collective(rank_, seq_++, kind, 0, data);
+        std::copy(out.begin(), out.end(), data.begin());
+    }
+    void broadcast(std::span<float> data, int root) {
+        group_->check_peer(root, "broadcast");
+        auto out = group_->collective(rank_, seq_++, ThreadGroup::Kind::broadcast, root, data);
+        if (out.size() != data.size())
+            throw ckpt::ConfigError("broadcast: rank " + std::to_string(root) + " sent " + std::to_string(out.size()) +
+                                    " floats, rank " + std::to_string(rank_) + " expected " + std::to_string(data.size()));
+        std::copy(out.begin(), out.end(), data.begin());
+    }
+    void allgather(std::span<const float> in, std::span<float> out) {
+        if (out.size() != in.size() * static_cast<std::size_t>(size()))
+            throw ckpt::ConfigError("allgather: the output holds " + std::to_string(out.size()) + " floats, " +
+                                    std::to_string(size()) + " ranks of " + std::to_string(in.size()) + " need " +
+                                    std::to_string(in.size() * static_cast<std::size_t>(size())));
+        auto all = group_->collective(rank_, seq_++, ThreadGroup::Kind::allgather, 0, in);
+        std::copy(all.begin(), all.end(), out.begin());
+    }
+    void barrier() { group_->collective(rank_, seq_++, ThreadGroup::Kind::barrier, 0, {}); }
+    void send(std::span<const float> data, int dst, int tag) { group_->send(rank_, dst, tag, data); }
+    void recv(std::span<float> data, int src, int tag) { group_->recv(src, rank_, tag, data); }
+
+private:
+    ThreadGroup* group_;
+    int rank_;
+    std::uint64_t seq_ = 0;
+};
+
+static_assert(Communicator<ThreadComm>);
+
+/// Runs fn(comm) on every rank of `group`, each on its own thread, and waits for all. A rank
+/// whose fn throws is marked failed (so the others get PeerFailure instead of waiting), or
+/// as having left when what it threw was a PeerFailure; the result holds each rank's
+/// exception, or null.
+inline std::vector<std::exception_ptr> run_ranks(ThreadGroup& group, const std::function<void(ThreadComm&)>& fn) {
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(group.size()));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < group.size(); ++r)
+        threads.emplace_back([&, r] {
+            ThreadComm comm(group, r);
+            try {
+                fn(comm);
+            } catch (const PeerFailure&) {
+                errors[static_cast<std::size_t>(r)] = std::current_exception();
+                group.leave(r);
+            } catch (...) {
+                errors[static_cast<std::size_t>(r)] = std::current_exception();
+                group.fail(r);
+            }
+        });
+    for (auto& t : threads) t.join();
+    return errors;
+}
+
+}  // namespace fault

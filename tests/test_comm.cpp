@@ -1,0 +1,159 @@
+// ThreadComm: the collectives' results, determinism, and failures surfacing as
+// PeerFailure naming the rank, within the timeout and never as a hang.
+#include <doctest/doctest.h>
+
+#include <fault/fault.hpp>
+
+#include <atomic>
+#include <random>
+
+namespace {
+
+std::vector<float> data_of(int rank, std::size_t n) {
+    std::mt19937 g(static_cast<unsigned>(rank) + 1);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> v(n);
+    for (float& x : v) x = u(g);
+    return v;
+}
+
+void rethrow_any(const std::vector<std::exception_ptr>& errors) {
+    for (const auto& e : errors)
+        if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
+TEST_CASE("allreduce adds in rank order: the same bits whatever the arrival order") {
+    const int n = 4;
+    const std::size_t len = 1000;
+    std::vector<float> expected = data_of(0, len);
+    for (int r = 1; r < n; ++r) {
+        const auto v = data_of(r, len);
+        for (std::size_t i = 0; i < len; ++i) expected[i] += v[i];
+    }
+    for (int trial = 0; trial < 3; ++trial) {
+        fault::ThreadGroup group(n, std::chrono::seconds(10));
+        std::vector<std::vector<float>> sums(n), means(n);
+        rethrow_any(fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            // arrive in a different order each trial
+            std::this_thread::sleep_for(std::chrono::milliseconds(((comm.rank() + trial) % n) * 3));
+            auto v = data_of(comm.rank(), len);
+            comm.allreduce(v, fault::ReduceOp::sum);
+            sums[static_cast<std::size_t>(comm.rank())] = v;
+            auto m = data_of(comm.rank(), len);
+            comm.allreduce(m, fault::ReduceOp::mean);
+            means[static_cast<std::size_t>(comm.rank())] = m;
+        }));
+        for (int r = 0; r < n; ++r) {
+            CHECK(sums[static_cast<std::size_t>(r)] == expected);
+            CHECK(means[static_cast<std::size_t>(r)][7] == expected[7] / 4.0f);
+        }
+    }
+}
+
+TEST_CASE("broadcast, allgather, barrier, send and recv") {
+    fault::ThreadGroup group(3, std::chrono::seconds(10));
+    std::atomic<int> past_barrier{0};
+    rethrow_any(fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        const int r = comm.rank();
+        std::vector<float> b(4, static_cast<float>(r));
+        comm.broadcast(b, 2);
+        CHECK(b == std::vector<float>(4, 2.0f));
+        std::vector<float> mine{static_cast<float>(r), static_cast<float>(10 * r)}, all(6);
+        comm.allgather(mine, all);
+        CHECK(all == std::vector<float>{0, 0, 1, 10, 2, 20});
+        ++past_barrier;
+        comm.barrier();
+        CHECK(past_barrier == 3);
+        // a ring: each rank sends to the next, two tags, received out of order
+        const int next = (r + 1) % 3, prev = (r + 2) % 3;
+        comm.send(std::vector<float>{float(r), 1}, next, 1);
+        comm.send(std::vector<float>{float(r), 2}, next, 2);
+        std::vector<float> got(2);
+        comm.recv(got, prev, 2);
+        CHECK(got == std::vector<float>{float(prev), 2});
+        comm.recv(got, prev, 1);
+        CHECK(got == std::vector<float>{float(prev), 1});
+    }));
+}
+
+TEST_CASE("a rank that fails is named by the others' PeerFailure, without waiting for the timeout") {
+    fault::ThreadGroup group(4, std::chrono::seconds(20));
+    const auto start = std::chrono::steady_clock::now();
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        std::vector<float> v(16, 1.0f);
+        comm.allreduce(v, fault::ReduceOp::sum);  // all take part
+        if (comm.rank() == 0) throw std::runtime_error("rank 0 dies");
+        comm.allreduce(v, fault::ReduceOp::sum);
+    });
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+    REQUIRE(errors[0]);
+    for (int r = 1; r < 4; ++r) {
+        REQUIRE(errors[static_cast<std::size_t>(r)]);
+        try {
+            std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+        } catch (const fault::PeerFailure& e) {
+            CHECK(e.ranks() == std::vector<int>{0});
+            CHECK(std::string(e.what()).find("allreduce(sum) #1 on rank " + std::to_string(r) + ": rank 0 failed") !=
+                  std::string::npos);
+        }
+    }
+    CHECK(group.failed_ranks() == std::vector<int>{0});  // the others left, they did not fail
+}
+
+TEST_CASE("a rank that does not arrive in time is named; arriving late, it learns who left") {
+    fault::ThreadGroup group(3, std::chrono::milliseconds(150));
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        comm.barrier();
+    });
+    for (int r = 0; r < 2; ++r) {
+        try {
+            std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+        } catch (const fault::PeerFailure& e) {
+            CHECK(e.ranks() == std::vector<int>{2});
+            CHECK(std::string(e.what()).find("rank 2 did not arrive within 150 ms") != std::string::npos);
+        }
+    }
+    try {
+        std::rethrow_exception(errors[2]);
+    } catch (const fault::PeerFailure& e) {
+        CHECK(e.ranks() == std::vector<int>{0, 1});
+        CHECK(std::string(e.what()).find("barrier #0 on rank 2: ranks 0, 1 left") != std::string::npos);
+    }
+}
+
+TEST_CASE("misuse is a ConfigError naming both sides; recv times out or names a failed sender") {
+    fault::ThreadGroup group(2, std::chrono::milliseconds(200));
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        std::vector<float> v(3);
+        if (comm.rank() == 0) comm.allreduce(v, fault::ReduceOp::sum);
+        else comm.broadcast(v, 0);
+    });
+    int config_errors = 0;
+    for (const auto& e : errors) {
+        try {
+            if (e) std::rethrow_exception(e);
+        } catch (const ckpt::ConfigError& err) {
+            ++config_errors;
+            CHECK(std::string(err.what()).find("collective #0") != std::string::npos);
+        } catch (const fault::PeerFailure&) {
+        }
+    }
+    CHECK(config_errors == 1);
+
+    fault::ThreadGroup pair(2, std::chrono::milliseconds(100));
+    fault::ThreadComm a(pair, 0);
+    std::vector<float> buf(2);
+    CHECK_THROWS_WITH_AS(a.recv(buf, 1, 0), doctest::Contains("nothing from rank 1 (tag 0) within 100 ms"),
+                         fault::PeerFailure);
+    fault::ThreadComm b(pair, 1);
+    b.send(std::vector<float>{1, 2, 3}, 0, 5);
+    CHECK_THROWS_WITH_AS(a.recv(buf, 1, 5), doctest::Contains("expected 2 floats from rank 1 (tag 5), it sent 3"),
+                         ckpt::ConfigError);
+    pair.fail(1);
+    CHECK_THROWS_WITH_AS(a.recv(buf, 1, 0), doctest::Contains("rank 1 failed"), fault::PeerFailure);
+    CHECK_THROWS_AS(fault::ThreadComm(pair, 2), ckpt::ConfigError);
+    CHECK_THROWS_AS(fault::ThreadGroup(0), ckpt::ConfigError);
+}
