@@ -1,9 +1,9 @@
 # Generates a single header: cmake -DROOT=<repo> -DOUT=<file> [-DENTRY=ckpt|nn|fault] -P tools/amalgamate.cmake
 # Starting from include/<ENTRY>/<ENTRY>.hpp, every quoted include is replaced by the file it
 # names (resolved against the including file's folder), each file at most once; angle-bracket
-# includes stay. The nn and fault headers do not inline the core: their includes of
-# include/ckpt/ become one `#include <ckpt/ckpt.hpp>`, so the single headers can be used
-# together. Files are handled as whole strings, never as CMake lists, so semicolons,
+# includes stay. A part does not inline another: nn's and fault's includes of include/ckpt/
+# become one `#include <ckpt/ckpt.hpp>` (and fault's of include/nn/ one `#include
+# <nn/nn.hpp>`), so the single headers can be used together. Files are handled as whole strings, never as CMake lists, so semicolons,
 # brackets and blank lines come through unchanged.
 cmake_minimum_required(VERSION 3.20)
 if(NOT ROOT OR NOT OUT)
@@ -32,12 +32,15 @@ function(expand file result)
     if(NOT EXISTS "${target}")
       message(FATAL_ERROR "${file}: included file ${name} not found")
     endif()
-    if(NOT ENTRY STREQUAL "ckpt" AND target MATCHES "^${ROOT}/include/ckpt/")
-      get_property(core_included GLOBAL PROPERTY ckpt_core_included)
+    string(REGEX MATCH "^${ROOT}/include/([a-z]+)/" part_dir "${target}")
+    set(part "${CMAKE_MATCH_1}")
+    if(part AND NOT part STREQUAL ENTRY)
+      # another part's header: include that part's single header, once
+      get_property(parts_included GLOBAL PROPERTY ckpt_parts_included)
       set(inner "")
-      if(NOT core_included)
-        set(inner "#include <ckpt/ckpt.hpp>\n")
-        set_property(GLOBAL PROPERTY ckpt_core_included TRUE)
+      if(NOT part IN_LIST parts_included)
+        set(inner "#include <${part}/${part}.hpp>\n")
+        set_property(GLOBAL APPEND PROPERTY ckpt_parts_included "${part}")
       endif()
     else()
       expand("${target}" inner)

@@ -1,10 +1,13 @@
 #pragma once
 // fault: data-parallel training that survives failures. Include this one header (it
-// includes ckpt/ckpt.hpp).
+// includes ckpt/ckpt.hpp and nn/nn.hpp).
 //
 //   communicators  Communicator concept, PeerFailure, ReduceOp          communicator.hpp
 //                  ThreadComm / ThreadGroup / run_ranks (in-process)    thread_comm.hpp
+//   data parallel  DataParallelOptimizer, phase reports, broadcast_parameters  data_parallel.hpp
 
 #include "../ckpt/ckpt.hpp"
+#include "../nn/nn.hpp"
 #include "communicator.hpp"
+#include "data_parallel.hpp"
 #include "thread_comm.hpp"

@@ -234,6 +234,7 @@ public:
         if (!batch_size) throw ckpt::ConfigError("batch size must be at least 1");
         batch_size_ = batch_size;
         drop_remainder_ = drop_remainder;
+        check_shards();
         return *this;
     }
     /// Shuffles each epoch with a permutation drawn from (seed, epoch).
@@ -242,6 +243,22 @@ public:
         seed_ = seed;
         return *this;
     }
+    /// Data parallelism: this data set yields shard `shard_id` of `num_shards` of every
+    /// batch, i.e. samples [id·b/n, (id+1)·b/n) of each global batch of b. The batch size
+    /// must divide evenly and the remainder must be dropped, so every rank trains on equal
+    /// shards of the same global batches and the mean of their gradients is the global one.
+    MnistDataset& shard(std::size_t num_shards, std::size_t shard_id) {
+        if (!num_shards || shard_id >= num_shards)
+            throw ckpt::ConfigError("shard " + std::to_string(shard_id) + " of " + std::to_string(num_shards) +
+                                    " does not exist");
+        num_shards_ = num_shards;
+        shard_id_ = shard_id;
+        check_shards();
+        return *this;
+    }
+    std::size_t num_shards() const noexcept { return num_shards_; }
+    std::size_t shard_id() const noexcept { return shard_id_; }
+
     /// The next epoch the trainer runs starts at step n (0-based) of its order.
     void set_init_step(std::int64_t n) {
         if (n < 0 || n >= steps_per_epoch())
@@ -267,8 +284,9 @@ public:
         if (step < 0 || step >= steps_per_epoch())
             throw ckpt::ConfigError("batch " + std::to_string(step) + " requested; an epoch has " +
                                     std::to_string(steps_per_epoch()) + " steps");
-        const std::size_t first = static_cast<std::size_t>(step) * batch_size_;
-        const std::size_t n = std::min(batch_size_, labels_.size() - first);
+        const std::size_t per_shard = batch_size_ / num_shards_;
+        const std::size_t first = static_cast<std::size_t>(step) * batch_size_ + shard_id_ * per_shard;
+        const std::size_t n = num_shards_ > 1 ? per_shard : std::min(batch_size_, labels_.size() - first);
         std::vector<std::size_t> shape{n};
         shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
         if (!std::equal(out.images.shape().begin(), out.images.shape().end(), shape.begin(), shape.end()))
@@ -319,6 +337,14 @@ private:
                                 std::to_string(i) + " is outside the " + std::to_string(num_classes_) + " classes");
         pixels_.insert(pixels_.end(), img.data.begin(), img.data.end());
         labels_.insert(labels_.end(), lab.data.begin(), lab.data.end());
+    }
+
+    void check_shards() const {
+        if (num_shards_ == 1) return;
+        if (batch_size_ % num_shards_ || !drop_remainder_)
+            throw ckpt::ConfigError("sharding batches of " + std::to_string(batch_size_) + " over " +
+                                    std::to_string(num_shards_) +
+                                    " ranks needs a batch size they divide and batch(size, drop_remainder=true)");
     }
 
     void rebuild_plan() {
@@ -435,6 +461,7 @@ private:
     bool chw_ = false;
     std::size_t batch_size_ = 1;
     bool drop_remainder_ = false;
+    std::size_t num_shards_ = 1, shard_id_ = 0;
     bool shuffle_ = false;
     std::uint64_t seed_ = 0;
     std::int64_t init_step_ = 0;

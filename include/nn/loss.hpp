@@ -17,7 +17,8 @@ enum class Reduction { mean, sum };
 
 class SoftmaxCrossEntropyWithLogits {
 public:
-    explicit SoftmaxCrossEntropyWithLogits(bool sparse = true, Reduction reduction = Reduction::mean)
+    SoftmaxCrossEntropyWithLogits() = default;  // sparse, mean: the seed's settings
+    explicit SoftmaxCrossEntropyWithLogits(bool sparse, Reduction reduction = Reduction::mean)
         : sparse_(sparse), reduction_(reduction) {}
 
     bool sparse() const noexcept { return sparse_; }
@@ -100,8 +101,8 @@ private:
         return static_cast<float>(total * scale);
     }
 
-    bool sparse_;
-    Reduction reduction_;
+    bool sparse_ = true;
+    Reduction reduction_ = Reduction::mean;
     Array grad_;
     std::vector<double> log_prob_;
 };

@@ -226,6 +226,9 @@ private:
         const Array& logits = net_.forward(batch_.images);
         const float loss = loss_.forward(logits, std::span<const std::int32_t>(batch_.labels));
         net_.backward(loss_.backward());
+        // A data-parallel optimizer averages the gradients over the ranks here; a failure
+        // in it leaves the parameters as the previous step left them.
+        if constexpr (requires { opt_.synchronize_gradients(); }) opt_.synchronize_gradients();
         ctx.consistent = false;
         opt_.step();
         ctx.consistent = true;

@@ -1,0 +1,122 @@
+// Data parallelism over ThreadComm: sharded batches, averaged gradients, identical
+// replicas, phase reports, and a peer failure that leaves the survivors consistent.
+#include <doctest/doctest.h>
+
+#include <fault/fault.hpp>
+
+#include <cmath>
+
+namespace {
+
+nn::MnistDataset mlp_data(std::size_t n, std::size_t batch) {
+    nn::MnistDataset ds(CKPT_FASHION_MNIST_DIR, nn::Usage::test);
+    ds.take(n).map({nn::Rescale(1.0 / 255.0, 0), nn::HWC2CHW()}).batch(batch, true);
+    return ds;
+}
+
+std::vector<float> flat(const std::vector<nn::Parameter*>& params) {
+    std::vector<float> out;
+    for (const nn::Parameter* p : params) out.insert(out.end(), p->value.begin(), p->value.end());
+    return out;
+}
+
+using DpOpt = fault::DataParallelOptimizer<nn::Momentum, fault::ThreadComm>;
+
+/// Trains UceNet data-parallel on `ranks` threads; returns each rank's final parameters.
+std::vector<std::vector<float>> train_dp(int ranks, std::int64_t epochs, std::vector<std::exception_ptr>* errors = nullptr,
+                                         std::vector<fault::PhaseReport>* reports = nullptr, int fail_rank = -1,
+                                         std::int64_t fail_step = 0) {
+    fault::ThreadGroup group(ranks, std::chrono::seconds(20));
+    std::vector<std::vector<float>> params(static_cast<std::size_t>(ranks));
+    if (reports) reports->assign(static_cast<std::size_t>(ranks), {});
+    auto errs = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = mlp_data(256, 32);
+        data.shard(static_cast<std::size_t>(ranks), static_cast<std::size_t>(comm.rank()));
+        nn::UceNet net(/*seed=*/static_cast<std::uint64_t>(comm.rank()) + 7);  // different on purpose
+        fault::broadcast_parameters(comm, net.parameters());
+        nn::Momentum inner(net.parameters(), 0.01, 0.9);
+        DpOpt opt(inner, comm);
+        nn::Trainer<nn::UceNet, DpOpt> trainer(net, opt, {}, comm.rank());
+        nn::FailAtStep crash(fail_step, fail_rank);
+        try {
+            trainer.train(epochs, data, crash);
+        } catch (...) {
+            if (reports) (*reports)[static_cast<std::size_t>(comm.rank())] = opt.report();
+            params[static_cast<std::size_t>(comm.rank())] = flat(net.parameters());
+            throw;
+        }
+        if (reports) (*reports)[static_cast<std::size_t>(comm.rank())] = opt.report();
+        params[static_cast<std::size_t>(comm.rank())] = flat(net.parameters());
+    });
+    if (errors) *errors = errs;
+    else
+        for (const auto& e : errs)
+            if (e) std::rethrow_exception(e);
+    return params;
+}
+
+}  // namespace
+
+TEST_CASE("shards of a batch are its consecutive slices; uneven sharding is refused") {
+    auto whole = mlp_data(64, 16);
+    nn::Batch all, part;
+    whole.load_batch(1, 2, all);
+    std::vector<std::int32_t> joined;
+    for (std::size_t s = 0; s < 4; ++s) {
+        auto shard = mlp_data(64, 16);
+        shard.shard(4, s);
+        CHECK(shard.steps_per_epoch() == whole.steps_per_epoch());
+        shard.load_batch(1, 2, part);
+        REQUIRE(part.labels.size() == 4);
+        joined.insert(joined.end(), part.labels.begin(), part.labels.end());
+        CHECK(part.images(0, 0, 3, 5) == all.images(4 * s, 0, 3, 5));
+    }
+    CHECK(joined == all.labels);
+    auto odd = mlp_data(64, 16);
+    CHECK_THROWS_WITH_AS(odd.shard(3, 0), doctest::Contains("needs a batch size they divide"), ckpt::ConfigError);
+    nn::MnistDataset keep_remainder(CKPT_FASHION_MNIST_DIR, nn::Usage::test);
+    keep_remainder.take(64).batch(16);
+    CHECK_THROWS_AS(keep_remainder.shard(2, 1), ckpt::ConfigError);
+    CHECK_THROWS_AS(whole.shard(2, 2), ckpt::ConfigError);
+}
+
+TEST_CASE("data-parallel replicas stay identical, repeat bit for bit, and match one process closely") {
+    const auto a = train_dp(4, 2);
+    for (int r = 1; r < 4; ++r) CHECK(a[static_cast<std::size_t>(r)] == a[0]);
+    CHECK(train_dp(4, 2)[2] == a[0]);
+    // one process, the same global batches: the same training up to the order of additions
+    nn::UceNet net(7);
+    nn::Momentum opt(net.parameters(), 0.01, 0.9);
+    nn::Trainer<nn::UceNet, nn::Momentum> trainer(net, opt);
+    auto data = mlp_data(256, 32);
+    trainer.train(2, data);
+    const auto single = flat(net.parameters());
+    REQUIRE(single.size() == a[0].size());
+    double worst = 0;
+    for (std::size_t i = 0; i < single.size(); ++i) worst = std::max(worst, double(std::abs(single[i] - a[0][i])));
+    CHECK(worst < 1e-4);
+    CHECK(worst > 0);  // the additions are ordered differently: not the same bits
+}
+
+TEST_CASE("a rank failing in its step leaves the others consistent, reporting the last step they completed") {
+    std::vector<std::exception_ptr> errors;
+    std::vector<fault::PhaseReport> reports;
+    const auto params = train_dp(4, 2, &errors, &reports, /*fail_rank=*/2, /*fail_step=*/5);
+    REQUIRE(errors[2]);
+    CHECK_THROWS_AS(std::rethrow_exception(errors[2]), nn::InjectedFault);
+    // rank 2 failed after its update of step 5; the others completed step 5 and failed
+    // while reducing the gradients of step 6, before touching their parameters
+    CHECK(reports[2].completed_step == 5);
+    for (int r : {0, 1, 3}) {
+        INFO("rank " << r);
+        REQUIRE(errors[static_cast<std::size_t>(r)]);
+        try {
+            std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+        } catch (const fault::PeerFailure& e) {
+            CHECK(e.ranks() == std::vector<int>{2});
+        }
+        CHECK(reports[static_cast<std::size_t>(r)].completed_step == 5);
+        CHECK(reports[static_cast<std::size_t>(r)].consistent());
+        CHECK(params[static_cast<std::size_t>(r)] == params[2]);  // all hold step 5's parameters
+    }
+}
