@@ -5,9 +5,13 @@
 //   communicators  Communicator concept, PeerFailure, ReduceOp          communicator.hpp
 //                  ThreadComm / ThreadGroup / run_ranks (in-process)    thread_comm.hpp
 //   data parallel  DataParallelOptimizer, phase reports, broadcast_parameters  data_parallel.hpp
+//   last words     LastWordsCheckpoint, latest_last_words                last_words.hpp
+//                  ReplicaSelector: LowestHealthyRank, PreferenceOrder, AvoidRanks  replica_selector.hpp
 
 #include "../ckpt/ckpt.hpp"
 #include "../nn/nn.hpp"
 #include "communicator.hpp"
 #include "data_parallel.hpp"
+#include "last_words.hpp"
+#include "replica_selector.hpp"
 #include "thread_comm.hpp"

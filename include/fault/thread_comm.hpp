@@ -22,6 +22,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -39,8 +40,12 @@ class ThreadComm;
 class ThreadGroup {
 public:
     explicit ThreadGroup(int size, std::chrono::milliseconds timeout = std::chrono::seconds(30))
-        : size_(size), timeout_(timeout), state_(static_cast<std::size_t>(size), State::active) {
-        if (size < 1) throw ckpt::ConfigError("a ThreadGroup needs at least 1 rank, got " + std::to_string(size));
+        : ThreadGroup(identity(size), timeout) {}
+    /// A group whose rank i is rank `ranks[i]` of the original job (see ThreadComm::shrink).
+    ThreadGroup(std::vector<int> ranks, std::chrono::milliseconds timeout)
+        : size_(static_cast<int>(ranks.size())), timeout_(timeout), job_ranks_(std::move(ranks)),
+          state_(job_ranks_.size(), State::active) {
+        if (size_ < 1) throw ckpt::ConfigError("a ThreadGroup needs at least 1 rank, got " + std::to_string(size_));
         if (timeout.count() <= 0) throw ckpt::ConfigError("a ThreadGroup needs a positive timeout");
     }
     ThreadGroup(const ThreadGroup&) = delete;
@@ -48,6 +53,8 @@ public:
 
     int size() const noexcept { return size_; }
     std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+    /// The job rank of this group's rank i (they differ in a group made by shrink()).
+    int job_rank(int i) const { return job_ranks_.at(static_cast<std::size_t>(i)); }
 
     /// Marks `rank` failed: calls on other ranks that need it throw PeerFailure naming it.
     void fail(int rank) { set_state(rank, State::failed); }
@@ -68,6 +75,24 @@ public:
 
 private:
     friend class ThreadComm;
+    static std::vector<int> identity(int n) {
+        std::vector<int> v(static_cast<std::size_t>(std::max(n, 0)));
+        for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+        return v;
+    }
+    // The group of the ranks still active, the same object for every caller; nullptr when
+    // `rank` itself is not active.
+    std::shared_ptr<ThreadGroup> survivors(int rank) {
+        std::lock_guard lock(m_);
+        if (state_.at(static_cast<std::size_t>(rank)) != State::active) return nullptr;
+        if (!survivors_) {
+            std::vector<int> members;
+            for (int q = 0; q < size_; ++q)
+                if (state_[static_cast<std::size_t>(q)] == State::active) members.push_back(job_ranks_[static_cast<std::size_t>(q)]);
+            survivors_ = std::make_shared<ThreadGroup>(std::move(members), timeout_);
+        }
+        return survivors_;
+    }
     enum class State { active, failed, left };
     void set_state(int rank, State st) {
         {
@@ -115,9 +140,10 @@ private:
                                     describe(kind, root, data.size()) + ", another rank " +
                                     describe(r.kind, r.root, r.count));
         }
-        const std::string call = std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+        const std::string call =
+            std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(job_rank(rank));
         if (!r.gave_up.empty()) {  // a late arrival: the others already gave up on this call
-            const auto who = r.gave_up;
+            const auto who = to_job(r.gave_up);
             r.arrived[static_cast<std::size_t>(rank)] = true;
             ++r.arrivals;
             finish(seq, r);
@@ -145,7 +171,7 @@ private:
                 throw gone_error(call);
             }
             if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty()) {
-                const auto late = absent(false);
+                const auto late = to_job(absent(false));
                 r.gave_up.push_back(rank);
                 finish(seq, r);
                 throw PeerFailure(call + ": " + ranks_text(late) + " did not arrive within " +
@@ -189,12 +215,12 @@ private:
                 return;
             }
             if (state_[static_cast<std::size_t>(src)] != State::active)
-                throw gone_error("recv on rank " + std::to_string(dst) + " from rank " + std::to_string(src));
+                throw gone_error("recv on rank " + std::to_string(job_rank(dst)) + " from rank " + std::to_string(job_rank(src)));
             if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !has_mail(key))
-                throw PeerFailure("recv on rank " + std::to_string(dst) + ": nothing from rank " + std::to_string(src) +
+                throw PeerFailure("recv on rank " + std::to_string(job_rank(dst)) + ": nothing from rank " + std::to_string(job_rank(src)) +
                                       " (tag " + std::to_string(tag) + ") within " + std::to_string(timeout_.count()) +
                                       " ms",
-                                  {src});
+                                  {job_rank(src)});
         }
     }
 
@@ -203,8 +229,8 @@ private:
     PeerFailure gone_error(const std::string& call) const {
         std::vector<int> failed, left;
         for (int q = 0; q < size_; ++q) {
-            if (state_[static_cast<std::size_t>(q)] == State::failed) failed.push_back(q);
-            if (state_[static_cast<std::size_t>(q)] == State::left) left.push_back(q);
+            if (state_[static_cast<std::size_t>(q)] == State::failed) failed.push_back(job_rank(q));
+            if (state_[static_cast<std::size_t>(q)] == State::left) left.push_back(job_rank(q));
         }
         std::string what = call + ": ";
         if (!failed.empty()) what += ranks_text(failed) + " failed";
@@ -212,6 +238,10 @@ private:
         return PeerFailure(what, failed.empty() ? left : failed);
     }
 
+    std::vector<int> to_job(std::vector<int> ranks) const {
+        for (int& r : ranks) r = job_rank(r);
+        return ranks;
+    }
     bool any_gone() const {
         return std::any_of(state_.begin(), state_.end(), [](State st) { return st != State::active; });
     }
@@ -267,6 +297,8 @@ private:
 
     int size_;
     std::chrono::milliseconds timeout_;
+    std::vector<int> job_ranks_;
+    std::shared_ptr<ThreadGroup> survivors_;  // made by the first shrink() after a failure
     mutable std::mutex m_;
     std::condition_variable cv_;
     std::vector<State> state_;
@@ -281,9 +313,28 @@ public:
         if (rank < 0 || rank >= group.size())
             throw ckpt::ConfigError("rank " + std::to_string(rank) + " is not in a group of " + std::to_string(group.size()));
     }
+    ThreadComm(std::shared_ptr<ThreadGroup> group, int rank) : ThreadComm(*group, rank) { owned_ = std::move(group); }
     int rank() const noexcept { return rank_; }
     int size() const noexcept { return group_->size(); }
+    /// This rank's number in the original job (equal to rank() until a shrink()).
+    int job_rank() const { return group_->job_rank(rank_); }
     ThreadGroup& group() noexcept { return *group_; }
+
+    /// Declares this rank failed: the other ranks' calls that need it throw PeerFailure.
+    void declare_failed() { group_->fail(rank_); }
+
+    /// After a failure: a communicator over the ranks that are still active (ranks
+    /// renumbered from 0 in job order; job_rank() keeps the original number). Every
+    /// survivor gets the same group, made when the first of them asks, from the ranks not
+    /// failed or left at that moment. Throws PeerFailure if this rank is not active.
+    ThreadComm shrink() {
+        auto next = group_->survivors(rank_);
+        if (!next) throw PeerFailure("rank " + std::to_string(job_rank()) + " is no longer active", {job_rank()});
+        const int me = job_rank();
+        for (int i = 0; i < next->size(); ++i)
+            if (next->job_rank(i) == me) return ThreadComm(std::move(next), i);
+        throw PeerFailure("rank " + std::to_string(me) + " is not among the survivors", {me});
+    }
 
     void allreduce(std::span<float> data, ReduceOp op) {
         const auto kind = op == ReduceOp::sum ? ThreadGroup::Kind::allreduce_sum : ThreadGroup::Kind::allreduce_mean;
@@ -312,6 +363,7 @@ public:
 
 private:
     ThreadGroup* group_;
+    std::shared_ptr<ThreadGroup> owned_;  // keeps a shrunk group alive
     int rank_;
     std::uint64_t seq_ = 0;
 };

@@ -6,6 +6,8 @@
 //   communicators  Communicator concept, PeerFailure, ReduceOp          communicator.hpp
 //                  ThreadComm / ThreadGroup / run_ranks (in-process)    thread_comm.hpp
 //   data parallel  DataParallelOptimizer, phase reports, broadcast_parameters  data_parallel.hpp
+//   last words     LastWordsCheckpoint, latest_last_words                last_words.hpp
+//                  ReplicaSelector: LowestHealthyRank, PreferenceOrder, AvoidRanks  replica_selector.hpp
 
 #include <ckpt/ckpt.hpp>
 #include <nn/nn.hpp>
@@ -167,6 +169,261 @@ private:
 };
 
 }  // namespace fault
+// The last-words checkpoint (the seed's "临终 CKPT"): when a data-parallel rank fails, the
+// survivors save the newest consistent state from a healthy replica, so that resuming
+// loses no steps. There is no controller: every survivor runs the same decision on the
+// same reports, and any rank, rank 0 included, may be the one that failed.
+//
+//   fault::LastWordsCheckpoint last_words(comm, "ttp_checkpoints");
+//   trainer.train(epochs, data, nn::callbacks(last_words));          // throws after saving
+//   …
+//   if (auto file = fault::latest_last_words("ttp_checkpoints")) trainer.resume_from(*file, data);
+//
+// On a rank's own failure (any exception but PeerFailure) the rank declares itself failed
+// and takes no part. On PeerFailure, the survivors form a new group, exchange what each
+// holds (completed global step, consistent or torn mid-update, epoch and step), take the
+// newest step some survivor holds consistently, let the ReplicaSelector pick the saver
+// among those, and the saver writes
+//   {dir}/tft_saved_checkpoints-step_{g}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt
+// into a temporary directory that is renamed into place once complete and durable. The
+// survivors then meet at a barrier, so each knows the save is durable before it rethrows.
+// A second failure during the save leaves no step directory (only a temporary that the
+// next LastWordsCheckpoint removes), never a torn one. When no survivor holds a consistent
+// state, nothing is written and a warning says why.
+
+#include <boost/filesystem.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <signal.h>
+#include <string>
+#include <vector>
+
+// ReplicaSelector: which rank of a replica group writes the last-words checkpoint.
+//
+// A selector S provides
+//   int choose(std::span<const int> candidates) const
+//       given the job ranks (ascending, never empty) of one replica group that hold the
+//       newest consistent state, the one that saves it.
+// Every survivor runs the same selector on the same reports, so they agree without a
+// controller.
+//
+// Members: LowestHealthyRank (the default), PreferenceOrder{ranks…}, AvoidRanks{ranks…}.
+
+#include <algorithm>
+#include <concepts>
+#include <span>
+#include <vector>
+
+namespace fault {
+
+template <class S>
+concept ReplicaSelector = std::copy_constructible<S> && requires(const S& s, std::span<const int> candidates) {
+    { s.choose(candidates) } -> std::convertible_to<int>;
+};
+
+/// The lowest-numbered candidate.
+struct LowestHealthyRank {
+    int choose(std::span<const int> candidates) const { return candidates.front(); }
+};
+
+/// The first rank of `order` that is a candidate (for instance the ranks on the host with
+/// the fastest disk), else the lowest candidate.
+struct PreferenceOrder {
+    std::vector<int> order;
+    int choose(std::span<const int> candidates) const {
+        for (int r : order)
+            if (std::find(candidates.begin(), candidates.end(), r) != candidates.end()) return r;
+        return candidates.front();
+    }
+};
+
+/// The lowest candidate not in `avoid` (for instance ranks sharing a host with the failed
+/// one), else the lowest candidate: a save from an avoided rank beats no save.
+struct AvoidRanks {
+    std::vector<int> avoid;
+    int choose(std::span<const int> candidates) const {
+        for (int r : candidates)
+            if (std::find(avoid.begin(), avoid.end(), r) == avoid.end()) return r;
+        return candidates.front();
+    }
+};
+
+}  // namespace fault
+
+namespace fault {
+
+namespace fs = boost::filesystem;
+
+/// What a survivor holds when the last words are decided.
+struct SurvivorReport {
+    std::int64_t job_rank = 0;
+    std::int64_t global_step = 0;  ///< steps whose update this rank completed
+    std::int64_t consistent = 1;   ///< 0 when the failure struck inside this rank's update
+    std::int64_t epoch = 0;
+    std::int64_t step = 0;         ///< steps completed in that epoch
+};
+
+namespace detail {
+
+inline constexpr std::size_t report_floats = sizeof(SurvivorReport) / sizeof(float);
+
+// Reports travel as the bit patterns of floats: allgather moves them without arithmetic.
+inline std::vector<float> pack(const SurvivorReport& r) {
+    std::vector<float> out(report_floats);
+    std::memcpy(out.data(), &r, sizeof r);
+    return out;
+}
+inline std::vector<SurvivorReport> unpack(const std::vector<float>& all) {
+    std::vector<SurvivorReport> out(all.size() / report_floats);
+    std::memcpy(static_cast<void*>(out.data()), all.data(), out.size() * sizeof(SurvivorReport));  // trivially copyable
+    return out;
+}
+
+inline bool is_peer_failure(const std::exception_ptr& e) {
+    if (!e) return false;
+    try {
+        std::rethrow_exception(e);
+    } catch (const PeerFailure&) {
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+inline std::string step_dir_name(std::int64_t global_step) {
+    return "tft_saved_checkpoints-step_" + std::to_string(global_step);
+}
+
+/// Removes temporary step directories whose writer process is gone.
+inline void remove_stale_step_temporaries(const fs::path& dir) {
+    boost::system::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (name.rfind(".tft_saved_checkpoints-step_", 0) != 0) continue;
+        const auto pid = ckpt::detail::temporary_owner(name);
+        if (!pid || ::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH) continue;
+        boost::system::error_code rm;
+        fs::remove_all(it->path(), rm);
+        if (!rm) ckpt::detail::log(ckpt::LogLevel::info, "removed stale last-words temporary '" + it->path().string() + "'");
+    }
+}
+
+}  // namespace detail
+
+/// What the last words came to, as this survivor saw it.
+struct LastWordsOutcome {
+    bool took_part = false;                 ///< false on the rank that failed
+    std::vector<SurvivorReport> reports;    ///< every survivor's, by job rank
+    std::optional<std::int64_t> step;       ///< the global step saved, if any
+    int saver = -1;                         ///< the job rank that saved it
+    std::optional<fs::path> step_directory; ///< committed and durable, if the save succeeded
+    std::string message;                    ///< why nothing was saved, when nothing was
+};
+
+template <class Comm, ReplicaSelector Sel = LowestHealthyRank>
+class LastWordsCheckpoint {
+public:
+    explicit LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", Sel selector = {})
+        : comm_(comm), dir_(std::move(directory)), selector_(std::move(selector)) {
+        if (comm.size() < 2)
+            throw ckpt::ConfigError("a last-words checkpoint needs a replica: a data-parallel job of at least 2 ranks, "
+                                    "this one has " + std::to_string(comm.size()));
+        boost::system::error_code ec;
+        fs::create_directories(dir_, ec);
+        if (ec) throw ckpt::IoError("cannot create last-words directory '" + dir_.string() + "': " + ec.message(), dir_.string(), ec.value());
+        detail::remove_stale_step_temporaries(dir_);
+    }
+
+    /// Runs inside the trainer's exception handler (see the file comment).
+    void on_exception(nn::RunContext& ctx) {
+        outcome_ = {};
+        if (!detail::is_peer_failure(std::current_exception())) {
+            comm_.declare_failed();  // this rank's own failure: its state is not to be trusted
+            return;
+        }
+        outcome_.took_part = true;
+        Comm survivors = comm_.shrink();
+        const SurvivorReport mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0, ctx.epoch, ctx.step};
+        std::vector<float> all(detail::report_floats * static_cast<std::size_t>(survivors.size()));
+        survivors.allgather(detail::pack(mine), all);
+        outcome_.reports = detail::unpack(all);
+
+        std::int64_t newest = -1;
+        for (const auto& r : outcome_.reports)
+            if (r.consistent) newest = std::max(newest, r.global_step);
+        std::vector<int> holders;
+        const SurvivorReport* holder = nullptr;
+        for (const auto& r : outcome_.reports)
+            if (r.consistent && r.global_step == newest) {
+                holders.push_back(static_cast<int>(r.job_rank));
+                holder = &r;
+            }
+        if (holders.empty()) {
+            outcome_.message = "last words: no survivor holds a consistent state (every one failed inside its update); "
+                               "nothing written";
+            ckpt::detail::log(ckpt::LogLevel::warning, outcome_.message);
+            return;
+        }
+        outcome_.step = newest;
+        outcome_.saver = selector_.choose(holders);
+        const fs::path final_dir = dir_ / detail::step_dir_name(newest);
+        bool committed = false;
+        if (outcome_.saver == comm_.job_rank()) committed = write(ctx, *holder, final_dir);
+        // Every survivor learns the save is durable, or learns of a second failure here.
+        survivors.barrier();
+        if (outcome_.saver == comm_.job_rank() && !committed) return;
+        outcome_.step_directory = final_dir;
+    }
+
+    const LastWordsOutcome& outcome() const noexcept { return outcome_; }
+    const fs::path& directory() const noexcept { return dir_; }
+
+private:
+    bool write(nn::RunContext& ctx, const SurvivorReport& at, const fs::path& final_dir) {
+        if (fs::exists(final_dir)) {
+            outcome_.message = "last words: '" + final_dir.string() + "' already exists; it is left as it is";
+            ckpt::detail::log(ckpt::LogLevel::warning, outcome_.message);
+            return false;
+        }
+        const fs::path tmp = dir_ / ckpt::detail::temporary_name(final_dir.filename().string());
+        ckpt::Progress p;
+        p.epoch = at.epoch;
+        p.step = at.step;
+        p.global_step = at.global_step;
+        p.rank = comm_.job_rank();
+        // the name below the step directory, as LastWordsNaming gives it
+        const std::string name = ckpt::LastWordsNaming{}.checkpoint_name("", p, ckpt::SaveKind::regular);
+        const fs::path file = tmp / name.substr(name.find('/') + 1);
+        fs::create_directories(file.parent_path());
+        ckpt::SaveOptions opts;
+        opts.epoch = at.epoch;
+        opts.step = at.step;
+        ckpt::save_checkpoint(ctx.state(), file, opts);  // fsyncs the file and rank_{r}/
+        ckpt::detail::fsync_directory(tmp.string());
+        fs::rename(tmp, final_dir);
+        ckpt::detail::fsync_directory(dir_.string());
+        return true;
+    }
+
+    Comm& comm_;
+    fs::path dir_;
+    Sel selector_;
+    LastWordsOutcome outcome_;
+};
+
+/// The newest last-words checkpoint in `dir` whose file verifies, or nothing.
+inline std::optional<fs::path> latest_last_words(const fs::path& dir) {
+    if (!fs::is_directory(dir)) return std::nullopt;
+    return ckpt::latest(dir, "ttp", ckpt::LastWordsNaming{});
+}
+
+}  // namespace fault
 // ThreadComm: the Communicator for ranks that are threads of one process, the embedded
 // default (tests, single-machine data parallelism, the examples).
 //
@@ -190,6 +447,7 @@ private:
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -206,8 +464,12 @@ class ThreadComm;
 class ThreadGroup {
 public:
     explicit ThreadGroup(int size, std::chrono::milliseconds timeout = std::chrono::seconds(30))
-        : size_(size), timeout_(timeout), state_(static_cast<std::size_t>(size), State::active) {
-        if (size < 1) throw ckpt::ConfigError("a ThreadGroup needs at least 1 rank, got " + std::to_string(size));
+        : ThreadGroup(identity(size), timeout) {}
+    /// A group whose rank i is rank `ranks[i]` of the original job (see ThreadComm::shrink).
+    ThreadGroup(std::vector<int> ranks, std::chrono::milliseconds timeout)
+        : size_(static_cast<int>(ranks.size())), timeout_(timeout), job_ranks_(std::move(ranks)),
+          state_(job_ranks_.size(), State::active) {
+        if (size_ < 1) throw ckpt::ConfigError("a ThreadGroup needs at least 1 rank, got " + std::to_string(size_));
         if (timeout.count() <= 0) throw ckpt::ConfigError("a ThreadGroup needs a positive timeout");
     }
     ThreadGroup(const ThreadGroup&) = delete;
@@ -215,6 +477,8 @@ public:
 
     int size() const noexcept { return size_; }
     std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+    /// The job rank of this group's rank i (they differ in a group made by shrink()).
+    int job_rank(int i) const { return job_ranks_.at(static_cast<std::size_t>(i)); }
 
     /// Marks `rank` failed: calls on other ranks that need it throw PeerFailure naming it.
     void fail(int rank) { set_state(rank, State::failed); }
@@ -235,6 +499,24 @@ public:
 
 private:
     friend class ThreadComm;
+    static std::vector<int> identity(int n) {
+        std::vector<int> v(static_cast<std::size_t>(std::max(n, 0)));
+        for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+        return v;
+    }
+    // The group of the ranks still active, the same object for every caller; nullptr when
+    // `rank` itself is not active.
+    std::shared_ptr<ThreadGroup> survivors(int rank) {
+        std::lock_guard lock(m_);
+        if (state_.at(static_cast<std::size_t>(rank)) != State::active) return nullptr;
+        if (!survivors_) {
+            std::vector<int> members;
+            for (int q = 0; q < size_; ++q)
+                if (state_[static_cast<std::size_t>(q)] == State::active) members.push_back(job_ranks_[static_cast<std::size_t>(q)]);
+            survivors_ = std::make_shared<ThreadGroup>(std::move(members), timeout_);
+        }
+        return survivors_;
+    }
     enum class State { active, failed, left };
     void set_state(int rank, State st) {
         {
@@ -282,9 +564,10 @@ private:
                                     describe(kind, root, data.size()) + ", another rank " +
                                     describe(r.kind, r.root, r.count));
         }
-        const std::string call = std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(rank);
+        const std::string call =
+            std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(job_rank(rank));
         if (!r.gave_up.empty()) {  // a late arrival: the others already gave up on this call
-            const auto who = r.gave_up;
+            const auto who = to_job(r.gave_up);
             r.arrived[static_cast<std::size_t>(rank)] = true;
             ++r.arrivals;
             finish(seq, r);
@@ -312,7 +595,7 @@ private:
                 throw gone_error(call);
             }
             if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty()) {
-                const auto late = absent(false);
+                const auto late = to_job(absent(false));
                 r.gave_up.push_back(rank);
                 finish(seq, r);
                 throw PeerFailure(call + ": " + ranks_text(late) + " did not arrive within " +
@@ -356,12 +639,12 @@ private:
                 return;
             }
             if (state_[static_cast<std::size_t>(src)] != State::active)
-                throw gone_error("recv on rank " + std::to_string(dst) + " from rank " + std::to_string(src));
+                throw gone_error("recv on rank " + std::to_string(job_rank(dst)) + " from rank " + std::to_string(job_rank(src)));
             if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !has_mail(key))
-                throw PeerFailure("recv on rank " + std::to_string(dst) + ": nothing from rank " + std::to_string(src) +
+                throw PeerFailure("recv on rank " + std::to_string(job_rank(dst)) + ": nothing from rank " + std::to_string(job_rank(src)) +
                                       " (tag " + std::to_string(tag) + ") within " + std::to_string(timeout_.count()) +
                                       " ms",
-                                  {src});
+                                  {job_rank(src)});
         }
     }
 
@@ -370,8 +653,8 @@ private:
     PeerFailure gone_error(const std::string& call) const {
         std::vector<int> failed, left;
         for (int q = 0; q < size_; ++q) {
-            if (state_[static_cast<std::size_t>(q)] == State::failed) failed.push_back(q);
-            if (state_[static_cast<std::size_t>(q)] == State::left) left.push_back(q);
+            if (state_[static_cast<std::size_t>(q)] == State::failed) failed.push_back(job_rank(q));
+            if (state_[static_cast<std::size_t>(q)] == State::left) left.push_back(job_rank(q));
         }
         std::string what = call + ": ";
         if (!failed.empty()) what += ranks_text(failed) + " failed";
@@ -379,6 +662,10 @@ private:
         return PeerFailure(what, failed.empty() ? left : failed);
     }
 
+    std::vector<int> to_job(std::vector<int> ranks) const {
+        for (int& r : ranks) r = job_rank(r);
+        return ranks;
+    }
     bool any_gone() const {
         return std::any_of(state_.begin(), state_.end(), [](State st) { return st != State::active; });
     }
@@ -434,6 +721,8 @@ private:
 
     int size_;
     std::chrono::milliseconds timeout_;
+    std::vector<int> job_ranks_;
+    std::shared_ptr<ThreadGroup> survivors_;  // made by the first shrink() after a failure
     mutable std::mutex m_;
     std::condition_variable cv_;
     std::vector<State> state_;
@@ -448,9 +737,28 @@ public:
         if (rank < 0 || rank >= group.size())
             throw ckpt::ConfigError("rank " + std::to_string(rank) + " is not in a group of " + std::to_string(group.size()));
     }
+    ThreadComm(std::shared_ptr<ThreadGroup> group, int rank) : ThreadComm(*group, rank) { owned_ = std::move(group); }
     int rank() const noexcept { return rank_; }
     int size() const noexcept { return group_->size(); }
+    /// This rank's number in the original job (equal to rank() until a shrink()).
+    int job_rank() const { return group_->job_rank(rank_); }
     ThreadGroup& group() noexcept { return *group_; }
+
+    /// Declares this rank failed: the other ranks' calls that need it throw PeerFailure.
+    void declare_failed() { group_->fail(rank_); }
+
+    /// After a failure: a communicator over the ranks that are still active (ranks
+    /// renumbered from 0 in job order; job_rank() keeps the original number). Every
+    /// survivor gets the same group, made when the first of them asks, from the ranks not
+    /// failed or left at that moment. Throws PeerFailure if this rank is not active.
+    ThreadComm shrink() {
+        auto next = group_->survivors(rank_);
+        if (!next) throw PeerFailure("rank " + std::to_string(job_rank()) + " is no longer active", {job_rank()});
+        const int me = job_rank();
+        for (int i = 0; i < next->size(); ++i)
+            if (next->job_rank(i) == me) return ThreadComm(std::move(next), i);
+        throw PeerFailure("rank " + std::to_string(me) + " is not among the survivors", {me});
+    }
 
     void allreduce(std::span<float> data, ReduceOp op) {
         const auto kind = op == ReduceOp::sum ? ThreadGroup::Kind::allreduce_sum : ThreadGroup::Kind::allreduce_mean;
@@ -479,6 +787,7 @@ public:
 
 private:
     ThreadGroup* group_;
+    std::shared_ptr<ThreadGroup> owned_;  // keeps a shrunk group alive
     int rank_;
     std::uint64_t seq_ = 0;
 };

@@ -1,0 +1,155 @@
+// The last-words checkpoint over ThreadComm: any rank may fail, rank 0 included; the
+// survivors save the newest consistent step from a healthy replica; resuming from it ends
+// bit-identical to a run that never failed.
+#include <doctest/doctest.h>
+
+#include <fault/fault.hpp>
+
+#include "support.hpp"
+
+namespace {
+
+using test::TempDir;
+namespace fs = boost::filesystem;
+using DpOpt = fault::DataParallelOptimizer<nn::Momentum, fault::ThreadComm>;
+using Params = std::vector<std::vector<float>>;
+
+nn::MnistDataset shard_of(int ranks, int rank) {
+    nn::MnistDataset ds(CKPT_FASHION_MNIST_DIR, nn::Usage::test);
+    ds.take(256).map({nn::Rescale(1.0 / 255.0, 0), nn::HWC2CHW()}).batch(32, true).shuffle(3);
+    ds.shard(static_cast<std::size_t>(ranks), static_cast<std::size_t>(rank));
+    return ds;
+}
+
+std::vector<float> flat(const std::vector<nn::Parameter*>& params) {
+    std::vector<float> out;
+    for (const nn::Parameter* p : params) out.insert(out.end(), p->value.begin(), p->value.end());
+    return out;
+}
+
+struct Job {
+    int ranks = 4;
+    std::int64_t epochs = 3;  // 8 steps each
+    int fail_rank = -1;
+    std::int64_t fail_step = 0;
+    fs::path last_words_dir;
+    bool recover = false;
+};
+
+struct Run {
+    Job job;
+    std::vector<fault::LastWordsOutcome> outcomes;
+    std::vector<std::exception_ptr> errors;
+
+    Params run() {
+        const auto [ranks, epochs, fail_rank, fail_step, last_words_dir, recover] = job;
+        fault::ThreadGroup group(ranks, std::chrono::seconds(20));
+        Params params(static_cast<std::size_t>(ranks));
+        outcomes.assign(static_cast<std::size_t>(ranks), {});
+        errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            auto data = shard_of(ranks, comm.rank());
+            nn::UceNet net(11);
+            nn::Momentum inner(net.parameters(), 0.01, 0.9);
+            DpOpt opt(inner, comm);
+            nn::Trainer<nn::UceNet, DpOpt> trainer(net, opt, {}, comm.rank());
+            std::int64_t initial_epoch = 0;
+            if (recover) {
+                const auto file = fault::latest_last_words(last_words_dir);
+                REQUIRE(file);
+                const auto rp = trainer.resume_from(*file, data);
+                opt.set_completed_steps(rp.global_step);
+                initial_epoch = rp.initial_epoch;
+            }
+            fault::LastWordsCheckpoint last_words(comm, last_words_dir);
+            nn::FailAtStep crash(fail_step, fail_rank);
+            try {
+                trainer.train(epochs, data, nn::callbacks(crash, last_words), initial_epoch);
+            } catch (...) {
+                outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
+                throw;
+            }
+            params[static_cast<std::size_t>(comm.rank())] = flat(net.parameters());
+        });
+        return params;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("last words from a healthy replica, for a failure on rank 0 or another rank; --recover is bit-exact") {
+    TempDir clean;
+    Run fault_free{Job{.last_words_dir = clean.path()}, {}, {}};
+    const Params expected = fault_free.run();
+    for (const auto& e : fault_free.errors) REQUIRE_FALSE(e);
+
+    for (const int failing : {0, 2}) {
+        CAPTURE(failing);
+        TempDir dir;
+        Run crashed{Job{.fail_rank = failing, .fail_step = 11, .last_words_dir = dir.path()}, {}, {}};
+        crashed.run();
+        CHECK_THROWS_AS(std::rethrow_exception(crashed.errors[static_cast<std::size_t>(failing)]), nn::InjectedFault);
+        CHECK_FALSE(crashed.outcomes[static_cast<std::size_t>(failing)].took_part);
+        const int saver = failing == 0 ? 1 : 0;  // the lowest healthy rank
+        for (int r = 0; r < 4; ++r) {
+            if (r == failing) continue;
+            const auto& o = crashed.outcomes[static_cast<std::size_t>(r)];
+            CHECK(o.took_part);
+            CHECK(o.reports.size() == 3);
+            REQUIRE(o.step);
+            CHECK(*o.step == 11);  // the failing rank finished step 11; the others could not reduce step 12
+            CHECK(o.saver == saver);
+            REQUIRE(o.step_directory);
+            CHECK(o.step_directory->filename() == "tft_saved_checkpoints-step_11");
+        }
+        // the seed's layout; epoch 2, step 3 of 8
+        const std::string rank_dir = "rank_" + std::to_string(saver);
+        CHECK(test::names_in(dir.path()) == std::vector<std::string>{"tft_saved_checkpoints-step_11"});
+        CHECK(test::names_in(dir / "tft_saved_checkpoints-step_11") == std::vector<std::string>{rank_dir});
+        CHECK(test::names_in(dir / "tft_saved_checkpoints-step_11" / rank_dir) ==
+              std::vector<std::string>{"ttp_rank_" + std::to_string(saver) + "-2_3.ckpt"});
+
+        Run recovered{Job{.last_words_dir = dir.path(), .recover = true}, {}, {}};
+        const Params got = recovered.run();
+        for (const auto& e : recovered.errors) REQUIRE_FALSE(e);
+        for (int r = 0; r < 4; ++r) CHECK(got[static_cast<std::size_t>(r)] == expected[0]);
+    }
+}
+
+TEST_CASE("selectors: preference order and avoided ranks") {
+    const std::vector<int> candidates{1, 2, 3};
+    CHECK(fault::LowestHealthyRank{}.choose(candidates) == 1);
+    CHECK(fault::PreferenceOrder{{3, 1}}.choose(candidates) == 3);
+    CHECK(fault::PreferenceOrder{{0}}.choose(candidates) == 1);
+    CHECK(fault::AvoidRanks{{1, 2}}.choose(candidates) == 3);
+    CHECK(fault::AvoidRanks{{1, 2, 3}}.choose(candidates) == 1);
+    TempDir dir;
+    fault::ThreadGroup group(4, std::chrono::seconds(20));
+    // a preference picks the saver
+    std::vector<fault::LastWordsOutcome> outcomes(4);
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = shard_of(4, comm.rank());
+        nn::UceNet net(11);
+        nn::Momentum inner(net.parameters(), 0.01, 0.9);
+        DpOpt opt(inner, comm);
+        nn::Trainer<nn::UceNet, DpOpt> trainer(net, opt, {}, comm.rank());
+        fault::LastWordsCheckpoint<fault::ThreadComm, fault::PreferenceOrder> last_words(comm, dir.path(),
+                                                                                         fault::PreferenceOrder{{3}});
+        nn::FailAtStep crash(5, 1);
+        try {
+            trainer.train(1, data, nn::callbacks(crash, last_words));
+        } catch (...) {
+            outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
+            throw;
+        }
+    });
+    CHECK(outcomes[0].saver == 3);
+    CHECK(fs::exists(dir / "tft_saved_checkpoints-step_5/rank_3/ttp_rank_3-1_5.ckpt"));
+}
+
+TEST_CASE("a single rank has no replica: last words refuse to start") {
+    fault::ThreadGroup alone(1);
+    fault::ThreadComm comm(alone, 0);
+    TempDir dir;
+    CHECK_THROWS_WITH_AS(fault::LastWordsCheckpoint(comm, dir.path()), doctest::Contains("needs a replica"),
+                         ckpt::ConfigError);
+}
