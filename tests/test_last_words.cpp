@@ -12,6 +12,10 @@ namespace {
 using test::TempDir;
 namespace fs = boost::filesystem;
 using DpOpt = fault::DataParallelOptimizer<nn::Momentum, fault::ThreadComm>;
+using Opt = nn::FailingOptimizer<DpOpt>;
+
+/// When the failing rank fails, relative to the update of its failing step.
+enum class When { before_update, during_update, after_update };
 using Params = std::vector<std::vector<float>>;
 
 nn::MnistDataset shard_of(int ranks, int rank) {
@@ -34,6 +38,7 @@ struct Job {
     std::int64_t fail_step = 0;
     fs::path last_words_dir;
     bool recover = false;
+    When when = When::after_update;
 };
 
 struct Run {
@@ -42,7 +47,7 @@ struct Run {
     std::vector<std::exception_ptr> errors;
 
     Params run() {
-        const auto [ranks, epochs, fail_rank, fail_step, last_words_dir, recover] = job;
+        const auto [ranks, epochs, fail_rank, fail_step, last_words_dir, recover, when] = job;
         fault::ThreadGroup group(ranks, std::chrono::seconds(20));
         Params params(static_cast<std::size_t>(ranks));
         outcomes.assign(static_cast<std::size_t>(ranks), {});
@@ -50,20 +55,24 @@ struct Run {
             auto data = shard_of(ranks, comm.rank());
             nn::UceNet net(11);
             nn::Momentum inner(net.parameters(), 0.01, 0.9);
-            DpOpt opt(inner, comm);
-            nn::Trainer<nn::UceNet, DpOpt> trainer(net, opt, {}, comm.rank());
+            DpOpt dp(inner, comm);
+            const bool fails_here = comm.rank() == fail_rank;
+            Opt opt(dp, fail_step, comm.rank(), fails_here && when == When::during_update);
+            nn::Trainer<nn::UceNet, Opt> trainer(net, opt, {}, comm.rank());
             std::int64_t initial_epoch = 0;
             if (recover) {
                 const auto file = fault::latest_last_words(last_words_dir);
                 REQUIRE(file);
                 const auto rp = trainer.resume_from(*file, data);
+                dp.set_completed_steps(rp.global_step);
                 opt.set_completed_steps(rp.global_step);
                 initial_epoch = rp.initial_epoch;
             }
             fault::LastWordsCheckpoint last_words(comm, last_words_dir);
-            nn::FailAtStep crash(fail_step, fail_rank);
+            nn::FailAtStep after(when == When::after_update ? fail_step : 0, fail_rank);
+            nn::FailBeforeUpdate before(when == When::before_update ? fail_step : 0, fail_rank);
             try {
-                trainer.train(epochs, data, nn::callbacks(crash, last_words), initial_epoch);
+                trainer.train(epochs, data, nn::callbacks(after, before, last_words), initial_epoch);
             } catch (...) {
                 outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
                 throw;
@@ -82,21 +91,29 @@ TEST_CASE("last words from a healthy replica, for a failure on rank 0 or another
     const Params expected = fault_free.run();
     for (const auto& e : fault_free.errors) REQUIRE_FALSE(e);
 
-    for (const int failing : {0, 2}) {
-        CAPTURE(failing);
+    struct Case {
+        int failing;
+        When when;
+    };
+    for (const Case c : {Case{0, When::after_update}, Case{2, When::after_update}, Case{0, When::before_update},
+                         Case{3, When::during_update}}) {
+        CAPTURE(c.failing);
+        CAPTURE(static_cast<int>(c.when));
         TempDir dir;
-        Run crashed{Job{.fail_rank = failing, .fail_step = 11, .last_words_dir = dir.path()}, {}, {}};
+        Run crashed{Job{.fail_rank = c.failing, .fail_step = 11, .last_words_dir = dir.path(), .when = c.when}, {}, {}};
         crashed.run();
-        CHECK_THROWS_AS(std::rethrow_exception(crashed.errors[static_cast<std::size_t>(failing)]), nn::InjectedFault);
-        CHECK_FALSE(crashed.outcomes[static_cast<std::size_t>(failing)].took_part);
-        const int saver = failing == 0 ? 1 : 0;  // the lowest healthy rank
+        CHECK_THROWS_AS(std::rethrow_exception(crashed.errors[static_cast<std::size_t>(c.failing)]), nn::InjectedFault);
+        CHECK_FALSE(crashed.outcomes[static_cast<std::size_t>(c.failing)].took_part);
+        const int saver = c.failing == 0 ? 1 : 0;  // the lowest healthy rank
         for (int r = 0; r < 4; ++r) {
-            if (r == failing) continue;
+            if (r == c.failing) continue;
             const auto& o = crashed.outcomes[static_cast<std::size_t>(r)];
             CHECK(o.took_part);
             CHECK(o.reports.size() == 3);
             REQUIRE(o.step);
-            CHECK(*o.step == 11);  // the failing rank finished step 11; the others could not reduce step 12
+            // the failing rank contributed its gradients of step 11 in every case, so the
+            // survivors completed step 11 and could not reduce step 12
+            CHECK(*o.step == 11);
             CHECK(o.saver == saver);
             REQUIRE(o.step_directory);
             CHECK(o.step_directory->filename() == "tft_saved_checkpoints-step_11");

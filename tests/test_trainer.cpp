@@ -276,3 +276,28 @@ TEST_CASE("fault injection fires once, on the rank asked for") {
     }
     on_rank1.train(1, data, nn::callbacks(other_rank, any_rank));  // both fired already
 }
+
+TEST_CASE("exception save: a failure before the update is saved, one inside the update is not (the state is torn)") {
+    TempDir dir;
+    auto data = lenet_data(64);
+    {
+        Session s;
+        Checkpoints cb("lenet", dir.path(), seed_options(/*exception_save=*/true));
+        nn::FailBeforeUpdate crash(3);
+        CHECK_THROWS_AS(s.trainer.train(2, data, nn::callbacks(cb, crash)), nn::InjectedFault);
+        // two steps completed: the breakpoint holds them
+        CHECK(test::names_in(dir.path()) == std::vector<std::string>{"lenet-1_2.ckpt", "lenet-2_0_breakpoint.ckpt",
+                                                                     "lenet-graph.meta"});
+    }
+    TempDir torn_dir;
+    nn::LeNet5 net;
+    nn::Momentum inner(net.parameters(), 0.01, 0.9);
+    nn::FailingOptimizer<nn::Momentum> opt(inner, 3);
+    nn::Trainer<nn::LeNet5, nn::FailingOptimizer<nn::Momentum>> trainer(net, opt);
+    Checkpoints cb("lenet", torn_dir.path(), seed_options(/*exception_save=*/true));
+    test::LogCapture log;
+    CHECK_THROWS_AS(trainer.train(2, data, cb), nn::InjectedFault);
+    CHECK(test::names_in(torn_dir.path()) == std::vector<std::string>{"lenet-1_2.ckpt", "lenet-graph.meta"});
+    REQUIRE(log.warnings.size() == 1);
+    CHECK(log.warnings[0].find("interrupted an optimizer update at global step 3") != std::string::npos);
+}

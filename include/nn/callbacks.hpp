@@ -3,6 +3,7 @@
 //
 // A callback is any object with some of these members (each optional):
 //   on_train_begin(RunContext&)  on_epoch_begin(RunContext&)  on_step_begin(RunContext&)
+//   on_before_update(RunContext&)  // gradients computed (and averaged), parameters not yet changed
 //   on_step_end(RunContext&)     on_epoch_end(RunContext&)    on_train_end(RunContext&)
 //   on_exception(RunContext&)    // the loop failed; the exception is rethrown afterwards
 // Pass several with nn::callbacks(a, b, …); they run in that order at every hook.
@@ -61,6 +62,7 @@ namespace detail {
 NN_DEFINE_HOOK(on_train_begin)
 NN_DEFINE_HOOK(on_epoch_begin)
 NN_DEFINE_HOOK(on_step_begin)
+NN_DEFINE_HOOK(on_before_update)
 NN_DEFINE_HOOK(on_step_end)
 NN_DEFINE_HOOK(on_epoch_end)
 NN_DEFINE_HOOK(on_train_end)

@@ -1,6 +1,9 @@
 #pragma once
 // Faults on purpose, for tests (yours too): callbacks that throw InjectedFault at a chosen
-// point, once, on one rank or on all.
+// point, once, on one rank or on all. Relative to the optimizer update of global step s:
+//   FailBeforeUpdate(s)   gradients computed and averaged, parameters unchanged
+//   FailingOptimizer      inside the update: the step is applied, then the throw (a torn state)
+//   FailAtStep(s)         after the update
 //
 //   nn::FailAtEpochEnd crash(6);                 // the seed's "Some errors happen." after epoch 6
 //   CHECK_THROWS_AS(trainer.train(10, data, nn::callbacks(ckpt_cb, crash)), nn::InjectedFault);
@@ -9,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../ckpt/param_dict.hpp"
 #include "callbacks.hpp"
 
 namespace nn {
@@ -42,6 +46,60 @@ private:
     std::int64_t epoch_;
     int rank_;
     bool fired_ = false;
+};
+
+/// Throws in global step `global_step` (counted from 1) after its gradients are computed
+/// (and, data parallel, averaged over the ranks) and before its update.
+class FailBeforeUpdate {
+public:
+    explicit FailBeforeUpdate(std::int64_t global_step, int rank = -1) : step_(global_step), rank_(rank) {}
+    void on_before_update(RunContext& ctx) {
+        if (fired_ || ctx.global_step + 1 != step_ || (rank_ >= 0 && ctx.rank != rank_)) return;
+        fired_ = true;
+        throw InjectedFault("injected fault before the update of global step " + std::to_string(step_) + " on rank " +
+                                std::to_string(ctx.rank),
+                            ctx.rank, step_);
+    }
+    bool fired() const noexcept { return fired_; }
+
+private:
+    std::int64_t step_;
+    int rank_;
+    bool fired_ = false;
+};
+
+/// An optimizer that fails inside the update of global step `global_step` when `armed`: it
+/// applies the update, then throws, so the trainer sees a failure with the state marked
+/// torn. Wraps any optimizer; `rank` only names the rank in the message.
+template <class Opt>
+class FailingOptimizer {
+public:
+    FailingOptimizer(Opt& inner, std::int64_t global_step, int rank = 0, bool armed = true)
+        : inner_(inner), step_(global_step), rank_(rank), armed_(armed) {}
+    void step() {
+        inner_.step();
+        if (++done_ == step_ && armed_)
+            throw InjectedFault("injected fault inside the update of global step " + std::to_string(step_) +
+                                    " on rank " + std::to_string(rank_),
+                                rank_, step_);
+    }
+    void synchronize_gradients()
+        requires requires(Opt& o) { o.synchronize_gradients(); }
+    {
+        inner_.synchronize_gradients();
+    }
+    ckpt::ParamDict state_dict() { return inner_.state_dict(); }
+    ckpt::ParamDict hyperparameters() const { return inner_.hyperparameters(); }
+    decltype(auto) parameters() const { return inner_.parameters(); }
+    /// Counts `n` steps as done, after a resume at global step n.
+    void set_completed_steps(std::int64_t n) { done_ = n; }
+
+private:
+    Opt& inner_;
+    std::int64_t step_;
+    int rank_;
+    bool armed_;
+    std::int64_t done_ = 0;
 };
 
 /// Throws at the end of global step `global_step` (counted from 1), after its update.

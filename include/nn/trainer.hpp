@@ -111,7 +111,9 @@ public:
                 for (std::int64_t s = ctx.step; s < steps && !ctx.stop_requested; ++s) {
                     each([](auto& cb, RunContext& c) { detail::on_step_begin(cb, c); });
                     data.load_batch(epoch, s, batch_);
-                    ctx.loss = train_step(ctx);
+                    ctx.loss = train_step(ctx, [&] {
+                        each([](auto& cb, RunContext& c) { detail::on_before_update(cb, c); });
+                    });
                     ctx.step = s + 1;
                     ++ctx.global_step;
                     each([](auto& cb, RunContext& c) { detail::on_step_end(cb, c); });
@@ -222,13 +224,17 @@ private:
         }
     }
 
-    float train_step(RunContext& ctx) {
+    // One step: forward, loss, backward, gradient synchronization (data parallel), the
+    // before-update hooks, then the update, during which the state is marked inconsistent.
+    template <class BeforeUpdate>
+    float train_step(RunContext& ctx, BeforeUpdate&& before_update) {
         const Array& logits = net_.forward(batch_.images);
         const float loss = loss_.forward(logits, std::span<const std::int32_t>(batch_.labels));
         net_.backward(loss_.backward());
         // A data-parallel optimizer averages the gradients over the ranks here; a failure
         // in it leaves the parameters as the previous step left them.
         if constexpr (requires { opt_.synchronize_gradients(); }) opt_.synchronize_gradients();
+        before_update();
         ctx.consistent = false;
         opt_.step();
         ctx.consistent = true;
