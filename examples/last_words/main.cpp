@@ -1,0 +1,210 @@
+// The seed's last-words tutorial: data-parallel training on N ranks (threads of this
+// process, talking through fault::ThreadComm) with the seed's 5-layer network. When a rank
+// fails mid-training, the survivors save the newest consistent step from a healthy replica
+// into the seed's layout; --recover resumes from it at the next step. The recovered run
+// ends with the same parameters, bit for bit, as a run that never failed (--no-fault).
+//
+//   last_words [--ranks N] [--fail-rank R] [--fail-step S] [--no-fault] [--recover]
+//              [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]
+//
+// Exit status: 0 trained to the end; 3 a rank failed and the last words were saved;
+// 1 a rank failed and nothing could be saved, or another error.
+
+#include <fault/fault.hpp>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <string>
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+struct Options {
+    int ranks = 4;
+    int fail_rank = 1;
+    std::int64_t fail_step = 12;
+    bool fault = true;
+    bool recover = false;
+    std::int64_t epochs = 1;
+    std::size_t limit = 2560;  // 20 global steps of 4 x 32: the full network is large for a CPU
+    bool small = false;
+    fs::path data = "/usr/share/datasets/fashion-mnist";
+    fs::path dir = "./ttp_checkpoints";
+};
+
+[[noreturn]] void usage(const std::string& why) {
+    std::cerr << "last_words: " << why << "\n"
+              << "usage: last_words [--ranks N] [--fail-rank R] [--fail-step S] [--no-fault] [--recover]\n"
+              << "                  [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]\n";
+    std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    auto number = [&](int& i, const std::string& flag) -> long long {
+        if (i + 1 >= argc) usage(flag + " needs a value");
+        char* end = nullptr;
+        const long long v = std::strtoll(argv[++i], &end, 10);
+        if (*end || v < 0) usage(flag + " needs a non-negative integer, got '" + argv[i] + "'");
+        return v;
+    };
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--ranks") o.ranks = static_cast<int>(number(i, a));
+        else if (a == "--fail-rank") o.fail_rank = static_cast<int>(number(i, a));
+        else if (a == "--fail-step") o.fail_step = number(i, a);
+        else if (a == "--no-fault") o.fault = false;
+        else if (a == "--recover") o.recover = true;
+        else if (a == "--epochs") o.epochs = number(i, a);
+        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i, a));
+        else if (a == "--small") o.small = true;
+        else if (a == "--data" && i + 1 < argc) o.data = argv[++i];
+        else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
+        else usage("unknown option '" + a + "'");
+    }
+    if (o.ranks < 2) usage("--ranks must be at least 2: the last words come from a replica");
+    if (o.fault && o.fail_rank >= o.ranks) usage("--fail-rank must be below --ranks");
+    if (o.epochs < 1) usage("--epochs must be at least 1");
+    if (o.recover) o.fault = false;
+    return o;
+}
+
+// The seed's create_dataset: Rescale(1/255) + Normalize(0.1307, 0.3081) + HWC2CHW, batches
+// of 32 per rank (a global batch of 32 x ranks), this rank's shard.
+nn::MnistDataset create_dataset(const Options& o, int rank) {
+    nn::MnistDataset ds(o.data, nn::Usage::train);
+    if (o.limit) ds.take(o.limit);
+    ds.map({nn::Rescale(1.0 / 255.0, 0), nn::Normalize({0.1307}, {0.3081}), nn::HWC2CHW()});
+    ds.map_label(nn::TypeCast(ckpt::DType::int32));
+    ds.batch(32 * static_cast<std::size_t>(o.ranks), true);
+    ds.shard(static_cast<std::size_t>(o.ranks), static_cast<std::size_t>(rank));
+    return ds;
+}
+
+std::string params_xxh64(const std::vector<nn::Parameter*>& params) {
+    XXH64_state_t* st = XXH64_createState();
+    XXH64_reset(st, 0);
+    for (const nn::Parameter* p : params) XXH64_update(st, p->value.data(), p->value.size() * sizeof(float));
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64_digest(st)));
+    XXH64_freeState(st);
+    return hex;
+}
+
+// The last-words directory as the seed shows it (every entry is the only one at its level
+// after a single failure).
+void print_tree(const fs::path& dir) {
+    std::cout << dir.filename().string() << "/\n";
+    for (fs::recursive_directory_iterator it(dir), end; it != end; ++it)
+        std::cout << std::string(4 * static_cast<std::size_t>(it.depth()), ' ') << "└── "
+                  << it->path().filename().string() << "\n";
+}
+
+template <class Net>
+int run(const Options& o) {
+    using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::ThreadComm>;
+    using Opt = nn::FailingOptimizer<DpOpt>;
+    fault::ThreadGroup group(o.ranks, std::chrono::seconds(60));
+    std::mutex out;
+    std::vector<std::string> hashes(static_cast<std::size_t>(o.ranks));
+    std::vector<fault::LastWordsOutcome> outcomes(static_cast<std::size_t>(o.ranks));
+    std::optional<fs::path> from;
+    if (o.recover) {
+        from = fault::latest_last_words(o.dir);
+        if (!from) {
+            std::fprintf(stderr, "last_words: no last-words checkpoint in '%s'\n", o.dir.string().c_str());
+            return 1;
+        }
+        std::printf("recovering from %s\n", fs::relative(*from, o.dir).string().c_str());
+    }
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = create_dataset(o, comm.rank());
+        Net net;  // every rank starts from the same seed
+        nn::SGD sgd(net.parameters(), 1e-2);
+        DpOpt dp(sgd, comm);  // the seed's OptTFTWrapper
+        Opt opt(dp, o.fail_step, comm.rank(), false);
+        nn::Trainer<Net, Opt> trainer(net, opt, {}, comm.rank());
+        std::int64_t initial_epoch = 0;
+        if (from) {
+            const auto rp = trainer.resume_from(*from, data);
+            dp.set_completed_steps(rp.global_step);
+            opt.set_completed_steps(rp.global_step);
+            initial_epoch = rp.initial_epoch;
+            if (comm.rank() == 0)
+                std::printf("resuming at global step %lld (epoch %lld, step %lld)\n",
+                            static_cast<long long>(rp.global_step + 1), static_cast<long long>(rp.initial_epoch + 1),
+                            static_cast<long long>(rp.initial_step + 1));
+        }
+        fault::LastWordsCheckpoint last_words(comm, o.dir);
+        nn::FailAtStep crash(o.fault ? o.fail_step : 0, o.fail_rank);
+        struct Progress {
+            std::mutex* out;
+            void on_step_end(nn::RunContext& c) {
+                if (c.rank == 0 && c.global_step % 10 == 0) {
+                    std::lock_guard lock(*out);
+                    std::printf("step %lld: loss %.4f\n", static_cast<long long>(c.global_step), double(c.loss));
+                    std::fflush(stdout);
+                }
+            }
+        } progress{&out};
+        try {
+            trainer.train(o.epochs, data, nn::callbacks(progress, crash, last_words), initial_epoch);
+        } catch (...) {
+            outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
+            throw;
+        }
+        hashes[static_cast<std::size_t>(comm.rank())] = params_xxh64(net.parameters());
+    });
+    int failed = -1;
+    for (int r = 0; r < o.ranks; ++r)
+        if (errors[static_cast<std::size_t>(r)]) {
+            try {
+                std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+            } catch (const fault::PeerFailure&) {
+            } catch (const std::exception& e) {
+                std::printf("rank %d failed: %s\n", r, e.what());
+                failed = r;
+            }
+        }
+    if (failed >= 0) {
+        for (const auto& oc : outcomes)
+            if (oc.took_part) {
+                if (!oc.step_directory) {
+                    std::printf("no last words: %s\n", oc.message.c_str());
+                    return 1;
+                }
+                std::printf("last words: global step %lld saved by rank %d (survivors:", static_cast<long long>(*oc.step),
+                            oc.saver);
+                for (const auto& r : oc.reports) std::printf(" %lld", static_cast<long long>(r.job_rank));
+                std::printf(")\n");
+                print_tree(o.dir);
+                return 3;
+            }
+        return 1;
+    }
+    for (int r = 0; r < o.ranks; ++r) {
+        if (hashes[static_cast<std::size_t>(r)] != hashes[0]) {
+            std::fprintf(stderr, "last_words: rank %d ended with other parameters than rank 0\n", r);
+            return 1;
+        }
+    }
+    std::printf("final_params_xxh64=%s\n", hashes[0].c_str());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const Options o = parse(argc, argv);
+    nn::set_blas_threads(1);
+    try {
+        return o.small ? run<nn::UceNet>(o) : run<nn::DataParallelNet>(o);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "last_words: %s\n", e.what());
+        return 1;
+    }
+}
