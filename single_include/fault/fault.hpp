@@ -541,31 +541,32 @@ private:
         Kind kind;
         int root = 0;
         std::size_t count = 0;  // floats each rank passes
-        std::vector<std::vector<float>> in;
         std::vector<bool> arrived;
-        int arrivals = 0, departures = 0;
-        bool reduced = false;
+        int arrivals = 0, reduced = 0, departures = 0;
         std::vector<int> gave_up;  // ranks that left it with PeerFailure: it can no longer complete
-        std::vector<float> result;
     };
 
-    // Runs the collective number `seq` for `rank`; returns the result (a copy).
-    std::vector<float> collective(int rank, std::uint64_t seq, Kind kind, int root, std::span<const float> data) {
+    // Runs collective number `seq` for `rank`: `in` is this rank's contribution, `out`
+    // receives the result. Each rank copies its data into its own slot, the ranks reduce
+    // one slice of the result each once all are in (adding in rank order), and each copies
+    // the result out: the slots and the result are reused from call to call, and no copy
+    // is made under the lock. A slot is rewritten only once every rank has left the
+    // previous call; the result only once every rank has arrived at the next.
+    void collective(int rank, std::uint64_t seq, Kind kind, int root, std::span<const float> in, std::span<float> out) {
+        const std::string call =
+            std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(job_rank(rank));
         std::unique_lock lock(m_);
         Round& r = rounds_[seq];
         if (r.arrived.empty()) {
             r.kind = kind;
             r.root = root;
-            r.count = data.size();
-            r.in.resize(static_cast<std::size_t>(size_));
+            r.count = in.size();
             r.arrived.assign(static_cast<std::size_t>(size_), false);
-        } else if (r.kind != kind || r.root != root || (kind != Kind::broadcast && r.count != data.size())) {
+        } else if (r.kind != kind || r.root != root || (kind != Kind::broadcast && r.count != in.size())) {
             throw ckpt::ConfigError("collective #" + std::to_string(seq) + ": rank " + std::to_string(rank) + " called " +
-                                    describe(kind, root, data.size()) + ", another rank " +
+                                    describe(kind, root, in.size()) + ", another rank " +
                                     describe(r.kind, r.root, r.count));
         }
-        const std::string call =
-            std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(job_rank(rank));
         if (!r.gave_up.empty()) {  // a late arrival: the others already gave up on this call
             const auto who = to_job(r.gave_up);
             r.arrived[static_cast<std::size_t>(rank)] = true;
@@ -574,18 +575,32 @@ private:
             if (any_gone()) throw gone_error(call);
             throw PeerFailure(call + ": arrived after " + ranks_text(who) + " gave up on it", who);
         }
-        if (kind != Kind::broadcast || rank == root) r.in[static_cast<std::size_t>(rank)].assign(data.begin(), data.end());
+        if (kind != Kind::broadcast || rank == root) {
+            // Slots are read until every rank has left the call that filled them: this
+            // rank's slot may be rewritten once the previous call is over for all.
+            const auto until = std::chrono::steady_clock::now() + timeout_;
+            if (!cv_.wait_until(lock, until, [&] { return seq == 0 || !rounds_.count(seq - 1) || any_gone(); })) {
+                r.gave_up.push_back(rank);
+                finish(seq, r);
+                throw PeerFailure(call + ": ranks still in the previous call after " + std::to_string(timeout_.count()) +
+                                      " ms",
+                                  {});
+            }
+            lock.unlock();
+            slots_[static_cast<std::size_t>(rank)].assign(in.begin(), in.end());
+            lock.lock();
+        }
         r.arrived[static_cast<std::size_t>(rank)] = true;
         ++r.arrivals;
         cv_.notify_all();
         const auto deadline = std::chrono::steady_clock::now() + timeout_;
         auto absent = [&](bool gone_only) {
-            std::vector<int> out;
+            std::vector<int> who;
             for (int q = 0; q < size_; ++q)
                 if (!r.arrived[static_cast<std::size_t>(q)] &&
                     (!gone_only || state_[static_cast<std::size_t>(q)] != State::active))
-                    out.push_back(q);
-            return out;
+                    who.push_back(q);
+            return who;
         };
         // Complete once every rank's data is in, even if a rank fails afterwards.
         while (r.arrivals < size_) {
@@ -603,13 +618,64 @@ private:
                                   late);
             }
         }
-        if (!r.reduced) {
-            reduce(r);
-            r.reduced = true;
+        const bool reducing = kind == Kind::allreduce_sum || kind == Kind::allreduce_mean;
+        if (reducing) {
+            // the first rank here sizes the result, before any rank writes to it; nobody reads
+            // it now, every rank having left the previous call
+            if (result_.size() != r.count) result_.resize(r.count);
+            lock.unlock();
+            reduce_slice(kind, rank, r.count);
+            lock.lock();
+            ++r.reduced;
+            cv_.notify_all();
+            // the result is whole once every rank reduced its slice; all of them are here
+            if (!cv_.wait_until(lock, std::chrono::steady_clock::now() + timeout_, [&] { return r.reduced == size_; })) {
+                finish(seq, r);
+                throw PeerFailure(call + ": the reduction did not finish within " + std::to_string(timeout_.count()) + " ms",
+                                  {});
+            }
         }
-        std::vector<float> out = r.result;
+        lock.unlock();
+        switch (kind) {
+            case Kind::allreduce_sum:
+            case Kind::allreduce_mean: std::copy(result_.begin(), result_.end(), out.begin()); break;
+            case Kind::broadcast: {
+                const auto& from = slots_[static_cast<std::size_t>(root)];
+                if (from.size() != out.size()) {
+                    lock.lock();
+                    finish(seq, r);
+                    throw ckpt::ConfigError("broadcast: rank " + std::to_string(job_rank(root)) + " sent " +
+                                            std::to_string(from.size()) + " floats, rank " +
+                                            std::to_string(job_rank(rank)) + " expected " + std::to_string(out.size()));
+                }
+                std::copy(from.begin(), from.end(), out.begin());
+                break;
+            }
+            case Kind::allgather:
+                for (const auto& part : slots_) out = std::span<float>(std::copy(part.begin(), part.end(), out.begin()), out.end());
+                break;
+            case Kind::barrier: break;
+        }
+        lock.lock();
         finish(seq, r);
-        return out;
+    }
+
+    // Slice `rank` of the reduction into result_, adding the slots in rank order so the
+    // bits do not depend on arrival order.
+    void reduce_slice(Kind kind, int rank, std::size_t count) {
+        const std::size_t n = static_cast<std::size_t>(size_);
+        const std::size_t lo = count * static_cast<std::size_t>(rank) / n, hi = count * (static_cast<std::size_t>(rank) + 1) / n;
+        float* dst = result_.data();
+        std::copy(slots_[0].begin() + static_cast<std::ptrdiff_t>(lo), slots_[0].begin() + static_cast<std::ptrdiff_t>(hi),
+                  dst + lo);
+        for (std::size_t q = 1; q < n; ++q) {
+            const float* src = slots_[q].data();
+            for (std::size_t i = lo; i < hi; ++i) dst[i] += src[i];
+        }
+        if (kind == Kind::allreduce_mean) {
+            const auto div = static_cast<float>(size_);
+            for (std::size_t i = lo; i < hi; ++i) dst[i] /= div;
+        }
     }
 
     void send(int src, int dst, int tag, std::span<const float> data) {
@@ -693,32 +759,6 @@ private:
     void finish(std::uint64_t seq, Round& r) {
         if (++r.departures == size_) rounds_.erase(seq);
     }
-    // Sums in rank order, so the bits do not depend on arrival order.
-    void reduce(Round& r) const {
-        switch (r.kind) {
-            case Kind::allreduce_sum:
-            case Kind::allreduce_mean: {
-                r.result = r.in[0];
-                for (std::size_t q = 1; q < r.in.size(); ++q) {
-                    const float* src = r.in[q].data();
-                    float* dst = r.result.data();
-                    for (std::size_t i = 0; i < r.count; ++i) dst[i] += src[i];
-                }
-                if (r.kind == Kind::allreduce_mean) {
-                    const float n = static_cast<float>(size_);
-                    for (float& v : r.result) v /= n;
-                }
-                break;
-            }
-            case Kind::broadcast: r.result = r.in[static_cast<std::size_t>(r.root)]; break;
-            case Kind::allgather:
-                r.result.clear();
-                for (const auto& part : r.in) r.result.insert(r.result.end(), part.begin(), part.end());
-                break;
-            case Kind::barrier: break;
-        }
-    }
-
     int size_;
     std::chrono::milliseconds timeout_;
     std::vector<int> job_ranks_;
@@ -727,6 +767,8 @@ private:
     std::condition_variable cv_;
     std::vector<State> state_;
     std::map<std::uint64_t, Round> rounds_;
+    std::vector<std::vector<float>> slots_ = std::vector<std::vector<float>>(static_cast<std::size_t>(size_));
+    std::vector<float> result_;
     std::map<std::tuple<int, int, int>, std::deque<std::vector<float>>> mail_;
 };
 
@@ -762,26 +804,20 @@ public:
 
     void allreduce(std::span<float> data, ReduceOp op) {
         const auto kind = op == ReduceOp::sum ? ThreadGroup::Kind::allreduce_sum : ThreadGroup::Kind::allreduce_mean;
-        auto out = group_->collective(rank_, seq_++, kind, 0, data);
-        std::copy(out.begin(), out.end(), data.begin());
+        group_->collective(rank_, seq_++, kind, 0, data, data);
     }
     void broadcast(std::span<float> data, int root) {
         group_->check_peer(root, "broadcast");
-        auto out = group_->collective(rank_, seq_++, ThreadGroup::Kind::broadcast, root, data);
-        if (out.size() != data.size())
-            throw ckpt::ConfigError("broadcast: rank " + std::to_string(root) + " sent " + std::to_string(out.size()) +
-                                    " floats, rank " + std::to_string(rank_) + " expected " + std::to_string(data.size()));
-        std::copy(out.begin(), out.end(), data.begin());
+        group_->collective(rank_, seq_++, ThreadGroup::Kind::broadcast, root, data, data);
     }
     void allgather(std::span<const float> in, std::span<float> out) {
         if (out.size() != in.size() * static_cast<std::size_t>(size()))
             throw ckpt::ConfigError("allgather: the output holds " + std::to_string(out.size()) + " floats, " +
                                     std::to_string(size()) + " ranks of " + std::to_string(in.size()) + " need " +
                                     std::to_string(in.size() * static_cast<std::size_t>(size())));
-        auto all = group_->collective(rank_, seq_++, ThreadGroup::Kind::allgather, 0, in);
-        std::copy(all.begin(), all.end(), out.begin());
+        group_->collective(rank_, seq_++, ThreadGroup::Kind::allgather, 0, in, out);
     }
-    void barrier() { group_->collective(rank_, seq_++, ThreadGroup::Kind::barrier, 0, {}); }
+    void barrier() { group_->collective(rank_, seq_++, ThreadGroup::Kind::barrier, 0, {}, {}); }
     void send(std::span<const float> data, int dst, int tag) { group_->send(rank_, dst, tag, data); }
     void recv(std::span<float> data, int src, int tag) { group_->recv(src, rank_, tag, data); }
 
