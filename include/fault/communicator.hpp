@@ -39,6 +39,18 @@ private:
     std::vector<int> ranks_;
 };
 
+/// Another rank asked every rank to stop where it stands so that it can be repaired (an
+/// uncorrectable memory error): calls in progress and later calls throw this until the
+/// ranks rejoin.
+class Interrupted : public ckpt::Error {
+public:
+    Interrupted(const std::string& what, int by_rank) : ckpt::Error(what), by_rank_(by_rank) {}
+    int by_rank() const noexcept { return by_rank_; }
+
+private:
+    int by_rank_;
+};
+
 template <class C>
 concept Communicator = requires(C& c, std::span<float> data, std::span<const float> in, int peer) {
     { c.rank() } -> std::convertible_to<int>;

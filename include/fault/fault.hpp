@@ -2,16 +2,20 @@
 // fault: data-parallel training that survives failures. Include this one header (it
 // includes ckpt/ckpt.hpp and nn/nn.hpp).
 //
-//   communicators  Communicator concept, PeerFailure, ReduceOp          communicator.hpp
+//   backends       Backend concept, Cpu, AscendModel (UCE simulation)   backend.hpp
+//   communicators  Communicator concept, PeerFailure, Interrupted, ReduceOp  communicator.hpp
 //                  ThreadComm / ThreadGroup / run_ranks (in-process)    thread_comm.hpp
 //   data parallel  DataParallelOptimizer, phase reports, broadcast_parameters  data_parallel.hpp
 //   last words     LastWordsCheckpoint, latest_last_words                last_words.hpp
 //                  ReplicaSelector: LowestHealthyRank, PreferenceOrder, AvoidRanks  replica_selector.hpp
+//   UCE repair     UceRepair, attach, InjectUce                         uce_repair.hpp
 
 #include "../ckpt/ckpt.hpp"
 #include "../nn/nn.hpp"
+#include "backend.hpp"
 #include "communicator.hpp"
 #include "data_parallel.hpp"
 #include "last_words.hpp"
 #include "replica_selector.hpp"
 #include "thread_comm.hpp"
+#include "uce_repair.hpp"

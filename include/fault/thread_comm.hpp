@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -61,6 +62,15 @@ public:
     /// Marks `rank` as gone after a failure elsewhere (it gave up with PeerFailure): calls
     /// that need it still fail, but name the ranks that failed first.
     void leave(int rank) { set_state(rank, State::left); }
+    /// Asks every rank to stop for a repair of `rank`: their calls throw Interrupted until
+    /// all active ranks have called rejoin().
+    void interrupt(int rank) {
+        {
+            std::lock_guard lock(m_);
+            if (!interrupted_by_) interrupted_by_ = rank;
+        }
+        cv_.notify_all();
+    }
     bool failed(int rank) const {
         std::lock_guard lock(m_);
         return state_.at(static_cast<std::size_t>(rank)) == State::failed;
@@ -93,6 +103,45 @@ private:
         }
         return survivors_;
     }
+    // After interrupt(): returns once every active rank has called it (or throws
+    // PeerFailure at the timeout); the calls in progress are abandoned and numbering
+    // starts again from 0.
+    void rejoin(int rank) {
+        std::unique_lock lock(m_);
+        const std::uint64_t gen = generation_;
+        ++rejoined_;
+        auto active = [&] {
+            return static_cast<int>(std::count(state_.begin(), state_.end(), State::active));
+        };
+        if (rejoined_ >= active()) {
+            rounds_.clear();
+            interrupted_by_.reset();
+            rejoined_ = 0;
+            ++generation_;
+            cv_.notify_all();
+            return;
+        }
+        const auto deadline = std::chrono::steady_clock::now() + timeout_;
+        if (!cv_.wait_until(lock, deadline, [&] { return generation_ != gen || rejoined_ >= active(); })) {
+            --rejoined_;
+            throw PeerFailure("rejoin on rank " + std::to_string(job_rank(rank)) + ": not every rank rejoined within " +
+                                  std::to_string(timeout_.count()) + " ms",
+                              {});
+        }
+        if (generation_ == gen) {  // the last active rank failed instead of rejoining
+            rounds_.clear();
+            interrupted_by_.reset();
+            rejoined_ = 0;
+            ++generation_;
+            cv_.notify_all();
+        }
+    }
+    Interrupted interruption(const std::string& call) const {
+        return Interrupted(call + ": rank " + std::to_string(job_rank(*interrupted_by_)) +
+                               " asked every rank to stop for a repair",
+                           job_rank(*interrupted_by_));
+    }
+
     enum class State { active, failed, left };
     void set_state(int rank, State st) {
         {
@@ -143,6 +192,13 @@ private:
                                     describe(kind, root, in.size()) + ", another rank " +
                                     describe(r.kind, r.root, r.count));
         }
+        if (interrupted_by_) {
+            r.gave_up.push_back(rank);
+            r.arrived[static_cast<std::size_t>(rank)] = true;
+            ++r.arrivals;
+            finish(seq, r);
+            throw interruption(call);
+        }
         if (!r.gave_up.empty()) {  // a late arrival: the others already gave up on this call
             const auto who = to_job(r.gave_up);
             r.arrived[static_cast<std::size_t>(rank)] = true;
@@ -155,7 +211,8 @@ private:
             // Slots are read until every rank has left the call that filled them: this
             // rank's slot may be rewritten once the previous call is over for all.
             const auto until = std::chrono::steady_clock::now() + timeout_;
-            if (!cv_.wait_until(lock, until, [&] { return seq == 0 || !rounds_.count(seq - 1) || any_gone(); })) {
+            if (!cv_.wait_until(lock, until,
+                                [&] { return seq == 0 || !rounds_.count(seq - 1) || any_gone() || interrupted_by_; })) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
                 throw PeerFailure(call + ": ranks still in the previous call after " + std::to_string(timeout_.count()) +
@@ -180,12 +237,18 @@ private:
         };
         // Complete once every rank's data is in, even if a rank fails afterwards.
         while (r.arrivals < size_) {
+            if (interrupted_by_) {
+                r.gave_up.push_back(rank);
+                finish(seq, r);
+                throw interruption(call);
+            }
             if (!absent(true).empty()) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
                 throw gone_error(call);
             }
-            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty()) {
+            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty() &&
+                !interrupted_by_) {
                 const auto late = to_job(absent(false));
                 r.gave_up.push_back(rank);
                 finish(seq, r);
@@ -345,6 +408,9 @@ private:
     std::map<std::uint64_t, Round> rounds_;
     std::vector<std::vector<float>> slots_ = std::vector<std::vector<float>>(static_cast<std::size_t>(size_));
     std::vector<float> result_;
+    std::optional<int> interrupted_by_;  // set by interrupt(), cleared when all rejoined
+    std::uint64_t generation_ = 0;
+    int rejoined_ = 0;
     std::map<std::tuple<int, int, int>, std::deque<std::vector<float>>> mail_;
 };
 
@@ -364,6 +430,15 @@ public:
 
     /// Declares this rank failed: the other ranks' calls that need it throw PeerFailure.
     void declare_failed() { group_->fail(rank_); }
+
+    /// Asks every rank to stop for a repair of this one (their calls throw Interrupted).
+    void interrupt() { group_->interrupt(rank_); }
+    /// After an interrupt: waits for every active rank to rejoin, then starts a fresh
+    /// numbering of calls; the calls that were in progress are abandoned.
+    void rejoin() {
+        group_->rejoin(rank_);
+        seq_ = 0;
+    }
 
     /// After a failure: a communicator over the ranks that are still active (ranks
     /// renumbered from 0 in job order; job_rank() keeps the original number). Every

@@ -6,6 +6,10 @@
 //   on_before_update(RunContext&)  // gradients computed (and averaged), parameters not yet changed
 //   on_step_end(RunContext&)     on_epoch_end(RunContext&)    on_train_end(RunContext&)
 //   on_exception(RunContext&)    // the loop failed; the exception is rethrown afterwards
+//   StepRecovery on_step_failed(RunContext&)
+//       a step threw (the exception is current): repair the state in place and return redo
+//       (run the step again) or done (the step's result was restored), else none. The
+//       strongest answer of all callbacks wins; with none, the loop fails as usual.
 // Pass several with nn::callbacks(a, b, …); they run in that order at every hook.
 
 #include <chrono>
@@ -20,6 +24,9 @@
 #include "../ckpt/progress.hpp"
 
 namespace nn {
+
+/// What on_step_failed did about a failed step.
+enum class StepRecovery { none, redo, done };
 
 /// The loop's position and state, handed to every hook (the seed's run_context).
 struct RunContext {
@@ -68,6 +75,11 @@ NN_DEFINE_HOOK(on_epoch_end)
 NN_DEFINE_HOOK(on_train_end)
 NN_DEFINE_HOOK(on_exception)
 #undef NN_DEFINE_HOOK
+template <class Cb>
+StepRecovery on_step_failed(Cb& cb, RunContext& ctx) {
+    if constexpr (requires { cb.on_step_failed(ctx); }) return cb.on_step_failed(ctx);
+    else return StepRecovery::none;
+}
 }  // namespace detail
 
 /// Prints the loss every `per_print_times` steps, as the seed does:

@@ -109,11 +109,26 @@ public:
                 ctx.step = epoch == initial_epoch + 1 ? init_step : 0;
                 each([](auto& cb, RunContext& c) { detail::on_epoch_begin(cb, c); });
                 for (std::int64_t s = ctx.step; s < steps && !ctx.stop_requested; ++s) {
-                    each([](auto& cb, RunContext& c) { detail::on_step_begin(cb, c); });
-                    data.load_batch(epoch, s, batch_);
-                    ctx.loss = train_step(ctx, [&] {
-                        each([](auto& cb, RunContext& c) { detail::on_before_update(cb, c); });
-                    });
+                    for (int attempt = 1;; ++attempt) {
+                        try {
+                            each([](auto& cb, RunContext& c) { detail::on_step_begin(cb, c); });
+                            data.load_batch(epoch, s, batch_);
+                            ctx.loss = train_step(ctx, [&] {
+                                each([](auto& cb, RunContext& c) { detail::on_before_update(cb, c); });
+                            });
+                            break;
+                        } catch (...) {
+                            // a callback may repair the state in place (UCE repair) and have
+                            // the step redone, or restore the step's result from a replica
+                            StepRecovery recovery = StepRecovery::none;
+                            each([&](auto& cb, RunContext& c) {
+                                recovery = std::max(recovery, detail::on_step_failed(cb, c));
+                            });
+                            if (recovery == StepRecovery::none || attempt >= max_step_attempts) throw;
+                            ctx.consistent = true;
+                            if (recovery == StepRecovery::done) break;
+                        }
+                    }
                     ctx.step = s + 1;
                     ++ctx.global_step;
                     each([](auto& cb, RunContext& c) { detail::on_step_end(cb, c); });
@@ -240,6 +255,8 @@ private:
         ctx.consistent = true;
         return loss;
     }
+
+    static constexpr int max_step_attempts = 3;  // a step failing again after two repairs ends training
 
     Net& net_;
     Opt& opt_;

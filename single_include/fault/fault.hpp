@@ -3,14 +3,267 @@
 // fault: data-parallel training that survives failures. Include this one header (it
 // includes ckpt/ckpt.hpp and nn/nn.hpp).
 //
-//   communicators  Communicator concept, PeerFailure, ReduceOp          communicator.hpp
+//   backends       Backend concept, Cpu, AscendModel (UCE simulation)   backend.hpp
+//   communicators  Communicator concept, PeerFailure, Interrupted, ReduceOp  communicator.hpp
 //                  ThreadComm / ThreadGroup / run_ranks (in-process)    thread_comm.hpp
 //   data parallel  DataParallelOptimizer, phase reports, broadcast_parameters  data_parallel.hpp
 //   last words     LastWordsCheckpoint, latest_last_words                last_words.hpp
 //                  ReplicaSelector: LowestHealthyRank, PreferenceOrder, AvoidRanks  replica_selector.hpp
+//   UCE repair     UceRepair, attach, InjectUce                         uce_repair.hpp
 
 #include <ckpt/ckpt.hpp>
 #include <nn/nn.hpp>
+// Backends: where a rank's parameters and optimizer state live, and what can go wrong with
+// that memory. Two models:
+//
+//   Cpu          host memory; nothing to report.
+//   AscendModel  a simulated NPU, faithful where fault handling cares: device memory with
+//                capacity accounting, host <-> device copies, synchronization, and the
+//                uncorrectable ECC error (UCE): a poisoned range surfaces, as on the real
+//                runtime, as a device-memory error code on the next operation that touches
+//                it; the device then reports itself unhealthy until the seed's sequence
+//                stop -> clean -> repair has run.
+//
+// A backend B provides
+//   void attach(std::string name, std::span<float> memory)   // a tensor now lives on it
+//   void touch(std::string_view name)                        // an operation reads/writes it; may throw DeviceMemoryError
+//   void touch_all()
+//   void synchronize()                                       // waits for queued work; reports errors
+//   Health health() const
+//   void stop(); void clean(); void repair();                // the repair sequence
+//   std::string_view name() const
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace fault {
+
+enum class Health { healthy, uce, stopped, cleaned };
+
+inline const char* health_name(Health h) {
+    switch (h) {
+        case Health::healthy: return "healthy";
+        case Health::uce: return "uncorrectable memory error";
+        case Health::stopped: return "stopped";
+        case Health::cleaned: return "cleaned";
+    }
+    return "?";
+}
+
+/// A device reported a memory error on an operation. `code` is the runtime's error code
+/// (ACL_ERROR_RT_DEVICE_MEM_ERROR, 507053, for a UCE on Ascend).
+class DeviceMemoryError : public ckpt::Error {
+public:
+    DeviceMemoryError(const std::string& what, int code, std::string tensor)
+        : ckpt::Error(what), code_(code), tensor_(std::move(tensor)) {}
+    int code() const noexcept { return code_; }
+    const std::string& tensor() const noexcept { return tensor_; }
+
+private:
+    int code_;
+    std::string tensor_;
+};
+
+/// The device cannot hold what is asked of it.
+class DeviceOutOfMemory : public ckpt::Error {
+public:
+    using ckpt::Error::Error;
+};
+
+template <class B>
+concept Backend = requires(B& b, const B& cb, std::span<float> memory, std::string_view name) {
+    b.attach(std::string(name), memory);
+    b.touch(name);
+    b.touch_all();
+    b.synchronize();
+    { cb.health() } -> std::same_as<Health>;
+    b.stop();
+    b.clean();
+    b.repair();
+    { cb.name() } -> std::convertible_to<std::string_view>;
+};
+
+/// Host memory: attached tensors are simply there, and nothing goes wrong that this layer
+/// could see (a CPU memory error kills the process).
+class Cpu {
+public:
+    void attach(std::string, std::span<float>) {}
+    void touch(std::string_view) {}
+    void touch_all() {}
+    void synchronize() {}
+    Health health() const { return Health::healthy; }
+    void stop() {}
+    void clean() {}
+    void repair() {}
+    std::string_view name() const { return "cpu"; }
+};
+
+/// A simulated Ascend NPU (see the file comment). Thread-safe: a test may inject a UCE from
+/// another thread.
+class AscendModel {
+public:
+    static constexpr int mem_error_code = 507053;  // ACL_ERROR_RT_DEVICE_MEM_ERROR
+
+    explicit AscendModel(int device_id = 0, std::size_t capacity_bytes = std::size_t(32) << 30)
+        : device_(device_id), capacity_(capacity_bytes) {}
+
+    /// Places a tensor in device memory (the simulation keeps the bytes where they are and
+    /// accounts for them). Throws DeviceOutOfMemory beyond the capacity.
+    void attach(std::string name, std::span<float> memory) {
+        std::lock_guard lock(m_);
+        const std::size_t bytes = memory.size_bytes();
+        if (used_ + bytes > capacity_)
+            throw DeviceOutOfMemory("device " + std::to_string(device_) + ": '" + name + "' needs " +
+                                    std::to_string(bytes) + " bytes, " + std::to_string(capacity_ - used_) + " of " +
+                                    std::to_string(capacity_) + " are free");
+        used_ += bytes;
+        tensors_[std::move(name)] = Region{memory, {}};
+    }
+    std::size_t used_bytes() const {
+        std::lock_guard lock(m_);
+        return used_;
+    }
+
+    /// Host -> device and device -> host copies of an attached tensor; both touch it.
+    void copy_to_device(std::string_view name, std::span<const float> host) {
+        touch(name);
+        std::lock_guard lock(m_);
+        auto& r = region(name);
+        if (host.size() != r.memory.size())
+            throw ckpt::ConfigError("copy to device: '" + std::string(name) + "' holds " + std::to_string(r.memory.size()) +
+                                    " floats, the source " + std::to_string(host.size()));
+        std::copy(host.begin(), host.end(), r.memory.begin());
+    }
+    void copy_to_host(std::string_view name, std::span<float> host) {
+        touch(name);
+        std::lock_guard lock(m_);
+        auto& r = region(name);
+        if (host.size() != r.memory.size())
+            throw ckpt::ConfigError("copy to host: '" + std::string(name) + "' holds " + std::to_string(r.memory.size()) +
+                                    " floats, the destination " + std::to_string(host.size()));
+        std::copy(r.memory.begin(), r.memory.end(), host.begin());
+    }
+
+    /// An uncorrectable ECC error in floats [first, first + count) of tensor `name`: the
+    /// bits there are scrambled now, and the next operation touching the tensor fails.
+    void inject_uce(std::string_view name, std::size_t first = 0, std::size_t count = 16) {
+        std::lock_guard lock(m_);
+        auto& r = region(name);
+        if (first >= r.memory.size()) throw ckpt::ConfigError("inject_uce: '" + std::string(name) + "' has no float " + std::to_string(first));
+        count = std::min(count, r.memory.size() - first);
+        for (std::size_t i = first; i < first + count; ++i) {
+            std::uint32_t bits;
+            std::memcpy(&bits, &r.memory[i], sizeof bits);
+            bits ^= 0x5a5a5a5au;
+            std::memcpy(&r.memory[i], &bits, sizeof bits);
+        }
+        r.poisoned.push_back({first, count});
+    }
+
+    /// An operation on tensor `name`: throws DeviceMemoryError if it holds a poisoned range,
+    /// and marks the device unhealthy.
+    void touch(std::string_view name) {
+        std::lock_guard lock(m_);
+        check_usable(name);
+        auto& r = region(name);
+        if (!r.poisoned.empty()) {
+            health_ = Health::uce;
+            const auto p = r.poisoned.front();
+            throw DeviceMemoryError("device " + std::to_string(device_) + ": error " + std::to_string(mem_error_code) +
+                                        " (device memory error) touching '" + std::string(name) + "', floats " +
+                                        std::to_string(p.first) + "-" + std::to_string(p.first + p.count - 1),
+                                    mem_error_code, std::string(name));
+        }
+    }
+    void touch_all() {
+        std::vector<std::string> names;
+        {
+            std::lock_guard lock(m_);
+            for (const auto& [n, r] : tensors_) names.push_back(n);
+        }
+        for (const auto& n : names) touch(n);
+    }
+    void synchronize() {
+        std::lock_guard lock(m_);
+        if (health_ == Health::uce)
+            throw DeviceMemoryError("device " + std::to_string(device_) + ": error " + std::to_string(mem_error_code) +
+                                        " reported at synchronize",
+                                    mem_error_code, "");
+    }
+    Health health() const {
+        std::lock_guard lock(m_);
+        return health_;
+    }
+
+    /// The seed's repair sequence: stop the device's work, clean (scrub) the poisoned
+    /// memory, repair (map out the bad range and resume). Out of order is an error.
+    void stop() {
+        std::lock_guard lock(m_);
+        health_ = Health::stopped;
+    }
+    void clean() {
+        std::lock_guard lock(m_);
+        if (health_ != Health::stopped) throw ckpt::ConfigError("device " + std::to_string(device_) + ": clean before stop");
+        for (auto& [n, r] : tensors_) {
+            for (const auto& p : r.poisoned) std::fill_n(r.memory.begin() + static_cast<std::ptrdiff_t>(p.first), p.count, 0.0f);
+            r.poisoned.clear();
+        }
+        health_ = Health::cleaned;
+    }
+    void repair() {
+        std::lock_guard lock(m_);
+        if (health_ != Health::cleaned) throw ckpt::ConfigError("device " + std::to_string(device_) + ": repair before clean");
+        health_ = Health::healthy;
+        ++repairs_;
+    }
+    int repairs() const {
+        std::lock_guard lock(m_);
+        return repairs_;
+    }
+    std::string_view name() const { return "ascend-model"; }
+
+private:
+    struct Range {
+        std::size_t first, count;
+    };
+    struct Region {
+        std::span<float> memory;
+        std::vector<Range> poisoned;
+    };
+    Region& region(std::string_view name) {
+        auto it = tensors_.find(std::string(name));
+        if (it == tensors_.end()) throw ckpt::ConfigError("device " + std::to_string(device_) + " holds no tensor '" + std::string(name) + "'");
+        return it->second;
+    }
+    void check_usable(std::string_view name) const {
+        if (health_ == Health::stopped || health_ == Health::cleaned)
+            throw DeviceMemoryError("device " + std::to_string(device_) + " is " + health_name(health_) +
+                                        ": no operation on '" + std::string(name) + "' until it is repaired",
+                                    mem_error_code, std::string(name));
+    }
+
+    int device_;
+    std::size_t capacity_, used_ = 0;
+    mutable std::mutex m_;
+    std::map<std::string, Region> tensors_;
+    Health health_ = Health::healthy;
+    int repairs_ = 0;
+};
+
+static_assert(Backend<Cpu>);
+static_assert(Backend<AscendModel>);
+
+}  // namespace fault
 // The Communicator concept: the collectives data-parallel training needs, each with a
 // timeout, each able to fail with PeerFailure naming the ranks that did not take part.
 //
@@ -48,6 +301,18 @@ public:
 
 private:
     std::vector<int> ranks_;
+};
+
+/// Another rank asked every rank to stop where it stands so that it can be repaired (an
+/// uncorrectable memory error): calls in progress and later calls throw this until the
+/// ranks rejoin.
+class Interrupted : public ckpt::Error {
+public:
+    Interrupted(const std::string& what, int by_rank) : ckpt::Error(what), by_rank_(by_rank) {}
+    int by_rank() const noexcept { return by_rank_; }
+
+private:
+    int by_rank_;
 };
 
 template <class C>
@@ -449,6 +714,7 @@ inline std::optional<fs::path> latest_last_words(const fs::path& dir) {
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -485,6 +751,15 @@ public:
     /// Marks `rank` as gone after a failure elsewhere (it gave up with PeerFailure): calls
     /// that need it still fail, but name the ranks that failed first.
     void leave(int rank) { set_state(rank, State::left); }
+    /// Asks every rank to stop for a repair of `rank`: their calls throw Interrupted until
+    /// all active ranks have called rejoin().
+    void interrupt(int rank) {
+        {
+            std::lock_guard lock(m_);
+            if (!interrupted_by_) interrupted_by_ = rank;
+        }
+        cv_.notify_all();
+    }
     bool failed(int rank) const {
         std::lock_guard lock(m_);
         return state_.at(static_cast<std::size_t>(rank)) == State::failed;
@@ -517,6 +792,45 @@ private:
         }
         return survivors_;
     }
+    // After interrupt(): returns once every active rank has called it (or throws
+    // PeerFailure at the timeout); the calls in progress are abandoned and numbering
+    // starts again from 0.
+    void rejoin(int rank) {
+        std::unique_lock lock(m_);
+        const std::uint64_t gen = generation_;
+        ++rejoined_;
+        auto active = [&] {
+            return static_cast<int>(std::count(state_.begin(), state_.end(), State::active));
+        };
+        if (rejoined_ >= active()) {
+            rounds_.clear();
+            interrupted_by_.reset();
+            rejoined_ = 0;
+            ++generation_;
+            cv_.notify_all();
+            return;
+        }
+        const auto deadline = std::chrono::steady_clock::now() + timeout_;
+        if (!cv_.wait_until(lock, deadline, [&] { return generation_ != gen || rejoined_ >= active(); })) {
+            --rejoined_;
+            throw PeerFailure("rejoin on rank " + std::to_string(job_rank(rank)) + ": not every rank rejoined within " +
+                                  std::to_string(timeout_.count()) + " ms",
+                              {});
+        }
+        if (generation_ == gen) {  // the last active rank failed instead of rejoining
+            rounds_.clear();
+            interrupted_by_.reset();
+            rejoined_ = 0;
+            ++generation_;
+            cv_.notify_all();
+        }
+    }
+    Interrupted interruption(const std::string& call) const {
+        return Interrupted(call + ": rank " + std::to_string(job_rank(*interrupted_by_)) +
+                               " asked every rank to stop for a repair",
+                           job_rank(*interrupted_by_));
+    }
+
     enum class State { active, failed, left };
     void set_state(int rank, State st) {
         {
@@ -567,6 +881,13 @@ private:
                                     describe(kind, root, in.size()) + ", another rank " +
                                     describe(r.kind, r.root, r.count));
         }
+        if (interrupted_by_) {
+            r.gave_up.push_back(rank);
+            r.arrived[static_cast<std::size_t>(rank)] = true;
+            ++r.arrivals;
+            finish(seq, r);
+            throw interruption(call);
+        }
         if (!r.gave_up.empty()) {  // a late arrival: the others already gave up on this call
             const auto who = to_job(r.gave_up);
             r.arrived[static_cast<std::size_t>(rank)] = true;
@@ -579,7 +900,8 @@ private:
             // Slots are read until every rank has left the call that filled them: this
             // rank's slot may be rewritten once the previous call is over for all.
             const auto until = std::chrono::steady_clock::now() + timeout_;
-            if (!cv_.wait_until(lock, until, [&] { return seq == 0 || !rounds_.count(seq - 1) || any_gone(); })) {
+            if (!cv_.wait_until(lock, until,
+                                [&] { return seq == 0 || !rounds_.count(seq - 1) || any_gone() || interrupted_by_; })) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
                 throw PeerFailure(call + ": ranks still in the previous call after " + std::to_string(timeout_.count()) +
@@ -604,12 +926,18 @@ private:
         };
         // Complete once every rank's data is in, even if a rank fails afterwards.
         while (r.arrivals < size_) {
+            if (interrupted_by_) {
+                r.gave_up.push_back(rank);
+                finish(seq, r);
+                throw interruption(call);
+            }
             if (!absent(true).empty()) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
                 throw gone_error(call);
             }
-            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty()) {
+            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty() &&
+                !interrupted_by_) {
                 const auto late = to_job(absent(false));
                 r.gave_up.push_back(rank);
                 finish(seq, r);
@@ -769,6 +1097,9 @@ private:
     std::map<std::uint64_t, Round> rounds_;
     std::vector<std::vector<float>> slots_ = std::vector<std::vector<float>>(static_cast<std::size_t>(size_));
     std::vector<float> result_;
+    std::optional<int> interrupted_by_;  // set by interrupt(), cleared when all rejoined
+    std::uint64_t generation_ = 0;
+    int rejoined_ = 0;
     std::map<std::tuple<int, int, int>, std::deque<std::vector<float>>> mail_;
 };
 
@@ -788,6 +1119,15 @@ public:
 
     /// Declares this rank failed: the other ranks' calls that need it throw PeerFailure.
     void declare_failed() { group_->fail(rank_); }
+
+    /// Asks every rank to stop for a repair of this one (their calls throw Interrupted).
+    void interrupt() { group_->interrupt(rank_); }
+    /// After an interrupt: waits for every active rank to rejoin, then starts a fresh
+    /// numbering of calls; the calls that were in progress are abandoned.
+    void rejoin() {
+        group_->rejoin(rank_);
+        seq_ = 0;
+    }
 
     /// After a failure: a communicator over the ranks that are still active (ranks
     /// renumbered from 0 in job order; job_rank() keeps the original number). Every
@@ -853,5 +1193,163 @@ inline std::vector<std::exception_ptr> run_ranks(ThreadGroup& group, const std::
     for (auto& t : threads) t.join();
     return errors;
 }
+
+}  // namespace fault
+// UCE in-place repair (the seed's UCE fault recovery): when a rank's device reports an
+// uncorrectable memory error, every rank stops where it stands, the rank's device is
+// stopped, cleaned and repaired, the parameters and optimizer state are copied to it from a
+// healthy replica, and training goes on in the same process: the interrupted step is redone
+// (or, if a replica already completed it, taken as done). There is no controller; rank 0
+// may be the one repaired.
+//
+//   fault::AscendModel device(rank);
+//   fault::attach(device, trainer.load_target());        // parameters and optimizer state live there
+//   fault::UceRepair repair(comm, device);
+//   trainer.train(epochs, data, nn::callbacks(repair, …));
+//
+// The repaired rank raises DeviceMemoryError on the first operation touching the damaged
+// memory (UceRepair touches every attached tensor when a step begins, as its forward pass
+// would) and interrupts the other ranks; they meet in Communicator::rejoin(), exchange what
+// they hold, and the ReplicaSelector picks the source among the healthy ranks holding the
+// newest consistent step. When no healthy replica holds it, the step fails as usual and the
+// last-words path takes over.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace fault {
+
+/// Attaches every float32 tensor of `views` (for instance Trainer::load_target(): the
+/// parameters and the optimizer state) to the backend, under its checkpoint name.
+template <Backend B>
+void attach(B& backend, ckpt::ParamDict views) {
+    for (auto& [name, value] : views)
+        if (ckpt::Tensor* t = value.template get_if<ckpt::Tensor>(); t && t->dtype() == ckpt::DType::float32)
+            backend.attach(name, t->values<float>());
+}
+
+/// One repair, as a rank saw it.
+struct RepairRecord {
+    int repaired_rank = -1;         ///< the job rank whose device was repaired
+    int source_rank = -1;           ///< the replica the state was copied from
+    std::int64_t global_step = 0;   ///< the step the state was at
+    bool redone = true;             ///< the interrupted step was run again (else taken as done)
+};
+
+template <class Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
+class UceRepair {
+public:
+    UceRepair(Comm& comm, B& backend, Sel selector = {}) : comm_(comm), backend_(backend), selector_(std::move(selector)) {
+        if (comm.size() < 2)
+            throw ckpt::ConfigError("UCE repair needs a replica to copy from: a data-parallel job of at least 2 ranks, "
+                                    "this one has " + std::to_string(comm.size()));
+    }
+
+    /// A step's forward pass reads every parameter: the damaged memory surfaces here.
+    void on_step_begin(nn::RunContext&) { backend_.touch_all(); }
+
+    nn::StepRecovery on_step_failed(nn::RunContext& ctx) {
+        bool damaged = false;
+        try {
+            std::rethrow_exception(std::current_exception());
+        } catch (const DeviceMemoryError&) {
+            damaged = true;
+        } catch (const Interrupted&) {
+        } catch (...) {
+            return nn::StepRecovery::none;
+        }
+        if (damaged) comm_.interrupt();
+        comm_.rejoin();
+
+        // what each rank holds: completed step, consistent, healthy
+        const std::array<std::int64_t, 4> mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
+                                               backend_.health() == Health::healthy ? 1 : 0};
+        std::vector<float> packed(mine.size() * sizeof(std::int64_t) / sizeof(float));  // the bits, moved as floats
+        std::vector<float> all(packed.size() * static_cast<std::size_t>(comm_.size()));
+        std::memcpy(packed.data(), mine.data(), mine.size() * sizeof(std::int64_t));
+        comm_.allgather(packed, all);
+        std::vector<std::int64_t> reports(all.size() * sizeof(float) / sizeof(std::int64_t));
+        std::memcpy(reports.data(), all.data(), all.size() * sizeof(float));
+
+        std::int64_t newest = -1;
+        for (std::size_t i = 0; i < reports.size(); i += 4)
+            if (reports[i + 2] && reports[i + 3]) newest = std::max(newest, reports[i + 1]);
+        std::vector<int> holders;  // group ranks (the same as job ranks until a shrink)
+        int repaired = -1;
+        for (std::size_t i = 0, q = 0; i < reports.size(); i += 4, ++q) {
+            if (reports[i + 2] && reports[i + 3] && reports[i + 1] == newest) holders.push_back(static_cast<int>(q));
+            if (!reports[i + 3]) repaired = static_cast<int>(reports[i]);
+        }
+        if (holders.empty()) {
+            ckpt::detail::log(ckpt::LogLevel::warning,
+                              "UCE repair: no healthy rank holds a consistent state; the step fails");
+            return nn::StepRecovery::none;
+        }
+        const int source = selector_.choose(holders);
+
+        if (damaged) {  // the seed's sequence: stop, clean, repair
+            backend_.stop();
+            backend_.clean();
+            backend_.repair();
+        }
+        // every float tensor from the source (an identical copy for healthy replicas)
+        for (auto& [name, value] : ctx.state())
+            if (ckpt::Tensor* t = value.template get_if<ckpt::Tensor>(); t && t->dtype() == ckpt::DType::float32)
+                comm_.broadcast(t->values<float>(), source);
+        backend_.touch_all();
+
+        RepairRecord rec;
+        rec.repaired_rank = repaired;
+        rec.source_rank = source;
+        rec.global_step = newest;
+        rec.redone = ctx.global_step == newest;
+        records_.push_back(rec);
+        if (ctx.global_step == newest) return nn::StepRecovery::redo;
+        if (ctx.global_step + 1 == newest) return nn::StepRecovery::done;
+        ckpt::detail::log(ckpt::LogLevel::warning, "UCE repair: rank " + std::to_string(comm_.job_rank()) + " is at step " +
+                                                       std::to_string(ctx.global_step) + ", the replicas at " +
+                                                       std::to_string(newest) + "; the step fails");
+        return nn::StepRecovery::none;
+    }
+
+    /// The repairs this rank took part in.
+    const std::vector<RepairRecord>& records() const noexcept { return records_; }
+
+private:
+    Comm& comm_;
+    B& backend_;
+    Sel selector_;
+    std::vector<RepairRecord> records_;
+};
+
+/// Injects a UCE into tensor `name` of a rank's device at the end of global step `step`
+/// (for tests and examples).
+template <class Device>
+class InjectUce {
+public:
+    InjectUce(Device& device, std::string tensor, std::int64_t global_step, int rank)
+        : device_(device), tensor_(std::move(tensor)), step_(global_step), rank_(rank) {}
+    void on_step_end(nn::RunContext& ctx) {
+        if (fired_ || ctx.global_step != step_ || ctx.rank != rank_) return;
+        fired_ = true;
+        device_.inject_uce(tensor_);
+    }
+    bool fired() const noexcept { return fired_; }
+
+private:
+    Device& device_;
+    std::string tensor_;
+    std::int64_t step_;
+    int rank_;
+    bool fired_ = false;
+};
 
 }  // namespace fault

@@ -19,6 +19,10 @@
 //   on_before_update(RunContext&)  // gradients computed (and averaged), parameters not yet changed
 //   on_step_end(RunContext&)     on_epoch_end(RunContext&)    on_train_end(RunContext&)
 //   on_exception(RunContext&)    // the loop failed; the exception is rethrown afterwards
+//   StepRecovery on_step_failed(RunContext&)
+//       a step threw (the exception is current): repair the state in place and return redo
+//       (run the step again) or done (the step's result was restored), else none. The
+//       strongest answer of all callbacks wins; with none, the loop fails as usual.
 // Pass several with nn::callbacks(a, b, …); they run in that order at every hook.
 
 #include <chrono>
@@ -31,6 +35,9 @@
 
 
 namespace nn {
+
+/// What on_step_failed did about a failed step.
+enum class StepRecovery { none, redo, done };
 
 /// The loop's position and state, handed to every hook (the seed's run_context).
 struct RunContext {
@@ -79,6 +86,11 @@ NN_DEFINE_HOOK(on_epoch_end)
 NN_DEFINE_HOOK(on_train_end)
 NN_DEFINE_HOOK(on_exception)
 #undef NN_DEFINE_HOOK
+template <class Cb>
+StepRecovery on_step_failed(Cb& cb, RunContext& ctx) {
+    if constexpr (requires { cb.on_step_failed(ctx); }) return cb.on_step_failed(ctx);
+    else return StepRecovery::none;
+}
 }  // namespace detail
 
 /// Prints the loss every `per_print_times` steps, as the seed does:
@@ -1939,11 +1951,26 @@ public:
                 ctx.step = epoch == initial_epoch + 1 ? init_step : 0;
                 each([](auto& cb, RunContext& c) { detail::on_epoch_begin(cb, c); });
                 for (std::int64_t s = ctx.step; s < steps && !ctx.stop_requested; ++s) {
-                    each([](auto& cb, RunContext& c) { detail::on_step_begin(cb, c); });
-                    data.load_batch(epoch, s, batch_);
-                    ctx.loss = train_step(ctx, [&] {
-                        each([](auto& cb, RunContext& c) { detail::on_before_update(cb, c); });
-                    });
+                    for (int attempt = 1;; ++attempt) {
+                        try {
+                            each([](auto& cb, RunContext& c) { detail::on_step_begin(cb, c); });
+                            data.load_batch(epoch, s, batch_);
+                            ctx.loss = train_step(ctx, [&] {
+                                each([](auto& cb, RunContext& c) { detail::on_before_update(cb, c); });
+                            });
+                            break;
+                        } catch (...) {
+                            // a callback may repair the state in place (UCE repair) and have
+                            // the step redone, or restore the step's result from a replica
+                            StepRecovery recovery = StepRecovery::none;
+                            each([&](auto& cb, RunContext& c) {
+                                recovery = std::max(recovery, detail::on_step_failed(cb, c));
+                            });
+                            if (recovery == StepRecovery::none || attempt >= max_step_attempts) throw;
+                            ctx.consistent = true;
+                            if (recovery == StepRecovery::done) break;
+                        }
+                    }
                     ctx.step = s + 1;
                     ++ctx.global_step;
                     each([](auto& cb, RunContext& c) { detail::on_step_end(cb, c); });
@@ -2070,6 +2097,8 @@ private:
         ctx.consistent = true;
         return loss;
     }
+
+    static constexpr int max_step_attempts = 3;  // a step failing again after two repairs ends training
 
     Net& net_;
     Opt& opt_;
