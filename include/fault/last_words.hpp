@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -112,6 +113,7 @@ struct LastWordsOutcome {
     int saver = -1;                         ///< the job rank that saved it
     std::optional<fs::path> step_directory; ///< committed and durable, if the save succeeded
     std::string message;                    ///< why nothing was saved, when nothing was
+    double seconds = 0;                     ///< from the failure's detection to the save being durable
 };
 
 template <class Comm, ReplicaSelector Sel = LowestHealthyRank>
@@ -136,6 +138,7 @@ public:
             return;
         }
         outcome_.took_part = true;
+        const auto start = std::chrono::steady_clock::now();
         Comm survivors = comm_.shrink();
         const SurvivorReport mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0, ctx.epoch, ctx.step};
         std::vector<float> all(detail::report_floats * static_cast<std::size_t>(survivors.size()));
@@ -165,6 +168,7 @@ public:
         if (outcome_.saver == comm_.job_rank()) committed = write(ctx, *holder, final_dir);
         // Every survivor learns the save is durable, or learns of a second failure here.
         survivors.barrier();
+        outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (outcome_.saver == comm_.job_rank() && !committed) return;
         outcome_.step_directory = final_dir;
     }

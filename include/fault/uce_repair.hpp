@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -52,6 +53,8 @@ struct RepairRecord {
     int source_rank = -1;           ///< the replica the state was copied from
     std::int64_t global_step = 0;   ///< the step the state was at
     bool redone = true;             ///< the interrupted step was run again (else taken as done)
+    double seconds = 0;             ///< from the error's detection to the state being whole again
+    double stop_seconds = 0;        ///< of which waiting for every rank to stop (finish its computation)
 };
 
 template <class Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
@@ -76,8 +79,10 @@ public:
         } catch (...) {
             return nn::StepRecovery::none;
         }
+        const auto start = std::chrono::steady_clock::now();
         if (damaged) comm_.interrupt();
         comm_.rejoin();
+        const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
         // what each rank holds: completed step, consistent, healthy
         const std::array<std::int64_t, 4> mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
@@ -121,6 +126,8 @@ public:
         rec.source_rank = source;
         rec.global_step = newest;
         rec.redone = ctx.global_step == newest;
+        rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        rec.stop_seconds = stop_seconds;
         records_.push_back(rec);
         if (ctx.global_step == newest) return nn::StepRecovery::redo;
         if (ctx.global_step + 1 == newest) return nn::StepRecovery::done;

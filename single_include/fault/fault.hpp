@@ -461,6 +461,7 @@ private:
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -589,6 +590,7 @@ struct LastWordsOutcome {
     int saver = -1;                         ///< the job rank that saved it
     std::optional<fs::path> step_directory; ///< committed and durable, if the save succeeded
     std::string message;                    ///< why nothing was saved, when nothing was
+    double seconds = 0;                     ///< from the failure's detection to the save being durable
 };
 
 template <class Comm, ReplicaSelector Sel = LowestHealthyRank>
@@ -613,6 +615,7 @@ public:
             return;
         }
         outcome_.took_part = true;
+        const auto start = std::chrono::steady_clock::now();
         Comm survivors = comm_.shrink();
         const SurvivorReport mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0, ctx.epoch, ctx.step};
         std::vector<float> all(detail::report_floats * static_cast<std::size_t>(survivors.size()));
@@ -642,6 +645,7 @@ public:
         if (outcome_.saver == comm_.job_rank()) committed = write(ctx, *holder, final_dir);
         // Every survivor learns the save is durable, or learns of a second failure here.
         survivors.barrier();
+        outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (outcome_.saver == comm_.job_rank() && !committed) return;
         outcome_.step_directory = final_dir;
     }
@@ -1216,6 +1220,7 @@ inline std::vector<std::exception_ptr> run_ranks(ThreadGroup& group, const std::
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -1242,6 +1247,8 @@ struct RepairRecord {
     int source_rank = -1;           ///< the replica the state was copied from
     std::int64_t global_step = 0;   ///< the step the state was at
     bool redone = true;             ///< the interrupted step was run again (else taken as done)
+    double seconds = 0;             ///< from the error's detection to the state being whole again
+    double stop_seconds = 0;        ///< of which waiting for every rank to stop (finish its computation)
 };
 
 template <class Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
@@ -1266,8 +1273,10 @@ public:
         } catch (...) {
             return nn::StepRecovery::none;
         }
+        const auto start = std::chrono::steady_clock::now();
         if (damaged) comm_.interrupt();
         comm_.rejoin();
+        const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
         // what each rank holds: completed step, consistent, healthy
         const std::array<std::int64_t, 4> mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
@@ -1311,6 +1320,8 @@ public:
         rec.source_rank = source;
         rec.global_step = newest;
         rec.redone = ctx.global_step == newest;
+        rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        rec.stop_seconds = stop_seconds;
         records_.push_back(rec);
         if (ctx.global_step == newest) return nn::StepRecovery::redo;
         if (ctx.global_step + 1 == newest) return nn::StepRecovery::done;

@@ -1,0 +1,139 @@
+// Recovery costs on the seed's data-parallel network (784-512-5120-5120-512-10, about
+// 128 MiB of parameters), 4 ranks as threads:
+//   last words   failure detected -> last-words checkpoint durable, against a normal save
+//                (save_checkpoint of the same state to the same disk), alternately;
+//   UCE repair   every rank stopped -> state whole again on the repaired rank (clean,
+//                repair, copy from the replica), against a copy of the same state between the
+//                ranks (a broadcast of every tensor); the time for the other ranks to stop
+//                (finish the computation they are in) is printed apart.
+// Each round trains two steps, fails (or damages) a rank, and measures; the baselines are
+// measured in the same job right before.
+//
+//   OPENBLAS_NUM_THREADS=1 fault_recovery [--rounds R] [--dir DIR]
+// Last line: fault_recovery last_words/save=X uce_repair/copy=Y
+
+#include <fault/fault.hpp>
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = boost::filesystem;
+using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::ThreadComm>;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+nn::MnistDataset data_for(int ranks, int rank) {
+    nn::MnistDataset ds("/usr/share/datasets/fashion-mnist", nn::Usage::test);
+    ds.take(static_cast<std::size_t>(ranks) * 8 * 4).map({nn::Rescale(1.0 / 255.0, 0), nn::HWC2CHW()});
+    ds.batch(static_cast<std::size_t>(ranks) * 8, true).shard(static_cast<std::size_t>(ranks), static_cast<std::size_t>(rank));
+    return ds;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int rounds = 3;
+    fs::path base = "/var/tmp";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string a = argv[i];
+        if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
+        else if (a == "--dir") base = argv[i + 1];
+    }
+    nn::set_blas_threads(1);
+    const int ranks = 4;
+    std::vector<double> lw, save, repair, copy, stop;
+    for (int round = 0; round < rounds; ++round) {
+        std::string tmpl = (base / "ckpt-bench-fault-XXXXXX").string();
+        if (!::mkdtemp(tmpl.data())) return 1;
+        const fs::path dir = tmpl;
+        // last words, with its baseline
+        {
+            fault::ThreadGroup group(ranks, std::chrono::seconds(120));
+            std::vector<double> lw_seconds(ranks, 0.0);
+            double save_seconds = 0;
+            fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+                auto data = data_for(ranks, comm.rank());
+                nn::DataParallelNet net;
+                nn::SGD sgd(net.parameters(), 1e-2);
+                DpOpt opt(sgd, comm);
+                nn::Trainer<nn::DataParallelNet, DpOpt> trainer(net, opt, {}, comm.rank());
+                trainer.train(1, data, std::tuple<>{});  // warm: every buffer touched
+                if (comm.rank() == 0) {                  // the baseline: a normal save of the same state
+                    const auto t = Clock::now();
+                    ckpt::save_checkpoint(trainer.state_dict(data), dir / "normal.ckpt");
+                    save_seconds = since(t);
+                }
+                comm.barrier();
+                fault::LastWordsCheckpoint last_words(comm, dir / "ttp");
+                nn::FailAtStep crash(5, /*rank=*/1);
+                try {
+                    trainer.train(2, data, nn::callbacks(crash, last_words), 1);
+                } catch (...) {
+                    lw_seconds[static_cast<std::size_t>(comm.rank())] = last_words.outcome().seconds;
+                    throw;
+                }
+            });
+            lw.push_back(lw_seconds[0]);  // rank 0 saves (rank 1 failed)
+            save.push_back(save_seconds);
+        }
+        // UCE repair, with its baseline
+        {
+            fault::ThreadGroup group(ranks, std::chrono::seconds(120));
+            std::vector<double> repair_seconds(ranks, 0.0), stop_seconds(ranks, 0.0);
+            double copy_seconds = 0;
+            const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+                auto data = data_for(ranks, comm.rank());
+                nn::DataParallelNet net;
+                nn::SGD sgd(net.parameters(), 1e-2);
+                DpOpt opt(sgd, comm);
+                nn::Trainer<nn::DataParallelNet, DpOpt> trainer(net, opt, {}, comm.rank());
+                fault::AscendModel device(comm.rank());
+                fault::attach(device, trainer.load_target());
+                trainer.train(1, data, std::tuple<>{});
+                {  // the baseline: the state copied from rank 0 to the others
+                    comm.barrier();
+                    const auto t = Clock::now();
+                    for (auto& [name, value] : trainer.load_target())
+                        if (auto* tensor = value.get_if<ckpt::Tensor>()) comm.broadcast(tensor->values<float>(), 0);
+                    comm.barrier();
+                    if (comm.rank() == 2) copy_seconds = since(t);
+                }
+                fault::UceRepair repair(comm, device);
+                fault::InjectUce inject(device, "layer3.weight", 5, /*rank=*/2);
+                trainer.train(2, data, nn::callbacks(repair, inject), 1);
+                if (!repair.records().empty()) {
+                    const auto& rec = repair.records()[0];
+                    repair_seconds[static_cast<std::size_t>(comm.rank())] = rec.seconds - rec.stop_seconds;
+                    stop_seconds[static_cast<std::size_t>(comm.rank())] = rec.stop_seconds;
+                }
+            });
+            for (const auto& e : errors)
+                if (e) std::rethrow_exception(e);
+            repair.push_back(repair_seconds[2]);
+            stop.push_back(stop_seconds[2]);
+            copy.push_back(copy_seconds);
+        }
+        fs::remove_all(dir);
+        std::printf("round %d: last words %.1f ms, normal save %.1f ms (%.2f); UCE repair %.1f ms, state copy %.1f ms "
+                    "(%.2f), waiting for the ranks to stop %.1f ms\n",
+                    round + 1, 1e3 * lw.back(), 1e3 * save.back(), lw.back() / save.back(), 1e3 * repair.back(),
+                    1e3 * copy.back(), repair.back() / copy.back(), 1e3 * stop.back());
+        std::fflush(stdout);
+    }
+    std::printf("fault_recovery last_words/save=%.2f uce_repair/copy=%.2f\n", median(lw) / median(save),
+                median(repair) / median(copy));
+}
