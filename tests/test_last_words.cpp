@@ -5,6 +5,8 @@
 
 #include <fault/fault.hpp>
 
+#include <signal.h>
+
 #include "support.hpp"
 
 namespace {
@@ -169,4 +171,55 @@ TEST_CASE("a single rank has no replica: last words refuse to start") {
     TempDir dir;
     CHECK_THROWS_WITH_AS(fault::LastWordsCheckpoint(comm, dir.path()), doctest::Contains("needs a replica"),
                          ckpt::ConfigError);
+}
+
+TEST_CASE("a termination signal stops every rank at the same step with last words; resuming is bit-exact") {
+    TempDir clean, dir;
+    Run fault_free{Job{.last_words_dir = clean.path()}, {}, {}};
+    const Params expected = fault_free.run();
+
+    fault::TerminationSignals signals;
+    struct RaiseAt {  // rank 2's process "receives" SIGTERM at the end of step 9
+        void on_step_end(nn::RunContext& c) {
+            if (c.rank == 2 && c.global_step == 9) ::raise(SIGTERM);
+        }
+    };
+    fault::ThreadGroup group(4, std::chrono::seconds(20));
+    std::vector<fault::LastWordsOutcome> outcomes(4);
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = shard_of(4, comm.rank());
+        nn::UceNet net(11);
+        nn::Momentum inner(net.parameters(), 0.01, 0.9);
+        DpOpt dp(inner, comm);
+        Opt opt(dp, 0, comm.rank(), false);
+        nn::Trainer<nn::UceNet, Opt> trainer(net, opt, {}, comm.rank());
+        fault::LastWordsCheckpoint last_words(comm, dir.path(), {}, /*watch_signals=*/true);
+        RaiseAt raise_at;
+        try {
+            trainer.train(3, data, nn::callbacks(raise_at, last_words));
+        } catch (...) {
+            outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
+            throw;
+        }
+    });
+    for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        REQUIRE(errors[static_cast<std::size_t>(r)]);
+        try {
+            std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+        } catch (const fault::Preempted& p) {
+            CHECK(p.signal() == SIGTERM);
+        }
+        const auto& o = outcomes[static_cast<std::size_t>(r)];
+        REQUIRE(o.step);
+        CHECK(*o.step == 9);
+        CHECK(o.reports.size() == 4);
+        CHECK(o.saver == 0);
+    }
+    fault::TerminationSignals::reset();
+    CHECK(fs::exists(dir / "tft_saved_checkpoints-step_9/rank_0/ttp_rank_0-2_1.ckpt"));
+    Run recovered{Job{.last_words_dir = dir.path(), .recover = true}, {}, {}};
+    const Params got = recovered.run();
+    for (const auto& e : recovered.errors) REQUIRE_FALSE(e);
+    CHECK(got[1] == expected[0]);
 }

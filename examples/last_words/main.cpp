@@ -7,7 +7,11 @@
 //   last_words [--ranks N] [--fail-rank R] [--fail-step S] [--no-fault] [--recover]
 //              [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]
 //
+// SIGTERM or SIGINT (as sent before a preemption) stops every rank at the same step with
+// last words too.
+//
 // Exit status: 0 trained to the end; 3 a rank failed and the last words were saved;
+// 143 (fault::preempted_exit_status) stopped by a signal, last words saved;
 // 1 a rank failed and nothing could be saved, or another error.
 
 #include <fault/fault.hpp>
@@ -109,6 +113,7 @@ int run(const Options& o) {
     using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::ThreadComm>;
     using Opt = nn::FailingOptimizer<DpOpt>;
     fault::ThreadGroup group(o.ranks, std::chrono::seconds(60));
+    fault::TerminationSignals signals;  // SIGTERM/SIGINT: last words at the next step end
     std::mutex out;
     std::vector<std::string> hashes(static_cast<std::size_t>(o.ranks));
     std::vector<fault::LastWordsOutcome> outcomes(static_cast<std::size_t>(o.ranks));
@@ -139,7 +144,7 @@ int run(const Options& o) {
                             static_cast<long long>(rp.global_step + 1), static_cast<long long>(rp.initial_epoch + 1),
                             static_cast<long long>(rp.initial_step + 1));
         }
-        fault::LastWordsCheckpoint last_words(comm, o.dir);
+        fault::LastWordsCheckpoint last_words(comm, o.dir, {}, /*watch_signals=*/true);
         nn::FailAtStep crash(o.fault ? o.fail_step : 0, o.fail_rank);
         struct Progress {
             std::mutex* out;
@@ -164,6 +169,12 @@ int run(const Options& o) {
         if (errors[static_cast<std::size_t>(r)]) {
             try {
                 std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+            } catch (const fault::Preempted& p) {
+                if (r == 0) {
+                    std::printf("%s\n", p.what());
+                    print_tree(o.dir);
+                    return fault::preempted_exit_status;
+                }
             } catch (const fault::PeerFailure&) {
             } catch (const std::exception& e) {
                 std::printf("rank %d failed: %s\n", r, e.what());

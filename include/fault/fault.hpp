@@ -9,6 +9,7 @@
 //   last words     LastWordsCheckpoint, latest_last_words                last_words.hpp
 //                  ReplicaSelector: LowestHealthyRank, PreferenceOrder, AvoidRanks  replica_selector.hpp
 //   UCE repair     UceRepair, attach, InjectUce                         uce_repair.hpp
+//   preemption     TerminationSignals, Preempted                        termination.hpp
 
 #include "../ckpt/ckpt.hpp"
 #include "../nn/nn.hpp"
@@ -17,5 +18,6 @@
 #include "data_parallel.hpp"
 #include "last_words.hpp"
 #include "replica_selector.hpp"
+#include "termination.hpp"
 #include "thread_comm.hpp"
 #include "uce_repair.hpp"

@@ -10,6 +10,7 @@
 //   last words     LastWordsCheckpoint, latest_last_words                last_words.hpp
 //                  ReplicaSelector: LowestHealthyRank, PreferenceOrder, AvoidRanks  replica_selector.hpp
 //   UCE repair     UceRepair, attach, InjectUce                         uce_repair.hpp
+//   preemption     TerminationSignals, Preempted                        termination.hpp
 
 #include <ckpt/ckpt.hpp>
 #include <nn/nn.hpp>
@@ -521,6 +522,78 @@ struct AvoidRanks {
 };
 
 }  // namespace fault
+// Termination signals (SIGTERM, SIGINT: what a scheduler sends before it preempts a job)
+// turned into a flag the training loop polls at step boundaries. The handler only sets the
+// flag; everything else happens on the training threads.
+//
+//   fault::TerminationSignals signals;            // installs; the destructor restores
+//   fault::LastWordsCheckpoint last_words(comm, dir, {}, /*watch_signals=*/true);
+//   try { trainer.train(…); } catch (const fault::Preempted& p) { return fault::preempted_exit_status; }
+
+#include <signal.h>
+
+#include <atomic>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+
+namespace fault {
+
+/// Training stopped because of a termination signal, after saving what it could.
+class Preempted : public ckpt::Error {
+public:
+    Preempted(const std::string& what, int signal) : ckpt::Error(what), signal_(signal) {}
+    int signal() const noexcept { return signal_; }
+
+private:
+    int signal_;
+};
+
+/// The exit status the examples use after a preemption: 128 + SIGTERM, as a shell reports a
+/// process ended by that signal.
+inline constexpr int preempted_exit_status = 128 + SIGTERM;
+
+class TerminationSignals {
+public:
+    explicit TerminationSignals(std::initializer_list<int> signals = {SIGTERM, SIGINT}) {
+        reset();
+        for (int sig : signals) {
+            struct sigaction sa {}, old{};
+            sa.sa_handler = &TerminationSignals::handle;
+            sigemptyset(&sa.sa_mask);
+            if (::sigaction(sig, &sa, &old) != 0)
+                throw ckpt::ConfigError("cannot install a handler for signal " + std::to_string(sig));
+            saved_.push_back({sig, old});
+        }
+    }
+    ~TerminationSignals() {
+        for (auto& [sig, old] : saved_) ::sigaction(sig, &old, nullptr);
+    }
+    TerminationSignals(const TerminationSignals&) = delete;
+    TerminationSignals& operator=(const TerminationSignals&) = delete;
+
+    /// Whether a watched signal arrived, and which (0 if none).
+    static bool requested() noexcept { return flag().load(std::memory_order_relaxed) != 0; }
+    static int signal() noexcept { return flag().load(std::memory_order_relaxed); }
+    static void reset() noexcept { flag().store(0); }
+
+private:
+    static std::atomic<int>& flag() noexcept {
+        static std::atomic<int> f{0};
+        return f;
+    }
+    static void handle(int sig) { flag().store(sig, std::memory_order_relaxed); }  // async-signal-safe: lock-free store
+    struct Saved {
+        int sig;
+        struct sigaction old;
+    };
+    std::vector<Saved> saved_;
+};
+
+static_assert(std::atomic<int>::is_always_lock_free);
+
+}  // namespace fault
 
 namespace fault {
 
@@ -551,11 +624,12 @@ inline std::vector<SurvivorReport> unpack(const std::vector<float>& all) {
     return out;
 }
 
-inline bool is_peer_failure(const std::exception_ptr& e) {
+template <class E>
+bool is(const std::exception_ptr& e) {
     if (!e) return false;
     try {
         std::rethrow_exception(e);
-    } catch (const PeerFailure&) {
+    } catch (const E&) {
         return true;
     } catch (...) {
         return false;
@@ -596,8 +670,11 @@ struct LastWordsOutcome {
 template <class Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
-    explicit LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", Sel selector = {})
-        : comm_(comm), dir_(std::move(directory)), selector_(std::move(selector)) {
+    /// With `watch_signals`, a termination signal caught by TerminationSignals also leads
+    /// to last words (see on_step_end), at the cost of a one-float allreduce per step.
+    explicit LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", Sel selector = {},
+                                 bool watch_signals = false)
+        : comm_(comm), dir_(std::move(directory)), selector_(std::move(selector)), watch_signals_(watch_signals) {
         if (comm.size() < 2)
             throw ckpt::ConfigError("a last-words checkpoint needs a replica: a data-parallel job of at least 2 ranks, "
                                     "this one has " + std::to_string(comm.size()));
@@ -609,17 +686,46 @@ public:
 
     /// Runs inside the trainer's exception handler (see the file comment).
     void on_exception(nn::RunContext& ctx) {
+        const auto error = std::current_exception();
+        if (detail::is<Preempted>(error)) return;  // the last words are already written
         outcome_ = {};
-        if (!detail::is_peer_failure(std::current_exception())) {
+        if (!detail::is<PeerFailure>(error)) {
             comm_.declare_failed();  // this rank's own failure: its state is not to be trusted
             return;
         }
-        outcome_.took_part = true;
         const auto start = std::chrono::steady_clock::now();
         Comm survivors = comm_.shrink();
+        speak(survivors, ctx, start);
+    }
+
+    /// With termination signals watched (TerminationSignals), every step ends with a
+    /// one-float allreduce telling whether any rank's process received one; if so, all
+    /// ranks save the last words at this same step and training ends with Preempted.
+    void on_step_end(nn::RunContext& ctx) {
+        if (!watch_signals_) return;
+        float requested = TerminationSignals::requested() ? 1.0f : 0.0f;
+        comm_.allreduce(std::span<float>(&requested, 1), ReduceOp::sum);
+        if (requested == 0.0f) return;
+        outcome_ = {};
+        speak(comm_, ctx, std::chrono::steady_clock::now());
+        throw Preempted("training stopped by signal " + std::to_string(TerminationSignals::signal()) +
+                            " after global step " + std::to_string(ctx.global_step) +
+                            (outcome_.step_directory ? "; last words in '" + outcome_.step_directory->string() + "'"
+                                                     : std::string("; no last words: ") + outcome_.message),
+                        TerminationSignals::signal());
+    }
+
+    const LastWordsOutcome& outcome() const noexcept { return outcome_; }
+    const fs::path& directory() const noexcept { return dir_; }
+
+private:
+    // The protocol among `group` (the survivors, or everyone on a signal): exchange
+    // reports, pick the newest consistent step and its saver, write, meet at a barrier.
+    void speak(Comm& group, nn::RunContext& ctx, std::chrono::steady_clock::time_point start) {
+        outcome_.took_part = true;
         const SurvivorReport mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0, ctx.epoch, ctx.step};
-        std::vector<float> all(detail::report_floats * static_cast<std::size_t>(survivors.size()));
-        survivors.allgather(detail::pack(mine), all);
+        std::vector<float> all(detail::report_floats * static_cast<std::size_t>(group.size()));
+        group.allgather(detail::pack(mine), all);
         outcome_.reports = detail::unpack(all);
 
         std::int64_t newest = -1;
@@ -644,16 +750,12 @@ public:
         bool committed = false;
         if (outcome_.saver == comm_.job_rank()) committed = write(ctx, *holder, final_dir);
         // Every survivor learns the save is durable, or learns of a second failure here.
-        survivors.barrier();
+        group.barrier();
         outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (outcome_.saver == comm_.job_rank() && !committed) return;
         outcome_.step_directory = final_dir;
     }
 
-    const LastWordsOutcome& outcome() const noexcept { return outcome_; }
-    const fs::path& directory() const noexcept { return dir_; }
-
-private:
     bool write(nn::RunContext& ctx, const SurvivorReport& at, const fs::path& final_dir) {
         if (fs::exists(final_dir)) {
             outcome_.message = "last words: '" + final_dir.string() + "' already exists; it is left as it is";
@@ -683,6 +785,7 @@ private:
     Comm& comm_;
     fs::path dir_;
     Sel selector_;
+    bool watch_signals_;
     LastWordsOutcome outcome_;
 };
 
