@@ -223,3 +223,44 @@ TEST_CASE("a termination signal stops every rank at the same step with last word
     for (const auto& e : recovered.errors) REQUIRE_FALSE(e);
     CHECK(got[1] == expected[0]);
 }
+
+TEST_CASE("a second failure during the last words: the saver's write fails, another survivor saves") {
+    TempDir dir;
+    // On rank 0, the first saver, the state cannot be read when the last words are written:
+    // its save fails half way, as a dying disk would make it.
+    struct BreakSaver {
+        void on_exception(nn::RunContext& c) {
+            if (c.rank == 0) c.state = []() -> ckpt::ParamDict { throw ckpt::IoError("disk gone", "/dev/sda", 5); };
+        }
+    };
+    fault::ThreadGroup group(4, std::chrono::seconds(20));
+    std::vector<fault::LastWordsOutcome> outcomes(4);
+    test::LogCapture log;
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = shard_of(4, comm.rank());
+        nn::UceNet net(11);
+        nn::Momentum inner(net.parameters(), 0.01, 0.9);
+        DpOpt dp(inner, comm);
+        Opt opt(dp, 0, comm.rank(), false);
+        nn::Trainer<nn::UceNet, Opt> trainer(net, opt, {}, comm.rank());
+        fault::LastWordsCheckpoint last_words(comm, dir.path());
+        BreakSaver break_saver;
+        nn::FailAtStep crash(6, 3);
+        try {
+            trainer.train(2, data, nn::callbacks(crash, break_saver, last_words));
+        } catch (...) {
+            outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
+            throw;
+        }
+    });
+    // rank 3 failed; rank 0 was chosen and failed to save; ranks 1 and 2 agreed again
+    for (int r : {1, 2}) {
+        const auto& o = outcomes[static_cast<std::size_t>(r)];
+        CHECK(o.saver == 1);
+        CHECK(o.reports.size() == 2);
+        REQUIRE(o.step_directory);
+    }
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"tft_saved_checkpoints-step_6"});  // no temporary left
+    CHECK(test::names_in(dir / "tft_saved_checkpoints-step_6") == std::vector<std::string>{"rank_1"});
+    CHECK(fault::latest_last_words(dir.path()));
+}

@@ -17,9 +17,10 @@
 //   {dir}/tft_saved_checkpoints-step_{g}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt
 // into a temporary directory that is renamed into place once complete and durable. The
 // survivors then meet at a barrier, so each knows the save is durable before it rethrows.
-// A second failure during the save leaves no step directory (only a temporary that the
-// next LastWordsCheckpoint removes), never a torn one. When no survivor holds a consistent
-// state, nothing is written and a warning says why.
+// A second failure during the save (the saver's write fails, or it dies) never leaves a
+// torn step directory: the saver removes its temporary, declares itself failed, and the
+// remaining survivors agree again and another of them saves. When no survivor holds a
+// consistent state, nothing is written and a warning says why.
 
 #include <boost/filesystem.hpp>
 
@@ -145,8 +146,20 @@ public:
             return;
         }
         const auto start = std::chrono::steady_clock::now();
+        // A rank failing during the last words (the saver's disk, say) is a new failure:
+        // the remaining survivors shrink again and try again, until one save is durable.
         Comm survivors = comm_.shrink();
-        speak(survivors, ctx, start);
+        for (;;) {
+            try {
+                speak(survivors, ctx, start);
+                return;
+            } catch (const PeerFailure& again) {
+                ckpt::detail::log(ckpt::LogLevel::warning,
+                                  std::string("last words interrupted, trying again without the ranks gone: ") + again.what());
+                outcome_ = {};
+                survivors = survivors.shrink();
+            }
+        }
     }
 
     /// With termination signals watched (TerminationSignals), every step ends with a
@@ -199,7 +212,14 @@ private:
         outcome_.saver = selector_.choose(holders);
         const fs::path final_dir = dir_ / detail::step_dir_name(newest);
         bool committed = false;
-        if (outcome_.saver == comm_.job_rank()) committed = write(ctx, *holder, final_dir);
+        if (outcome_.saver == comm_.job_rank()) {
+            try {
+                committed = write(ctx, *holder, final_dir);
+            } catch (...) {
+                group.declare_failed();  // the others must not wait for a save that will not come
+                throw;
+            }
+        }
         // Every survivor learns the save is durable, or learns of a second failure here.
         group.barrier();
         outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -222,13 +242,19 @@ private:
         // the name below the step directory, as LastWordsNaming gives it
         const std::string name = ckpt::LastWordsNaming{}.checkpoint_name("", p, ckpt::SaveKind::regular);
         const fs::path file = tmp / name.substr(name.find('/') + 1);
-        fs::create_directories(file.parent_path());
-        ckpt::SaveOptions opts;
-        opts.epoch = at.epoch;
-        opts.step = at.step;
-        ckpt::save_checkpoint(ctx.state(), file, opts);  // fsyncs the file and rank_{r}/
-        ckpt::detail::fsync_directory(tmp.string());
-        fs::rename(tmp, final_dir);
+        try {
+            fs::create_directories(file.parent_path());
+            ckpt::SaveOptions opts;
+            opts.epoch = at.epoch;
+            opts.step = at.step;
+            ckpt::save_checkpoint(ctx.state(), file, opts);  // fsyncs the file and rank_{r}/
+            ckpt::detail::fsync_directory(tmp.string());
+            fs::rename(tmp, final_dir);
+        } catch (...) {
+            boost::system::error_code ec;
+            fs::remove_all(tmp, ec);  // only our own temporary: nothing visible was written
+            throw;
+        }
         ckpt::detail::fsync_directory(dir_.string());
         return true;
     }
