@@ -7,7 +7,7 @@
 //                 [--limit N] [--threads N] [--seed N] [--quiet]
 
 #include <nn/nn.hpp>
-#include <xxhash.h>
+#include "../common/params_hash.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -79,15 +79,6 @@ nn::MnistDataset create_dataset(const fs::path& dir, nn::Usage usage, std::size_
     return ds;
 }
 
-std::string final_params_xxh64(nn::LeNet5& net) {
-    XXH64_state_t* st = XXH64_createState();
-    XXH64_reset(st, 0);
-    for (nn::Parameter* p : net.parameters()) XXH64_update(st, p->value.data(), p->value.size() * sizeof(float));
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64_digest(st)));
-    XXH64_freeState(st);
-    return hex;
-}
 
 // The checkpoint directory as the seed shows it: each run's meta file, then its checkpoints
 // by epoch and step, runs in order; other files last.
@@ -164,7 +155,7 @@ std::optional<std::string> session(const Options& o, const std::optional<fs::pat
         return std::nullopt;
     }
     std::printf("final test accuracy: %.4f\n", accuracy.last);
-    return final_params_xxh64(net);
+    return examples::params_xxh64(net.parameters());
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 // 1 a rank failed and nothing could be saved, or another error.
 
 #include <fault/fault.hpp>
-#include <xxhash.h>
+#include "../common/params_hash.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -89,15 +89,6 @@ nn::MnistDataset create_dataset(const Options& o, int rank) {
     return ds;
 }
 
-std::string params_xxh64(const std::vector<nn::Parameter*>& params) {
-    XXH64_state_t* st = XXH64_createState();
-    XXH64_reset(st, 0);
-    for (const nn::Parameter* p : params) XXH64_update(st, p->value.data(), p->value.size() * sizeof(float));
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64_digest(st)));
-    XXH64_freeState(st);
-    return hex;
-}
 
 // The last-words directory as the seed shows it (every entry is the only one at its level
 // after a single failure).
@@ -162,7 +153,7 @@ int run(const Options& o) {
             outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
             throw;
         }
-        hashes[static_cast<std::size_t>(comm.rank())] = params_xxh64(net.parameters());
+        hashes[static_cast<std::size_t>(comm.rank())] = examples::params_xxh64(net.parameters());
     });
     int failed = -1;
     for (int r = 0; r < o.ranks; ++r)

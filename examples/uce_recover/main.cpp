@@ -10,7 +10,7 @@
 //               [--epochs N] [--limit N] [--data DIR]
 
 #include <fault/fault.hpp>
-#include <xxhash.h>
+#include "../common/params_hash.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -77,15 +77,6 @@ nn::MnistDataset create_dataset(const Options& o, int rank) {
     return ds;
 }
 
-std::string params_xxh64(const std::vector<nn::Parameter*>& params) {
-    XXH64_state_t* st = XXH64_createState();
-    XXH64_reset(st, 0);
-    for (const nn::Parameter* p : params) XXH64_update(st, p->value.data(), p->value.size() * sizeof(float));
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64_digest(st)));
-    XXH64_freeState(st);
-    return hex;
-}
 
 }  // namespace
 
@@ -126,7 +117,7 @@ int main(int argc, char** argv) {
                                 comm.rank(), static_cast<long long>(r.global_step), r.source_rank,
                                 static_cast<long long>(r.global_step + 1), r.redone ? "redone" : "taken from the replica");
         }
-        hashes[static_cast<std::size_t>(comm.rank())] = params_xxh64(net.parameters());
+        hashes[static_cast<std::size_t>(comm.rank())] = examples::params_xxh64(net.parameters());
     });
     for (int r = 0; r < o.ranks; ++r)
         if (errors[static_cast<std::size_t>(r)]) {
