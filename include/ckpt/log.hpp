@@ -2,9 +2,13 @@
 // Where ckpt reports what it did on its own: skipped corrupt files, removed temporaries,
 // retention deletions. The default sink writes warnings to stderr; replace it to route
 // the messages into the program's own logging, or to silence them.
+//
+// The sink is called by one thread at a time (ckpt logs from background savers and from
+// data-parallel ranks running as threads), so it need not be thread-safe itself.
 
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -15,19 +19,33 @@ enum class LogLevel { info, warning };
 using LogSink = std::function<void(LogLevel, std::string_view)>;
 
 namespace detail {
-inline LogSink& log_sink() {
-    static LogSink sink = [](LogLevel level, std::string_view msg) {
+
+struct LogState {
+    std::mutex mutex;
+    LogSink sink = [](LogLevel level, std::string_view msg) {
         if (level == LogLevel::warning)
             std::fprintf(stderr, "[ckpt] warning: %.*s\n", static_cast<int>(msg.size()), msg.data());
     };
-    return sink;
+};
+
+inline LogState& log_state() {
+    static LogState state;
+    return state;
 }
+
 inline void log(LogLevel level, const std::string& msg) {
-    if (auto& sink = log_sink()) sink(level, msg);
+    auto& st = log_state();
+    std::lock_guard lock(st.mutex);
+    if (st.sink) st.sink(level, msg);
 }
+
 }  // namespace detail
 
-/// Replaces the sink; an empty function silences ckpt. Not synchronised with concurrent logging.
-inline void set_log_sink(LogSink sink) { detail::log_sink() = std::move(sink); }
+/// Replaces the sink; an empty function silences ckpt. Waits for a message being logged.
+inline void set_log_sink(LogSink sink) {
+    auto& st = detail::log_state();
+    std::lock_guard lock(st.mutex);
+    st.sink = std::move(sink);
+}
 
 }  // namespace ckpt
