@@ -63,4 +63,19 @@ concept Communicator = requires(C& c, std::span<float> data, std::span<const flo
     c.recv(data, peer, 0);
 };
 
+/// A Communicator that survives failures, as last words and UCE repair need:
+///   job_rank()        this rank's number in the original job
+///   declare_failed()  this rank's own failure: the others' calls that need it throw PeerFailure
+///   shrink()          a communicator of the same type over the ranks still active
+///   interrupt()       asks every rank to stop (their calls throw Interrupted) for a repair
+///   rejoin()          after an interrupt: waits for every active rank, then starts afresh
+template <class C>
+concept RecoverableCommunicator = Communicator<C> && requires(C& c) {
+    { c.job_rank() } -> std::convertible_to<int>;
+    c.declare_failed();
+    { c.shrink() } -> std::same_as<C>;
+    c.interrupt();
+    c.rejoin();
+};
+
 }  // namespace fault

@@ -119,7 +119,7 @@ struct LastWordsOutcome {
     double seconds = 0;                     ///< from the failure's detection to the save being durable
 };
 
-template <class Comm, ReplicaSelector Sel = LowestHealthyRank>
+template <RecoverableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
     /// With `watch_signals`, a termination signal caught by TerminationSignals also leads

@@ -479,7 +479,7 @@ private:
     std::uint64_t seq_ = 0;
 };
 
-static_assert(Communicator<ThreadComm>);
+static_assert(RecoverableCommunicator<ThreadComm>);
 
 /// Runs fn(comm) on every rank of `group`, each on its own thread, and waits for all. A rank
 /// whose fn throws is marked failed (so the others get PeerFailure instead of waiting), or

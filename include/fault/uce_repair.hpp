@@ -57,7 +57,7 @@ struct RepairRecord {
     double stop_seconds = 0;        ///< of which waiting for every rank to stop (finish its computation)
 };
 
-template <class Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
+template <RecoverableCommunicator Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
 class UceRepair {
 public:
     UceRepair(Comm& comm, B& backend, Sel selector = {}) : comm_(comm), backend_(backend), selector_(std::move(selector)) {

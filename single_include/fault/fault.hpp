@@ -328,6 +328,21 @@ concept Communicator = requires(C& c, std::span<float> data, std::span<const flo
     c.recv(data, peer, 0);
 };
 
+/// A Communicator that survives failures, as last words and UCE repair need:
+///   job_rank()        this rank's number in the original job
+///   declare_failed()  this rank's own failure: the others' calls that need it throw PeerFailure
+///   shrink()          a communicator of the same type over the ranks still active
+///   interrupt()       asks every rank to stop (their calls throw Interrupted) for a repair
+///   rejoin()          after an interrupt: waits for every active rank, then starts afresh
+template <class C>
+concept RecoverableCommunicator = Communicator<C> && requires(C& c) {
+    { c.job_rank() } -> std::convertible_to<int>;
+    c.declare_failed();
+    { c.shrink() } -> std::same_as<C>;
+    c.interrupt();
+    c.rejoin();
+};
+
 }  // namespace fault
 // Data-parallel training: N replicas, each with all the parameters and a shard of every
 // batch (MnistDataset::shard), averaging their gradients through a Communicator before
@@ -668,7 +683,7 @@ struct LastWordsOutcome {
     double seconds = 0;                     ///< from the failure's detection to the save being durable
 };
 
-template <class Comm, ReplicaSelector Sel = LowestHealthyRank>
+template <RecoverableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
     /// With `watch_signals`, a termination signal caught by TerminationSignals also leads
@@ -1301,7 +1316,7 @@ private:
     std::uint64_t seq_ = 0;
 };
 
-static_assert(Communicator<ThreadComm>);
+static_assert(RecoverableCommunicator<ThreadComm>);
 
 /// Runs fn(comm) on every rank of `group`, each on its own thread, and waits for all. A rank
 /// whose fn throws is marked failed (so the others get PeerFailure instead of waiting), or
@@ -1380,7 +1395,7 @@ struct RepairRecord {
     double stop_seconds = 0;        ///< of which waiting for every rank to stop (finish its computation)
 };
 
-template <class Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
+template <RecoverableCommunicator Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
 class UceRepair {
 public:
     UceRepair(Comm& comm, B& backend, Sel selector = {}) : comm_(comm), backend_(backend), selector_(std::move(selector)) {
