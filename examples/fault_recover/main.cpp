@@ -7,6 +7,7 @@
 //                 [--limit N] [--threads N] [--seed N] [--quiet]
 
 #include <nn/nn.hpp>
+#include "../common/cli.hpp"
 #include "../common/params_hash.hpp"
 
 #include <algorithm>
@@ -41,23 +42,17 @@ struct Options {
 
 Options parse(int argc, char** argv) {
     Options o;
-    auto number = [&](int& i, const std::string& flag) -> long long {
-        if (i + 1 >= argc) usage(flag + " needs a value");
-        char* end = nullptr;
-        const long long v = std::strtoll(argv[++i], &end, 10);
-        if (*end || v < 0) usage(flag + " needs a non-negative integer, got '" + argv[i] + "'");
-        return v;
-    };
+    auto number = [&](int& i) { return examples::count_after(argc, argv, i, usage); };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--data" && i + 1 < argc) o.data = argv[++i];
         else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
-        else if (a == "--epochs") o.epochs = number(i, a);
-        else if (a == "--fail-at-epoch") o.fail_at_epoch = number(i, a);
+        else if (a == "--epochs") o.epochs = number(i);
+        else if (a == "--fail-at-epoch") o.fail_at_epoch = number(i);
         else if (a == "--no-fault") o.fault = false;
-        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i, a));
-        else if (a == "--threads") o.threads = static_cast<int>(number(i, a));
-        else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number(i, a));
+        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i));
+        else if (a == "--threads") o.threads = static_cast<int>(number(i));
+        else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number(i));
         else if (a == "--quiet") o.quiet = true;
         else usage("unknown option '" + a + "'");
     }

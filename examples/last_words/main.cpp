@@ -15,7 +15,9 @@
 // 1 a rank failed and nothing could be saved, or another error.
 
 #include <fault/fault.hpp>
+#include "../common/cli.hpp"
 #include "../common/params_hash.hpp"
+#include "../common/seed_data.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -49,22 +51,16 @@ struct Options {
 
 Options parse(int argc, char** argv) {
     Options o;
-    auto number = [&](int& i, const std::string& flag) -> long long {
-        if (i + 1 >= argc) usage(flag + " needs a value");
-        char* end = nullptr;
-        const long long v = std::strtoll(argv[++i], &end, 10);
-        if (*end || v < 0) usage(flag + " needs a non-negative integer, got '" + argv[i] + "'");
-        return v;
-    };
+    auto number = [&](int& i) { return examples::count_after(argc, argv, i, usage); };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--ranks") o.ranks = static_cast<int>(number(i, a));
-        else if (a == "--fail-rank") o.fail_rank = static_cast<int>(number(i, a));
-        else if (a == "--fail-step") o.fail_step = number(i, a);
+        if (a == "--ranks") o.ranks = static_cast<int>(number(i));
+        else if (a == "--fail-rank") o.fail_rank = static_cast<int>(number(i));
+        else if (a == "--fail-step") o.fail_step = number(i);
         else if (a == "--no-fault") o.fault = false;
         else if (a == "--recover") o.recover = true;
-        else if (a == "--epochs") o.epochs = number(i, a);
-        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i, a));
+        else if (a == "--epochs") o.epochs = number(i);
+        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i));
         else if (a == "--small") o.small = true;
         else if (a == "--data" && i + 1 < argc) o.data = argv[++i];
         else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
@@ -75,18 +71,6 @@ Options parse(int argc, char** argv) {
     if (o.epochs < 1) usage("--epochs must be at least 1");
     if (o.recover) o.fault = false;
     return o;
-}
-
-// The seed's create_dataset: Rescale(1/255) + Normalize(0.1307, 0.3081) + HWC2CHW, batches
-// of 32 per rank (a global batch of 32 x ranks), this rank's shard.
-nn::MnistDataset create_dataset(const Options& o, int rank) {
-    nn::MnistDataset ds(o.data, nn::Usage::train);
-    if (o.limit) ds.take(o.limit);
-    ds.map({nn::Rescale(1.0 / 255.0, 0), nn::Normalize({0.1307}, {0.3081}), nn::HWC2CHW()});
-    ds.map_label(nn::TypeCast(ckpt::DType::int32));
-    ds.batch(32 * static_cast<std::size_t>(o.ranks), true);
-    ds.shard(static_cast<std::size_t>(o.ranks), static_cast<std::size_t>(rank));
-    return ds;
 }
 
 
@@ -118,7 +102,7 @@ int run(const Options& o) {
         std::printf("recovering from %s\n", fs::relative(*from, o.dir).string().c_str());
     }
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
-        auto data = create_dataset(o, comm.rank());
+        auto data = examples::seed_dp_dataset(o.data, o.limit, o.ranks, comm.rank());
         Net net;  // every rank starts from the same seed
         nn::SGD sgd(net.parameters(), 1e-2);
         DpOpt dp(sgd, comm);  // the seed's OptTFTWrapper

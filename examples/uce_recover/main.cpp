@@ -10,7 +10,9 @@
 //               [--epochs N] [--limit N] [--data DIR]
 
 #include <fault/fault.hpp>
+#include "../common/cli.hpp"
 #include "../common/params_hash.hpp"
+#include "../common/seed_data.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -42,22 +44,16 @@ struct Options {
 
 Options parse(int argc, char** argv) {
     Options o;
-    auto number = [&](int& i, const std::string& flag) -> long long {
-        if (i + 1 >= argc) usage(flag + " needs a value");
-        char* end = nullptr;
-        const long long v = std::strtoll(argv[++i], &end, 10);
-        if (*end || v < 0) usage(flag + " needs a non-negative integer, got '" + argv[i] + "'");
-        return v;
-    };
+    auto number = [&](int& i) { return examples::count_after(argc, argv, i, usage); };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--ranks") o.ranks = static_cast<int>(number(i, a));
-        else if (a == "--fail-rank") o.fail_rank = static_cast<int>(number(i, a));
-        else if (a == "--fail-step") o.fail_step = number(i, a);
+        if (a == "--ranks") o.ranks = static_cast<int>(number(i));
+        else if (a == "--fail-rank") o.fail_rank = static_cast<int>(number(i));
+        else if (a == "--fail-step") o.fail_step = number(i);
         else if (a == "--tensor" && i + 1 < argc) o.tensor = argv[++i];
         else if (a == "--no-fault") o.fault = false;
-        else if (a == "--epochs") o.epochs = number(i, a);
-        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i, a));
+        else if (a == "--epochs") o.epochs = number(i);
+        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i));
         else if (a == "--data" && i + 1 < argc) o.data = argv[++i];
         else usage("unknown option '" + a + "'");
     }
@@ -65,16 +61,6 @@ Options parse(int argc, char** argv) {
     if (o.fault && o.fail_rank >= o.ranks) usage("--fail-rank must be below --ranks");
     if (o.epochs < 1) usage("--epochs must be at least 1");
     return o;
-}
-
-// The seed's data: Rescale(1/255) + Normalize(0.1307, 0.3081) + HWC2CHW, 32 per rank.
-nn::MnistDataset create_dataset(const Options& o, int rank) {
-    nn::MnistDataset ds(o.data, nn::Usage::train);
-    if (o.limit) ds.take(o.limit);
-    ds.map({nn::Rescale(1.0 / 255.0, 0), nn::Normalize({0.1307}, {0.3081}), nn::HWC2CHW()});
-    ds.batch(32 * static_cast<std::size_t>(o.ranks), true);
-    ds.shard(static_cast<std::size_t>(o.ranks), static_cast<std::size_t>(rank));
-    return ds;
 }
 
 
@@ -88,7 +74,7 @@ int main(int argc, char** argv) {
     std::mutex out;
     std::vector<std::string> hashes(static_cast<std::size_t>(o.ranks));
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
-        auto data = create_dataset(o, comm.rank());
+        auto data = examples::seed_dp_dataset(o.data, o.limit, o.ranks, comm.rank());
         nn::UceNet net;  // the seed's 784-512-512-10 network, the same seed on every rank
         nn::Momentum inner(net.parameters(), 0.01, 0.9);
         DpOpt opt(inner, comm);
@@ -99,14 +85,13 @@ int main(int argc, char** argv) {
         fault::InjectUce inject(device, o.tensor, o.fault ? o.fail_step : 0, o.fail_rank);
         struct Report {
             std::mutex* out;
-            fault::AscendModel* device;
             void on_step_end(nn::RunContext& c) {
                 std::lock_guard lock(*out);
                 if (c.rank == 0 && c.global_step % 20 == 0)
                     std::printf("step %lld: loss %.4f\n", static_cast<long long>(c.global_step), double(c.loss));
                 std::fflush(stdout);
             }
-        } report{&out, &device};
+        } report{&out};
         trainer.train(o.epochs, data, nn::callbacks(repair, inject, report));
         {
             std::lock_guard lock(out);

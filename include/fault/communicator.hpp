@@ -16,7 +16,10 @@
 
 #include <chrono>
 #include <concepts>
+#include <cstring>
+#include <exception>
 #include <span>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +65,47 @@ concept Communicator = requires(C& c, std::span<float> data, std::span<const flo
     c.send(in, peer, 0);
     c.recv(data, peer, 0);
 };
+
+namespace detail {
+
+/// Records of a trivially copyable type as the bit patterns of floats, so that allgather
+/// (which moves floats without arithmetic) can exchange them exactly.
+template <class T>
+std::vector<float> to_floats(const T& record) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) % sizeof(float) == 0);
+    std::vector<float> out(sizeof(T) / sizeof(float));
+    std::memcpy(out.data(), &record, sizeof(T));
+    return out;
+}
+template <class T>
+std::vector<T> from_floats(const std::vector<float>& all) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) % sizeof(float) == 0);
+    std::vector<T> out(all.size() * sizeof(float) / sizeof(T));
+    std::memcpy(static_cast<void*>(out.data()), all.data(), out.size() * sizeof(T));
+    return out;
+}
+/// Exchanges one record per rank; the result is in rank order.
+template <class T, class Comm>
+std::vector<T> allgather_records(Comm& comm, const T& mine) {
+    std::vector<float> all(sizeof(T) / sizeof(float) * static_cast<std::size_t>(comm.size()));
+    comm.allgather(to_floats(mine), all);
+    return from_floats<T>(all);
+}
+
+/// Whether `e` holds an exception of type E.
+template <class E>
+bool holds(const std::exception_ptr& e) {
+    if (!e) return false;
+    try {
+        std::rethrow_exception(e);
+    } catch (const E&) {
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+}  // namespace detail
 
 /// A Communicator that survives failures, as last words and UCE repair need:
 ///   job_rank()        this rank's number in the original job

@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <optional>
 #include <signal.h>
@@ -61,32 +60,6 @@ struct SurvivorReport {
 };
 
 namespace detail {
-
-inline constexpr std::size_t report_floats = sizeof(SurvivorReport) / sizeof(float);
-
-// Reports travel as the bit patterns of floats: allgather moves them without arithmetic.
-inline std::vector<float> pack(const SurvivorReport& r) {
-    std::vector<float> out(report_floats);
-    std::memcpy(out.data(), &r, sizeof r);
-    return out;
-}
-inline std::vector<SurvivorReport> unpack(const std::vector<float>& all) {
-    std::vector<SurvivorReport> out(all.size() / report_floats);
-    std::memcpy(static_cast<void*>(out.data()), all.data(), out.size() * sizeof(SurvivorReport));  // trivially copyable
-    return out;
-}
-
-template <class E>
-bool is(const std::exception_ptr& e) {
-    if (!e) return false;
-    try {
-        std::rethrow_exception(e);
-    } catch (const E&) {
-        return true;
-    } catch (...) {
-        return false;
-    }
-}
 
 inline std::string step_dir_name(std::int64_t global_step) {
     return "tft_saved_checkpoints-step_" + std::to_string(global_step);
@@ -139,9 +112,9 @@ public:
     /// Runs inside the trainer's exception handler (see the file comment).
     void on_exception(nn::RunContext& ctx) {
         const auto error = std::current_exception();
-        if (detail::is<Preempted>(error)) return;  // the last words are already written
+        if (detail::holds<Preempted>(error)) return;  // the last words are already written
         outcome_ = {};
-        if (!detail::is<PeerFailure>(error)) {
+        if (!detail::holds<PeerFailure>(error)) {
             comm_.declare_failed();  // this rank's own failure: its state is not to be trusted
             return;
         }
@@ -188,9 +161,7 @@ private:
     void speak(Comm& group, nn::RunContext& ctx, std::chrono::steady_clock::time_point start) {
         outcome_.took_part = true;
         const SurvivorReport mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0, ctx.epoch, ctx.step};
-        std::vector<float> all(detail::report_floats * static_cast<std::size_t>(group.size()));
-        group.allgather(detail::pack(mine), all);
-        outcome_.reports = detail::unpack(all);
+        outcome_.reports = detail::allgather_records(group, mine);
 
         std::int64_t newest = -1;
         for (const auto& r : outcome_.reports)

@@ -114,11 +114,7 @@ private:
             return static_cast<int>(std::count(state_.begin(), state_.end(), State::active));
         };
         if (rejoined_ >= active()) {
-            rounds_.clear();
-            interrupted_by_.reset();
-            rejoined_ = 0;
-            ++generation_;
-            cv_.notify_all();
+            start_generation();
             return;
         }
         const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -128,13 +124,15 @@ private:
                                   std::to_string(timeout_.count()) + " ms",
                               {});
         }
-        if (generation_ == gen) {  // the last active rank failed instead of rejoining
-            rounds_.clear();
-            interrupted_by_.reset();
-            rejoined_ = 0;
-            ++generation_;
-            cv_.notify_all();
-        }
+        if (generation_ == gen) start_generation();  // the last active rank failed instead of rejoining
+    }
+    // Under the lock: abandons the calls in progress and numbers calls afresh.
+    void start_generation() {
+        rounds_.clear();
+        interrupted_by_.reset();
+        rejoined_ = 0;
+        ++generation_;
+        cv_.notify_all();
     }
     Interrupted interruption(const std::string& call) const {
         return Interrupted(call + ": rank " + std::to_string(job_rank(*interrupted_by_)) +

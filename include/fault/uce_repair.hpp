@@ -19,12 +19,8 @@
 // last-words path takes over.
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <exception>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -70,38 +66,30 @@ public:
     void on_step_begin(nn::RunContext&) { backend_.touch_all(); }
 
     nn::StepRecovery on_step_failed(nn::RunContext& ctx) {
-        bool damaged = false;
-        try {
-            std::rethrow_exception(std::current_exception());
-        } catch (const DeviceMemoryError&) {
-            damaged = true;
-        } catch (const Interrupted&) {
-        } catch (...) {
-            return nn::StepRecovery::none;
-        }
+        const auto error = std::current_exception();
+        const bool damaged = detail::holds<DeviceMemoryError>(error);
+        if (!damaged && !detail::holds<Interrupted>(error)) return nn::StepRecovery::none;
         const auto start = std::chrono::steady_clock::now();
         if (damaged) comm_.interrupt();
         comm_.rejoin();
         const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
         // what each rank holds: completed step, consistent, healthy
-        const std::array<std::int64_t, 4> mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
-                                               backend_.health() == Health::healthy ? 1 : 0};
-        std::vector<float> packed(mine.size() * sizeof(std::int64_t) / sizeof(float));  // the bits, moved as floats
-        std::vector<float> all(packed.size() * static_cast<std::size_t>(comm_.size()));
-        std::memcpy(packed.data(), mine.data(), mine.size() * sizeof(std::int64_t));
-        comm_.allgather(packed, all);
-        std::vector<std::int64_t> reports(all.size() * sizeof(float) / sizeof(std::int64_t));
-        std::memcpy(reports.data(), all.data(), all.size() * sizeof(float));
-
+        struct Report {
+            std::int64_t job_rank, global_step, consistent, healthy;
+        };
+        const auto reports = detail::allgather_records(
+            comm_, Report{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
+                          backend_.health() == Health::healthy ? 1 : 0});
         std::int64_t newest = -1;
-        for (std::size_t i = 0; i < reports.size(); i += 4)
-            if (reports[i + 2] && reports[i + 3]) newest = std::max(newest, reports[i + 1]);
+        for (const auto& r : reports)
+            if (r.consistent && r.healthy) newest = std::max(newest, r.global_step);
         std::vector<int> holders;  // group ranks (the same as job ranks until a shrink)
         int repaired = -1;
-        for (std::size_t i = 0, q = 0; i < reports.size(); i += 4, ++q) {
-            if (reports[i + 2] && reports[i + 3] && reports[i + 1] == newest) holders.push_back(static_cast<int>(q));
-            if (!reports[i + 3]) repaired = static_cast<int>(reports[i]);
+        for (std::size_t q = 0; q < reports.size(); ++q) {
+            const auto& r = reports[q];
+            if (r.consistent && r.healthy && r.global_step == newest) holders.push_back(static_cast<int>(q));
+            if (!r.healthy) repaired = static_cast<int>(r.job_rank);
         }
         if (holders.empty()) {
             ckpt::detail::log(ckpt::LogLevel::warning,

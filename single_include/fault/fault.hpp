@@ -282,7 +282,10 @@ static_assert(Backend<AscendModel>);
 
 #include <chrono>
 #include <concepts>
+#include <cstring>
+#include <exception>
 #include <span>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -327,6 +330,47 @@ concept Communicator = requires(C& c, std::span<float> data, std::span<const flo
     c.send(in, peer, 0);
     c.recv(data, peer, 0);
 };
+
+namespace detail {
+
+/// Records of a trivially copyable type as the bit patterns of floats, so that allgather
+/// (which moves floats without arithmetic) can exchange them exactly.
+template <class T>
+std::vector<float> to_floats(const T& record) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) % sizeof(float) == 0);
+    std::vector<float> out(sizeof(T) / sizeof(float));
+    std::memcpy(out.data(), &record, sizeof(T));
+    return out;
+}
+template <class T>
+std::vector<T> from_floats(const std::vector<float>& all) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) % sizeof(float) == 0);
+    std::vector<T> out(all.size() * sizeof(float) / sizeof(T));
+    std::memcpy(static_cast<void*>(out.data()), all.data(), out.size() * sizeof(T));
+    return out;
+}
+/// Exchanges one record per rank; the result is in rank order.
+template <class T, class Comm>
+std::vector<T> allgather_records(Comm& comm, const T& mine) {
+    std::vector<float> all(sizeof(T) / sizeof(float) * static_cast<std::size_t>(comm.size()));
+    comm.allgather(to_floats(mine), all);
+    return from_floats<T>(all);
+}
+
+/// Whether `e` holds an exception of type E.
+template <class E>
+bool holds(const std::exception_ptr& e) {
+    if (!e) return false;
+    try {
+        std::rethrow_exception(e);
+    } catch (const E&) {
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+}  // namespace detail
 
 /// A Communicator that survives failures, as last words and UCE repair need:
 ///   job_rank()        this rank's number in the original job
@@ -480,7 +524,6 @@ private:
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <optional>
 #include <signal.h>
@@ -626,32 +669,6 @@ struct SurvivorReport {
 
 namespace detail {
 
-inline constexpr std::size_t report_floats = sizeof(SurvivorReport) / sizeof(float);
-
-// Reports travel as the bit patterns of floats: allgather moves them without arithmetic.
-inline std::vector<float> pack(const SurvivorReport& r) {
-    std::vector<float> out(report_floats);
-    std::memcpy(out.data(), &r, sizeof r);
-    return out;
-}
-inline std::vector<SurvivorReport> unpack(const std::vector<float>& all) {
-    std::vector<SurvivorReport> out(all.size() / report_floats);
-    std::memcpy(static_cast<void*>(out.data()), all.data(), out.size() * sizeof(SurvivorReport));  // trivially copyable
-    return out;
-}
-
-template <class E>
-bool is(const std::exception_ptr& e) {
-    if (!e) return false;
-    try {
-        std::rethrow_exception(e);
-    } catch (const E&) {
-        return true;
-    } catch (...) {
-        return false;
-    }
-}
-
 inline std::string step_dir_name(std::int64_t global_step) {
     return "tft_saved_checkpoints-step_" + std::to_string(global_step);
 }
@@ -703,9 +720,9 @@ public:
     /// Runs inside the trainer's exception handler (see the file comment).
     void on_exception(nn::RunContext& ctx) {
         const auto error = std::current_exception();
-        if (detail::is<Preempted>(error)) return;  // the last words are already written
+        if (detail::holds<Preempted>(error)) return;  // the last words are already written
         outcome_ = {};
-        if (!detail::is<PeerFailure>(error)) {
+        if (!detail::holds<PeerFailure>(error)) {
             comm_.declare_failed();  // this rank's own failure: its state is not to be trusted
             return;
         }
@@ -752,9 +769,7 @@ private:
     void speak(Comm& group, nn::RunContext& ctx, std::chrono::steady_clock::time_point start) {
         outcome_.took_part = true;
         const SurvivorReport mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0, ctx.epoch, ctx.step};
-        std::vector<float> all(detail::report_floats * static_cast<std::size_t>(group.size()));
-        group.allgather(detail::pack(mine), all);
-        outcome_.reports = detail::unpack(all);
+        outcome_.reports = detail::allgather_records(group, mine);
 
         std::int64_t newest = -1;
         for (const auto& r : outcome_.reports)
@@ -951,11 +966,7 @@ private:
             return static_cast<int>(std::count(state_.begin(), state_.end(), State::active));
         };
         if (rejoined_ >= active()) {
-            rounds_.clear();
-            interrupted_by_.reset();
-            rejoined_ = 0;
-            ++generation_;
-            cv_.notify_all();
+            start_generation();
             return;
         }
         const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -965,13 +976,15 @@ private:
                                   std::to_string(timeout_.count()) + " ms",
                               {});
         }
-        if (generation_ == gen) {  // the last active rank failed instead of rejoining
-            rounds_.clear();
-            interrupted_by_.reset();
-            rejoined_ = 0;
-            ++generation_;
-            cv_.notify_all();
-        }
+        if (generation_ == gen) start_generation();  // the last active rank failed instead of rejoining
+    }
+    // Under the lock: abandons the calls in progress and numbers calls afresh.
+    void start_generation() {
+        rounds_.clear();
+        interrupted_by_.reset();
+        rejoined_ = 0;
+        ++generation_;
+        cv_.notify_all();
     }
     Interrupted interruption(const std::string& call) const {
         return Interrupted(call + ": rank " + std::to_string(job_rank(*interrupted_by_)) +
@@ -1363,12 +1376,8 @@ inline std::vector<std::exception_ptr> run_ranks(ThreadGroup& group, const std::
 // last-words path takes over.
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <exception>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -1408,38 +1417,30 @@ public:
     void on_step_begin(nn::RunContext&) { backend_.touch_all(); }
 
     nn::StepRecovery on_step_failed(nn::RunContext& ctx) {
-        bool damaged = false;
-        try {
-            std::rethrow_exception(std::current_exception());
-        } catch (const DeviceMemoryError&) {
-            damaged = true;
-        } catch (const Interrupted&) {
-        } catch (...) {
-            return nn::StepRecovery::none;
-        }
+        const auto error = std::current_exception();
+        const bool damaged = detail::holds<DeviceMemoryError>(error);
+        if (!damaged && !detail::holds<Interrupted>(error)) return nn::StepRecovery::none;
         const auto start = std::chrono::steady_clock::now();
         if (damaged) comm_.interrupt();
         comm_.rejoin();
         const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
         // what each rank holds: completed step, consistent, healthy
-        const std::array<std::int64_t, 4> mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
-                                               backend_.health() == Health::healthy ? 1 : 0};
-        std::vector<float> packed(mine.size() * sizeof(std::int64_t) / sizeof(float));  // the bits, moved as floats
-        std::vector<float> all(packed.size() * static_cast<std::size_t>(comm_.size()));
-        std::memcpy(packed.data(), mine.data(), mine.size() * sizeof(std::int64_t));
-        comm_.allgather(packed, all);
-        std::vector<std::int64_t> reports(all.size() * sizeof(float) / sizeof(std::int64_t));
-        std::memcpy(reports.data(), all.data(), all.size() * sizeof(float));
-
+        struct Report {
+            std::int64_t job_rank, global_step, consistent, healthy;
+        };
+        const auto reports = detail::allgather_records(
+            comm_, Report{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
+                          backend_.health() == Health::healthy ? 1 : 0});
         std::int64_t newest = -1;
-        for (std::size_t i = 0; i < reports.size(); i += 4)
-            if (reports[i + 2] && reports[i + 3]) newest = std::max(newest, reports[i + 1]);
+        for (const auto& r : reports)
+            if (r.consistent && r.healthy) newest = std::max(newest, r.global_step);
         std::vector<int> holders;  // group ranks (the same as job ranks until a shrink)
         int repaired = -1;
-        for (std::size_t i = 0, q = 0; i < reports.size(); i += 4, ++q) {
-            if (reports[i + 2] && reports[i + 3] && reports[i + 1] == newest) holders.push_back(static_cast<int>(q));
-            if (!reports[i + 3]) repaired = static_cast<int>(reports[i]);
+        for (std::size_t q = 0; q < reports.size(); ++q) {
+            const auto& r = reports[q];
+            if (r.consistent && r.healthy && r.global_step == newest) holders.push_back(static_cast<int>(q));
+            if (!r.healthy) repaired = static_cast<int>(r.job_rank);
         }
         if (holders.empty()) {
             ckpt::detail::log(ckpt::LogLevel::warning,

@@ -918,6 +918,13 @@ void resize(Array& a, const Shape& shape) {
 inline void resize(Array& a, std::initializer_list<std::size_t> shape) {
     resize(a, std::vector<std::size_t>(shape));
 }
+/// Transposes a rows × cols grid of contiguous blocks of `block` floats:
+/// block (r, c) of src goes to block (c, r) of dst.
+inline void transpose_blocks(const float* src, float* dst, std::size_t rows, std::size_t cols, std::size_t block) {
+    for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c)
+            std::memcpy(dst + (c * rows + r) * block, src + (r * cols + c) * block, block * sizeof(float));
+}
 }  // namespace detail
 
 /// Rectified linear unit, elementwise on any shape.
@@ -958,18 +965,14 @@ public:
         const std::size_t n = x.shape()[0], c = x.shape()[1], hw = x.shape()[2] * x.shape()[3];
         in_shape_ = {n, c, x.shape()[2], x.shape()[3]};
         detail::resize(y_, {c, n, x.shape()[2], x.shape()[3]});
-        for (std::size_t i = 0; i < n; ++i)
-            for (std::size_t j = 0; j < c; ++j)
-                std::memcpy(y_.data() + (j * n + i) * hw, x.data() + (i * c + j) * hw, hw * sizeof(float));
+        detail::transpose_blocks(x.data(), y_.data(), n, c, hw);
         return y_;
     }
     const Array& backward(const Array& dy, bool need_dx = true) {
         if (!need_dx) return dx_;
         const std::size_t n = in_shape_[0], c = in_shape_[1], hw = in_shape_[2] * in_shape_[3];
         detail::resize(dx_, in_shape_);
-        for (std::size_t i = 0; i < n; ++i)
-            for (std::size_t j = 0; j < c; ++j)
-                std::memcpy(dx_.data() + (i * c + j) * hw, dy.data() + (j * n + i) * hw, hw * sizeof(float));
+        detail::transpose_blocks(dy.data(), dx_.data(), c, n, hw);
         return dx_;
     }
     void parameters(std::vector<Parameter*>&) {}
@@ -988,17 +991,13 @@ public:
         in_shape_.assign(x.shape().begin(), x.shape().end());
         const std::size_t c = in_shape_[0], n = in_shape_[1], hw = in_shape_[2] * in_shape_[3];
         detail::resize(y_, {n, c * hw});
-        for (std::size_t j = 0; j < c; ++j)
-            for (std::size_t i = 0; i < n; ++i)
-                std::memcpy(y_.data() + i * c * hw + j * hw, x.data() + (j * n + i) * hw, hw * sizeof(float));
+        detail::transpose_blocks(x.data(), y_.data(), c, n, hw);
         return y_;
     }
     const Array& backward(const Array& dy, bool = true) {
         const std::size_t c = in_shape_[0], n = in_shape_[1], hw = in_shape_[2] * in_shape_[3];
         detail::resize(dx_, in_shape_);
-        for (std::size_t j = 0; j < c; ++j)
-            for (std::size_t i = 0; i < n; ++i)
-                std::memcpy(dx_.data() + (j * n + i) * hw, dy.data() + i * c * hw + j * hw, hw * sizeof(float));
+        detail::transpose_blocks(dy.data(), dx_.data(), n, c, hw);
         return dx_;
     }
     void parameters(std::vector<Parameter*>&) {}
