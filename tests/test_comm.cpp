@@ -102,7 +102,7 @@ TEST_CASE("a rank that fails is named by the others' PeerFailure, without waitin
     CHECK(group.failed_ranks() == std::vector<int>{0});  // the others left, they did not fail
 }
 
-TEST_CASE("a rank that does not arrive in time is named; arriving late, it learns who left") {
+TEST_CASE("a rank that does not arrive in time is named, arriving late, it learns who left") {
     fault::ThreadGroup group(3, std::chrono::milliseconds(150));
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
         if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(600));
@@ -124,7 +124,7 @@ TEST_CASE("a rank that does not arrive in time is named; arriving late, it learn
     }
 }
 
-TEST_CASE("misuse is a ConfigError naming both sides; recv times out or names a failed sender") {
+TEST_CASE("misuse is a ConfigError naming both sides, recv times out or names a failed sender") {
     fault::ThreadGroup group(2, std::chrono::milliseconds(200));
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
         std::vector<float> v(3);

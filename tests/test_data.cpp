@@ -140,7 +140,7 @@ TEST_CASE("transforms: Rescale, bilinear Resize with half-pixel centres, Normali
     CHECK_THROWS_AS(ds.map_label(nn::TypeCast(ckpt::DType::float32)), ckpt::ConfigError);
 }
 
-TEST_CASE("shuffle: a permutation per epoch from (seed, epoch); set_init_step resumes the order") {
+TEST_CASE("shuffle: a permutation per epoch from (seed, epoch), set_init_step resumes the order") {
     TempDir dir;
     write_set(dir, "train", 100, 2, 2, false);
     nn::MnistDataset a(dir.path()), b(dir.path()), c(dir.path());

@@ -57,7 +57,7 @@ std::vector<std::vector<float>> train_dp(int ranks, std::int64_t epochs, std::ve
 
 }  // namespace
 
-TEST_CASE("shards of a batch are its consecutive slices; uneven sharding is refused") {
+TEST_CASE("shards of a batch are its consecutive slices, uneven sharding is refused") {
     auto whole = mlp_data(64, 16);
     nn::Batch all, part;
     whole.load_batch(1, 2, all);

@@ -87,7 +87,7 @@ struct Run {
 
 }  // namespace
 
-TEST_CASE("last words from a healthy replica, for a failure on rank 0 or another rank; --recover is bit-exact") {
+TEST_CASE("last words from a healthy replica, for a failure on rank 0 or another rank, --recover is bit-exact") {
     TempDir clean;
     Run fault_free{Job{.last_words_dir = clean.path()}, {}, {}};
     const Params expected = fault_free.run();
@@ -173,7 +173,7 @@ TEST_CASE("a single rank has no replica: last words refuse to start") {
                          ckpt::ConfigError);
 }
 
-TEST_CASE("a termination signal stops every rank at the same step with last words; resuming is bit-exact") {
+TEST_CASE("a termination signal stops every rank at the same step with last words, resuming is bit-exact") {
     TempDir clean, dir;
     Run fault_free{Job{.last_words_dir = clean.path()}, {}, {}};
     const Params expected = fault_free.run();

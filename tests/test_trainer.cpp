@@ -210,7 +210,7 @@ TEST_CASE("a resume that cannot work says why and changes nothing") {
     CHECK(s.state() == before);
 }
 
-TEST_CASE("callbacks run in order at every hook; an exception reaches on_exception, then the caller") {
+TEST_CASE("callbacks run in order at every hook, an exception reaches on_exception, then the caller") {
     struct Recorder {
         std::vector<std::string>* log;
         std::string name;
@@ -235,7 +235,7 @@ TEST_CASE("callbacks run in order at every hook; an exception reaches on_excepti
     CHECK(log.back() == "b:exception at 3");
 }
 
-TEST_CASE("make_model_checkpoint follows a CheckpointConfig; the monitors print the seed's lines") {
+TEST_CASE("make_model_checkpoint follows a CheckpointConfig, the monitors print the seed's lines") {
     TempDir dir;
     auto data = lenet_data(128);  // 4 steps per epoch
     ckpt::CheckpointConfig config;

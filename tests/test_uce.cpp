@@ -76,7 +76,7 @@ TEST_CASE("a UCE on any rank at any step is repaired in place from a replica, bi
     }
 }
 
-TEST_CASE("the AscendModel: a UCE surfaces on the next touch; stop, clean, repair in order; capacity") {
+TEST_CASE("the AscendModel: a UCE surfaces on the next touch, stop, clean, repair in order, capacity") {
     fault::AscendModel dev(3, 64);
     std::vector<float> a(8, 1.0f), b(8, 2.0f), c(16);
     dev.attach("a", a);
