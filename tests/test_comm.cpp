@@ -102,6 +102,23 @@ TEST_CASE("a rank that fails is named by the others' PeerFailure, without waitin
     CHECK(group.failed_ranks() == std::vector<int>{0});  // the others left, they did not fail
 }
 
+TEST_CASE("a rank failing after the survivors regrouped fails in their group too, without a timeout") {
+    fault::ThreadGroup group(4, std::chrono::seconds(20));
+    group.fail(0);
+    fault::ThreadComm one(group, 1), three(group, 3);
+    fault::ThreadComm survivors = one.shrink();  // ranks 1, 2, 3: made while rank 3 was active
+    REQUIRE(survivors.size() == 3);
+    three.declare_failed();                        // a second failure, in the original group
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        survivors.barrier();
+        FAIL("the barrier completed without rank 3");
+    } catch (const fault::PeerFailure& e) {
+        CHECK(e.ranks() == std::vector<int>{3});
+    }
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
+
 TEST_CASE("a rank that does not arrive in time is named, arriving late, it learns who left") {
     fault::ThreadGroup group(3, std::chrono::milliseconds(150));
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {

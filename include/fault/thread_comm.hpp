@@ -141,13 +141,21 @@ private:
     }
 
     enum class State { active, failed, left };
+    // A rank failing here after the survivors' group was made (a second failure noticed
+    // late) fails there too, so that its survivors do not wait for it until the timeout.
     void set_state(int rank, State st) {
+        std::shared_ptr<ThreadGroup> next;
         {
             std::lock_guard lock(m_);
             State& cur = state_.at(static_cast<std::size_t>(rank));
             if (cur != State::failed) cur = st;
+            next = survivors_;
         }
         cv_.notify_all();
+        if (!next) return;
+        const int job = job_rank(rank);
+        for (int i = 0; i < next->size(); ++i)
+            if (next->job_rank(i) == job) next->set_state(i, st);
     }
     enum class Kind { allreduce_sum, allreduce_mean, broadcast, allgather, barrier };
     static const char* name(Kind k) {
@@ -209,13 +217,30 @@ private:
             // Slots are read until every rank has left the call that filled them: this
             // rank's slot may be rewritten once the previous call is over for all.
             const auto until = std::chrono::steady_clock::now() + timeout_;
+            // a rank gone before arriving here: this call cannot complete
+            auto hopeless = [&] {
+                for (int q = 0; q < size_; ++q)
+                    if (state_[static_cast<std::size_t>(q)] != State::active && !r.arrived[static_cast<std::size_t>(q)])
+                        return true;
+                return false;
+            };
             if (!cv_.wait_until(lock, until,
-                                [&] { return seq == 0 || !rounds_.count(seq - 1) || any_gone() || interrupted_by_; })) {
+                                [&] { return seq == 0 || !rounds_.count(seq - 1) || hopeless() || interrupted_by_; })) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
                 throw PeerFailure(call + ": ranks still in the previous call after " + std::to_string(timeout_.count()) +
                                       " ms",
                                   {});
+            }
+            // This call cannot complete: give up before touching the slot, which ranks still
+            // in the previous call may be reading.
+            if (hopeless() || interrupted_by_) {
+                r.gave_up.push_back(rank);
+                r.arrived[static_cast<std::size_t>(rank)] = true;
+                ++r.arrivals;
+                finish(seq, r);
+                if (interrupted_by_) throw interruption(call);
+                throw gone_error(call);
             }
             lock.unlock();
             slots_[static_cast<std::size_t>(rank)].assign(in.begin(), in.end());
