@@ -3,13 +3,15 @@
 //   last words   failure detected -> last-words checkpoint durable, against a normal save
 //                (save_checkpoint of the same state to the same disk), alternately;
 //   UCE repair   every rank stopped -> state whole again on the repaired rank (clean,
-//                repair, copy from the replica), against a copy of the same state between the
-//                ranks (a broadcast of every tensor); the time for the other ranks to stop
+//                repair, copy from the replica), against a copy of the same state between two
+//                ranks (a send/recv of every tensor); the time for the other ranks to stop
 //                (finish the computation they are in) is printed apart.
+// With --shard-size S the optimizer state is sharded S ways: last words are written by one
+// rank per replica group, and the repaired rank's state comes from a rank keeping its piece.
 // Each round trains two steps, fails (or damages) a rank, and measures; the baselines are
 // measured in the same job right before.
 //
-//   OPENBLAS_NUM_THREADS=1 fault_recovery [--rounds R] [--dir DIR]
+//   OPENBLAS_NUM_THREADS=1 fault_recovery [--rounds R] [--dir DIR] [--shard-size S]
 // Last line: fault_recovery last_words/save=X uce_repair/copy=Y
 
 #include <fault/fault.hpp>
@@ -47,14 +49,18 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
     int rounds = 3;
+    int shard_size = 1;
     fs::path base = "/var/tmp";
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
         if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
         else if (a == "--dir") base = argv[i + 1];
+        else if (a == "--shard-size") shard_size = std::atoi(argv[i + 1]);
     }
     nn::set_blas_threads(1);
     const int ranks = 4;
+    const fault::ShardLayout layout{shard_size};
+    using Sgd = fault::ShardedOptimizer<nn::SGD, fault::ThreadComm>;
     std::vector<double> lw, save, repair, copy, stop;
     for (int round = 0; round < rounds; ++round) {
         std::string tmpl = (base / "ckpt-bench-fault-XXXXXX").string();
@@ -68,9 +74,8 @@ int main(int argc, char** argv) {
             fault::run_ranks(group, [&](fault::ThreadComm& comm) {
                 auto data = data_for(ranks, comm.rank());
                 nn::DataParallelNet net;
-                nn::SGD sgd(net.parameters(), 1e-2);
-                DpOpt opt(sgd, comm);
-                nn::Trainer<nn::DataParallelNet, DpOpt> trainer(net, opt, {}, comm.rank());
+                Sgd sgd(net.parameters(), comm, layout, 1e-2);
+                nn::Trainer<nn::DataParallelNet, DpOpt> trainer(net, sgd.optimizer(), {}, comm.rank());
                 trainer.train(1, data, std::tuple<>{});  // warm: every buffer touched
                 if (comm.rank() == 0) {                  // the baseline: a normal save of the same state
                     const auto t = Clock::now();
@@ -78,7 +83,7 @@ int main(int argc, char** argv) {
                     save_seconds = since(t);
                 }
                 comm.barrier();
-                fault::LastWordsCheckpoint last_words(comm, dir / "ttp");
+                fault::LastWordsCheckpoint last_words(comm, dir / "ttp", {.layout = layout});
                 nn::FailAtStep crash(5, /*rank=*/1);
                 try {
                     trainer.train(2, data, nn::callbacks(crash, last_words), 1);
@@ -98,21 +103,27 @@ int main(int argc, char** argv) {
             const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
                 auto data = data_for(ranks, comm.rank());
                 nn::DataParallelNet net;
-                nn::SGD sgd(net.parameters(), 1e-2);
-                DpOpt opt(sgd, comm);
-                nn::Trainer<nn::DataParallelNet, DpOpt> trainer(net, opt, {}, comm.rank());
+                Sgd sgd(net.parameters(), comm, layout, 1e-2);
+                nn::Trainer<nn::DataParallelNet, DpOpt> trainer(net, sgd.optimizer(), {}, comm.rank());
                 fault::AscendModel device(comm.rank());
                 fault::attach(device, trainer.load_target());
                 trainer.train(1, data, std::tuple<>{});
-                {  // the baseline: the state copied from rank 0 to the others
+                {  // the baseline: the state copied to rank 2 from the rank that repairs it
+                    const auto holders = layout.replica_group(layout.shard_of(2), ranks);  // the lowest other is the source
+                    const int source = holders.front() == 2 ? holders[1] : holders.front();
                     comm.barrier();
                     const auto t = Clock::now();
+                    int tag = 0;
                     for (auto& [name, value] : trainer.load_target())
-                        if (auto* tensor = value.get_if<ckpt::Tensor>()) comm.broadcast(tensor->values<float>(), 0);
+                        if (auto* tensor = value.get_if<ckpt::Tensor>()) {
+                            if (comm.rank() == source) comm.send(tensor->values<float>(), 2, tag);
+                            if (comm.rank() == 2) comm.recv(tensor->values<float>(), source, tag);
+                            ++tag;
+                        }
                     comm.barrier();
                     if (comm.rank() == 2) copy_seconds = since(t);
                 }
-                fault::UceRepair repair(comm, device);
+                fault::UceRepair repair(comm, device, {.layout = layout});
                 fault::InjectUce inject(device, "layer3.weight", 5, /*rank=*/2);
                 trainer.train(2, data, nn::callbacks(repair, inject), 1);
                 if (!repair.records().empty()) {

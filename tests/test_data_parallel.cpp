@@ -6,6 +6,9 @@
 
 #include <cmath>
 
+#include "dp_support.hpp"
+#include "support.hpp"
+
 namespace {
 
 nn::MnistDataset mlp_data(std::size_t n, std::size_t batch) {
@@ -119,4 +122,109 @@ TEST_CASE("a rank failing in its step leaves the others consistent, reporting th
         CHECK(reports[static_cast<std::size_t>(r)].consistent());
         CHECK(params[static_cast<std::size_t>(r)] == params[2]);  // all hold step 5's parameters
     }
+}
+
+TEST_CASE("sharded optimizer state: the same bits as unsharded, each rank keeping only its piece") {
+    for (const int shard_size : {1, 2, 4}) {
+        CAPTURE(shard_size);
+        fault::ThreadGroup group(4, std::chrono::seconds(20));
+        std::vector<std::vector<float>> params(4);
+        std::vector<std::size_t> state_sizes(4);
+        const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            auto data = test::shard_of(4, comm.rank());
+            nn::UceNet net(7);
+            test::DpStack stack(net, comm, shard_size);
+            nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+            trainer.train(2, data);
+            params[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+            for (const auto& [name, value] : stack.opt().state_dict())
+                state_sizes[static_cast<std::size_t>(comm.rank())] += value.get_if<ckpt::Tensor>()->numel();
+        });
+        for (const auto& e : errors) REQUIRE_FALSE(e);
+        std::vector<std::vector<float>> unsharded(4);
+        if (shard_size == 1) continue;
+        fault::ThreadGroup plain(4, std::chrono::seconds(20));
+        fault::run_ranks(plain, [&](fault::ThreadComm& comm) {
+            auto data = test::shard_of(4, comm.rank());
+            nn::UceNet net(7);
+            test::DpStack stack(net, comm, 1);
+            nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+            trainer.train(2, data);
+            unsharded[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+        });
+        for (int r = 0; r < 4; ++r) CHECK(params[static_cast<std::size_t>(r)] == unsharded[0]);
+        const std::size_t total = unsharded[0].size();
+        std::size_t kept = 0;
+        for (auto n : state_sizes) {
+            CHECK(n <= total / static_cast<std::size_t>(shard_size) + 6);  // 6 tensors: at most one more each
+            kept += n;
+        }
+        CHECK(kept == total * 4 / static_cast<std::size_t>(shard_size));
+    }
+}
+
+TEST_CASE("a peer failing while the updated pieces are exchanged: the update is undone, the state is whole") {
+    fault::ThreadGroup group(4, std::chrono::seconds(20));
+    std::vector<std::vector<float>> params(4);
+    std::vector<bool> consistent(4);
+    std::vector<std::int64_t> completed(4);
+    struct FailBeforeExchange {  // rank 1 leaves after the gradients of step 3 are reduced
+        void on_before_update(nn::RunContext& c) {
+            if (c.rank == 1 && c.global_step == 2) throw nn::InjectedFault("before the update", 1, 3);
+        }
+    };
+    struct Observe {
+        std::vector<bool>* consistent;
+        void on_exception(nn::RunContext& c) { (*consistent)[static_cast<std::size_t>(c.rank)] = c.consistent; }
+    };
+    std::vector<std::vector<float>> at_step2(4);
+    struct Snapshot {
+        std::vector<std::vector<float>>* out;
+        nn::UceNet* net;
+        void on_step_end(nn::RunContext& c) {
+            if (c.global_step == 2) (*out)[static_cast<std::size_t>(c.rank)] = test::flat(net->parameters());
+        }
+    };
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = test::shard_of(4, comm.rank());
+        nn::UceNet net(7);
+        test::DpStack stack(net, comm, 2);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+        FailBeforeExchange fail;
+        Observe observe{&consistent};
+        Snapshot snap{&at_step2, &net};
+        const auto r = static_cast<std::size_t>(comm.rank());
+        try {
+            trainer.train(1, data, nn::callbacks(snap, fail, observe));
+        } catch (...) {
+            params[r] = test::flat(net.parameters());
+            completed[r] = stack.opt().report().completed_step;
+            throw;
+        }
+    });
+    for (int r : {0, 2, 3}) {
+        CAPTURE(r);
+        const auto i = static_cast<std::size_t>(r);
+        CHECK(consistent[i]);
+        CHECK(completed[i] == 2);
+        CHECK(params[i] == at_step2[i]);  // the parameters of step 2, untouched
+    }
+}
+
+TEST_CASE("a shard size must divide the ranks, and fault tolerance needs a replica of every piece") {
+    fault::ThreadGroup group(4);
+    fault::ThreadComm comm(group, 0);
+    nn::UceNet net(7);
+    CHECK_THROWS_WITH_AS(fault::OptimizerShard(net.parameters(), fault::ShardLayout{3}, comm),
+                         doctest::Contains("shard size 3 does not divide the 4 data-parallel ranks"), ckpt::ConfigError);
+    fault::OptimizerShard whole(net.parameters(), fault::ShardLayout{4}, comm);  // training alone is fine
+    nn::Momentum inner(whole.parameters(), 0.01, 0.9);
+    fault::OptimizerShard halves(net.parameters(), fault::ShardLayout{2}, comm);
+    CHECK_THROWS_WITH_AS(test::DpOpt(inner, comm, halves), doctest::Contains("built on OptimizerShard::parameters()"), ckpt::ConfigError);
+    test::TempDir dir;
+    CHECK_THROWS_WITH_AS(fault::LastWordsCheckpoint(comm, dir.path(), {.layout = {4}}),
+                         doctest::Contains("keep a single copy of each piece"), ckpt::ConfigError);
+    fault::AscendModel device;
+    CHECK_THROWS_WITH_AS(fault::UceRepair(comm, device, {.layout = {4}}), doctest::Contains("UCE repair needs a replica"),
+                         ckpt::ConfigError);
 }

@@ -5,75 +5,156 @@
 
 #include <fault/fault.hpp>
 
+#include "dp_support.hpp"
+#include "support.hpp"
+
 namespace {
 
-using DpOpt = fault::DataParallelOptimizer<nn::Momentum, fault::ThreadComm>;
-using Params = std::vector<std::vector<float>>;
-
-nn::MnistDataset shard_of(int ranks, int rank) {
-    nn::MnistDataset ds(CKPT_FASHION_MNIST_DIR, nn::Usage::test);
-    ds.take(256).map({nn::Rescale(1.0 / 255.0, 0), nn::HWC2CHW()}).batch(32, true);
-    ds.shard(static_cast<std::size_t>(ranks), static_cast<std::size_t>(rank));
-    return ds;
-}
+using test::Params;
 
 struct Uce {
-    int rank = -1;
+    std::vector<int> ranks;
     std::int64_t step = 0;
     std::string tensor;
+    bool repairable = true;
 };
 
 struct Result {
     Params params;
     std::vector<std::vector<fault::RepairRecord>> records;
     std::vector<int> repairs;
+    std::vector<std::exception_ptr> errors;
+    std::vector<fault::LastWordsOutcome> last_words;
 };
 
-Result train(const Uce& uce, std::int64_t epochs = 3) {
+/// 4 ranks on AscendModel devices with UCE repair and, behind it, last words in `dir`.
+Result train(const Uce& uce, int shard_size = 1, const boost::filesystem::path& dir = {}, std::int64_t epochs = 3) {
     const int ranks = 4;
     fault::ThreadGroup group(ranks, std::chrono::seconds(20));
-    Result res{Params(ranks), std::vector<std::vector<fault::RepairRecord>>(ranks), std::vector<int>(ranks)};
-    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
-        auto data = shard_of(ranks, comm.rank());
+    Result res{Params(ranks), std::vector<std::vector<fault::RepairRecord>>(ranks), std::vector<int>(ranks), {},
+               std::vector<fault::LastWordsOutcome>(ranks)};
+    test::TempDir scratch;
+    res.errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = test::shard_of(ranks, comm.rank(), /*shuffle=*/false);
         nn::UceNet net(5);
-        nn::Momentum inner(net.parameters(), 0.01, 0.9);
-        DpOpt opt(inner, comm);
-        nn::Trainer<nn::UceNet, DpOpt> trainer(net, opt, {}, comm.rank());
+        test::DpStack stack(net, comm, shard_size);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
         fault::AscendModel device(comm.rank());
         fault::attach(device, trainer.load_target());
-        fault::UceRepair repair(comm, device);
-        fault::InjectUce inject(device, uce.tensor, uce.step, uce.rank);
-        trainer.train(epochs, data, nn::callbacks(repair, inject));
+        const fault::ShardLayout layout{shard_size};
+        fault::UceRepair repair(comm, device, {.layout = layout});
+        fault::LastWordsCheckpoint last_words(comm, dir.empty() ? scratch.path() : dir, {.layout = layout});
         const auto i = static_cast<std::size_t>(comm.rank());
-        for (const nn::Parameter* p : net.parameters()) res.params[i].insert(res.params[i].end(), p->value.begin(), p->value.end());
+        const bool hit = std::find(uce.ranks.begin(), uce.ranks.end(), comm.rank()) != uce.ranks.end();
+        fault::InjectUce inject(device, uce.tensor, hit ? uce.step : 0, comm.rank(), uce.repairable);
+        try {
+            trainer.train(epochs, data, nn::callbacks(repair, inject, last_words));
+        } catch (...) {
+            res.last_words[i] = last_words.outcome();
+            throw;
+        }
+        res.params[i] = test::flat(net.parameters());
         res.records[i] = repair.records();
         res.repairs[i] = device.repairs();
     });
-    for (const auto& e : errors)
-        if (e) std::rethrow_exception(e);
     return res;
+}
+
+void require_no_error(const Result& r) {
+    for (const auto& e : r.errors)
+        if (e) std::rethrow_exception(e);
 }
 
 }  // namespace
 
-TEST_CASE("a UCE on any rank at any step is repaired in place from a replica, bit-exact") {
+TEST_CASE("a UCE on any rank at any step is repaired in place from a replica, bit-exact, with and without sharding") {
     const Result clean = train({});
+    require_no_error(clean);
     for (int r = 1; r < 4; ++r) CHECK(clean.params[static_cast<std::size_t>(r)] == clean.params[0]);
-    for (const Uce& uce : {Uce{0, 3, "layer1.param"}, Uce{2, 10, "moments.layer2.weight"}, Uce{3, 23, "layer3.bias"}}) {
-        CAPTURE(uce.rank);
-        CAPTURE(uce.step);
-        const Result got = train(uce);
+    struct Case {
+        Uce uce;
+        int shard_size;
+        int source;
+    };
+    // sharded in 2, the replica groups are {0, 2} and {1, 3}: the source keeps the same piece
+    for (const Case& c : {Case{{{0}, 3, "layer1.param"}, 1, 1}, Case{{{2}, 10, "moments.layer2.weight"}, 1, 0},
+                          Case{{{3}, 23, "layer3.bias"}, 1, 0}, Case{{{0}, 5, "moments.layer1.param"}, 2, 2},
+                          Case{{{3}, 17, "layer2.weight"}, 2, 1}}) {
+        CAPTURE(c.uce.ranks[0]);
+        CAPTURE(c.uce.step);
+        CAPTURE(c.shard_size);
+        const Result got = train(c.uce, c.shard_size);
+        require_no_error(got);
         for (int r = 0; r < 4; ++r) {
             CHECK(got.params[static_cast<std::size_t>(r)] == clean.params[0]);
             const auto& recs = got.records[static_cast<std::size_t>(r)];
             REQUIRE(recs.size() == 1);
-            CHECK(recs[0].repaired_rank == uce.rank);
-            CHECK(recs[0].global_step == uce.step);
-            CHECK(recs[0].source_rank == (uce.rank == 0 ? 1 : 0));
+            CHECK(recs[0].repaired_rank == c.uce.ranks[0]);
+            CHECK(recs[0].global_step == c.uce.step);
+            CHECK(recs[0].source_rank == c.source);
             CHECK(recs[0].redone);
-            CHECK(got.repairs[static_cast<std::size_t>(r)] == (r == uce.rank ? 1 : 0));
+            CHECK(got.repairs[static_cast<std::size_t>(r)] == (r == c.uce.ranks[0] ? 1 : 0));
         }
     }
+}
+
+TEST_CASE("a device that cannot be repaired: the survivors fall back to the last words, and resuming is bit-exact") {
+    const Result clean = train({});
+    require_no_error(clean);
+    test::TempDir dir;
+    test::LogCapture log;
+    const Result got = train({{1}, 9, "layer2.weight", /*repairable=*/false}, 1, dir.path());
+    REQUIRE(got.errors[1]);
+    CHECK_THROWS_WITH_AS(std::rethrow_exception(got.errors[1]), doctest::Contains("device of rank 1 cannot be repaired"),
+                         fault::RepairFailed);
+    for (int r : {0, 2, 3}) {
+        const auto& o = got.last_words[static_cast<std::size_t>(r)];
+        INFO(o.message);
+        REQUIRE(o.step);
+        CHECK(*o.step == 9);  // the UCE surfaced at the start of step 10: step 9 is whole on the replicas
+        CHECK(o.saver == 0);
+    }
+    const auto file = fault::latest_last_words(dir.path());
+    REQUIRE(file);
+    CHECK(file->filename() == "ttp_rank_0-2_1.ckpt");
+
+    // resume on a new job (new devices) from the last words: the same bits as the clean run
+    fault::ThreadGroup group(4, std::chrono::seconds(20));
+    Params params(4);
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = test::shard_of(4, comm.rank(), /*shuffle=*/false);
+        nn::UceNet net(5);
+        test::DpStack stack(net, comm, 1);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+        const auto rp = trainer.resume_from(*file, data);
+        stack.opt().set_completed_steps(rp.global_step);
+        trainer.train(3, data, {}, rp.initial_epoch);
+        params[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+    });
+    for (const auto& e : errors) REQUIRE_FALSE(e);
+    for (int r = 0; r < 4; ++r) CHECK(params[static_cast<std::size_t>(r)] == clean.params[0]);
+}
+
+TEST_CASE("UCEs on both ranks keeping a piece: no replica to repair from, the last words say which group, write nothing") {
+    test::TempDir dir;
+    test::LogCapture log;
+    const Result got = train({{0, 2}, 7, "moments.layer3.weight"}, 2, dir.path());
+    for (int r : {0, 2}) CHECK_THROWS_WITH_AS(std::rethrow_exception(got.errors[static_cast<std::size_t>(r)]),
+                                              doctest::Contains("has no healthy replica of its state piece 0"),
+                                              fault::RepairFailed);
+    for (int r : {1, 3}) {
+        const auto& o = got.last_words[static_cast<std::size_t>(r)];
+        try {
+            std::rethrow_exception(got.errors[static_cast<std::size_t>(r)]);
+        } catch (const std::exception& e) {
+            const std::string what = e.what();
+            INFO(what);
+            CHECK(o.took_part);
+        }
+        CHECK_FALSE(o.step_directory);
+        CHECK(o.message.find("replica group 0 (ranks 0, 2): rank 0 failed, rank 2 failed") != std::string::npos);
+    }
+    CHECK(test::names_in(dir.path()).empty());
 }
 
 TEST_CASE("the AscendModel: a UCE surfaces on the next touch, stop, clean, repair in order, capacity") {

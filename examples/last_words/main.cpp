@@ -4,8 +4,11 @@
 // into the seed's layout; --recover resumes from it at the next step. The recovered run
 // ends with the same parameters, bit for bit, as a run that never failed (--no-fault).
 //
-//   last_words [--ranks N] [--fail-rank R] [--fail-step S] [--no-fault] [--recover]
-//              [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]
+//   last_words [--ranks N] [--shard-size S] [--fail-rank R] [--fail-step S] [--no-fault]
+//              [--recover] [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]
+//
+// --shard-size S shards the optimizer state S ways (the seed's optimizer_weight_shard_size):
+// the last words then hold one file per replica group, and each rank resumes from its own.
 //
 // SIGTERM or SIGINT (as sent before a preemption) stops every rank at the same step with
 // last words too.
@@ -19,6 +22,7 @@
 #include "../common/params_hash.hpp"
 #include "../common/seed_data.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -31,6 +35,7 @@ namespace {
 
 struct Options {
     int ranks = 4;
+    int shard_size = 1;
     int fail_rank = 1;
     std::int64_t fail_step = 12;
     bool fault = true;
@@ -44,8 +49,8 @@ struct Options {
 
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "last_words: " << why << "\n"
-              << "usage: last_words [--ranks N] [--fail-rank R] [--fail-step S] [--no-fault] [--recover]\n"
-              << "                  [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]\n";
+              << "usage: last_words [--ranks N] [--shard-size S] [--fail-rank R] [--fail-step S] [--no-fault]\n"
+              << "                  [--recover] [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]\n";
     std::exit(2);
 }
 
@@ -55,6 +60,7 @@ Options parse(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--ranks") o.ranks = static_cast<int>(number(i));
+        else if (a == "--shard-size") o.shard_size = static_cast<int>(number(i));
         else if (a == "--fail-rank") o.fail_rank = static_cast<int>(number(i));
         else if (a == "--fail-step") o.fail_step = number(i);
         else if (a == "--no-fault") o.fault = false;
@@ -74,43 +80,52 @@ Options parse(int argc, char** argv) {
 }
 
 
-// The last-words directory as the seed shows it (every entry is the only one at its level
-// after a single failure).
-void print_tree(const fs::path& dir) {
-    std::cout << dir.filename().string() << "/\n";
-    for (fs::recursive_directory_iterator it(dir), end; it != end; ++it)
-        std::cout << std::string(4 * static_cast<std::size_t>(it.depth()), ' ') << "└── "
-                  << it->path().filename().string() << "\n";
+// The last-words directory as the seed shows it, entries in name order.
+void print_tree(const fs::path& dir, const std::string& indent = "") {
+    if (indent.empty()) std::cout << dir.filename().string() << "/\n";
+    std::vector<fs::path> entries(fs::directory_iterator(dir), fs::directory_iterator{});
+    std::sort(entries.begin(), entries.end());
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+        const bool last = i + 1 == entries.size();
+        std::cout << indent << (last ? "└── " : "├── ") << entries[i].filename().string() << "\n";
+        if (fs::is_directory(entries[i])) print_tree(entries[i], indent + (last ? "    " : "│   "));
+    }
 }
 
 template <class Net>
 int run(const Options& o) {
     using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::ThreadComm>;
     using Opt = nn::FailingOptimizer<DpOpt>;
+    const fault::ShardLayout layout{o.shard_size};
+    layout.require_replicas(o.ranks, "a last-words checkpoint");
     fault::ThreadGroup group(o.ranks, std::chrono::seconds(60));
     fault::TerminationSignals signals;  // SIGTERM/SIGINT: last words at the next step end
     std::mutex out;
     std::vector<std::string> hashes(static_cast<std::size_t>(o.ranks));
     std::vector<fault::LastWordsOutcome> outcomes(static_cast<std::size_t>(o.ranks));
-    std::optional<fs::path> from;
+    std::vector<fs::path> from(static_cast<std::size_t>(o.ranks));  // each rank's file: its piece of the state
     if (o.recover) {
-        from = fault::latest_last_words(o.dir);
-        if (!from) {
-            std::fprintf(stderr, "last_words: no last-words checkpoint in '%s'\n", o.dir.string().c_str());
-            return 1;
+        for (int r = 0; r < o.ranks; ++r) {
+            const auto file = fault::latest_last_words(o.dir, layout, r);
+            if (!file) {
+                std::fprintf(stderr, "last_words: no complete last-words checkpoint in '%s'\n", o.dir.string().c_str());
+                return 1;
+            }
+            from[static_cast<std::size_t>(r)] = *file;
+            std::printf("rank %d recovers from %s\n", r, fs::relative(*file, o.dir).string().c_str());
         }
-        std::printf("recovering from %s\n", fs::relative(*from, o.dir).string().c_str());
     }
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
         auto data = examples::seed_dp_dataset(o.data, o.limit, o.ranks, comm.rank());
         Net net;  // every rank starts from the same seed
-        nn::SGD sgd(net.parameters(), 1e-2);
-        DpOpt dp(sgd, comm);  // the seed's OptTFTWrapper
+        // SGD(0.01) in the seed's OptTFTWrapper, its state sharded as the layout says
+        fault::ShardedOptimizer<nn::SGD, fault::ThreadComm> sgd(net.parameters(), comm, layout, 1e-2);
+        DpOpt& dp = sgd.optimizer();
         Opt opt(dp, o.fail_step, comm.rank(), false);
         nn::Trainer<Net, Opt> trainer(net, opt, {}, comm.rank());
         std::int64_t initial_epoch = 0;
-        if (from) {
-            const auto rp = trainer.resume_from(*from, data);
+        if (o.recover) {
+            const auto rp = trainer.resume_from(from[static_cast<std::size_t>(comm.rank())], data);
             dp.set_completed_steps(rp.global_step);
             opt.set_completed_steps(rp.global_step);
             initial_epoch = rp.initial_epoch;
@@ -119,7 +134,7 @@ int run(const Options& o) {
                             static_cast<long long>(rp.global_step + 1), static_cast<long long>(rp.initial_epoch + 1),
                             static_cast<long long>(rp.initial_step + 1));
         }
-        fault::LastWordsCheckpoint last_words(comm, o.dir, {}, /*watch_signals=*/true);
+        fault::LastWordsCheckpoint last_words(comm, o.dir, {.layout = layout, .watch_signals = true});
         nn::FailAtStep crash(o.fault ? o.fail_step : 0, o.fail_rank);
         struct Progress {
             std::mutex* out;
@@ -163,10 +178,13 @@ int run(const Options& o) {
                     std::printf("no last words: %s\n", oc.message.c_str());
                     return 1;
                 }
-                std::printf("last words: global step %lld saved by rank %d (survivors:", static_cast<long long>(*oc.step),
-                            oc.saver);
+                std::printf("last words: global step %lld saved by", static_cast<long long>(*oc.step));
+                for (std::size_t j = 0; j < oc.savers.size(); ++j)
+                    std::printf("%s rank %d", j ? "," : "", oc.savers[j]);
+                if (oc.savers.size() > 1) std::printf(" (one per optimizer-state piece)");
+                std::printf("; survivors:");
                 for (const auto& r : oc.reports) std::printf(" %lld", static_cast<long long>(r.job_rank));
-                std::printf(")\n");
+                std::printf("\n");
                 print_tree(o.dir);
                 return 3;
             }

@@ -6,8 +6,15 @@
 // redone and training runs to the end in the same process, ending with the same parameters
 // as a run without the error (--no-fault).
 //
-//   uce_recover [--ranks N] [--fail-rank R] [--fail-step S] [--tensor NAME] [--no-fault]
-//               [--epochs N] [--limit N] [--data DIR]
+//   uce_recover [--ranks N] [--shard-size S] [--fail-rank R] [--fail-step S] [--tensor NAME]
+//               [--unrepairable] [--no-fault] [--epochs N] [--limit N] [--data DIR] [--dir DIR]
+//
+// As in the seed, UCE repair comes with the last words: when a rank cannot be repaired in
+// place (--unrepairable: its device is lost; or no healthy replica keeps its piece of the
+// optimizer state, with --shard-size), the others save the last words in --dir.
+//
+// Exit status: 0 trained to the end; 3 a rank could not be repaired and the last words were
+// saved; 1 nothing could be saved, or another error.
 
 #include <fault/fault.hpp>
 #include "../common/cli.hpp"
@@ -26,19 +33,22 @@ namespace {
 
 struct Options {
     int ranks = 4;
+    int shard_size = 1;
     int fail_rank = 1;
     std::int64_t fail_step = 40;
     std::string tensor = "layer2.weight";
     bool fault = true;
+    bool repairable = true;
     std::int64_t epochs = 1;
     std::size_t limit = 12800;
     fs::path data = "/usr/share/datasets/fashion-mnist";
+    fs::path dir = "./ttp_checkpoints";
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "uce_recover: " << why << "\n"
-              << "usage: uce_recover [--ranks N] [--fail-rank R] [--fail-step S] [--tensor NAME] [--no-fault]\n"
-              << "                   [--epochs N] [--limit N] [--data DIR]\n";
+              << "usage: uce_recover [--ranks N] [--shard-size S] [--fail-rank R] [--fail-step S] [--tensor NAME]\n"
+              << "                   [--unrepairable] [--no-fault] [--epochs N] [--limit N] [--data DIR] [--dir DIR]\n";
     std::exit(2);
 }
 
@@ -48,6 +58,9 @@ Options parse(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--ranks") o.ranks = static_cast<int>(number(i));
+        else if (a == "--shard-size") o.shard_size = static_cast<int>(number(i));
+        else if (a == "--unrepairable") o.repairable = false;
+        else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
         else if (a == "--fail-rank") o.fail_rank = static_cast<int>(number(i));
         else if (a == "--fail-step") o.fail_step = number(i);
         else if (a == "--tensor" && i + 1 < argc) o.tensor = argv[++i];
@@ -70,19 +83,28 @@ int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     nn::set_blas_threads(1);
     using DpOpt = fault::DataParallelOptimizer<nn::Momentum, fault::ThreadComm>;
+    const fault::ShardLayout layout{o.shard_size};
+    try {
+        layout.require_replicas(o.ranks, "UCE repair");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "uce_recover: %s\n", e.what());
+        return 1;
+    }
     fault::ThreadGroup group(o.ranks, std::chrono::seconds(60));
     std::mutex out;
     std::vector<std::string> hashes(static_cast<std::size_t>(o.ranks));
+    std::vector<fault::LastWordsOutcome> outcomes(static_cast<std::size_t>(o.ranks));
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
         auto data = examples::seed_dp_dataset(o.data, o.limit, o.ranks, comm.rank());
         nn::UceNet net;  // the seed's 784-512-512-10 network, the same seed on every rank
-        nn::Momentum inner(net.parameters(), 0.01, 0.9);
-        DpOpt opt(inner, comm);
+        fault::ShardedOptimizer<nn::Momentum, fault::ThreadComm> momentum(net.parameters(), comm, layout, 0.01, 0.9);
+        DpOpt& opt = momentum.optimizer();
         nn::Trainer<nn::UceNet, DpOpt> trainer(net, opt, {}, comm.rank());
         fault::AscendModel device(comm.rank());
         fault::attach(device, trainer.load_target());
-        fault::UceRepair repair(comm, device);
-        fault::InjectUce inject(device, o.tensor, o.fault ? o.fail_step : 0, o.fail_rank);
+        fault::UceRepair repair(comm, device, {.layout = layout});
+        fault::LastWordsCheckpoint last_words(comm, o.dir, {.layout = layout});
+        fault::InjectUce inject(device, o.tensor, o.fault ? o.fail_step : 0, o.fail_rank, o.repairable);
         struct Report {
             std::mutex* out;
             void on_step_end(nn::RunContext& c) {
@@ -92,7 +114,12 @@ int main(int argc, char** argv) {
                 std::fflush(stdout);
             }
         } report{&out};
-        trainer.train(o.epochs, data, nn::callbacks(repair, inject, report));
+        try {
+            trainer.train(o.epochs, data, nn::callbacks(repair, inject, report, last_words));
+        } catch (...) {
+            outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
+            throw;
+        }
         {
             std::lock_guard lock(out);
             for (const auto& r : repair.records())
@@ -104,15 +131,30 @@ int main(int argc, char** argv) {
         }
         hashes[static_cast<std::size_t>(comm.rank())] = examples::params_xxh64(net.parameters());
     });
+    bool failed = false;
     for (int r = 0; r < o.ranks; ++r)
         if (errors[static_cast<std::size_t>(r)]) {
+            failed = true;
             try {
                 std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+            } catch (const fault::PeerFailure&) {
             } catch (const std::exception& e) {
-                std::fprintf(stderr, "uce_recover: rank %d: %s\n", r, e.what());
+                std::printf("rank %d failed: %s\n", r, e.what());
             }
-            return 1;
         }
+    if (failed) {
+        for (const auto& oc : outcomes)
+            if (oc.took_part) {
+                if (!oc.step_directory) {
+                    std::printf("no last words: %s\n", oc.message.c_str());
+                    return 1;
+                }
+                std::printf("last words: global step %lld in %s\n", static_cast<long long>(*oc.step),
+                            oc.step_directory->string().c_str());
+                return 3;
+            }
+        return 1;
+    }
     for (int r = 1; r < o.ranks; ++r)
         if (hashes[static_cast<std::size_t>(r)] != hashes[0]) {
             std::fprintf(stderr, "uce_recover: rank %d ended with other parameters than rank 0\n", r);

@@ -142,9 +142,11 @@ public:
     }
 
     /// An uncorrectable ECC error in floats [first, first + count) of tensor `name`: the
-    /// bits there are scrambled now, and the next operation touching the tensor fails.
-    void inject_uce(std::string_view name, std::size_t first = 0, std::size_t count = 16) {
+    /// bits there are scrambled now, and the next operation touching the tensor fails. When
+    /// not `repairable` (the range cannot be mapped out), repair() fails: the device is lost.
+    void inject_uce(std::string_view name, std::size_t first = 0, std::size_t count = 16, bool repairable = true) {
         std::lock_guard lock(m_);
+        if (!repairable) lost_ = true;
         auto& r = region(name);
         if (first >= r.memory.size()) throw ckpt::ConfigError("inject_uce: '" + std::string(name) + "' has no float " + std::to_string(first));
         count = std::min(count, r.memory.size() - first);
@@ -210,6 +212,10 @@ public:
     void repair() {
         std::lock_guard lock(m_);
         if (health_ != Health::cleaned) throw ckpt::ConfigError("device " + std::to_string(device_) + ": repair before clean");
+        if (lost_)
+            throw DeviceMemoryError("device " + std::to_string(device_) + ": error " + std::to_string(mem_error_code) +
+                                        " at repair: the damaged memory cannot be mapped out; the device needs replacing",
+                                    mem_error_code, "");
         health_ = Health::healthy;
         ++repairs_;
     }
@@ -244,6 +250,7 @@ private:
     mutable std::mutex m_;
     std::map<std::string, Region> tensors_;
     Health health_ = Health::healthy;
+    bool lost_ = false;  // an unrepairable UCE was injected
     int repairs_ = 0;
 };
 

@@ -9,27 +9,32 @@
 //   …
 //   if (auto file = fault::latest_last_words("ttp_checkpoints")) trainer.resume_from(*file, data);
 //
-// On a rank's own failure (any exception but PeerFailure) the rank declares itself failed
-// and takes no part. On PeerFailure, the survivors form a new group, exchange what each
-// holds (completed global step, consistent or torn mid-update, epoch and step), take the
-// newest step some survivor holds consistently, let the ReplicaSelector pick the saver
-// among those, and the saver writes
+// On a rank's own failure (any exception but PeerFailure or Interrupted, which mean another
+// rank failed) the rank declares itself failed and takes no part. The survivors form a new
+// group and exchange what each holds (completed global step, consistent or torn
+// mid-update, epoch and step, optimizer-state piece). They take the newest step at which
+// every replica group (ShardLayout: the ranks keeping the same piece of the optimizer
+// state; all ranks when it is not sharded) has a survivor holding it consistently; the
+// ReplicaSelector picks one saver per group, and each saver writes
 //   {dir}/tft_saved_checkpoints-step_{g}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt
-// into a temporary directory that is renamed into place once complete and durable. The
-// survivors then meet at a barrier, so each knows the save is durable before it rethrows.
-// A second failure during the save (the saver's write fails, or it dies) never leaves a
-// torn step directory: the saver removes its temporary, declares itself failed, and the
-// remaining survivors agree again and another of them saves. When no survivor holds a
-// consistent state, nothing is written and a warning says why.
+// into a temporary step directory. Once all have written, the saver of piece 0 renames it
+// into place and makes that durable, and the survivors meet at a barrier, so each knows
+// the save is durable before it rethrows. A second failure during the save (a saver's
+// write fails, or it dies) never leaves a torn step directory: the temporary is not
+// renamed, the failed saver declares itself failed, and the remaining survivors agree
+// again and save again. When some replica group has no consistent survivor, nothing is
+// written and the message says which group.
 
 #include <boost/filesystem.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <optional>
 #include <signal.h>
 #include <string>
@@ -43,6 +48,7 @@
 #include "../ckpt/naming_policy.hpp"
 #include "../nn/callbacks.hpp"
 #include "communicator.hpp"
+#include "data_parallel.hpp"
 #include "replica_selector.hpp"
 #include "termination.hpp"
 
@@ -57,6 +63,17 @@ struct SurvivorReport {
     std::int64_t consistent = 1;   ///< 0 when the failure struck inside this rank's update
     std::int64_t epoch = 0;
     std::int64_t step = 0;         ///< steps completed in that epoch
+    std::int64_t shard = 0;        ///< the piece of the optimizer state it keeps
+    std::int64_t pid = 0;          ///< names the temporary step directory, when it commits
+    std::int64_t attempt = 0;
+};
+
+/// How the last words are taken: who saves, how the optimizer state is split, signals.
+template <ReplicaSelector Sel = LowestHealthyRank>
+struct LastWordsOptions {
+    Sel selector{};
+    ShardLayout layout{};        ///< the optimizer's; the replica groups follow from it
+    bool watch_signals = false;  ///< also on SIGTERM/SIGINT (see LastWordsCheckpoint::on_step_end)
 };
 
 namespace detail {
@@ -79,6 +96,95 @@ inline void remove_stale_step_temporaries(const fs::path& dir) {
     }
 }
 
+inline std::string ranks_text(const std::vector<int>& ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+    return s;
+}
+
+/// What the survivors decided: the step to save and one saver per replica group, or why
+/// nothing can be saved.
+struct LastWordsPlan {
+    std::int64_t step = -1;
+    std::vector<int> savers;  ///< job ranks, by optimizer-state piece
+    std::string problem;      ///< set when nothing can be saved
+};
+
+/// The newest step at which every replica group has a consistent survivor, and its savers.
+template <ReplicaSelector Sel>
+LastWordsPlan plan_last_words(const std::vector<SurvivorReport>& reports, const ShardLayout& layout, int job_size,
+                              const Sel& selector) {
+    std::vector<std::int64_t> steps;
+    for (const auto& r : reports)
+        if (r.consistent) steps.push_back(r.global_step);
+    std::sort(steps.rbegin(), steps.rend());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    auto holders = [&](std::int64_t step, int piece) {
+        std::vector<int> h;
+        for (const auto& r : reports)
+            if (r.consistent && r.global_step == step && r.shard == piece) h.push_back(static_cast<int>(r.job_rank));
+        std::sort(h.begin(), h.end());
+        return h;
+    };
+    LastWordsPlan plan;
+    for (const std::int64_t step : steps) {
+        std::vector<int> savers;
+        for (int j = 0; j < layout.shard_size; ++j)
+            if (auto h = holders(step, j); !h.empty()) savers.push_back(selector.choose(h));
+        if (static_cast<int>(savers.size()) == layout.shard_size) {
+            plan.step = step;
+            plan.savers = std::move(savers);
+            return plan;
+        }
+    }
+    // Say, for the newest step anyone holds, which group has nobody and what became of it.
+    std::string why;
+    const std::int64_t newest = steps.empty() ? -1 : steps.front();
+    for (int j = 0; j < layout.shard_size; ++j) {
+        if (newest >= 0 && !holders(newest, j).empty()) continue;
+        const auto members = layout.replica_group(j, job_size);
+        why += (why.empty() ? "" : "; ") + std::string("replica group ") + std::to_string(j) + " (" +
+               ranks_text(members) + "):";
+        for (int m : members) {
+            auto it = std::find_if(reports.begin(), reports.end(), [&](const SurvivorReport& r) { return r.job_rank == m; });
+            why += " rank " + std::to_string(m) + " " +
+                   (it == reports.end() ? std::string("failed")
+                    : !it->consistent  ? std::string("was torn inside its update")
+                                       : "holds step " + std::to_string(it->global_step));
+            why += m == members.back() ? "" : ",";
+        }
+    }
+    plan.problem = "last words: no step is held consistently by every replica group" +
+                   (newest >= 0 ? " (newest: global step " + std::to_string(newest) + ")" : std::string()) + "; " + why +
+                   "; nothing written";
+    return plan;
+}
+
+/// One file per replica group in `step_dir` that verifies (a rank_{r} directory whose rank
+/// keeps that piece), by piece; nothing if some piece has none.
+inline std::optional<std::vector<fs::path>> complete_step(const std::vector<ckpt::StoredCheckpoint>& files,
+                                                          std::int64_t step, const ShardLayout& layout) {
+    std::vector<fs::path> by_piece(static_cast<std::size_t>(layout.shard_size));
+    for (auto f : files) {
+        if (f.name.global_step != step) continue;
+        auto& slot = by_piece[static_cast<std::size_t>(layout.shard_of(f.name.rank))];
+        if (!slot.empty()) continue;
+        if (auto why = ckpt::checkpoint_problem(f)) {
+            ckpt::detail::log(ckpt::LogLevel::warning, "skipping last-words file '" + f.path.string() + "': " + *why);
+            continue;
+        }
+        slot = f.path;
+    }
+    for (std::size_t j = 0; j < by_piece.size(); ++j)
+        if (by_piece[j].empty()) return std::nullopt;
+    return by_piece;
+}
+
+inline std::int64_t next_attempt() {
+    static std::atomic<std::int64_t> n{0};
+    return n.fetch_add(1);
+}
+
 }  // namespace detail
 
 /// What the last words came to, as this survivor saw it.
@@ -86,7 +192,8 @@ struct LastWordsOutcome {
     bool took_part = false;                 ///< false on the rank that failed
     std::vector<SurvivorReport> reports;    ///< every survivor's, by job rank
     std::optional<std::int64_t> step;       ///< the global step saved, if any
-    int saver = -1;                         ///< the job rank that saved it
+    int saver = -1;                         ///< the job rank that saved piece 0 (all of it, unsharded)
+    std::vector<int> savers;                ///< the job rank that saved each piece
     std::optional<fs::path> step_directory; ///< committed and durable, if the save succeeded
     std::string message;                    ///< why nothing was saved, when nothing was
     double seconds = 0;                     ///< from the failure's detection to the save being durable
@@ -95,14 +202,9 @@ struct LastWordsOutcome {
 template <RecoverableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
-    /// With `watch_signals`, a termination signal caught by TerminationSignals also leads
-    /// to last words (see on_step_end), at the cost of a one-float allreduce per step.
-    explicit LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", Sel selector = {},
-                                 bool watch_signals = false)
-        : comm_(comm), dir_(std::move(directory)), selector_(std::move(selector)), watch_signals_(watch_signals) {
-        if (comm.size() < 2)
-            throw ckpt::ConfigError("a last-words checkpoint needs a replica: a data-parallel job of at least 2 ranks, "
-                                    "this one has " + std::to_string(comm.size()));
+    LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", LastWordsOptions<Sel> options = {})
+        : comm_(comm), dir_(std::move(directory)), options_(std::move(options)), job_size_(comm.size()) {
+        options_.layout.require_replicas(comm.size(), "a last-words checkpoint");
         boost::system::error_code ec;
         fs::create_directories(dir_, ec);
         if (ec) throw ckpt::IoError("cannot create last-words directory '" + dir_.string() + "': " + ec.message(), dir_.string(), ec.value());
@@ -114,7 +216,7 @@ public:
         const auto error = std::current_exception();
         if (detail::holds<Preempted>(error)) return;  // the last words are already written
         outcome_ = {};
-        if (!detail::holds<PeerFailure>(error)) {
+        if (!detail::holds<PeerFailure>(error) && !detail::holds<Interrupted>(error)) {
             comm_.declare_failed();  // this rank's own failure: its state is not to be trusted
             return;
         }
@@ -139,7 +241,7 @@ public:
     /// one-float allreduce telling whether any rank's process received one; if so, all
     /// ranks save the last words at this same step and training ends with Preempted.
     void on_step_end(nn::RunContext& ctx) {
-        if (!watch_signals_) return;
+        if (!options_.watch_signals) return;
         float requested = TerminationSignals::requested() ? 1.0f : 0.0f;
         comm_.allreduce(std::span<float>(&requested, 1), ReduceOp::sum);
         if (requested == 0.0f) return;
@@ -157,90 +259,124 @@ public:
 
 private:
     // The protocol among `group` (the survivors, or everyone on a signal): exchange
-    // reports, pick the newest consistent step and its saver, write, meet at a barrier.
+    // reports, plan, write, commit, meet at a barrier.
     void speak(Comm& group, nn::RunContext& ctx, std::chrono::steady_clock::time_point start) {
         outcome_.took_part = true;
-        const SurvivorReport mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0, ctx.epoch, ctx.step};
+        const int me = comm_.job_rank();
+        const SurvivorReport mine{me,
+                                  ctx.global_step,
+                                  ctx.consistent ? 1 : 0,
+                                  ctx.epoch,
+                                  ctx.step,
+                                  options_.layout.shard_of(me),
+                                  static_cast<std::int64_t>(::getpid()),
+                                  detail::next_attempt()};
         outcome_.reports = detail::allgather_records(group, mine);
-
-        std::int64_t newest = -1;
-        for (const auto& r : outcome_.reports)
-            if (r.consistent) newest = std::max(newest, r.global_step);
-        std::vector<int> holders;
-        const SurvivorReport* holder = nullptr;
-        for (const auto& r : outcome_.reports)
-            if (r.consistent && r.global_step == newest) {
-                holders.push_back(static_cast<int>(r.job_rank));
-                holder = &r;
-            }
-        if (holders.empty()) {
-            outcome_.message = "last words: no survivor holds a consistent state (every one failed inside its update); "
-                               "nothing written";
+        const auto plan = detail::plan_last_words(outcome_.reports, options_.layout, job_size_, options_.selector);
+        if (plan.step < 0) {
+            outcome_.message = plan.problem;
             ckpt::detail::log(ckpt::LogLevel::warning, outcome_.message);
             return;
         }
-        outcome_.step = newest;
-        outcome_.saver = selector_.choose(holders);
-        const fs::path final_dir = dir_ / detail::step_dir_name(newest);
-        bool committed = false;
-        if (outcome_.saver == comm_.job_rank()) {
-            try {
-                committed = write(ctx, *holder, final_dir);
-            } catch (...) {
-                group.declare_failed();  // the others must not wait for a save that will not come
-                throw;
+        outcome_.step = plan.step;
+        outcome_.savers = plan.savers;
+        outcome_.saver = plan.savers.front();
+        const std::string final_name = detail::step_dir_name(plan.step);
+        const fs::path final_dir = dir_ / final_name;
+        if (fs::exists(final_dir)) {  // every survivor sees it: nobody writes
+            const auto files = ckpt::list_checkpoints(dir_, "ttp", ckpt::LastWordsNaming{});
+            if (detail::complete_step(files, plan.step, options_.layout)) {
+                outcome_.step_directory = final_dir;  // a save of this step before a second failure
+            } else {
+                outcome_.message = "last words: '" + final_dir.string() + "' already exists and is incomplete; it is left as it is";
+                ckpt::detail::log(ckpt::LogLevel::warning, outcome_.message);
             }
+            return;
         }
-        // Every survivor learns the save is durable, or learns of a second failure here.
-        group.barrier();
+        // The committer's temporary: its name carries the committer's pid, so a later start
+        // removes it if that process died before renaming it.
+        const int committer = plan.savers.front();
+        const auto& cr = *std::find_if(outcome_.reports.begin(), outcome_.reports.end(),
+                                       [&](const SurvivorReport& r) { return r.job_rank == committer; });
+        const std::string staging_name = "." + final_name + std::string(ckpt::detail::temp_marker) +
+                                         std::to_string(cr.pid) + "-" + std::to_string(cr.attempt);
+        const fs::path staging = dir_ / staging_name;
+        if (std::find(plan.savers.begin(), plan.savers.end(), me) != plan.savers.end()) write(group, ctx, staging);
+        group.barrier();  // every piece is written and durable in the temporary
+        if (me == committer) commit(group, staging, final_dir, final_name, staging_name);
+        group.barrier();  // the step directory is in place and durable
         outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (outcome_.saver == comm_.job_rank() && !committed) return;
         outcome_.step_directory = final_dir;
     }
 
-    bool write(nn::RunContext& ctx, const SurvivorReport& at, const fs::path& final_dir) {
-        if (fs::exists(final_dir)) {
-            outcome_.message = "last words: '" + final_dir.string() + "' already exists; it is left as it is";
-            ckpt::detail::log(ckpt::LogLevel::warning, outcome_.message);
-            return false;
-        }
-        const fs::path tmp = dir_ / ckpt::detail::temporary_name(final_dir.filename().string());
+    // This saver's file, rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt, inside the temporary.
+    void write(Comm& group, nn::RunContext& ctx, const fs::path& staging) {
         ckpt::Progress p;
-        p.epoch = at.epoch;
-        p.step = at.step;
-        p.global_step = at.global_step;
+        p.epoch = ctx.epoch;
+        p.step = ctx.step;
+        p.global_step = ctx.global_step;
         p.rank = comm_.job_rank();
-        // the name below the step directory, as LastWordsNaming gives it
         const std::string name = ckpt::LastWordsNaming{}.checkpoint_name("", p, ckpt::SaveKind::regular);
-        const fs::path file = tmp / name.substr(name.find('/') + 1);
+        const fs::path file = staging / name.substr(name.find('/') + 1);
         try {
             fs::create_directories(file.parent_path());
             ckpt::SaveOptions opts;
-            opts.epoch = at.epoch;
-            opts.step = at.step;
+            opts.epoch = ctx.epoch;
+            opts.step = ctx.step;
             ckpt::save_checkpoint(ctx.state(), file, opts);  // fsyncs the file and rank_{r}/
-            ckpt::detail::fsync_directory(tmp.string());
-            fs::rename(tmp, final_dir);
+            ckpt::detail::fsync_directory(staging.string());
         } catch (...) {
             boost::system::error_code ec;
-            fs::remove_all(tmp, ec);  // only our own temporary: nothing visible was written
+            fs::remove_all(file.parent_path(), ec);  // only our own part: nothing visible was written
+            group.declare_failed();                  // the others must not wait for a save that will not come
             throw;
         }
-        ckpt::detail::fsync_directory(dir_.string());
-        return true;
+    }
+
+    void commit(Comm& group, const fs::path& staging, const fs::path& final_dir, const std::string& final_name,
+                const std::string& staging_name) {
+        try {
+            // temporaries of earlier attempts at this step: their writers have all moved on
+            boost::system::error_code ec;
+            for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+                const std::string n = it->path().filename().string();
+                if (n != staging_name && n.rfind("." + final_name + std::string(ckpt::detail::temp_marker), 0) == 0) {
+                    boost::system::error_code rm;
+                    fs::remove_all(it->path(), rm);
+                }
+            }
+            fs::rename(staging, final_dir);
+            ckpt::detail::fsync_directory(dir_.string());
+        } catch (...) {
+            boost::system::error_code ec;
+            fs::remove_all(staging, ec);
+            group.declare_failed();
+            throw;
+        }
     }
 
     Comm& comm_;
     fs::path dir_;
-    Sel selector_;
-    bool watch_signals_;
+    LastWordsOptions<Sel> options_;
+    int job_size_;
     LastWordsOutcome outcome_;
 };
 
-/// The newest last-words checkpoint in `dir` whose file verifies, or nothing.
-inline std::optional<fs::path> latest_last_words(const fs::path& dir) {
+/// The file to resume from for `rank`: in the newest last-words step of `dir` that is
+/// complete (every replica group of `layout` has a file there that verifies), the file of
+/// the rank that saved this rank's piece of the optimizer state. Nothing if no step is
+/// complete. All ranks get the same step.
+inline std::optional<fs::path> latest_last_words(const fs::path& dir, const ShardLayout& layout = {}, int rank = 0) {
     if (!fs::is_directory(dir)) return std::nullopt;
-    return ckpt::latest(dir, "ttp", ckpt::LastWordsNaming{});
+    const auto files = ckpt::list_checkpoints(dir, "ttp", ckpt::LastWordsNaming{});
+    for (auto it = files.rbegin(); it != files.rend(); ++it) {
+        if (it != files.rbegin() && it->name.global_step == std::prev(it)->name.global_step) continue;
+        if (auto pieces = detail::complete_step(files, it->name.global_step, layout))
+            return (*pieces)[static_cast<std::size_t>(layout.shard_of(rank))];
+        ckpt::detail::log(ckpt::LogLevel::warning, "skipping last-words step " + std::to_string(it->name.global_step) +
+                                                       " in '" + dir.string() + "': some replica group has no file that verifies");
+    }
+    return std::nullopt;
 }
 
 }  // namespace fault

@@ -11,12 +11,15 @@
 //   fault::UceRepair repair(comm, device);
 //   trainer.train(epochs, data, nn::callbacks(repair, …));
 //
-// The repaired rank raises DeviceMemoryError on the first operation touching the damaged
+// The damaged rank raises DeviceMemoryError on the first operation touching the damaged
 // memory (UceRepair touches every attached tensor when a step begins, as its forward pass
-// would) and interrupts the other ranks; they meet in Communicator::rejoin(), exchange what
-// they hold, and the ReplicaSelector picks the source among the healthy ranks holding the
-// newest consistent step. When no healthy replica holds it, the step fails as usual and the
-// last-words path takes over.
+// would) and interrupts the other ranks; they meet in Communicator::rejoin() and exchange
+// what they hold. Every rank that is damaged, torn inside an update or a step behind gets
+// the state of a healthy rank keeping the same piece of the optimizer state at the newest
+// step (the ReplicaSelector picks it among them), sent to it alone. When some rank has no
+// such replica, or its device cannot be repaired, that rank declares itself failed
+// (RepairFailed) and the others fail the step with PeerFailure: a LastWordsCheckpoint among
+// the callbacks then saves what the survivors hold.
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +33,7 @@
 #include "../nn/callbacks.hpp"
 #include "backend.hpp"
 #include "communicator.hpp"
+#include "data_parallel.hpp"
 #include "replica_selector.hpp"
 
 namespace fault {
@@ -45,21 +49,35 @@ void attach(B& backend, ckpt::ParamDict views) {
 
 /// One repair, as a rank saw it.
 struct RepairRecord {
-    int repaired_rank = -1;         ///< the job rank whose device was repaired
-    int source_rank = -1;           ///< the replica the state was copied from
+    int repaired_rank = -1;         ///< the job rank whose device was repaired (-1: none was damaged)
+    int source_rank = -1;           ///< the replica that rank's state was copied from
     std::int64_t global_step = 0;   ///< the step the state was at
     bool redone = true;             ///< the interrupted step was run again (else taken as done)
     double seconds = 0;             ///< from the error's detection to the state being whole again
     double stop_seconds = 0;        ///< of which waiting for every rank to stop (finish its computation)
 };
 
+/// A rank's state could not be repaired in place: no healthy replica of its piece of the
+/// state, or its device could not be repaired. The rank has declared itself failed; the
+/// others go on to the last words.
+class RepairFailed : public ckpt::Error {
+public:
+    using ckpt::Error::Error;
+};
+
+/// Who UCE repair copies from, and how the optimizer state is split.
+template <ReplicaSelector Sel = LowestHealthyRank>
+struct UceRepairOptions {
+    Sel selector{};
+    ShardLayout layout{};  ///< the optimizer's: a rank's state comes from a rank keeping the same piece
+};
+
 template <RecoverableCommunicator Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
 class UceRepair {
 public:
-    UceRepair(Comm& comm, B& backend, Sel selector = {}) : comm_(comm), backend_(backend), selector_(std::move(selector)) {
-        if (comm.size() < 2)
-            throw ckpt::ConfigError("UCE repair needs a replica to copy from: a data-parallel job of at least 2 ranks, "
-                                    "this one has " + std::to_string(comm.size()));
+    UceRepair(Comm& comm, B& backend, UceRepairOptions<Sel> options = {})
+        : comm_(comm), backend_(backend), options_(std::move(options)) {
+        options_.layout.require_replicas(comm.size(), "UCE repair");
     }
 
     /// A step's forward pass reads every parameter: the damaged memory surfaces here.
@@ -74,78 +92,125 @@ public:
         comm_.rejoin();
         const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-        // what each rank holds: completed step, consistent, healthy
-        struct Report {
-            std::int64_t job_rank, global_step, consistent, healthy;
-        };
         const auto reports = detail::allgather_records(
             comm_, Report{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
-                          backend_.health() == Health::healthy ? 1 : 0});
-        std::int64_t newest = -1;
-        for (const auto& r : reports)
-            if (r.consistent && r.healthy) newest = std::max(newest, r.global_step);
-        std::vector<int> holders;  // group ranks (the same as job ranks until a shrink)
-        int repaired = -1;
-        for (std::size_t q = 0; q < reports.size(); ++q) {
-            const auto& r = reports[q];
-            if (r.consistent && r.healthy && r.global_step == newest) holders.push_back(static_cast<int>(q));
-            if (!r.healthy) repaired = static_cast<int>(r.job_rank);
+                          backend_.health() == Health::healthy ? 1 : 0, options_.layout.shard_of(comm_.job_rank())});
+        const Plan plan = make_plan(reports);
+        const int me = comm_.rank();
+        if (!plan.unrepairable.empty()) {
+            ckpt::detail::log(ckpt::LogLevel::warning, plan.problem);
+            if (std::find(plan.unrepairable.begin(), plan.unrepairable.end(), me) != plan.unrepairable.end()) {
+                comm_.declare_failed();
+                throw RepairFailed(plan.problem);
+            }
+            comm_.barrier();  // fails, naming the ranks that cannot be repaired: the last words take over
+            throw PeerFailure(plan.problem, {});
         }
-        if (holders.empty()) {
-            ckpt::detail::log(ckpt::LogLevel::warning,
-                              "UCE repair: no healthy rank holds a consistent state; the step fails");
-            return nn::StepRecovery::none;
-        }
-        const int source = selector_.choose(holders);
 
         if (damaged) {  // the seed's sequence: stop, clean, repair
-            backend_.stop();
-            backend_.clean();
-            backend_.repair();
+            try {
+                backend_.stop();
+                backend_.clean();
+                backend_.repair();
+            } catch (const std::exception& e) {
+                comm_.declare_failed();
+                throw RepairFailed("UCE repair: the device of rank " + std::to_string(comm_.job_rank()) +
+                                   " cannot be repaired: " + e.what());
+            }
         }
-        // every float tensor from the source (an identical copy for healthy replicas)
-        for (auto& [name, value] : ctx.state())
-            if (ckpt::Tensor* t = value.template get_if<ckpt::Tensor>(); t && t->dtype() == ckpt::DType::float32)
-                comm_.broadcast(t->values<float>(), source);
+        // every float tensor of each rank needing it, from its source
+        for (std::size_t q = 0; q < reports.size(); ++q) {
+            const int src = plan.source[q];
+            if (src < 0 || (me != src && me != static_cast<int>(q))) continue;
+            int tag = 0;
+            for (auto& [name, value] : ctx.state())
+                if (ckpt::Tensor* t = value.template get_if<ckpt::Tensor>(); t && t->dtype() == ckpt::DType::float32) {
+                    if (me == src) comm_.send(t->values<float>(), static_cast<int>(q), tag++);
+                    else comm_.recv(t->values<float>(), src, tag++);
+                }
+        }
         backend_.touch_all();
+        comm_.barrier();  // every rank is whole again (or learns here of a rank that is not)
 
         RepairRecord rec;
-        rec.repaired_rank = repaired;
-        rec.source_rank = source;
-        rec.global_step = newest;
-        rec.redone = ctx.global_step == newest;
+        for (std::size_t q = 0; q < reports.size(); ++q)
+            if (!reports[q].healthy) {
+                rec.repaired_rank = static_cast<int>(reports[q].job_rank);
+                rec.source_rank = static_cast<int>(reports[static_cast<std::size_t>(plan.source[q])].job_rank);
+            }
+        rec.global_step = plan.newest;
+        rec.redone = ctx.global_step == plan.newest;
         rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         rec.stop_seconds = stop_seconds;
         records_.push_back(rec);
-        if (ctx.global_step == newest) return nn::StepRecovery::redo;
-        if (ctx.global_step + 1 == newest) return nn::StepRecovery::done;
-        ckpt::detail::log(ckpt::LogLevel::warning, "UCE repair: rank " + std::to_string(comm_.job_rank()) + " is at step " +
-                                                       std::to_string(ctx.global_step) + ", the replicas at " +
-                                                       std::to_string(newest) + "; the step fails");
-        return nn::StepRecovery::none;
+        return ctx.global_step == plan.newest ? nn::StepRecovery::redo : nn::StepRecovery::done;
     }
 
     /// The repairs this rank took part in.
     const std::vector<RepairRecord>& records() const noexcept { return records_; }
 
 private:
+    struct Report {
+        std::int64_t job_rank, global_step, consistent, healthy, shard;
+    };
+    struct Plan {
+        std::int64_t newest = -1;
+        std::vector<int> source;        // by rank: the rank its state comes from, -1 if none is needed
+        std::vector<int> unrepairable;  // ranks that cannot be brought to the newest step
+        std::string problem;
+    };
+
+    // Every rank not healthy, torn, or not at the newest step gets the state of a healthy
+    // rank keeping the same piece at the newest step. A rank more than one step away cannot
+    // rejoin the loop at the right step.
+    Plan make_plan(const std::vector<Report>& reports) const {
+        Plan plan;
+        for (const auto& r : reports)
+            if (r.consistent && r.healthy) plan.newest = std::max(plan.newest, r.global_step);
+        plan.source.assign(reports.size(), -1);
+        for (std::size_t q = 0; q < reports.size(); ++q) {
+            const auto& r = reports[q];
+            if (r.healthy && r.consistent && r.global_step == plan.newest) continue;
+            std::vector<int> holders;
+            for (std::size_t h = 0; h < reports.size(); ++h)
+                if (reports[h].healthy && reports[h].consistent && reports[h].global_step == plan.newest &&
+                    reports[h].shard == r.shard)
+                    holders.push_back(static_cast<int>(h));
+            const bool aligned = r.global_step == plan.newest || r.global_step + 1 == plan.newest;
+            if (holders.empty() || !aligned) {
+                plan.unrepairable.push_back(static_cast<int>(q));
+                plan.problem += std::string(plan.problem.empty() ? "UCE repair: " : "; ") + "rank " +
+                                std::to_string(r.job_rank) + " (" + (r.healthy ? "" : "memory error, ") +
+                                (r.consistent ? "" : "torn update, ") + "at step " + std::to_string(r.global_step) +
+                                ") " +
+                                (holders.empty() ? "has no healthy replica of its state piece " + std::to_string(r.shard) +
+                                                       " at step " + std::to_string(plan.newest)
+                                                 : "cannot rejoin the replicas at step " + std::to_string(plan.newest));
+                continue;
+            }
+            plan.source[q] = options_.selector.choose(holders);
+        }
+        if (!plan.unrepairable.empty()) plan.problem += "; falling back to the last words";
+        return plan;
+    }
+
     Comm& comm_;
     B& backend_;
-    Sel selector_;
+    UceRepairOptions<Sel> options_;
     std::vector<RepairRecord> records_;
 };
 
 /// Injects a UCE into tensor `name` of a rank's device at the end of global step `step`
-/// (for tests and examples).
+/// (for tests and examples); with `repairable` false, one the device cannot recover from.
 template <class Device>
 class InjectUce {
 public:
-    InjectUce(Device& device, std::string tensor, std::int64_t global_step, int rank)
-        : device_(device), tensor_(std::move(tensor)), step_(global_step), rank_(rank) {}
+    InjectUce(Device& device, std::string tensor, std::int64_t global_step, int rank, bool repairable = true)
+        : device_(device), tensor_(std::move(tensor)), step_(global_step), rank_(rank), repairable_(repairable) {}
     void on_step_end(nn::RunContext& ctx) {
         if (fired_ || ctx.global_step != step_ || ctx.rank != rank_) return;
         fired_ = true;
-        device_.inject_uce(tensor_);
+        device_.inject_uce(tensor_, 0, 16, repairable_);
     }
     bool fired() const noexcept { return fired_; }
 
@@ -154,6 +219,7 @@ private:
     std::string tensor_;
     std::int64_t step_;
     int rank_;
+    bool repairable_;
     bool fired_ = false;
 };
 

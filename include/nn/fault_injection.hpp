@@ -8,6 +8,7 @@
 //   nn::FailAtEpochEnd crash(6);                 // the seed's "Some errors happen." after epoch 6
 //   CHECK_THROWS_AS(trainer.train(10, data, nn::callbacks(ckpt_cb, crash)), nn::InjectedFault);
 
+#include <concepts>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -78,10 +79,19 @@ public:
         : inner_(inner), step_(global_step), rank_(rank), armed_(armed) {}
     void step() {
         inner_.step();
-        if (++done_ == step_ && armed_)
+        if (++done_ == step_ && armed_) {
+            torn_ = true;
             throw InjectedFault("injected fault inside the update of global step " + std::to_string(step_) +
                                     " on rank " + std::to_string(rank_),
                                 rank_, step_);
+        }
+    }
+    /// False after the injected failure (a torn update); otherwise the inner optimizer's
+    /// word, for one that undoes a failed update.
+    bool consistent() const
+        requires requires(const Opt& o) { { o.consistent() } -> std::convertible_to<bool>; }
+    {
+        return !torn_ && inner_.consistent();
     }
     void synchronize_gradients()
         requires requires(Opt& o) { o.synchronize_gradients(); }
@@ -90,6 +100,11 @@ public:
     }
     ckpt::ParamDict state_dict() { return inner_.state_dict(); }
     ckpt::ParamDict hyperparameters() const { return inner_.hyperparameters(); }
+    void check_checkpoint(const ckpt::ParamDict& dict, const std::string& where) const
+        requires requires(const Opt& o, const ckpt::ParamDict& d, const std::string& w) { o.check_checkpoint(d, w); }
+    {
+        inner_.check_checkpoint(dict, where);
+    }
     decltype(auto) parameters() const { return inner_.parameters(); }
     /// Counts `n` steps as done, after a resume at global step n.
     void set_completed_steps(std::int64_t n) { done_ = n; }
@@ -99,6 +114,7 @@ private:
     std::int64_t step_;
     int rank_;
     bool armed_;
+    bool torn_ = false;
     std::int64_t done_ = 0;
 };
 

@@ -207,6 +207,8 @@ public:
         } else {
             throw ckpt::LoadMismatch(where + " holds no position (trainer.epoch or epoch_num): cannot resume from it");
         }
+        // an optimizer keeping a piece of the state (sharded) checks it is this rank's piece
+        if constexpr (requires { opt_.check_checkpoint(dict, where); }) opt_.check_checkpoint(dict, where);
         ckpt::ParamDict target = load_target();
         try {
             data.load_state(dict);  // validates steps per epoch before anything is loaded
@@ -251,7 +253,13 @@ private:
         if constexpr (requires { opt_.synchronize_gradients(); }) opt_.synchronize_gradients();
         before_update();
         ctx.consistent = false;
-        opt_.step();
+        try {
+            opt_.step();
+        } catch (...) {
+            // an optimizer that undoes a failed update (a sharded one) says the state is whole
+            if constexpr (requires { { opt_.consistent() } -> std::convertible_to<bool>; }) ctx.consistent = opt_.consistent();
+            throw;
+        }
         ctx.consistent = true;
         return loss;
     }

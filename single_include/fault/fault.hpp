@@ -156,9 +156,11 @@ public:
     }
 
     /// An uncorrectable ECC error in floats [first, first + count) of tensor `name`: the
-    /// bits there are scrambled now, and the next operation touching the tensor fails.
-    void inject_uce(std::string_view name, std::size_t first = 0, std::size_t count = 16) {
+    /// bits there are scrambled now, and the next operation touching the tensor fails. When
+    /// not `repairable` (the range cannot be mapped out), repair() fails: the device is lost.
+    void inject_uce(std::string_view name, std::size_t first = 0, std::size_t count = 16, bool repairable = true) {
         std::lock_guard lock(m_);
+        if (!repairable) lost_ = true;
         auto& r = region(name);
         if (first >= r.memory.size()) throw ckpt::ConfigError("inject_uce: '" + std::string(name) + "' has no float " + std::to_string(first));
         count = std::min(count, r.memory.size() - first);
@@ -224,6 +226,10 @@ public:
     void repair() {
         std::lock_guard lock(m_);
         if (health_ != Health::cleaned) throw ckpt::ConfigError("device " + std::to_string(device_) + ": repair before clean");
+        if (lost_)
+            throw DeviceMemoryError("device " + std::to_string(device_) + ": error " + std::to_string(mem_error_code) +
+                                        " at repair: the damaged memory cannot be mapped out; the device needs replacing",
+                                    mem_error_code, "");
         health_ = Health::healthy;
         ++repairs_;
     }
@@ -258,6 +264,7 @@ private:
     mutable std::mutex m_;
     std::map<std::string, Region> tensors_;
     Health health_ = Health::healthy;
+    bool lost_ = false;  // an unrepairable UCE was injected
     int repairs_ = 0;
 };
 
@@ -397,18 +404,72 @@ concept RecoverableCommunicator = Communicator<C> && requires(C& c) {
 //   fault::DataParallelOptimizer opt(inner, comm);             // the seed's OptTFTWrapper
 //   nn::Trainer trainer(net, opt, {}, comm.rank());
 //
+// With optimizer-state sharding (the seed's optimizer_weight_shard_size), each rank keeps
+// the optimizer state of one piece of every parameter and updates only that piece; the
+// updated pieces are then exchanged so that every rank holds all the parameters again:
+//
+//   const fault::ShardLayout layout{2};                                   // shard size 2
+//   fault::OptimizerShard shard(net.parameters(), layout, comm);          // this rank's pieces
+//   nn::Momentum inner(shard.parameters(), 0.01, 0.9);                    // state for them only
+//   fault::DataParallelOptimizer opt(inner, comm, shard);
+//
+// or, the same in one object, fault::ShardedOptimizer<nn::Momentum, Comm> (below).
+//
 // The wrapper reports, for every step, the phase its rank reached: gradients reduced,
 // updating, updated. After a failure the survivors compare these reports to know which
 // ranks hold a consistent state, and for which step.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 
 namespace fault {
+
+/// How the optimizer state is split among the data-parallel ranks (the seed's
+/// optimizer_weight_shard_size). With shard size s, every parameter's state is cut into s
+/// contiguous pieces and rank r keeps piece r % s. The ranks keeping the same piece form a
+/// replica group, {j, j + s, j + 2s, …}: ranks / s copies of it. Shard size 1, the default,
+/// is plain data parallelism: one replica group of every rank.
+struct ShardLayout {
+    int shard_size = 1;
+
+    int shard_of(int rank) const noexcept { return rank % shard_size; }
+    /// The ranks (of `ranks`) that keep piece `shard`, ascending.
+    std::vector<int> replica_group(int shard, int ranks) const {
+        std::vector<int> g;
+        for (int r = shard; r < ranks; r += shard_size) g.push_back(r);
+        return g;
+    }
+    /// Elements [first, last) of an n-element tensor that piece `shard` covers.
+    std::pair<std::size_t, std::size_t> piece(std::size_t n, int shard) const noexcept {
+        const auto s = static_cast<std::size_t>(shard_size), j = static_cast<std::size_t>(shard);
+        return {n * j / s, n * (j + 1) / s};
+    }
+
+    /// Throws ConfigError unless the shard size divides `ranks`.
+    void check(int ranks) const {
+        if (shard_size < 1 || ranks % shard_size != 0)
+            throw ckpt::ConfigError("optimizer shard size " + std::to_string(shard_size) + " does not divide the " +
+                                    std::to_string(ranks) + " data-parallel ranks");
+    }
+    /// Throws ConfigError unless every piece has a replica (`feature` says who needs one).
+    void require_replicas(int ranks, std::string_view feature) const {
+        check(ranks);
+        if (ranks / shard_size < 2)
+            throw ckpt::ConfigError(std::string(feature) + " needs a replica of every rank's state, and " +
+                                    std::to_string(ranks) + " data-parallel rank(s) with optimizer shard size " +
+                                    std::to_string(shard_size) + " keep a single copy of each piece: use at least " +
+                                    "2 ranks and a shard size of at most half of them");
+    }
+};
 
 /// How far a rank got with a step. A rank's parameters are those after `step` when the
 /// phase is `updated` or `gradients_reduced` (the update of step + 1 has not begun), and
@@ -439,18 +500,78 @@ void broadcast_parameters(Comm& comm, const std::vector<nn::Parameter*>& params,
     for (nn::Parameter* p : params) comm.broadcast(std::span<float>(p->value.data(), p->value.size()), root);
 }
 
+/// This rank's piece of every parameter under a ShardLayout: parameters of their own
+/// (same names, piece-sized; a piece that is the whole tensor keeps its shape, a partial
+/// one is flat) for the inner optimizer to update and keep state for.
+class OptimizerShard {
+public:
+    template <Communicator Comm>
+    OptimizerShard(const std::vector<nn::Parameter*>& params, ShardLayout layout, const Comm& comm)
+        : full_(params), layout_(layout), shard_(layout.shard_of(comm.rank())) {
+        layout.check(comm.size());
+        pieces_.reserve(params.size());
+        for (const nn::Parameter* p : params) {
+            const auto [lo, hi] = layout.piece(p->value.size(), shard_);
+            nn::Parameter piece;
+            piece.name = p->name;
+            if (hi - lo == p->value.size()) piece.value = nn::Array::from_shape(p->value.shape());
+            else piece.value = nn::Array::from_shape({hi - lo});
+            std::copy(p->value.begin() + static_cast<std::ptrdiff_t>(lo), p->value.begin() + static_cast<std::ptrdiff_t>(hi),
+                      piece.value.begin());
+            piece.grad = nn::Array::from_shape(piece.value.shape());
+            pieces_.push_back(std::move(piece));
+        }
+        for (auto& piece : pieces_) piece_ptrs_.push_back(&piece);
+    }
+    OptimizerShard(const OptimizerShard&) = delete;
+    OptimizerShard& operator=(const OptimizerShard&) = delete;
+
+    /// The pieces this rank updates: build the inner optimizer on these.
+    const std::vector<nn::Parameter*>& parameters() const noexcept { return piece_ptrs_; }
+    /// The whole parameters the pieces come from.
+    const std::vector<nn::Parameter*>& full_parameters() const noexcept { return full_; }
+    const ShardLayout& layout() const noexcept { return layout_; }
+    int shard() const noexcept { return shard_; }
+
+private:
+    std::vector<nn::Parameter*> full_;
+    ShardLayout layout_;
+    int shard_;
+    std::vector<nn::Parameter> pieces_;
+    std::vector<nn::Parameter*> piece_ptrs_;
+};
+
 /// Wraps an optimizer for data-parallel training: synchronize_gradients() replaces every
 /// gradient by its mean over the ranks (one allreduce over all of them), step() applies
 /// the inner optimizer, and both record the phase (the seed's OptTFTWrapper). The trainer
 /// calls synchronize_gradients() before the update, so a peer failure surfacing there
 /// leaves this rank's state consistent.
+///
+/// With an OptimizerShard, step() updates this rank's pieces, then every piece is broadcast
+/// from a rank that keeps it. The update of the state is undone when that exchange fails, so
+/// a peer failure during it also leaves the rank consistent, at the previous step.
 template <class Opt, Communicator Comm>
 class DataParallelOptimizer {
 public:
     DataParallelOptimizer(Opt& inner, Comm& comm) : inner_(inner), comm_(comm), params_(inner.parameters()) {
-        std::size_t n = 0;
-        for (const nn::Parameter* p : params_) n += p->grad.size();
-        flat_.resize(n);
+        flat_.resize(total_size());
+    }
+    DataParallelOptimizer(Opt& inner, Comm& comm, OptimizerShard& shard)
+        : inner_(inner), comm_(comm), shard_(&shard), params_(shard.full_parameters()) {
+        if (inner.parameters() != shard.parameters())
+            throw ckpt::ConfigError("a sharded DataParallelOptimizer needs an inner optimizer built on "
+                                    "OptimizerShard::parameters()");
+        flat_.resize(total_size());
+        const int s = shard.layout().shard_size;
+        shard_offsets_.assign(static_cast<std::size_t>(s) + 1, 0);
+        for (int j = 0; j < s; ++j) {
+            std::size_t n = 0;
+            for (const nn::Parameter* p : params_) {
+                const auto [lo, hi] = shard.layout().piece(p->value.size(), j);
+                n += hi - lo;
+            }
+            shard_offsets_[static_cast<std::size_t>(j) + 1] = shard_offsets_[static_cast<std::size_t>(j)] + n;
+        }
     }
 
     void synchronize_gradients() {
@@ -458,21 +579,67 @@ public:
         for (const nn::Parameter* p : params_) out = std::copy(p->grad.begin(), p->grad.end(), out);
         comm_.allreduce(std::span<float>(flat_), ReduceOp::mean);
         const float* in = flat_.data();
-        for (nn::Parameter* p : params_) {
-            std::copy(in, in + p->grad.size(), p->grad.data());
-            in += p->grad.size();
+        if (!shard_) {
+            for (nn::Parameter* p : params_) {
+                std::copy(in, in + p->grad.size(), p->grad.data());
+                in += p->grad.size();
+            }
+        } else {  // this rank's pieces: gradients, and values (resumes and repairs write the whole parameters)
+            const auto& pieces = shard_->parameters();
+            for (std::size_t k = 0; k < params_.size(); ++k) {
+                const auto [lo, hi] = shard_->layout().piece(params_[k]->value.size(), shard_->shard());
+                std::copy(in + lo, in + hi, pieces[k]->grad.data());
+                std::copy(params_[k]->value.data() + lo, params_[k]->value.data() + hi, pieces[k]->value.data());
+                in += params_[k]->grad.size();
+            }
         }
         phase_.store(Phase::gradients_reduced);
     }
+
     void step() {
         phase_.store(Phase::updating);
-        inner_.step();
+        if (!shard_) {
+            inner_.step();
+        } else {
+            save_state();
+            inner_.step();
+            try {
+                gather_pieces();
+            } catch (...) {
+                restore_state();  // the parameters are untouched: the previous step's state again
+                phase_.store(Phase::gradients_reduced);
+                throw;
+            }
+        }
         completed_.fetch_add(1);
         phase_.store(Phase::updated);
     }
 
+    /// False while an update is partly applied (after a failure inside it).
+    bool consistent() const noexcept { return phase_.load() != Phase::updating; }
+
     ckpt::ParamDict state_dict() { return inner_.state_dict(); }
-    ckpt::ParamDict hyperparameters() const { return inner_.hyperparameters(); }
+    /// The inner optimizer's, and with sharding "optimizer.shard_size" and "optimizer.shard".
+    ckpt::ParamDict hyperparameters() const {
+        ckpt::ParamDict d = inner_.hyperparameters();
+        if (shard_) {
+            d.set("optimizer.shard_size", static_cast<std::int64_t>(shard_->layout().shard_size));
+            d.set("optimizer.shard", static_cast<std::int64_t>(shard_->shard()));
+        }
+        return d;
+    }
+    /// Refuses a checkpoint holding another piece of the optimizer state than this rank's
+    /// (the trainer calls it before loading anything).
+    void check_checkpoint(const ckpt::ParamDict& dict, const std::string& where) const {
+        const std::int64_t size = dict.contains("optimizer.shard_size") ? dict.get<std::int64_t>("optimizer.shard_size") : 1;
+        const std::int64_t piece = dict.contains("optimizer.shard") ? dict.get<std::int64_t>("optimizer.shard") : 0;
+        const std::int64_t want_size = shard_ ? shard_->layout().shard_size : 1;
+        const std::int64_t want_piece = shard_ ? shard_->shard() : 0;
+        if (size != want_size || piece != want_piece)
+            throw ckpt::LoadMismatch(where + " holds optimizer-state piece " + std::to_string(piece) + " of " +
+                                     std::to_string(size) + "; rank " + std::to_string(comm_.rank()) + " keeps piece " +
+                                     std::to_string(want_piece) + " of " + std::to_string(want_size));
+    }
     const std::vector<nn::Parameter*>& parameters() const noexcept { return params_; }
 
     /// This rank's phase report; safe to read from another thread.
@@ -485,12 +652,85 @@ public:
     Opt& inner() noexcept { return inner_; }
 
 private:
+    std::size_t total_size() const {
+        std::size_t n = 0;
+        for (const nn::Parameter* p : params_) n += p->grad.size();
+        return n;
+    }
+
+    // Every piece from the lowest rank keeping it (rank j keeps piece j), staged in flat_
+    // (free once the gradients are in the pieces) so that the parameters change only once
+    // all pieces have arrived.
+    void gather_pieces() {
+        const ShardLayout& layout = shard_->layout();
+        const auto& pieces = shard_->parameters();
+        const int mine = shard_->shard();
+        float* own = flat_.data() + shard_offsets_[static_cast<std::size_t>(mine)];
+        for (const nn::Parameter* piece : pieces) own = std::copy(piece->value.begin(), piece->value.end(), own);
+        for (int j = 0; j < layout.shard_size; ++j) {
+            const auto lo = shard_offsets_[static_cast<std::size_t>(j)], hi = shard_offsets_[static_cast<std::size_t>(j) + 1];
+            comm_.broadcast(std::span<float>(flat_.data() + lo, hi - lo), j);
+        }
+        for (int j = 0; j < layout.shard_size; ++j) {
+            const float* in = flat_.data() + shard_offsets_[static_cast<std::size_t>(j)];
+            for (nn::Parameter* p : params_) {
+                const auto [lo, hi] = layout.piece(p->value.size(), j);
+                std::copy(in, in + (hi - lo), p->value.data() + lo);
+                in += hi - lo;
+            }
+        }
+    }
+    // The inner optimizer's state before its update, to undo it.
+    void save_state() {
+        undo_.clear();
+        for (auto& [name, value] : inner_.state_dict())
+            if (const ckpt::Tensor* t = value.template get_if<ckpt::Tensor>())
+                undo_.insert(undo_.end(), t->data(), t->data() + t->nbytes());
+    }
+    void restore_state() {
+        const std::byte* in = undo_.data();
+        for (auto& [name, value] : inner_.state_dict())
+            if (ckpt::Tensor* t = value.template get_if<ckpt::Tensor>()) {
+                std::memcpy(t->data(), in, t->nbytes());
+                in += t->nbytes();
+            }
+    }
+
     Opt& inner_;
     Comm& comm_;
+    OptimizerShard* shard_ = nullptr;
     std::vector<nn::Parameter*> params_;
     std::vector<float> flat_;
+    std::vector<std::size_t> shard_offsets_;  // where piece j starts in the staging buffer
+    std::vector<std::byte> undo_;
     std::atomic<std::int64_t> completed_{0};
     std::atomic<Phase> phase_{Phase::idle};
+};
+
+/// The usual composition in one object: an Opt built on this rank's piece of the
+/// parameters under `layout` (all of them when it does not shard), wrapped in a
+/// DataParallelOptimizer. The trainer takes optimizer().
+///
+///   fault::ShardedOptimizer<nn::Momentum, fault::ThreadComm> opt(net.parameters(), comm, {2}, 0.01, 0.9);
+///   nn::Trainer trainer(net, opt.optimizer(), {}, comm.rank());
+template <class Opt, Communicator Comm>
+class ShardedOptimizer {
+public:
+    template <class... OptArgs>
+    ShardedOptimizer(const std::vector<nn::Parameter*>& params, Comm& comm, ShardLayout layout, OptArgs&&... opt_args) {
+        layout.check(comm.size());
+        if (layout.shard_size > 1) shard_.emplace(params, layout, comm);
+        inner_.emplace(shard_ ? shard_->parameters() : params, std::forward<OptArgs>(opt_args)...);
+        if (shard_) wrapper_.emplace(*inner_, comm, *shard_);
+        else wrapper_.emplace(*inner_, comm);
+    }
+    DataParallelOptimizer<Opt, Comm>& optimizer() noexcept { return *wrapper_; }
+    Opt& inner() noexcept { return *inner_; }
+
+private:
+    std::optional<OptimizerShard> shard_;
+    std::optional<Opt> inner_;
+    std::optional<DataParallelOptimizer<Opt, Comm>> wrapper_;
 };
 
 }  // namespace fault
@@ -504,27 +744,32 @@ private:
 //   …
 //   if (auto file = fault::latest_last_words("ttp_checkpoints")) trainer.resume_from(*file, data);
 //
-// On a rank's own failure (any exception but PeerFailure) the rank declares itself failed
-// and takes no part. On PeerFailure, the survivors form a new group, exchange what each
-// holds (completed global step, consistent or torn mid-update, epoch and step), take the
-// newest step some survivor holds consistently, let the ReplicaSelector pick the saver
-// among those, and the saver writes
+// On a rank's own failure (any exception but PeerFailure or Interrupted, which mean another
+// rank failed) the rank declares itself failed and takes no part. The survivors form a new
+// group and exchange what each holds (completed global step, consistent or torn
+// mid-update, epoch and step, optimizer-state piece). They take the newest step at which
+// every replica group (ShardLayout: the ranks keeping the same piece of the optimizer
+// state; all ranks when it is not sharded) has a survivor holding it consistently; the
+// ReplicaSelector picks one saver per group, and each saver writes
 //   {dir}/tft_saved_checkpoints-step_{g}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt
-// into a temporary directory that is renamed into place once complete and durable. The
-// survivors then meet at a barrier, so each knows the save is durable before it rethrows.
-// A second failure during the save (the saver's write fails, or it dies) never leaves a
-// torn step directory: the saver removes its temporary, declares itself failed, and the
-// remaining survivors agree again and another of them saves. When no survivor holds a
-// consistent state, nothing is written and a warning says why.
+// into a temporary step directory. Once all have written, the saver of piece 0 renames it
+// into place and makes that durable, and the survivors meet at a barrier, so each knows
+// the save is durable before it rethrows. A second failure during the save (a saver's
+// write fails, or it dies) never leaves a torn step directory: the temporary is not
+// renamed, the failed saver declares itself failed, and the remaining survivors agree
+// again and save again. When some replica group has no consistent survivor, nothing is
+// written and the message says which group.
 
 #include <boost/filesystem.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <optional>
 #include <signal.h>
 #include <string>
@@ -665,6 +910,17 @@ struct SurvivorReport {
     std::int64_t consistent = 1;   ///< 0 when the failure struck inside this rank's update
     std::int64_t epoch = 0;
     std::int64_t step = 0;         ///< steps completed in that epoch
+    std::int64_t shard = 0;        ///< the piece of the optimizer state it keeps
+    std::int64_t pid = 0;          ///< names the temporary step directory, when it commits
+    std::int64_t attempt = 0;
+};
+
+/// How the last words are taken: who saves, how the optimizer state is split, signals.
+template <ReplicaSelector Sel = LowestHealthyRank>
+struct LastWordsOptions {
+    Sel selector{};
+    ShardLayout layout{};        ///< the optimizer's; the replica groups follow from it
+    bool watch_signals = false;  ///< also on SIGTERM/SIGINT (see LastWordsCheckpoint::on_step_end)
 };
 
 namespace detail {
@@ -687,6 +943,95 @@ inline void remove_stale_step_temporaries(const fs::path& dir) {
     }
 }
 
+inline std::string ranks_text(const std::vector<int>& ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+    return s;
+}
+
+/// What the survivors decided: the step to save and one saver per replica group, or why
+/// nothing can be saved.
+struct LastWordsPlan {
+    std::int64_t step = -1;
+    std::vector<int> savers;  ///< job ranks, by optimizer-state piece
+    std::string problem;      ///< set when nothing can be saved
+};
+
+/// The newest step at which every replica group has a consistent survivor, and its savers.
+template <ReplicaSelector Sel>
+LastWordsPlan plan_last_words(const std::vector<SurvivorReport>& reports, const ShardLayout& layout, int job_size,
+                              const Sel& selector) {
+    std::vector<std::int64_t> steps;
+    for (const auto& r : reports)
+        if (r.consistent) steps.push_back(r.global_step);
+    std::sort(steps.rbegin(), steps.rend());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    auto holders = [&](std::int64_t step, int piece) {
+        std::vector<int> h;
+        for (const auto& r : reports)
+            if (r.consistent && r.global_step == step && r.shard == piece) h.push_back(static_cast<int>(r.job_rank));
+        std::sort(h.begin(), h.end());
+        return h;
+    };
+    LastWordsPlan plan;
+    for (const std::int64_t step : steps) {
+        std::vector<int> savers;
+        for (int j = 0; j < layout.shard_size; ++j)
+            if (auto h = holders(step, j); !h.empty()) savers.push_back(selector.choose(h));
+        if (static_cast<int>(savers.size()) == layout.shard_size) {
+            plan.step = step;
+            plan.savers = std::move(savers);
+            return plan;
+        }
+    }
+    // Say, for the newest step anyone holds, which group has nobody and what became of it.
+    std::string why;
+    const std::int64_t newest = steps.empty() ? -1 : steps.front();
+    for (int j = 0; j < layout.shard_size; ++j) {
+        if (newest >= 0 && !holders(newest, j).empty()) continue;
+        const auto members = layout.replica_group(j, job_size);
+        why += (why.empty() ? "" : "; ") + std::string("replica group ") + std::to_string(j) + " (" +
+               ranks_text(members) + "):";
+        for (int m : members) {
+            auto it = std::find_if(reports.begin(), reports.end(), [&](const SurvivorReport& r) { return r.job_rank == m; });
+            why += " rank " + std::to_string(m) + " " +
+                   (it == reports.end() ? std::string("failed")
+                    : !it->consistent  ? std::string("was torn inside its update")
+                                       : "holds step " + std::to_string(it->global_step));
+            why += m == members.back() ? "" : ",";
+        }
+    }
+    plan.problem = "last words: no step is held consistently by every replica group" +
+                   (newest >= 0 ? " (newest: global step " + std::to_string(newest) + ")" : std::string()) + "; " + why +
+                   "; nothing written";
+    return plan;
+}
+
+/// One file per replica group in `step_dir` that verifies (a rank_{r} directory whose rank
+/// keeps that piece), by piece; nothing if some piece has none.
+inline std::optional<std::vector<fs::path>> complete_step(const std::vector<ckpt::StoredCheckpoint>& files,
+                                                          std::int64_t step, const ShardLayout& layout) {
+    std::vector<fs::path> by_piece(static_cast<std::size_t>(layout.shard_size));
+    for (auto f : files) {
+        if (f.name.global_step != step) continue;
+        auto& slot = by_piece[static_cast<std::size_t>(layout.shard_of(f.name.rank))];
+        if (!slot.empty()) continue;
+        if (auto why = ckpt::checkpoint_problem(f)) {
+            ckpt::detail::log(ckpt::LogLevel::warning, "skipping last-words file '" + f.path.string() + "': " + *why);
+            continue;
+        }
+        slot = f.path;
+    }
+    for (std::size_t j = 0; j < by_piece.size(); ++j)
+        if (by_piece[j].empty()) return std::nullopt;
+    return by_piece;
+}
+
+inline std::int64_t next_attempt() {
+    static std::atomic<std::int64_t> n{0};
+    return n.fetch_add(1);
+}
+
 }  // namespace detail
 
 /// What the last words came to, as this survivor saw it.
@@ -694,7 +1039,8 @@ struct LastWordsOutcome {
     bool took_part = false;                 ///< false on the rank that failed
     std::vector<SurvivorReport> reports;    ///< every survivor's, by job rank
     std::optional<std::int64_t> step;       ///< the global step saved, if any
-    int saver = -1;                         ///< the job rank that saved it
+    int saver = -1;                         ///< the job rank that saved piece 0 (all of it, unsharded)
+    std::vector<int> savers;                ///< the job rank that saved each piece
     std::optional<fs::path> step_directory; ///< committed and durable, if the save succeeded
     std::string message;                    ///< why nothing was saved, when nothing was
     double seconds = 0;                     ///< from the failure's detection to the save being durable
@@ -703,14 +1049,9 @@ struct LastWordsOutcome {
 template <RecoverableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
-    /// With `watch_signals`, a termination signal caught by TerminationSignals also leads
-    /// to last words (see on_step_end), at the cost of a one-float allreduce per step.
-    explicit LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", Sel selector = {},
-                                 bool watch_signals = false)
-        : comm_(comm), dir_(std::move(directory)), selector_(std::move(selector)), watch_signals_(watch_signals) {
-        if (comm.size() < 2)
-            throw ckpt::ConfigError("a last-words checkpoint needs a replica: a data-parallel job of at least 2 ranks, "
-                                    "this one has " + std::to_string(comm.size()));
+    LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", LastWordsOptions<Sel> options = {})
+        : comm_(comm), dir_(std::move(directory)), options_(std::move(options)), job_size_(comm.size()) {
+        options_.layout.require_replicas(comm.size(), "a last-words checkpoint");
         boost::system::error_code ec;
         fs::create_directories(dir_, ec);
         if (ec) throw ckpt::IoError("cannot create last-words directory '" + dir_.string() + "': " + ec.message(), dir_.string(), ec.value());
@@ -722,7 +1063,7 @@ public:
         const auto error = std::current_exception();
         if (detail::holds<Preempted>(error)) return;  // the last words are already written
         outcome_ = {};
-        if (!detail::holds<PeerFailure>(error)) {
+        if (!detail::holds<PeerFailure>(error) && !detail::holds<Interrupted>(error)) {
             comm_.declare_failed();  // this rank's own failure: its state is not to be trusted
             return;
         }
@@ -747,7 +1088,7 @@ public:
     /// one-float allreduce telling whether any rank's process received one; if so, all
     /// ranks save the last words at this same step and training ends with Preempted.
     void on_step_end(nn::RunContext& ctx) {
-        if (!watch_signals_) return;
+        if (!options_.watch_signals) return;
         float requested = TerminationSignals::requested() ? 1.0f : 0.0f;
         comm_.allreduce(std::span<float>(&requested, 1), ReduceOp::sum);
         if (requested == 0.0f) return;
@@ -765,90 +1106,124 @@ public:
 
 private:
     // The protocol among `group` (the survivors, or everyone on a signal): exchange
-    // reports, pick the newest consistent step and its saver, write, meet at a barrier.
+    // reports, plan, write, commit, meet at a barrier.
     void speak(Comm& group, nn::RunContext& ctx, std::chrono::steady_clock::time_point start) {
         outcome_.took_part = true;
-        const SurvivorReport mine{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0, ctx.epoch, ctx.step};
+        const int me = comm_.job_rank();
+        const SurvivorReport mine{me,
+                                  ctx.global_step,
+                                  ctx.consistent ? 1 : 0,
+                                  ctx.epoch,
+                                  ctx.step,
+                                  options_.layout.shard_of(me),
+                                  static_cast<std::int64_t>(::getpid()),
+                                  detail::next_attempt()};
         outcome_.reports = detail::allgather_records(group, mine);
-
-        std::int64_t newest = -1;
-        for (const auto& r : outcome_.reports)
-            if (r.consistent) newest = std::max(newest, r.global_step);
-        std::vector<int> holders;
-        const SurvivorReport* holder = nullptr;
-        for (const auto& r : outcome_.reports)
-            if (r.consistent && r.global_step == newest) {
-                holders.push_back(static_cast<int>(r.job_rank));
-                holder = &r;
-            }
-        if (holders.empty()) {
-            outcome_.message = "last words: no survivor holds a consistent state (every one failed inside its update); "
-                               "nothing written";
+        const auto plan = detail::plan_last_words(outcome_.reports, options_.layout, job_size_, options_.selector);
+        if (plan.step < 0) {
+            outcome_.message = plan.problem;
             ckpt::detail::log(ckpt::LogLevel::warning, outcome_.message);
             return;
         }
-        outcome_.step = newest;
-        outcome_.saver = selector_.choose(holders);
-        const fs::path final_dir = dir_ / detail::step_dir_name(newest);
-        bool committed = false;
-        if (outcome_.saver == comm_.job_rank()) {
-            try {
-                committed = write(ctx, *holder, final_dir);
-            } catch (...) {
-                group.declare_failed();  // the others must not wait for a save that will not come
-                throw;
+        outcome_.step = plan.step;
+        outcome_.savers = plan.savers;
+        outcome_.saver = plan.savers.front();
+        const std::string final_name = detail::step_dir_name(plan.step);
+        const fs::path final_dir = dir_ / final_name;
+        if (fs::exists(final_dir)) {  // every survivor sees it: nobody writes
+            const auto files = ckpt::list_checkpoints(dir_, "ttp", ckpt::LastWordsNaming{});
+            if (detail::complete_step(files, plan.step, options_.layout)) {
+                outcome_.step_directory = final_dir;  // a save of this step before a second failure
+            } else {
+                outcome_.message = "last words: '" + final_dir.string() + "' already exists and is incomplete; it is left as it is";
+                ckpt::detail::log(ckpt::LogLevel::warning, outcome_.message);
             }
+            return;
         }
-        // Every survivor learns the save is durable, or learns of a second failure here.
-        group.barrier();
+        // The committer's temporary: its name carries the committer's pid, so a later start
+        // removes it if that process died before renaming it.
+        const int committer = plan.savers.front();
+        const auto& cr = *std::find_if(outcome_.reports.begin(), outcome_.reports.end(),
+                                       [&](const SurvivorReport& r) { return r.job_rank == committer; });
+        const std::string staging_name = "." + final_name + std::string(ckpt::detail::temp_marker) +
+                                         std::to_string(cr.pid) + "-" + std::to_string(cr.attempt);
+        const fs::path staging = dir_ / staging_name;
+        if (std::find(plan.savers.begin(), plan.savers.end(), me) != plan.savers.end()) write(group, ctx, staging);
+        group.barrier();  // every piece is written and durable in the temporary
+        if (me == committer) commit(group, staging, final_dir, final_name, staging_name);
+        group.barrier();  // the step directory is in place and durable
         outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (outcome_.saver == comm_.job_rank() && !committed) return;
         outcome_.step_directory = final_dir;
     }
 
-    bool write(nn::RunContext& ctx, const SurvivorReport& at, const fs::path& final_dir) {
-        if (fs::exists(final_dir)) {
-            outcome_.message = "last words: '" + final_dir.string() + "' already exists; it is left as it is";
-            ckpt::detail::log(ckpt::LogLevel::warning, outcome_.message);
-            return false;
-        }
-        const fs::path tmp = dir_ / ckpt::detail::temporary_name(final_dir.filename().string());
+    // This saver's file, rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt, inside the temporary.
+    void write(Comm& group, nn::RunContext& ctx, const fs::path& staging) {
         ckpt::Progress p;
-        p.epoch = at.epoch;
-        p.step = at.step;
-        p.global_step = at.global_step;
+        p.epoch = ctx.epoch;
+        p.step = ctx.step;
+        p.global_step = ctx.global_step;
         p.rank = comm_.job_rank();
-        // the name below the step directory, as LastWordsNaming gives it
         const std::string name = ckpt::LastWordsNaming{}.checkpoint_name("", p, ckpt::SaveKind::regular);
-        const fs::path file = tmp / name.substr(name.find('/') + 1);
+        const fs::path file = staging / name.substr(name.find('/') + 1);
         try {
             fs::create_directories(file.parent_path());
             ckpt::SaveOptions opts;
-            opts.epoch = at.epoch;
-            opts.step = at.step;
+            opts.epoch = ctx.epoch;
+            opts.step = ctx.step;
             ckpt::save_checkpoint(ctx.state(), file, opts);  // fsyncs the file and rank_{r}/
-            ckpt::detail::fsync_directory(tmp.string());
-            fs::rename(tmp, final_dir);
+            ckpt::detail::fsync_directory(staging.string());
         } catch (...) {
             boost::system::error_code ec;
-            fs::remove_all(tmp, ec);  // only our own temporary: nothing visible was written
+            fs::remove_all(file.parent_path(), ec);  // only our own part: nothing visible was written
+            group.declare_failed();                  // the others must not wait for a save that will not come
             throw;
         }
-        ckpt::detail::fsync_directory(dir_.string());
-        return true;
+    }
+
+    void commit(Comm& group, const fs::path& staging, const fs::path& final_dir, const std::string& final_name,
+                const std::string& staging_name) {
+        try {
+            // temporaries of earlier attempts at this step: their writers have all moved on
+            boost::system::error_code ec;
+            for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+                const std::string n = it->path().filename().string();
+                if (n != staging_name && n.rfind("." + final_name + std::string(ckpt::detail::temp_marker), 0) == 0) {
+                    boost::system::error_code rm;
+                    fs::remove_all(it->path(), rm);
+                }
+            }
+            fs::rename(staging, final_dir);
+            ckpt::detail::fsync_directory(dir_.string());
+        } catch (...) {
+            boost::system::error_code ec;
+            fs::remove_all(staging, ec);
+            group.declare_failed();
+            throw;
+        }
     }
 
     Comm& comm_;
     fs::path dir_;
-    Sel selector_;
-    bool watch_signals_;
+    LastWordsOptions<Sel> options_;
+    int job_size_;
     LastWordsOutcome outcome_;
 };
 
-/// The newest last-words checkpoint in `dir` whose file verifies, or nothing.
-inline std::optional<fs::path> latest_last_words(const fs::path& dir) {
+/// The file to resume from for `rank`: in the newest last-words step of `dir` that is
+/// complete (every replica group of `layout` has a file there that verifies), the file of
+/// the rank that saved this rank's piece of the optimizer state. Nothing if no step is
+/// complete. All ranks get the same step.
+inline std::optional<fs::path> latest_last_words(const fs::path& dir, const ShardLayout& layout = {}, int rank = 0) {
     if (!fs::is_directory(dir)) return std::nullopt;
-    return ckpt::latest(dir, "ttp", ckpt::LastWordsNaming{});
+    const auto files = ckpt::list_checkpoints(dir, "ttp", ckpt::LastWordsNaming{});
+    for (auto it = files.rbegin(); it != files.rend(); ++it) {
+        if (it != files.rbegin() && it->name.global_step == std::prev(it)->name.global_step) continue;
+        if (auto pieces = detail::complete_step(files, it->name.global_step, layout))
+            return (*pieces)[static_cast<std::size_t>(layout.shard_of(rank))];
+        ckpt::detail::log(ckpt::LogLevel::warning, "skipping last-words step " + std::to_string(it->name.global_step) +
+                                                       " in '" + dir.string() + "': some replica group has no file that verifies");
+    }
+    return std::nullopt;
 }
 
 }  // namespace fault
@@ -1393,12 +1768,15 @@ inline std::vector<std::exception_ptr> run_ranks(ThreadGroup& group, const std::
 //   fault::UceRepair repair(comm, device);
 //   trainer.train(epochs, data, nn::callbacks(repair, …));
 //
-// The repaired rank raises DeviceMemoryError on the first operation touching the damaged
+// The damaged rank raises DeviceMemoryError on the first operation touching the damaged
 // memory (UceRepair touches every attached tensor when a step begins, as its forward pass
-// would) and interrupts the other ranks; they meet in Communicator::rejoin(), exchange what
-// they hold, and the ReplicaSelector picks the source among the healthy ranks holding the
-// newest consistent step. When no healthy replica holds it, the step fails as usual and the
-// last-words path takes over.
+// would) and interrupts the other ranks; they meet in Communicator::rejoin() and exchange
+// what they hold. Every rank that is damaged, torn inside an update or a step behind gets
+// the state of a healthy rank keeping the same piece of the optimizer state at the newest
+// step (the ReplicaSelector picks it among them), sent to it alone. When some rank has no
+// such replica, or its device cannot be repaired, that rank declares itself failed
+// (RepairFailed) and the others fail the step with PeerFailure: a LastWordsCheckpoint among
+// the callbacks then saves what the survivors hold.
 
 #include <algorithm>
 #include <chrono>
@@ -1421,21 +1799,35 @@ void attach(B& backend, ckpt::ParamDict views) {
 
 /// One repair, as a rank saw it.
 struct RepairRecord {
-    int repaired_rank = -1;         ///< the job rank whose device was repaired
-    int source_rank = -1;           ///< the replica the state was copied from
+    int repaired_rank = -1;         ///< the job rank whose device was repaired (-1: none was damaged)
+    int source_rank = -1;           ///< the replica that rank's state was copied from
     std::int64_t global_step = 0;   ///< the step the state was at
     bool redone = true;             ///< the interrupted step was run again (else taken as done)
     double seconds = 0;             ///< from the error's detection to the state being whole again
     double stop_seconds = 0;        ///< of which waiting for every rank to stop (finish its computation)
 };
 
+/// A rank's state could not be repaired in place: no healthy replica of its piece of the
+/// state, or its device could not be repaired. The rank has declared itself failed; the
+/// others go on to the last words.
+class RepairFailed : public ckpt::Error {
+public:
+    using ckpt::Error::Error;
+};
+
+/// Who UCE repair copies from, and how the optimizer state is split.
+template <ReplicaSelector Sel = LowestHealthyRank>
+struct UceRepairOptions {
+    Sel selector{};
+    ShardLayout layout{};  ///< the optimizer's: a rank's state comes from a rank keeping the same piece
+};
+
 template <RecoverableCommunicator Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
 class UceRepair {
 public:
-    UceRepair(Comm& comm, B& backend, Sel selector = {}) : comm_(comm), backend_(backend), selector_(std::move(selector)) {
-        if (comm.size() < 2)
-            throw ckpt::ConfigError("UCE repair needs a replica to copy from: a data-parallel job of at least 2 ranks, "
-                                    "this one has " + std::to_string(comm.size()));
+    UceRepair(Comm& comm, B& backend, UceRepairOptions<Sel> options = {})
+        : comm_(comm), backend_(backend), options_(std::move(options)) {
+        options_.layout.require_replicas(comm.size(), "UCE repair");
     }
 
     /// A step's forward pass reads every parameter: the damaged memory surfaces here.
@@ -1450,78 +1842,125 @@ public:
         comm_.rejoin();
         const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-        // what each rank holds: completed step, consistent, healthy
-        struct Report {
-            std::int64_t job_rank, global_step, consistent, healthy;
-        };
         const auto reports = detail::allgather_records(
             comm_, Report{comm_.job_rank(), ctx.global_step, ctx.consistent ? 1 : 0,
-                          backend_.health() == Health::healthy ? 1 : 0});
-        std::int64_t newest = -1;
-        for (const auto& r : reports)
-            if (r.consistent && r.healthy) newest = std::max(newest, r.global_step);
-        std::vector<int> holders;  // group ranks (the same as job ranks until a shrink)
-        int repaired = -1;
-        for (std::size_t q = 0; q < reports.size(); ++q) {
-            const auto& r = reports[q];
-            if (r.consistent && r.healthy && r.global_step == newest) holders.push_back(static_cast<int>(q));
-            if (!r.healthy) repaired = static_cast<int>(r.job_rank);
+                          backend_.health() == Health::healthy ? 1 : 0, options_.layout.shard_of(comm_.job_rank())});
+        const Plan plan = make_plan(reports);
+        const int me = comm_.rank();
+        if (!plan.unrepairable.empty()) {
+            ckpt::detail::log(ckpt::LogLevel::warning, plan.problem);
+            if (std::find(plan.unrepairable.begin(), plan.unrepairable.end(), me) != plan.unrepairable.end()) {
+                comm_.declare_failed();
+                throw RepairFailed(plan.problem);
+            }
+            comm_.barrier();  // fails, naming the ranks that cannot be repaired: the last words take over
+            throw PeerFailure(plan.problem, {});
         }
-        if (holders.empty()) {
-            ckpt::detail::log(ckpt::LogLevel::warning,
-                              "UCE repair: no healthy rank holds a consistent state; the step fails");
-            return nn::StepRecovery::none;
-        }
-        const int source = selector_.choose(holders);
 
         if (damaged) {  // the seed's sequence: stop, clean, repair
-            backend_.stop();
-            backend_.clean();
-            backend_.repair();
+            try {
+                backend_.stop();
+                backend_.clean();
+                backend_.repair();
+            } catch (const std::exception& e) {
+                comm_.declare_failed();
+                throw RepairFailed("UCE repair: the device of rank " + std::to_string(comm_.job_rank()) +
+                                   " cannot be repaired: " + e.what());
+            }
         }
-        // every float tensor from the source (an identical copy for healthy replicas)
-        for (auto& [name, value] : ctx.state())
-            if (ckpt::Tensor* t = value.template get_if<ckpt::Tensor>(); t && t->dtype() == ckpt::DType::float32)
-                comm_.broadcast(t->values<float>(), source);
+        // every float tensor of each rank needing it, from its source
+        for (std::size_t q = 0; q < reports.size(); ++q) {
+            const int src = plan.source[q];
+            if (src < 0 || (me != src && me != static_cast<int>(q))) continue;
+            int tag = 0;
+            for (auto& [name, value] : ctx.state())
+                if (ckpt::Tensor* t = value.template get_if<ckpt::Tensor>(); t && t->dtype() == ckpt::DType::float32) {
+                    if (me == src) comm_.send(t->values<float>(), static_cast<int>(q), tag++);
+                    else comm_.recv(t->values<float>(), src, tag++);
+                }
+        }
         backend_.touch_all();
+        comm_.barrier();  // every rank is whole again (or learns here of a rank that is not)
 
         RepairRecord rec;
-        rec.repaired_rank = repaired;
-        rec.source_rank = source;
-        rec.global_step = newest;
-        rec.redone = ctx.global_step == newest;
+        for (std::size_t q = 0; q < reports.size(); ++q)
+            if (!reports[q].healthy) {
+                rec.repaired_rank = static_cast<int>(reports[q].job_rank);
+                rec.source_rank = static_cast<int>(reports[static_cast<std::size_t>(plan.source[q])].job_rank);
+            }
+        rec.global_step = plan.newest;
+        rec.redone = ctx.global_step == plan.newest;
         rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         rec.stop_seconds = stop_seconds;
         records_.push_back(rec);
-        if (ctx.global_step == newest) return nn::StepRecovery::redo;
-        if (ctx.global_step + 1 == newest) return nn::StepRecovery::done;
-        ckpt::detail::log(ckpt::LogLevel::warning, "UCE repair: rank " + std::to_string(comm_.job_rank()) + " is at step " +
-                                                       std::to_string(ctx.global_step) + ", the replicas at " +
-                                                       std::to_string(newest) + "; the step fails");
-        return nn::StepRecovery::none;
+        return ctx.global_step == plan.newest ? nn::StepRecovery::redo : nn::StepRecovery::done;
     }
 
     /// The repairs this rank took part in.
     const std::vector<RepairRecord>& records() const noexcept { return records_; }
 
 private:
+    struct Report {
+        std::int64_t job_rank, global_step, consistent, healthy, shard;
+    };
+    struct Plan {
+        std::int64_t newest = -1;
+        std::vector<int> source;        // by rank: the rank its state comes from, -1 if none is needed
+        std::vector<int> unrepairable;  // ranks that cannot be brought to the newest step
+        std::string problem;
+    };
+
+    // Every rank not healthy, torn, or not at the newest step gets the state of a healthy
+    // rank keeping the same piece at the newest step. A rank more than one step away cannot
+    // rejoin the loop at the right step.
+    Plan make_plan(const std::vector<Report>& reports) const {
+        Plan plan;
+        for (const auto& r : reports)
+            if (r.consistent && r.healthy) plan.newest = std::max(plan.newest, r.global_step);
+        plan.source.assign(reports.size(), -1);
+        for (std::size_t q = 0; q < reports.size(); ++q) {
+            const auto& r = reports[q];
+            if (r.healthy && r.consistent && r.global_step == plan.newest) continue;
+            std::vector<int> holders;
+            for (std::size_t h = 0; h < reports.size(); ++h)
+                if (reports[h].healthy && reports[h].consistent && reports[h].global_step == plan.newest &&
+                    reports[h].shard == r.shard)
+                    holders.push_back(static_cast<int>(h));
+            const bool aligned = r.global_step == plan.newest || r.global_step + 1 == plan.newest;
+            if (holders.empty() || !aligned) {
+                plan.unrepairable.push_back(static_cast<int>(q));
+                plan.problem += std::string(plan.problem.empty() ? "UCE repair: " : "; ") + "rank " +
+                                std::to_string(r.job_rank) + " (" + (r.healthy ? "" : "memory error, ") +
+                                (r.consistent ? "" : "torn update, ") + "at step " + std::to_string(r.global_step) +
+                                ") " +
+                                (holders.empty() ? "has no healthy replica of its state piece " + std::to_string(r.shard) +
+                                                       " at step " + std::to_string(plan.newest)
+                                                 : "cannot rejoin the replicas at step " + std::to_string(plan.newest));
+                continue;
+            }
+            plan.source[q] = options_.selector.choose(holders);
+        }
+        if (!plan.unrepairable.empty()) plan.problem += "; falling back to the last words";
+        return plan;
+    }
+
     Comm& comm_;
     B& backend_;
-    Sel selector_;
+    UceRepairOptions<Sel> options_;
     std::vector<RepairRecord> records_;
 };
 
 /// Injects a UCE into tensor `name` of a rank's device at the end of global step `step`
-/// (for tests and examples).
+/// (for tests and examples); with `repairable` false, one the device cannot recover from.
 template <class Device>
 class InjectUce {
 public:
-    InjectUce(Device& device, std::string tensor, std::int64_t global_step, int rank)
-        : device_(device), tensor_(std::move(tensor)), step_(global_step), rank_(rank) {}
+    InjectUce(Device& device, std::string tensor, std::int64_t global_step, int rank, bool repairable = true)
+        : device_(device), tensor_(std::move(tensor)), step_(global_step), rank_(rank), repairable_(repairable) {}
     void on_step_end(nn::RunContext& ctx) {
         if (fired_ || ctx.global_step != step_ || ctx.rank != rank_) return;
         fired_ = true;
-        device_.inject_uce(tensor_);
+        device_.inject_uce(tensor_, 0, 16, repairable_);
     }
     bool fired() const noexcept { return fired_; }
 
@@ -1530,6 +1969,7 @@ private:
     std::string tensor_;
     std::int64_t step_;
     int rank_;
+    bool repairable_;
     bool fired_ = false;
 };
 
