@@ -6,9 +6,10 @@
 //   communicators  Communicator concept, PeerFailure, Interrupted, ReduceOp  communicator.hpp
 //                  ThreadComm / ThreadGroup / run_ranks (in-process)    thread_comm.hpp
 //   data parallel  DataParallelOptimizer, phase reports, broadcast_parameters  data_parallel.hpp
-//   last words     LastWordsCheckpoint, latest_last_words                last_words.hpp
+//                  ShardLayout, OptimizerShard, ShardedOptimizer (optimizer-state sharding)
+//   last words     LastWordsCheckpoint, LastWordsOptions, latest_last_words  last_words.hpp
 //                  ReplicaSelector: LowestHealthyRank, PreferenceOrder, AvoidRanks  replica_selector.hpp
-//   UCE repair     UceRepair, attach, InjectUce                         uce_repair.hpp
+//   UCE repair     UceRepair, UceRepairOptions, RepairFailed, attach, InjectUce  uce_repair.hpp
 //   preemption     TerminationSignals, Preempted                        termination.hpp
 
 #include "../ckpt/ckpt.hpp"
