@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <random>
+#include <thread>
 
 namespace {
 
@@ -66,16 +67,40 @@ TEST_CASE("broadcast, allgather, barrier, send and recv") {
         ++past_barrier;
         comm.barrier();
         CHECK(past_barrier == 3);
-        // a ring: each rank sends to the next, two tags, received out of order
+        // a ring: each rank sends to the next, two tags in order; rank 0 sends first, the
+        // others receive first (a send returns once it is received)
         const int next = (r + 1) % 3, prev = (r + 2) % 3;
-        comm.send(std::vector<float>{float(r), 1}, next, 1);
-        comm.send(std::vector<float>{float(r), 2}, next, 2);
         std::vector<float> got(2);
-        comm.recv(got, prev, 2);
-        CHECK(got == std::vector<float>{float(prev), 2});
+        auto pass_on = [&] {
+            comm.send(std::vector<float>{float(r), 1}, next, 1);
+            comm.send(std::vector<float>{float(r), 2}, next, 2);
+        };
+        if (r == 0) pass_on();
         comm.recv(got, prev, 1);
         CHECK(got == std::vector<float>{float(prev), 1});
+        comm.recv(got, prev, 2);
+        CHECK(got == std::vector<float>{float(prev), 2});
+        if (r != 0) pass_on();
     }));
+}
+
+TEST_CASE("a send returns once its receiver has the data, copied straight from the sender's buffer") {
+    fault::ThreadGroup group(2, std::chrono::seconds(10));
+    std::atomic<bool> receiving{false};
+    std::vector<float> big(1 << 20);
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        if (comm.rank() == 0) {
+            comm.send(big, 1, 7);
+            CHECK(receiving.load());  // had send buffered the data, it would be back before the receiver began
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            receiving = true;
+            std::vector<float> got(big.size());
+            comm.recv(got, 0, 7);
+            CHECK(got == big);
+        }
+    });
 }
 
 TEST_CASE("a rank that fails is named by the others' PeerFailure, without waiting for the timeout") {
@@ -166,11 +191,20 @@ TEST_CASE("misuse is a ConfigError naming both sides, recv times out or names a 
     CHECK_THROWS_WITH_AS(a.recv(buf, 1, 0), doctest::Contains("nothing from rank 1 (tag 0) within 100 ms"),
                          fault::PeerFailure);
     fault::ThreadComm b(pair, 1);
-    b.send(std::vector<float>{1, 2, 3}, 0, 5);
-    CHECK_THROWS_WITH_AS(a.recv(buf, 1, 5), doctest::Contains("expected 2 floats from rank 1 (tag 5), it sent 3"),
-                         ckpt::ConfigError);
+    CHECK_THROWS_WITH_AS(b.send(std::vector<float>{1, 2, 3}, 0, 5),
+                         doctest::Contains("send on rank 1 to rank 0 (tag 5): not received within 100 ms"), fault::PeerFailure);
+    {  // a size mismatch fails on both sides
+        std::thread sender([&] {
+            CHECK_THROWS_WITH_AS(b.send(std::vector<float>{1, 2, 3}, 0, 5), doctest::Contains("sent 3 floats, rank 0 expected 2"),
+                                 ckpt::ConfigError);
+        });
+        CHECK_THROWS_WITH_AS(a.recv(buf, 1, 5), doctest::Contains("expected 2 floats from rank 1 (tag 5), it sent 3"),
+                             ckpt::ConfigError);
+        sender.join();
+    }
     pair.fail(1);
     CHECK_THROWS_WITH_AS(a.recv(buf, 1, 0), doctest::Contains("rank 1 failed"), fault::PeerFailure);
+    CHECK_THROWS_WITH_AS(a.send(buf, 1, 0), doctest::Contains("rank 1 failed"), fault::PeerFailure);
     CHECK_THROWS_AS(fault::ThreadComm(pair, 2), ckpt::ConfigError);
     CHECK_THROWS_AS(fault::ThreadGroup(0), ckpt::ConfigError);
 }

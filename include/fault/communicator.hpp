@@ -7,6 +7,8 @@
 //   allgather(std::span<const float> in, std::span<float> out)   out = in of rank 0, 1, …
 //   barrier()
 //   send(std::span<const float> data, int dst, int tag) / recv(std::span<float> data, int src, int tag)
+//       send returns once dst has the data (a rendezvous, as Gloo's send + waitSend): two
+//       ranks must not both send to each other before receiving
 //   rank(), size()
 //
 // Buffers are passed by span and copied in and out: no implementation may rely on ranks

@@ -340,13 +340,43 @@ private:
         }
     }
 
+    // Point to point is a rendezvous: the sender posts its buffer and waits while the
+    // receiver copies straight out of it, once, outside the lock; no message is buffered, so
+    // a large state costs one copy, not an allocation and two copies under the group's lock.
     void send(int src, int dst, int tag, std::span<const float> data) {
         check_peer(dst, "send");
-        {
-            std::lock_guard lock(m_);
-            mail_[{src, dst, tag}].emplace_back(data.begin(), data.end());
-        }
+        const std::string call = "send on rank " + std::to_string(job_rank(src)) + " to rank " + std::to_string(job_rank(dst)) +
+                                 " (tag " + std::to_string(tag) + ")";
+        Post post{data, Post::State::posted, 0};
+        const auto key = std::make_tuple(src, dst, tag);
+        std::unique_lock lock(m_);
+        auto& queue = mail_[key];
+        queue.push_back(&post);
         cv_.notify_all();
+        const auto deadline = std::chrono::steady_clock::now() + timeout_;
+        auto withdraw = [&] {
+            auto& q = mail_[key];
+            q.erase(std::find(q.begin(), q.end(), &post));
+            if (q.empty()) mail_.erase(key);
+        };
+        for (;;) {
+            switch (post.state) {
+                case Post::State::received: return;
+                case Post::State::refused:
+                    throw ckpt::ConfigError(call + ": sent " + std::to_string(data.size()) + " floats, rank " +
+                                            std::to_string(job_rank(dst)) + " expected " + std::to_string(post.expected));
+                case Post::State::copying: cv_.wait(lock); continue;  // the copy is under way: it ends
+                case Post::State::posted: break;
+            }
+            if (state_[static_cast<std::size_t>(dst)] != State::active) {
+                withdraw();
+                throw gone_error(call);
+            }
+            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && post.state == Post::State::posted) {
+                withdraw();
+                throw PeerFailure(call + ": not received within " + std::to_string(timeout_.count()) + " ms", {job_rank(dst)});
+            }
+        }
     }
 
     void recv(int src, int dst, int tag, std::span<float> data) {
@@ -355,20 +385,29 @@ private:
         const auto key = std::make_tuple(src, dst, tag);
         const auto deadline = std::chrono::steady_clock::now() + timeout_;
         for (;;) {
-            auto it = mail_.find(key);
-            if (it != mail_.end() && !it->second.empty()) {
-                std::vector<float> msg = std::move(it->second.front());
+            if (auto it = mail_.find(key); it != mail_.end()) {
+                Post* post = it->second.front();
                 it->second.pop_front();
-                if (msg.size() != data.size())
-                    throw ckpt::ConfigError("rank " + std::to_string(dst) + " expected " + std::to_string(data.size()) +
-                                            " floats from rank " + std::to_string(src) + " (tag " + std::to_string(tag) +
-                                            "), it sent " + std::to_string(msg.size()));
-                std::copy(msg.begin(), msg.end(), data.begin());
+                if (it->second.empty()) mail_.erase(it);
+                if (post->data.size() != data.size()) {
+                    post->state = Post::State::refused;
+                    post->expected = data.size();
+                    cv_.notify_all();
+                    throw ckpt::ConfigError("recv on rank " + std::to_string(job_rank(dst)) + ": expected " +
+                                            std::to_string(data.size()) + " floats from rank " + std::to_string(job_rank(src)) +
+                                            " (tag " + std::to_string(tag) + "), it sent " + std::to_string(post->data.size()));
+                }
+                post->state = Post::State::copying;  // the sender waits, so its buffer stays valid
+                lock.unlock();
+                std::copy(post->data.begin(), post->data.end(), data.begin());
+                lock.lock();
+                post->state = Post::State::received;
+                cv_.notify_all();
                 return;
             }
             if (state_[static_cast<std::size_t>(src)] != State::active)
                 throw gone_error("recv on rank " + std::to_string(job_rank(dst)) + " from rank " + std::to_string(job_rank(src)));
-            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !has_mail(key))
+            if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !mail_.count(key))
                 throw PeerFailure("recv on rank " + std::to_string(job_rank(dst)) + ": nothing from rank " + std::to_string(job_rank(src)) +
                                       " (tag " + std::to_string(tag) + ") within " + std::to_string(timeout_.count()) +
                                       " ms",
@@ -398,10 +437,6 @@ private:
         return std::any_of(state_.begin(), state_.end(), [](State st) { return st != State::active; });
     }
 
-    bool has_mail(const std::tuple<int, int, int>& key) const {
-        auto it = mail_.find(key);
-        return it != mail_.end() && !it->second.empty();
-    }
     void check_peer(int peer, const char* what) const {
         if (peer < 0 || peer >= size_)
             throw ckpt::ConfigError(std::string(what) + ": rank " + std::to_string(peer) + " is not in a group of " +
@@ -434,7 +469,13 @@ private:
     std::optional<int> interrupted_by_;  // set by interrupt(), cleared when all rejoined
     std::uint64_t generation_ = 0;
     int rejoined_ = 0;
-    std::map<std::tuple<int, int, int>, std::deque<std::vector<float>>> mail_;
+    struct Post {  // a send waiting for its receiver
+        enum class State { posted, copying, received, refused };
+        std::span<const float> data;
+        State state;
+        std::size_t expected;  // what the receiver expected, when it refused a wrong size
+    };
+    std::map<std::tuple<int, int, int>, std::deque<Post*>> mail_;  // (src, dst, tag) -> sends in order
 };
 
 /// One rank's handle on a ThreadGroup.
