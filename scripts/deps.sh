@@ -6,7 +6,7 @@ set -euo pipefail
 packages=("$@")
 if [ ${#packages[@]} -eq 0 ]; then
     packages=(g++ cmake make libboost-serialization-dev libboost-filesystem-dev xtensor-dev doctest-dev
-              libxxhash-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist ccache)
+              libxxhash-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist ccache libgloo-dev redis-server)
 fi
 missing=()
 for p in "${packages[@]}"; do

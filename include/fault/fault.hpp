@@ -11,6 +11,12 @@
 //                  ReplicaSelector: LowestHealthyRank, PreferenceOrder, AvoidRanks  replica_selector.hpp
 //   UCE repair     UceRepair, UceRepairOptions, RepairFailed, attach, InjectUce  uce_repair.hpp
 //   preemption     TerminationSignals, Preempted                        termination.hpp
+//   stores         Store, FileStore, PrefixStore, StoreError            store.hpp
+//
+// Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
+// target ckpt::gloo):
+//   GlooComm, GlooOptions, open_store("file:///dir" | "redis://host:port")  gloo_comm.hpp
+//   RedisStore                                                          redis_store.hpp
 
 #include "../ckpt/ckpt.hpp"
 #include "../nn/nn.hpp"
@@ -19,6 +25,7 @@
 #include "data_parallel.hpp"
 #include "last_words.hpp"
 #include "replica_selector.hpp"
+#include "store.hpp"
 #include "termination.hpp"
 #include "thread_comm.hpp"
 #include "uce_repair.hpp"

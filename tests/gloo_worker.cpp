@@ -1,0 +1,122 @@
+// One rank of a GlooComm job, started as a process by the gloo tests.
+//
+//   gloo_worker MODE STORE_URL PREFIX RANK SIZE [TIMEOUT_MS]
+//
+//   collectives  every call of the Communicator concept, results checked; prints "ok"
+//   loop         allreduce after allreduce until a call fails: prints "ready" once the first
+//                went through, then "peer_failure ranks=R,… after_ms=T" and exits 3
+//   mismatch     rank 0 sends 3 floats to rank 1, which expects 2: prints the ConfigError
+//                of each side and exits 4
+// Any other failure: the error on stderr, exit 1.
+
+#include <fault/gloo_comm.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) {
+    std::fprintf(stderr, "%s\n", what.c_str());
+    std::exit(1);
+}
+
+void expect(bool ok, const std::string& what) {
+    if (!ok) fail("check failed: " + what);
+}
+
+void collectives(fault::GlooComm& comm) {
+    const int r = comm.rank(), n = comm.size();
+    std::vector<float> v(1000);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
+    comm.allreduce(v, fault::ReduceOp::sum);
+    const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+    for (std::size_t i = 0; i < v.size(); ++i) expect(v[i] == ranks_sum * static_cast<float>(i % 7), "allreduce(sum)");
+    std::vector<float> m(10, static_cast<float>(r));
+    comm.allreduce(m, fault::ReduceOp::mean);
+    for (float x : m) expect(x == static_cast<float>(n - 1) / 2.0f, "allreduce(mean)");
+    std::vector<float> b(5, static_cast<float>(10 + r));
+    comm.broadcast(b, n - 1);
+    for (float x : b) expect(x == static_cast<float>(10 + n - 1), "broadcast");
+    std::vector<float> mine{static_cast<float>(r), static_cast<float>(100 * r)}, all(2 * static_cast<std::size_t>(n));
+    comm.allgather(mine, all);
+    for (int q = 0; q < n; ++q)
+        expect(all[2 * q] == static_cast<float>(q) && all[2 * q + 1] == static_cast<float>(100 * q), "allgather");
+    comm.barrier();
+    // a ring: rank 0 sends first, the others receive first; a big message and a small one
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    std::vector<float> big(1 << 20), got(1 << 20), small(3);
+    auto pass_on = [&] {
+        for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(r) + static_cast<float>(i);
+        comm.send(big, next, 4);
+        comm.send(std::vector<float>{static_cast<float>(r), 1, 2}, next, 9);
+    };
+    if (n > 1) {
+        if (r == 0) pass_on();
+        comm.recv(got, prev, 4);
+        for (std::size_t i = 0; i < got.size(); i += 4099) expect(got[i] == static_cast<float>(prev) + static_cast<float>(i), "recv");
+        comm.recv(small, prev, 9);
+        expect(small == std::vector<float>{static_cast<float>(prev), 1, 2}, "recv small");
+        if (r != 0) pass_on();
+    }
+    comm.barrier();
+    std::printf("ok\n");
+}
+
+int loop(fault::GlooComm& comm) {
+    std::vector<float> v(1 << 16, 1.0f);
+    for (long i = 0;; ++i) {
+        try {
+            comm.allreduce(v, fault::ReduceOp::mean);
+        } catch (const fault::PeerFailure& e) {
+            std::string ranks;
+            for (int q : e.ranks()) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
+            std::printf("peer_failure ranks=%s\n%s\n", ranks.c_str(), e.what());
+            std::fflush(stdout);
+            return 3;
+        }
+        if (i == 0) {
+            std::printf("ready\n");
+            std::fflush(stdout);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+}
+
+int mismatch(fault::GlooComm& comm) {
+    try {
+        if (comm.rank() == 0) comm.send(std::vector<float>{1, 2, 3}, 1, 5);
+        if (comm.rank() == 1) {
+            std::vector<float> two(2);
+            comm.recv(two, 0, 5);
+        }
+    } catch (const ckpt::ConfigError& e) {
+        std::printf("config_error: %s\n", e.what());
+        return 4;
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 6) fail("usage: gloo_worker MODE STORE_URL PREFIX RANK SIZE [TIMEOUT_MS]");
+    const std::string mode = argv[1];
+    const int rank = std::atoi(argv[4]), size = std::atoi(argv[5]);
+    const auto timeout = std::chrono::milliseconds(argc > 6 ? std::atol(argv[6]) : 20000);
+    try {
+        auto store = fault::open_store(argv[2], timeout);
+        fault::GlooComm comm(*store, rank, size, {.timeout = timeout, .prefix = argv[3]});
+        if (mode == "collectives") collectives(comm);
+        else if (mode == "loop") return loop(comm);
+        else if (mode == "mismatch") return mismatch(comm);
+        else fail("unknown mode " + mode);
+    } catch (const std::exception& e) {
+        fail(std::string("error: ") + e.what());
+    }
+    return 0;
+}
