@@ -1,15 +1,23 @@
 // One rank of a GlooComm job, started as a process by the gloo tests.
 //
-//   gloo_worker MODE STORE_URL PREFIX RANK SIZE [TIMEOUT_MS]
+//   gloo_worker MODE STORE_URL PREFIX RANK SIZE [TIMEOUT_MS [COOLDOWN_MS]]
 //
 //   collectives  every call of the Communicator concept, results checked; prints "ok"
 //   loop         allreduce after allreduce until a call fails: prints "ready" once the first
 //                went through, then "peer_failure ranks=R,… after_ms=T" and exits 3
 //   mismatch     rank 0 sends 3 floats to rank 1, which expects 2: prints the ConfigError
 //                of each side and exits 4
+//   shrink       as loop, then goes on with the survivors (shrink): prints "shrunk
+//                generation=G members=… sum=S" (S: an allreduce of the node ids) and exits 5
+//   regroup      as loop, then waits for every node again (regroup; the dead one is started
+//                anew): prints "regrouped generation=G sum=S" and exits 0
+//   join         a node started anew: joins the job, allreduces once, prints "joined
+//                generation=G sum=S" and exits 0
 // Any other failure: the error on stderr, exit 1.
 
 #include <fault/gloo_comm.hpp>
+
+#include <span>
 
 #include <chrono>
 #include <cstdio>
@@ -87,6 +95,28 @@ int loop(fault::GlooComm& comm) {
     }
 }
 
+// An allreduce of the node ids: every member's view of who is there.
+float id_sum(fault::GlooComm& comm) {
+    float v = static_cast<float>(comm.job_rank());
+    comm.allreduce(std::span<float>(&v, 1), fault::ReduceOp::sum);
+    return v;
+}
+
+int after_failure(fault::GlooComm& comm, const std::string& mode) {
+    if (const int rc = loop(comm); rc != 3) return rc;
+    if (mode == "shrink") {
+        fault::GlooComm survivors = comm.shrink();
+        const float sum = id_sum(survivors);
+        std::string members;
+        for (int q : survivors.generation().members) members += (members.empty() ? "" : ",") + std::to_string(q);
+        std::printf("shrunk generation=%d members=%s sum=%g\n", survivors.generation().number, members.c_str(), sum);
+        return 5;
+    }
+    fault::GlooComm all = comm.regroup();
+    std::printf("regrouped generation=%d sum=%g\n", all.generation().number, id_sum(all));
+    return 0;
+}
+
 int mismatch(fault::GlooComm& comm) {
     try {
         if (comm.rank() == 0) comm.send(std::vector<float>{1, 2, 3}, 1, 5);
@@ -104,15 +134,18 @@ int mismatch(fault::GlooComm& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc < 6) fail("usage: gloo_worker MODE STORE_URL PREFIX RANK SIZE [TIMEOUT_MS]");
+    if (argc < 6) fail("usage: gloo_worker MODE STORE_URL PREFIX RANK SIZE [TIMEOUT_MS [COOLDOWN_MS]]");
     const std::string mode = argv[1];
     const int rank = std::atoi(argv[4]), size = std::atoi(argv[5]);
     const auto timeout = std::chrono::milliseconds(argc > 6 ? std::atol(argv[6]) : 20000);
+    const auto cooldown = std::chrono::milliseconds(argc > 7 ? std::atol(argv[7]) : 1000);
     try {
         auto store = fault::open_store(argv[2], timeout);
-        fault::GlooComm comm(*store, rank, size, {.timeout = timeout, .prefix = argv[3]});
+        fault::GlooComm comm(*store, rank, size, {.timeout = timeout, .prefix = argv[3], .cooldown = cooldown});
         if (mode == "collectives") collectives(comm);
         else if (mode == "loop") return loop(comm);
+        else if (mode == "shrink" || mode == "regroup") return after_failure(comm, mode);
+        else if (mode == "join") std::printf("joined generation=%d sum=%g\n", comm.generation().number, id_sum(comm));
         else if (mode == "mismatch") return mismatch(comm);
         else fail("unknown mode " + mode);
     } catch (const std::exception& e) {

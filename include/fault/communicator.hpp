@@ -109,17 +109,22 @@ bool holds(const std::exception_ptr& e) {
 
 }  // namespace detail
 
-/// A Communicator that survives failures, as last words and UCE repair need:
+/// A Communicator whose ranks can go on without the failed, as the last words need:
 ///   job_rank()        this rank's number in the original job
 ///   declare_failed()  this rank's own failure: the others' calls that need it throw PeerFailure
 ///   shrink()          a communicator of the same type over the ranks still active
-///   interrupt()       asks every rank to stop (their calls throw Interrupted) for a repair
-///   rejoin()          after an interrupt: waits for every active rank, then starts afresh
 template <class C>
-concept RecoverableCommunicator = Communicator<C> && requires(C& c) {
+concept ShrinkableCommunicator = Communicator<C> && requires(C& c) {
     { c.job_rank() } -> std::convertible_to<int>;
     c.declare_failed();
     { c.shrink() } -> std::same_as<C>;
+};
+
+/// One that can also stop every rank for a repair, as UCE repair needs:
+///   interrupt()       asks every rank to stop (their calls throw Interrupted) for a repair
+///   rejoin()          after an interrupt: waits for every active rank, then starts afresh
+template <class C>
+concept RecoverableCommunicator = ShrinkableCommunicator<C> && requires(C& c) {
     c.interrupt();
     c.rejoin();
 };

@@ -3,7 +3,8 @@
 // includes ckpt/ckpt.hpp and nn/nn.hpp).
 //
 //   backends       Backend concept, Cpu, AscendModel (UCE simulation)   backend.hpp
-//   communicators  Communicator concept, PeerFailure, Interrupted, ReduceOp  communicator.hpp
+//   communicators  Communicator, ShrinkableCommunicator, RecoverableCommunicator concepts,
+//                  PeerFailure, Interrupted, ReduceOp                   communicator.hpp
 //                  ThreadComm / ThreadGroup / run_ranks (in-process)    thread_comm.hpp
 //   data parallel  DataParallelOptimizer, phase reports, broadcast_parameters  data_parallel.hpp
 //                  ShardLayout, OptimizerShard, ShardedOptimizer (optimizer-state sharding)
@@ -12,6 +13,7 @@
 //   UCE repair     UceRepair, UceRepairOptions, RepairFailed, attach, InjectUce  uce_repair.hpp
 //   preemption     TerminationSignals, Preempted                        termination.hpp
 //   stores         Store, FileStore, PrefixStore, StoreError            store.hpp
+//   membership     Membership (node ids, liveness, cooldown), Generation  membership.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -24,6 +26,7 @@
 #include "communicator.hpp"
 #include "data_parallel.hpp"
 #include "last_words.hpp"
+#include "membership.hpp"
 #include "replica_selector.hpp"
 #include "store.hpp"
 #include "termination.hpp"

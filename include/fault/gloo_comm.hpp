@@ -14,6 +14,12 @@
 // communicator is spent, as a Gloo context is: a new generation (another `prefix`) makes a
 // new one.
 //
+// A limit of Gloo's TCP transport: a send already queued on a connection that breaks is
+// not failed with it (only the call's timeout ends it), so now and then a survivor learns
+// of a failure only at its timeout. Every survivor closes its connections when it sees a
+// failure, which releases the others blocked on it at once; a survivor blocked that way
+// waits its timeout, and generations are formed with room for it (twice the timeout).
+//
 // Sums are Gloo's ring allreduce: the same bits for the same world size, run after run, but
 // not the same bits as ThreadComm's rank-order sums.
 
@@ -47,6 +53,7 @@
 #include <vector>
 
 #include "communicator.hpp"
+#include "membership.hpp"
 #include "redis_store.hpp"
 #include "store.hpp"
 
@@ -105,130 +112,91 @@ private:
     std::chrono::milliseconds timeout_;
 };
 
-inline std::string host_name() {
-    char buf[256] = {};
-    ::gethostname(buf, sizeof buf - 1);
-    return buf;
-}
-
-// A process as "pid starttime" (starttime from /proc, so that a pid used again by another
-// process is not mistaken for the first), and whether it is still running.
-inline std::string process_id(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const auto close = stat.rfind(')');  // the command name may hold spaces and parentheses
-    if (close == std::string::npos) return {};
-    std::istringstream fields(stat.substr(close + 2));
-    std::string state, field;
-    fields >> state;
-    for (int i = 4; i <= 22 && fields >> field; ++i) {}  // field 22: starttime
-    if (state == "Z" || state == "X") return {};          // dead, not yet reaped
-    return std::to_string(pid) + " " + field;
-}
-inline bool process_running(const std::string& id) {
-    const auto space = id.find(' ');
-    if (space == std::string::npos) return false;
-    return process_id(static_cast<pid_t>(std::stol(id.substr(0, space)))) == id;
-}
-
 }  // namespace detail
 
 struct GlooOptions {
     std::chrono::milliseconds timeout = std::chrono::seconds(30);  ///< every call, the rendezvous included
     std::string address = "127.0.0.1";  ///< the address this rank listens on (its interface toward the others)
-    std::string prefix;                 ///< the store keys of this communicator: one per generation
+    std::string prefix;                 ///< the job's keys in the store: several jobs can share one
     /// A rank on another host counts as dead when its heartbeat in the store has not moved
     /// for this long (on this host, its process is asked directly).
-    std::chrono::milliseconds heartbeat_lease = std::chrono::milliseconds(1500);
+    std::chrono::milliseconds lease = std::chrono::milliseconds(1500);
+    /// A node id whose process died may be claimed again only this long after its last
+    /// heartbeat (the seed's 30 s).
+    std::chrono::milliseconds cooldown = std::chrono::seconds(30);
 };
 
 class GlooComm {
 public:
-    /// Joins ranks 0..size-1 through `store`: returns once every rank is connected to every
-    /// other; StoreError or PeerFailure if they are not within the timeout.
+    /// Joins the job as node `rank` of `size` (see Membership: a live holder of the same
+    /// node id is refused, a dead one's cooldown waited out) and connects to the others in
+    /// a new generation of every node; returns once every rank is connected to every other.
+    /// StoreError, ConfigError or PeerFailure if that cannot happen within the timeout.
     GlooComm(Store& store, int rank, int size, GlooOptions options = {})
-        : store_(store, options.prefix), rank_(rank), size_(size), options_(std::move(options)) {
-        if (size < 1) throw ckpt::ConfigError("GlooComm: a world of " + std::to_string(size) + " ranks");
-        if (rank < 0 || rank >= size)
-            throw ckpt::ConfigError("GlooComm: rank " + std::to_string(rank) + " is not in a world of " + std::to_string(size));
-        if (options_.timeout.count() <= 0) throw ckpt::ConfigError("GlooComm: the timeout must be positive");
+        : job_(std::make_shared<Job>(store, rank, size, std::move(options))) {
         ::signal(SIGPIPE, SIG_IGN);  // a dead peer's socket: an error for this call, not the process's end
-
-        // who this rank is, for telling the dead from the living later; a second process
-        // claiming the same rank in this generation is refused
-        const std::string me = detail::host_name() + " " + detail::process_id(::getpid());
-        if (!store_.create("member/" + std::to_string(rank_), me)) {
-            const auto other = store_.get("member/" + std::to_string(rank_)).value_or("?");
-            throw ckpt::ConfigError("GlooComm: rank " + std::to_string(rank_) + " of " + store_.url() +
-                                    " is already taken by process " + other + " (two workers with one rank?)");
-        }
-        heartbeat_ = std::thread([this] { beat(); });
-        try {
-            if (const auto size_key = store_.create("world_size", std::to_string(size_)); !size_key) {
-                const auto theirs = store_.wait("world_size", options_.timeout);
-                if (theirs != std::to_string(size_))
-                    throw ckpt::ConfigError("GlooComm: rank " + std::to_string(rank_) + " was started with a world of " +
-                                            std::to_string(size_) + " ranks, others with " + theirs + " (" + store_.url() + ")");
-            }
-            gloo::transport::tcp::attr attr;
-            attr.hostname = options_.address;
-            auto device = gloo::transport::tcp::CreateDevice(attr);
-            auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-            ctx->setTimeout(options_.timeout);
-            detail::GlooStoreAdapter adapter(store_, options_.timeout);
-            ctx->connectFullMesh(adapter, device);
-            ctx_ = std::move(ctx);
-        } catch (const gloo::Exception& e) {
-            stop_heartbeat();
-            throw PeerFailure("GlooComm: rank " + std::to_string(rank_) + " could not connect to the others through " +
-                                  store_.url() + ": " + e.what(),
-                              {});
-        } catch (...) {
-            stop_heartbeat();
-            throw;
-        }
+        connect(job_->members.form(job_->members.latest() + 1, Membership::everyone));
     }
-    GlooComm(const GlooComm&) = delete;
-    GlooComm& operator=(const GlooComm&) = delete;
-    ~GlooComm() { stop_heartbeat(); }
 
     int rank() const noexcept { return rank_; }
-    int size() const noexcept { return size_; }
-    int job_rank() const noexcept { return rank_; }
-    /// The ranks that failed, once a call has failed (empty before).
+    int size() const noexcept { return static_cast<int>(gen_.members.size()); }
+    /// This rank's node id in the job (its rank in the first generation).
+    int job_rank() const noexcept { return job_->members.node_id(); }
+    /// The generation this communicator trains in: its number and its members' node ids.
+    const Generation& generation() const noexcept { return gen_; }
+    /// The node ids found dead when a call failed (empty before).
     const std::vector<int>& failed_ranks() const noexcept { return failed_; }
+
+    /// After a failure: a communicator over the survivors, in the next generation. Every
+    /// survivor gets the same members: the nodes still alive that joined.
+    GlooComm shrink() {
+        return GlooComm(job_, job_->members.form(gen_.number + 1, Membership::survivors, gen_.members));
+    }
+    /// After a failure: a communicator over every node of the job again, once the dead
+    /// have been restarted (by ckpt-run, or by hand) and have joined.
+    GlooComm regroup() {
+        return GlooComm(job_, job_->members.form(std::max(job_->members.latest(), gen_.number) + 1, Membership::everyone));
+    }
+    /// This rank's own failure: the others' calls fail at once, and their next
+    /// generation is formed without it.
+    void declare_failed() {
+        job_->members.declare_failed(gen_.number);
+        if (ctx_ && !spent_) ctx_->closeConnections();
+        spent_ = true;
+        spent_reason_ = "this rank declared itself failed";
+    }
 
     void allreduce(std::span<float> data, ReduceOp op) {
         guarded("allreduce", [&] {
-            if (size_ > 1 && !data.empty()) {
+            if (size() > 1 && !data.empty()) {
                 gloo::AllreduceOptions o(ctx_);
                 o.setOutput(data.data(), data.size());
                 o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
-                o.setTimeout(options_.timeout);
+                o.setTimeout(timeout());
                 gloo::allreduce(o);
             }
             if (op == ReduceOp::mean)
-                for (float& v : data) v /= static_cast<float>(size_);
+                for (float& v : data) v /= static_cast<float>(size());
         });
     }
     void broadcast(std::span<float> data, int root) {
         check_peer(root, "broadcast");
         guarded("broadcast", [&] {
-            if (size_ == 1 || data.empty()) return;
+            if (size() == 1 || data.empty()) return;
             gloo::BroadcastOptions o(ctx_);
             o.setOutput(data.data(), data.size());
             o.setRoot(root);
-            o.setTimeout(options_.timeout);
+            o.setTimeout(timeout());
             gloo::broadcast(o);
         });
     }
     void allgather(std::span<const float> in, std::span<float> out) {
-        if (out.size() != in.size() * static_cast<std::size_t>(size_))
+        if (out.size() != in.size() * static_cast<std::size_t>(size()))
             throw ckpt::ConfigError("allgather: the output holds " + std::to_string(out.size()) + " floats, " +
-                                    std::to_string(size_) + " ranks of " + std::to_string(in.size()) + " need " +
-                                    std::to_string(in.size() * static_cast<std::size_t>(size_)));
+                                    std::to_string(size()) + " ranks of " + std::to_string(in.size()) + " need " +
+                                    std::to_string(in.size() * static_cast<std::size_t>(size())));
         guarded("allgather", [&] {
-            if (size_ == 1) {
+            if (size() == 1) {
                 std::copy(in.begin(), in.end(), out.begin());
                 return;
             }
@@ -236,15 +204,15 @@ public:
             gloo::AllgatherOptions o(ctx_);
             o.setInput(const_cast<float*>(in.data()), in.size());
             o.setOutput(out.data(), out.size());
-            o.setTimeout(options_.timeout);
+            o.setTimeout(timeout());
             gloo::allgather(o);
         });
     }
     void barrier() {
         guarded("barrier", [&] {
-            if (size_ == 1) return;
+            if (size() == 1) return;
             gloo::BarrierOptions o(ctx_);
-            o.setTimeout(options_.timeout);
+            o.setTimeout(timeout());
             gloo::barrier(o);
         });
     }
@@ -257,7 +225,7 @@ public:
             auto head = ctx_->createUnboundBuffer(&count, sizeof count);
             head->send(dst, slot(tag));
             wait_send(*head, dst, tag);
-            std::uint64_t verdict = 0;  // the receiver's: 1 to go on, 0 for a size it did not expect
+            std::uint64_t verdict = 0;  // the receiver's: 1 to go on, else twice the size it expected
             auto answer = ctx_->createUnboundBuffer(&verdict, sizeof verdict);
             answer->recv(dst, slot(tag));
             wait_recv(*answer, dst, tag);
@@ -294,120 +262,121 @@ public:
     }
 
 private:
+    // What the communicators of one process in one job share, generation after generation.
+    struct Job {
+        Job(Store& store, int rank, int size, GlooOptions o)
+            : scoped(store, o.prefix), members(scoped, rank, size, {o.lease, o.cooldown, o.timeout}), options(std::move(o)) {}
+        PrefixStore scoped;
+        Membership members;
+        GlooOptions options;
+    };
+
+    GlooComm(std::shared_ptr<Job> job, Generation gen) : job_(std::move(job)) { connect(std::move(gen)); }
+
+    void connect(Generation gen) {
+        gen_ = std::move(gen);
+        rank_ = gen_.index_of(job_->members.node_id());
+        PrefixStore store(job_->scoped, gen_.prefix());
+        try {
+            gloo::transport::tcp::attr attr;
+            attr.hostname = job_->options.address;
+            auto device = gloo::transport::tcp::CreateDevice(attr);
+            auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size());
+            ctx->setTimeout(timeout());
+            detail::GlooStoreAdapter adapter(store, timeout());
+            ctx->connectFullMesh(adapter, device);
+            ctx_ = std::move(ctx);
+        } catch (const gloo::Exception& e) {
+            throw PeerFailure("GlooComm: node " + std::to_string(job_rank()) + " could not connect to generation " +
+                                  std::to_string(gen_.number) + " through " + store.url() + ": " + e.what(),
+                              {});
+        }
+    }
+    std::chrono::milliseconds timeout() const { return job_->options.timeout; }
+
     // Point-to-point slots, apart from those of Gloo's collectives (prefixes 0x01-0x08).
     static std::uint64_t slot(int tag) { return gloo::Slot::build(0x70, static_cast<std::uint32_t>(tag)); }
     void wait_send(gloo::transport::UnboundBuffer& b, int peer, int tag) {
-        if (!b.waitSend(options_.timeout)) timed_out("send to", peer, tag);
+        if (!b.waitSend(timeout())) timed_out("send to", peer, tag);
     }
     void wait_recv(gloo::transport::UnboundBuffer& b, int peer, int tag) {
-        if (!b.waitRecv(options_.timeout)) timed_out("recv from", peer, tag);
+        if (!b.waitRecv(timeout())) timed_out("recv from", peer, tag);
     }
     [[noreturn]] void timed_out(const char* what, int peer, int tag) {
         throw gloo::IoException(std::string(what) + " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
-                                ") did not complete within " + std::to_string(options_.timeout.count()) + " ms");
+                                ") did not complete within " + std::to_string(timeout().count()) + " ms");
     }
     void check_peer(int peer, const char* what) const {
-        if (peer < 0 || peer >= size_)
-            throw ckpt::ConfigError(std::string(what) + ": rank " + std::to_string(peer) + " is not in a world of " +
-                                    std::to_string(size_));
+        if (peer < 0 || peer >= size())
+            throw ckpt::ConfigError(std::string(what) + ": rank " + std::to_string(peer) + " is not in a group of " +
+                                    std::to_string(size()));
     }
 
-    // Runs a call; a Gloo error becomes PeerFailure naming the ranks found dead, and spends
+    // Runs a call; a Gloo error becomes PeerFailure naming the nodes found dead, and spends
     // the communicator (a Gloo context is unusable after an I/O error).
     template <class F>
     void guarded(const char* call, F&& f) {
-        const std::string where = std::string(call) + " on rank " + std::to_string(rank_);
+        const std::string where = std::string(call) + " on rank " + std::to_string(job_rank());
         if (spent_) throw PeerFailure(where + ": the communicator failed earlier (" + spent_reason_ + ")", failed_);
         try {
             f();
         } catch (const gloo::Exception& e) {
-            // first say this rank is a survivor: it may exit before the others look for the dead
-            try {
-                store_.set("survivor/" + std::to_string(rank_), "1");
-            } catch (const StoreError&) {
-            }
-            failed_ = dead_ranks();
             spent_ = true;
             spent_reason_ = e.what();
-            std::string who = failed_.empty() ? "no rank found dead" : "dead: rank";
-            for (std::size_t i = 0; i < failed_.size(); ++i) who += (i ? ", " : " ") + std::to_string(failed_[i]);
-            throw PeerFailure(where + " failed (" + who + "): " + e.what(), failed_);
+            // first say this rank survived: it may exit before the others look for the dead
+            try {
+                job_->scoped.set(gen_.prefix() + "survivor/" + std::to_string(job_rank()), "1");
+            } catch (const StoreError&) {
+            }
+            // then close this rank's connections: a survivor blocked on a live peer (a ring
+            // step away from the dead) gets an error from it now, not at its timeout
+            try {
+                ctx_->closeConnections();
+            } catch (const std::exception&) {
+            }
+            failed_ = dead_nodes();
+            throw PeerFailure(where + " failed (" +
+                                  (failed_.empty() ? std::string("no rank found dead")
+                                                   : "dead: rank " + detail::join_ids(failed_, ", ")) +
+                                  "): " + e.what(),
+                              failed_);
         }
     }
 
-    // The ranks whose process is gone: asked directly on this host, by a heartbeat that
-    // stopped moving elsewhere. A killed process closes its sockets before it is seen dead,
-    // so its survivors may ask a little early: they ask again until the lease ends. Ranks
-    // that said they survived are not counted, even if they have exited since.
-    std::vector<int> dead_ranks() {
-        const std::string here = detail::host_name();
-        std::map<int, std::string> local, remote;  // rank -> process id / last heartbeat
-        for (int q = 0; q < size_; ++q) {
-            if (q == rank_) continue;
-            const std::string id = store_.get("member/" + std::to_string(q)).value_or("");
-            const auto space = id.find(' ');
-            if (space != std::string::npos && id.substr(0, space) == here) local[q] = id.substr(space + 1);
-            else remote[q] = store_.get("heartbeat/" + std::to_string(q)).value_or("");
-        }
-        const auto deadline = std::chrono::steady_clock::now() + options_.heartbeat_lease;
+    // The members of this generation that are gone: declared failed, or not alive (see
+    // Membership::alive). A killed process closes its sockets before it is seen dead, so
+    // the survivors ask again until the lease ends; members that said they survived are not
+    // counted, even if they have exited since.
+    std::vector<int> dead_nodes() {
+        auto& m = job_->members;
+        const auto deadline = std::chrono::steady_clock::now() + job_->options.lease;
         std::vector<int> dead;
-        auto survived = [&](int q) { return store_.get("survivor/" + std::to_string(q)).has_value(); };
-        auto scan_local = [&] {
-            for (const auto& [q, id] : local)
-                if (std::find(dead.begin(), dead.end(), q) == dead.end() && !detail::process_running(id) && !survived(q))
-                    dead.push_back(q);
+        auto scan = [&] {
+            for (int q : gen_.members) {
+                if (q == job_rank() || std::find(dead.begin(), dead.end(), q) != dead.end()) continue;
+                if (job_->scoped.get(gen_.prefix() + "survivor/" + std::to_string(q))) continue;
+                if (m.declared_failed(gen_.number, q) || !m.alive(q)) dead.push_back(q);
+            }
         };
-        for (scan_local(); dead.empty() && std::chrono::steady_clock::now() < deadline; scan_local())
+        for (scan(); dead.empty() && std::chrono::steady_clock::now() < deadline; scan())
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
         if (!dead.empty()) {  // others killed at the same moment may be a few ms behind
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
-            scan_local();
-        }
-        if (!remote.empty()) {
-            std::this_thread::sleep_until(deadline);
-            for (const auto& [q, beat] : remote)
-                if (store_.get("heartbeat/" + std::to_string(q)).value_or("") == beat && !survived(q)) dead.push_back(q);
+            scan();
         }
         std::sort(dead.begin(), dead.end());
         return dead;
     }
 
-    void beat() {
-        std::unique_lock lock(beat_m_);
-        std::uint64_t n = 0;
-        const auto period = std::max(options_.heartbeat_lease / 5, std::chrono::milliseconds(10));
-        while (!stop_) {
-            lock.unlock();
-            try {
-                store_.set("heartbeat/" + std::to_string(rank_), std::to_string(++n));
-            } catch (const StoreError&) {  // the store is away: the next beat tries again
-            }
-            lock.lock();
-            beat_cv_.wait_for(lock, period, [&] { return stop_; });
-        }
-    }
-    void stop_heartbeat() {
-        {
-            std::lock_guard lock(beat_m_);
-            stop_ = true;
-        }
-        beat_cv_.notify_all();
-        if (heartbeat_.joinable()) heartbeat_.join();
-    }
-
-    PrefixStore store_;
-    int rank_, size_;
-    GlooOptions options_;
+    std::shared_ptr<Job> job_;
+    Generation gen_;
+    int rank_ = 0;
     std::shared_ptr<gloo::rendezvous::Context> ctx_;
     bool spent_ = false;
     std::string spent_reason_;
     std::vector<int> failed_;
-    std::mutex beat_m_;
-    std::condition_variable beat_cv_;
-    bool stop_ = false;
-    std::thread heartbeat_;
 };
 
-static_assert(Communicator<GlooComm>);
+static_assert(ShrinkableCommunicator<GlooComm>);
 
 }  // namespace fault

@@ -199,7 +199,7 @@ struct LastWordsOutcome {
     double seconds = 0;                     ///< from the failure's detection to the save being durable
 };
 
-template <RecoverableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
+template <ShrinkableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
     LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", LastWordsOptions<Sel> options = {})

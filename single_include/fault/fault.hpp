@@ -4,7 +4,8 @@
 // includes ckpt/ckpt.hpp and nn/nn.hpp).
 //
 //   backends       Backend concept, Cpu, AscendModel (UCE simulation)   backend.hpp
-//   communicators  Communicator concept, PeerFailure, Interrupted, ReduceOp  communicator.hpp
+//   communicators  Communicator, ShrinkableCommunicator, RecoverableCommunicator concepts,
+//                  PeerFailure, Interrupted, ReduceOp                   communicator.hpp
 //                  ThreadComm / ThreadGroup / run_ranks (in-process)    thread_comm.hpp
 //   data parallel  DataParallelOptimizer, phase reports, broadcast_parameters  data_parallel.hpp
 //                  ShardLayout, OptimizerShard, ShardedOptimizer (optimizer-state sharding)
@@ -13,6 +14,7 @@
 //   UCE repair     UceRepair, UceRepairOptions, RepairFailed, attach, InjectUce  uce_repair.hpp
 //   preemption     TerminationSignals, Preempted                        termination.hpp
 //   stores         Store, FileStore, PrefixStore, StoreError            store.hpp
+//   membership     Membership (node ids, liveness, cooldown), Generation  membership.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -388,17 +390,22 @@ bool holds(const std::exception_ptr& e) {
 
 }  // namespace detail
 
-/// A Communicator that survives failures, as last words and UCE repair need:
+/// A Communicator whose ranks can go on without the failed, as the last words need:
 ///   job_rank()        this rank's number in the original job
 ///   declare_failed()  this rank's own failure: the others' calls that need it throw PeerFailure
 ///   shrink()          a communicator of the same type over the ranks still active
-///   interrupt()       asks every rank to stop (their calls throw Interrupted) for a repair
-///   rejoin()          after an interrupt: waits for every active rank, then starts afresh
 template <class C>
-concept RecoverableCommunicator = Communicator<C> && requires(C& c) {
+concept ShrinkableCommunicator = Communicator<C> && requires(C& c) {
     { c.job_rank() } -> std::convertible_to<int>;
     c.declare_failed();
     { c.shrink() } -> std::same_as<C>;
+};
+
+/// One that can also stop every rank for a repair, as UCE repair needs:
+///   interrupt()       asks every rank to stop (their calls throw Interrupted) for a repair
+///   rejoin()          after an interrupt: waits for every active rank, then starts afresh
+template <class C>
+concept RecoverableCommunicator = ShrinkableCommunicator<C> && requires(C& c) {
     c.interrupt();
     c.rejoin();
 };
@@ -1055,7 +1062,7 @@ struct LastWordsOutcome {
     double seconds = 0;                     ///< from the failure's detection to the save being durable
 };
 
-template <RecoverableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
+template <ShrinkableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
     LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", LastWordsOptions<Sel> options = {})
@@ -1236,6 +1243,40 @@ inline std::optional<fs::path> latest_last_words(const fs::path& dir, const Shar
 }
 
 }  // namespace fault
+// Membership in a store: which worker processes make up a job, which of them are alive, and
+// the generations they train in. It replaces the seed's scheduler process: no rank is
+// special, and the store may restart.
+//
+//   fault::Membership members(store, node_id, world_size, {.cooldown = std::chrono::seconds(30)});
+//   auto gen = members.form(members.latest() + 1, fault::Membership::everyone);
+//
+// A worker claims its node id (a rank of the job) with its process identity and keeps a
+// heartbeat. A node id held by a live process is refused to another; one whose process
+// died may be claimed again only once the cooldown has passed since its last heartbeat
+// (the seed's 30 s): the newcomer waits by itself and logs why. The living are told from
+// the dead by their process (same host: /proc) or by their heartbeat (another host: not
+// moved for `lease`).
+//
+// A generation is a numbered group of node ids that train together; its members are
+// written once, with an atomic create, by whichever worker sees first that the group is
+// complete, so every worker agrees on it. Keys: node/<id>, beat/<id>, latest, g<k>/…
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
 // Stores: the small key-value service that ranks in separate processes (or on separate
 // hosts) meet through. Gloo's rendezvous publishes each rank's address there; membership and
 // liveness live there too, so no rank is special.
@@ -1452,6 +1493,284 @@ public:
 private:
     Store& inner_;
     std::string prefix_;
+};
+
+}  // namespace fault
+
+namespace fault {
+
+namespace detail {
+
+inline std::string host_name() {
+    char buf[256] = {};
+    ::gethostname(buf, sizeof buf - 1);
+    return buf;
+}
+
+// A process as "pid starttime" (starttime from /proc, so that a pid used again by another
+// process is not mistaken for the first); empty when it is not running.
+inline std::string process_id(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto close = stat.rfind(')');  // the command name may hold spaces and parentheses
+    if (close == std::string::npos || close + 2 > stat.size()) return {};
+    std::istringstream fields(stat.substr(close + 2));
+    std::string state, field;
+    fields >> state;
+    for (int i = 4; i <= 22 && fields >> field; ++i) {}  // field 22: starttime
+    if (state == "Z" || state == "X") return {};          // dead, not yet reaped
+    return std::to_string(pid) + " " + field;
+}
+
+inline std::int64_t wall_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+inline std::string join_ids(const std::vector<int>& ids, const char* sep = ",") {
+    std::string s;
+    for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? sep : "") + std::to_string(ids[i]);
+    return s;
+}
+inline std::vector<int> parse_ids(const std::string& text) {
+    std::vector<int> ids;
+    std::istringstream in(text);
+    for (std::string part; std::getline(in, part, ',');)
+        if (!part.empty()) ids.push_back(std::stoi(part));
+    return ids;
+}
+
+}  // namespace detail
+
+struct MembershipOptions {
+    std::chrono::milliseconds lease = std::chrono::milliseconds(1500);  ///< a heartbeat not moved this long: dead
+    std::chrono::milliseconds cooldown = std::chrono::seconds(30);      ///< before a dead node id is claimed again
+    std::chrono::milliseconds timeout = std::chrono::seconds(30);       ///< every wait (the cooldown comes on top)
+};
+
+/// A generation: node ids (job ranks, ascending) that train together, and its store prefix.
+struct Generation {
+    int number = 0;
+    std::vector<int> members;
+    std::string prefix() const { return "g" + std::to_string(number) + "/"; }
+    /// This node's rank in the generation, or -1.
+    int index_of(int node) const {
+        const auto it = std::find(members.begin(), members.end(), node);
+        return it == members.end() ? -1 : static_cast<int>(it - members.begin());
+    }
+};
+
+class Membership {
+public:
+    /// Who may form a generation: every node of the job (a start, or recovery after a
+    /// restart), or the survivors of the current one (the dead left out).
+    enum Policy { everyone, survivors };
+
+    /// Claims `node_id` (see the file comment) and starts the heartbeat. ConfigError when a
+    /// live process holds it, or the job was started with another world size.
+    Membership(Store& store, int node_id, int world_size, MembershipOptions options = {})
+        : store_(store), id_(node_id), world_(world_size), options_(options),
+          me_(detail::host_name() + " " + detail::process_id(::getpid())) {
+        if (world_size < 1) throw ckpt::ConfigError("membership: a world of " + std::to_string(world_size) + " nodes");
+        if (node_id < 0 || node_id >= world_size)
+            throw ckpt::ConfigError("membership: node id " + std::to_string(node_id) + " is not in a world of " +
+                                    std::to_string(world_size));
+        if (!store_.create("world_size", std::to_string(world_))) {
+            const auto theirs = store_.wait("world_size", options_.timeout);
+            if (theirs != std::to_string(world_))
+                throw ckpt::ConfigError("membership: node " + std::to_string(id_) + " was started with a world of " +
+                                        std::to_string(world_) + " nodes, the job in " + store_.url() + " has " + theirs);
+        }
+        claim();  // before the first heartbeat: a dead holder's last beat dates its death
+        heartbeat_ = std::thread([this] { beat(); });
+    }
+    Membership(const Membership&) = delete;
+    Membership& operator=(const Membership&) = delete;
+    /// Stops the heartbeat and gives the node id back: a clean exit needs no cooldown.
+    ~Membership() {
+        {
+            std::lock_guard lock(m_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        if (heartbeat_.joinable()) heartbeat_.join();
+        try {
+            if (store_.get(node_key(id_)) == me_) store_.erase(node_key(id_));
+        } catch (const StoreError&) {
+        }
+    }
+
+    int node_id() const noexcept { return id_; }
+    int world_size() const noexcept { return world_; }
+    Store& store() noexcept { return store_; }
+    const MembershipOptions& options() const noexcept { return options_; }
+
+    /// Whether node `id`'s process is alive: asked directly on this host; elsewhere, its
+    /// heartbeat moved within the lease (as far as this process has watched it).
+    bool alive(int id) {
+        if (id == id_) return true;
+        const auto holder = store_.get(node_key(id));
+        if (!holder) return false;
+        if (const auto local = local_process(*holder)) return detail::process_id(static_cast<pid_t>(std::stol(*local))) == *local;
+        return beating(id);
+    }
+
+    /// The newest generation formed (0 before the first).
+    int latest() {
+        const auto v = store_.get("latest");
+        return v ? std::stoi(*v) : 0;
+    }
+
+    /// Joins generation `number` and waits until it is formed: by every node of the job
+    /// (`everyone`), or by each of `expected` that is still alive (`survivors`). Returns it;
+    /// PeerFailure if it formed without this node or did not form in time.
+    Generation form(int number, Policy policy, const std::vector<int>& expected = {}) {
+        const std::string g = "g" + std::to_string(number) + "/";
+        store_.set(g + "join/" + std::to_string(id_), me_);
+        // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
+        // come: wait twice the timeout, and the cooldown on top for a node started anew
+        const auto wait = 2 * options_.timeout + (policy == everyone ? options_.cooldown : std::chrono::milliseconds(0));
+        const auto deadline = std::chrono::steady_clock::now() + wait;
+        std::vector<int> candidates = expected;
+        if (policy == everyone || candidates.empty())
+            for (int q = 0; q < world_; ++q) candidates.push_back(q);
+        std::sort(candidates.begin(), candidates.end());
+        candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+        std::vector<int> missing;
+        for (;;) {
+            if (const auto m = store_.get(g + "members")) {
+                Generation gen{number, detail::parse_ids(*m)};
+                if (gen.index_of(id_) < 0)
+                    throw PeerFailure("generation " + std::to_string(number) + " formed without node " + std::to_string(id_) +
+                                          " (members " + *m + ")",
+                                      {id_});
+                if (latest() < number) store_.set("latest", std::to_string(number));
+                return gen;
+            }
+            std::vector<int> joined;
+            missing.clear();
+            for (int q : candidates) {
+                if (store_.get(g + "join/" + std::to_string(q))) joined.push_back(q);
+                else if (policy == everyone || (alive(q) && !store_.get(failed_key(number - 1, q)))) missing.push_back(q);
+            }
+            if (missing.empty() && !joined.empty()) {
+                store_.create(g + "members", detail::join_ids(joined));  // the first to see it complete decides
+                continue;
+            }
+            if (std::chrono::steady_clock::now() >= deadline)
+                throw PeerFailure("generation " + std::to_string(number) + " on node " + std::to_string(id_) + ": node" +
+                                      (missing.size() == 1 ? " " : "s ") + detail::join_ids(missing, ", ") +
+                                      " did not join within " + std::to_string(wait.count()) + " ms (" + store_.url() + ")",
+                                  missing);
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+    }
+
+    /// Marks this node failed in generation `number`: survivors forming the next one do
+    /// not wait for it.
+    void declare_failed(int number) { store_.set(failed_key(number, id_), "1"); }
+    bool declared_failed(int number, int id) { return store_.get(failed_key(number, id)).has_value(); }
+
+private:
+    static std::string node_key(int id) { return "node/" + std::to_string(id); }
+    static std::string beat_key(int id) { return "beat/" + std::to_string(id); }
+    static std::string failed_key(int number, int id) { return "g" + std::to_string(number) + "/failed/" + std::to_string(id); }
+
+    // "pid starttime" of a holder on this host, or nothing for another host's.
+    std::optional<std::string> local_process(const std::string& holder) const {
+        const auto space = holder.find(' ');
+        if (space == std::string::npos || holder.substr(0, space) != detail::host_name()) return std::nullopt;
+        return holder.substr(space + 1);
+    }
+
+    // Whether node `id`'s heartbeat moved within the lease, by this process's watch.
+    bool beating(int id) {
+        const auto now = std::chrono::steady_clock::now();
+        const std::string v = store_.get(beat_key(id)).value_or("");
+        auto& w = watched_[id];
+        if (!w.seen || w.value != v) w = {true, v, now};
+        return now - w.since < options_.lease;
+    }
+
+    // Claims node/<id>; waits out the cooldown of a dead holder; refuses a live one.
+    void claim() {
+        const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+        for (;;) {
+            if (store_.create(node_key(id_), me_)) return;
+            const auto holder = store_.get(node_key(id_));
+            if (!holder) continue;  // given back meanwhile
+            if (*holder == me_) return;
+            if (holder_alive(*holder)) {
+                if (std::chrono::steady_clock::now() >= deadline)
+                    throw ckpt::ConfigError("membership: node id " + std::to_string(id_) + " in " + store_.url() +
+                                            " is held by a live worker (host, pid, start: " + *holder +
+                                            "); two workers with one node id?");
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                continue;
+            }
+            // the holder died: the cooldown runs from its last heartbeat
+            const auto last = last_beat_wall(id_);
+            const auto left = std::chrono::milliseconds(options_.cooldown.count() - (detail::wall_ms() - last));
+            if (left.count() > 0) {
+                ckpt::detail::log(ckpt::LogLevel::warning,
+                                  "membership: node id " + std::to_string(id_) + " was held by a process that died " +
+                                      std::to_string((detail::wall_ms() - last) / 1000.0).substr(0, 5) +
+                                      " s ago; waiting " + std::to_string(left.count()) +
+                                      " ms (the cooldown) before registering it again");
+                std::this_thread::sleep_for(left);
+            }
+            // one newcomer takes over a given dead holder
+            if (store_.create("takeover/" + std::to_string(id_) + "/" + *holder, me_)) {
+                store_.set(node_key(id_), me_);
+                return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+    // A holder of our node id: alive if its process runs (this host) or its heartbeat moves.
+    bool holder_alive(const std::string& holder) {
+        if (const auto local = local_process(holder)) return detail::process_id(static_cast<pid_t>(std::stol(*local))) == *local;
+        // another host: watch its heartbeat for a lease
+        const std::string first = store_.get(beat_key(id_)).value_or("");
+        std::this_thread::sleep_for(options_.lease);
+        return store_.get(beat_key(id_)).value_or("") != first;
+    }
+    std::int64_t last_beat_wall(int id) {
+        const std::string v = store_.get(beat_key(id)).value_or("");
+        const auto space = v.find(' ');
+        if (space == std::string::npos) return 0;  // never beat: no cooldown to wait
+        return std::stoll(v.substr(space + 1));
+    }
+
+    void beat() {
+        std::unique_lock lock(m_);
+        const auto period = std::max(options_.lease / 5, std::chrono::milliseconds(10));
+        while (!stop_) {
+            lock.unlock();
+            try {
+                store_.set(beat_key(id_), std::to_string(++beats_) + " " + std::to_string(detail::wall_ms()));
+            } catch (const StoreError&) {  // the store is away: the next beat tries again
+            }
+            lock.lock();
+            cv_.wait_for(lock, period, [&] { return stop_; });
+        }
+    }
+
+    struct Watch {
+        bool seen = false;
+        std::string value;
+        std::chrono::steady_clock::time_point since;
+    };
+
+    Store& store_;
+    int id_, world_;
+    MembershipOptions options_;
+    std::string me_;  // "host pid starttime"
+    std::map<int, Watch> watched_;
+    std::mutex m_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::uint64_t beats_ = 0;
+    std::thread heartbeat_;
 };
 
 }  // namespace fault
