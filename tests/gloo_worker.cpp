@@ -1,6 +1,9 @@
 // One rank of a GlooComm job, started as a process by the gloo tests.
 //
 //   gloo_worker MODE STORE_URL PREFIX RANK SIZE [TIMEOUT_MS [COOLDOWN_MS]]
+//   gloo_worker launched MODE        rank, world size and store from the environment
+//                                    (ckpt-run); MODE collectives, loop, or crash-once:
+//                                    exits 1 at once when CKPT_RESTARTS is 0 on rank 1
 //
 //   collectives  every call of the Communicator concept, results checked; prints "ok"
 //   loop         allreduce after allreduce until a call fails: prints "ready" once the first
@@ -16,6 +19,7 @@
 // Any other failure: the error on stderr, exit 1.
 
 #include <fault/gloo_comm.hpp>
+#include <fault/launch.hpp>
 
 #include <span>
 
@@ -133,7 +137,28 @@ int mismatch(fault::GlooComm& comm) {
 
 }  // namespace
 
+int launched(const std::string& mode) {
+    const auto env = fault::launch_env();
+    if (mode == "crash-once" && env.rank == 1 && env.restarts == 0) {
+        std::printf("rank 1 crashing on its first start\n");
+        return 1;
+    }
+    auto store = fault::open_store(env.store);
+    fault::GlooComm comm(*store, env.rank, env.world_size, {.timeout = std::chrono::seconds(20), .prefix = "job/"});
+    std::printf("rank %d of %d, restarts %d\n", env.rank, env.world_size, env.restarts);
+    if (mode == "loop") return loop(comm);
+    collectives(comm);
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 3 && std::string(argv[1]) == "launched") {
+        try {
+            return launched(argv[2]);
+        } catch (const std::exception& e) {
+            fail(std::string("error: ") + e.what());
+        }
+    }
     if (argc < 6) fail("usage: gloo_worker MODE STORE_URL PREFIX RANK SIZE [TIMEOUT_MS [COOLDOWN_MS]]");
     const std::string mode = argv[1];
     const int rank = std::atoi(argv[4]), size = std::atoi(argv[5]);

@@ -14,6 +14,7 @@
 //   preemption     TerminationSignals, Preempted                        termination.hpp
 //   stores         Store, FileStore, PrefixStore, StoreError            store.hpp
 //   membership     Membership (node ids, liveness, cooldown), Generation  membership.hpp
+//   launching      LaunchEnv, launch_env (RANK, WORLD_SIZE, CKPT_STORE, MS_* aliases)  launch.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -26,6 +27,7 @@
 #include "communicator.hpp"
 #include "data_parallel.hpp"
 #include "last_words.hpp"
+#include "launch.hpp"
 #include "membership.hpp"
 #include "replica_selector.hpp"
 #include "store.hpp"

@@ -66,6 +66,14 @@ inline std::int64_t wall_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// "g<number>/", built by appending (GCC 12 warns falsely on "g" + std::to_string(n) + "/")
+inline std::string generation_prefix(int number) {
+    std::string g = "g";
+    g += std::to_string(number);
+    g += '/';
+    return g;
+}
+
 inline std::string join_ids(const std::vector<int>& ids, const char* sep = ",") {
     std::string s;
     for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? sep : "") + std::to_string(ids[i]);
@@ -91,7 +99,7 @@ struct MembershipOptions {
 struct Generation {
     int number = 0;
     std::vector<int> members;
-    std::string prefix() const { return "g" + std::to_string(number) + "/"; }
+    std::string prefix() const { return detail::generation_prefix(number); }
     /// This node's rank in the generation, or -1.
     int index_of(int node) const {
         const auto it = std::find(members.begin(), members.end(), node);
@@ -164,7 +172,7 @@ public:
     /// (`everyone`), or by each of `expected` that is still alive (`survivors`). Returns it;
     /// PeerFailure if it formed without this node or did not form in time.
     Generation form(int number, Policy policy, const std::vector<int>& expected = {}) {
-        const std::string g = "g" + std::to_string(number) + "/";
+        const std::string g = detail::generation_prefix(number);
         store_.set(g + "join/" + std::to_string(id_), me_);
         // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
         // come: wait twice the timeout, and the cooldown on top for a node started anew
@@ -213,7 +221,7 @@ public:
 private:
     static std::string node_key(int id) { return "node/" + std::to_string(id); }
     static std::string beat_key(int id) { return "beat/" + std::to_string(id); }
-    static std::string failed_key(int number, int id) { return "g" + std::to_string(number) + "/failed/" + std::to_string(id); }
+    static std::string failed_key(int number, int id) { return detail::generation_prefix(number) + "failed/" + std::to_string(id); }
 
     // "pid starttime" of a holder on this host, or nothing for another host's.
     std::optional<std::string> local_process(const std::string& holder) const {

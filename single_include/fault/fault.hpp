@@ -15,6 +15,7 @@
 //   preemption     TerminationSignals, Preempted                        termination.hpp
 //   stores         Store, FileStore, PrefixStore, StoreError            store.hpp
 //   membership     Membership (node ids, liveness, cooldown), Generation  membership.hpp
+//   launching      LaunchEnv, launch_env (RANK, WORLD_SIZE, CKPT_STORE, MS_* aliases)  launch.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -1243,6 +1244,88 @@ inline std::optional<fs::path> latest_last_words(const fs::path& dir, const Shar
 }
 
 }  // namespace fault
+// Where a worker process learns its place in the job: the environment its launcher set.
+// ckpt-run sets all of these; Slurm, Kubernetes or torchrun-style launchers set RANK and
+// WORLD_SIZE, and the seed's msrun sets MS_NODE_ID and MS_WORKER_NUM, read as aliases.
+//
+//   RANK (or MS_NODE_ID)           this worker's node id, 0 <= RANK < WORLD_SIZE
+//   WORLD_SIZE (or MS_WORKER_NUM)  the number of workers
+//   CKPT_STORE                     the store URL (file:///dir, redis://host:port)
+//   MS_RECOVERY_PATH               where recovery files go (optional)
+//   CKPT_RESTARTS                  how many times ckpt-run restarted this worker (optional)
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+
+namespace fault {
+
+struct LaunchEnv {
+    int rank = 0;
+    int world_size = 1;
+    std::string store;          ///< empty when CKPT_STORE is not set
+    std::string recovery_path;  ///< MS_RECOVERY_PATH, or empty
+    int restarts = 0;
+};
+
+namespace detail {
+
+inline std::optional<std::string> env(const char* name) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return std::nullopt;
+    return std::string(v);
+}
+
+inline int env_int(const char* name, const std::string& text) {
+    std::size_t used = 0;
+    int v = 0;
+    try {
+        v = std::stoi(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used == 0 || used != text.size())
+        throw ckpt::ConfigError(std::string("environment: ") + name + "='" + text + "' is not an integer");
+    return v;
+}
+
+// A setting and its alias: they must agree when both are set.
+inline std::optional<int> env_pair(const char* name, const char* alias) {
+    const auto a = env(name), b = env(alias);
+    if (a && b && env_int(name, *a) != env_int(alias, *b))
+        throw ckpt::ConfigError(std::string("environment: ") + name + "=" + *a + " and " + alias + "=" + *b + " disagree");
+    if (a) return env_int(name, *a);
+    if (b) return env_int(alias, *b);
+    return std::nullopt;
+}
+
+}  // namespace detail
+
+/// Reads the settings above. Without RANK/MS_NODE_ID and WORLD_SIZE/MS_WORKER_NUM the
+/// worker is alone (rank 0 of 1). ConfigError naming the variable for anything malformed.
+inline LaunchEnv launch_env() {
+    LaunchEnv e;
+    const auto rank = detail::env_pair("RANK", "MS_NODE_ID");
+    const auto world = detail::env_pair("WORLD_SIZE", "MS_WORKER_NUM");
+    if (rank.has_value() != world.has_value())
+        throw ckpt::ConfigError(std::string("environment: ") + (rank ? "RANK is set but not WORLD_SIZE" : "WORLD_SIZE is set but not RANK") +
+                                " (or their aliases MS_NODE_ID, MS_WORKER_NUM)");
+    if (rank) {
+        e.rank = *rank;
+        e.world_size = *world;
+    }
+    if (e.world_size < 1) throw ckpt::ConfigError("environment: WORLD_SIZE=" + std::to_string(e.world_size) + ": at least 1");
+    if (e.rank < 0 || e.rank >= e.world_size)
+        throw ckpt::ConfigError("environment: RANK=" + std::to_string(e.rank) + " is not in a world of " +
+                                std::to_string(e.world_size));
+    e.store = detail::env("CKPT_STORE").value_or("");
+    e.recovery_path = detail::env("MS_RECOVERY_PATH").value_or("");
+    if (const auto r = detail::env("CKPT_RESTARTS")) e.restarts = detail::env_int("CKPT_RESTARTS", *r);
+    return e;
+}
+
+}  // namespace fault
 // Membership in a store: which worker processes make up a job, which of them are alive, and
 // the generations they train in. It replaces the seed's scheduler process: no rank is
 // special, and the store may restart.
@@ -1526,6 +1609,14 @@ inline std::int64_t wall_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// "g<number>/", built by appending (GCC 12 warns falsely on "g" + std::to_string(n) + "/")
+inline std::string generation_prefix(int number) {
+    std::string g = "g";
+    g += std::to_string(number);
+    g += '/';
+    return g;
+}
+
 inline std::string join_ids(const std::vector<int>& ids, const char* sep = ",") {
     std::string s;
     for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? sep : "") + std::to_string(ids[i]);
@@ -1551,7 +1642,7 @@ struct MembershipOptions {
 struct Generation {
     int number = 0;
     std::vector<int> members;
-    std::string prefix() const { return "g" + std::to_string(number) + "/"; }
+    std::string prefix() const { return detail::generation_prefix(number); }
     /// This node's rank in the generation, or -1.
     int index_of(int node) const {
         const auto it = std::find(members.begin(), members.end(), node);
@@ -1624,7 +1715,7 @@ public:
     /// (`everyone`), or by each of `expected` that is still alive (`survivors`). Returns it;
     /// PeerFailure if it formed without this node or did not form in time.
     Generation form(int number, Policy policy, const std::vector<int>& expected = {}) {
-        const std::string g = "g" + std::to_string(number) + "/";
+        const std::string g = detail::generation_prefix(number);
         store_.set(g + "join/" + std::to_string(id_), me_);
         // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
         // come: wait twice the timeout, and the cooldown on top for a node started anew
@@ -1673,7 +1764,7 @@ public:
 private:
     static std::string node_key(int id) { return "node/" + std::to_string(id); }
     static std::string beat_key(int id) { return "beat/" + std::to_string(id); }
-    static std::string failed_key(int number, int id) { return "g" + std::to_string(number) + "/failed/" + std::to_string(id); }
+    static std::string failed_key(int number, int id) { return detail::generation_prefix(number) + "failed/" + std::to_string(id); }
 
     // "pid starttime" of a holder on this host, or nothing for another host's.
     std::optional<std::string> local_process(const std::string& holder) const {

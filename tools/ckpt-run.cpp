@@ -1,0 +1,196 @@
+// ckpt-run: starts the workers of a job on this host, restarts those that fail, forwards
+// signals, and exits with the job's status (like the seed's msrun, or torchrun).
+//
+//   ckpt-run --nproc N --store URL [--first-rank F] [--world-size W] [--max-restarts K]
+//            [--grace SECONDS] -- PROGRAM ARGS...
+//
+// Worker i is started with RANK = F + i, WORLD_SIZE = W (default N: every worker on this
+// host), CKPT_STORE = URL, the seed's aliases MS_NODE_ID and MS_WORKER_NUM, LOCAL_RANK = i,
+// and CKPT_RESTARTS = how many times it was restarted. A worker that exits with a non-zero
+// status or is killed is started again with the same settings, up to K times (default 0);
+// past that, the others get SIGTERM (SIGKILL after the grace period, default 30 s) and
+// ckpt-run exits with the failed worker's status (128 + signal for a signal). SIGTERM,
+// SIGINT and SIGUSR1 sent to ckpt-run are forwarded to every worker; then it waits for them
+// (SIGKILL after the grace period) and exits with 128 + the signal. Exit 0 when every
+// worker exited 0; 2 for bad arguments.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+volatile sig_atomic_t forwarded_signal = 0;
+void on_signal(int sig) { forwarded_signal = sig; }
+
+[[noreturn]] void usage(const std::string& problem) {
+    std::fprintf(stderr,
+                 "ckpt-run: %s\nusage: ckpt-run --nproc N --store URL [--first-rank F] [--world-size W] "
+                 "[--max-restarts K] [--grace SECONDS] -- PROGRAM ARGS...\n",
+                 problem.c_str());
+    std::exit(2);
+}
+
+int to_int(const std::string& flag, const char* text) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(text, &end, 10);
+    if (errno || !end || *end || v < 0 || v > 1000000) usage(flag + " needs a non-negative integer, got '" + text + "'");
+    return static_cast<int>(v);
+}
+
+struct Worker {
+    int local = 0;
+    pid_t pid = -1;
+    int restarts = 0;
+    bool done = false;
+};
+
+pid_t start(const Worker& w, int first_rank, int world, const std::string& store, char** argv) {
+    std::vector<std::string> vars{"RANK=" + std::to_string(first_rank + w.local), "WORLD_SIZE=" + std::to_string(world),
+                                  "MS_NODE_ID=" + std::to_string(first_rank + w.local), "MS_WORKER_NUM=" + std::to_string(world),
+                                  "LOCAL_RANK=" + std::to_string(w.local), "CKPT_STORE=" + store,
+                                  "CKPT_RESTARTS=" + std::to_string(w.restarts)};
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        std::perror("ckpt-run: fork");
+        return -1;
+    }
+    if (pid == 0) {
+        for (const auto& v : vars) ::putenv(const_cast<char*>(v.c_str()));
+        ::signal(SIGTERM, SIG_DFL);
+        ::signal(SIGINT, SIG_DFL);
+        ::signal(SIGUSR1, SIG_DFL);
+        ::execvp(argv[0], argv);
+        std::fprintf(stderr, "ckpt-run: cannot run %s: %s\n", argv[0], std::strerror(errno));
+        ::_exit(127);
+    }
+    return pid;
+}
+
+int status_of(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
+
+std::string describe(int st) {
+    return WIFEXITED(st) ? "exited with status " + std::to_string(WEXITSTATUS(st))
+                         : "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+}
+
+// Sends `sig` to the running workers and waits for them; SIGKILL after `grace`.
+void stop_all(std::vector<Worker>& workers, int sig, std::chrono::seconds grace) {
+    for (auto& w : workers)
+        if (!w.done) ::kill(w.pid, sig);
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    bool killed = false;
+    for (;;) {
+        bool running = false;
+        for (auto& w : workers) {
+            if (w.done) continue;
+            int st = 0;
+            if (::waitpid(w.pid, &st, WNOHANG) == w.pid) w.done = true;
+            else running = true;
+        }
+        if (!running) return;
+        if (!killed && std::chrono::steady_clock::now() >= deadline) {
+            std::fprintf(stderr, "ckpt-run: workers still running %lld s after signal %d: SIGKILL\n",
+                         static_cast<long long>(grace.count()), sig);
+            for (auto& w : workers)
+                if (!w.done) ::kill(w.pid, SIGKILL);
+            killed = true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int nproc = -1, first_rank = 0, world = -1, max_restarts = 0, grace = 30;
+    std::string store;
+    int i = 1;
+    for (; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--") {
+            ++i;
+            break;
+        }
+        if (i + 1 >= argc) usage(a + " needs a value");
+        if (a == "--nproc") nproc = to_int(a, argv[++i]);
+        else if (a == "--store") store = argv[++i];
+        else if (a == "--first-rank") first_rank = to_int(a, argv[++i]);
+        else if (a == "--world-size") world = to_int(a, argv[++i]);
+        else if (a == "--max-restarts") max_restarts = to_int(a, argv[++i]);
+        else if (a == "--grace") grace = to_int(a, argv[++i]);
+        else usage("unknown option " + a);
+    }
+    if (i >= argc) usage("no program given after --");
+    if (nproc < 1) usage("--nproc must be at least 1");
+    if (store.empty()) usage("--store is required (file:///dir or redis://host:port)");
+    if (world < 0) world = nproc;
+    if (first_rank + nproc > world)
+        usage("ranks " + std::to_string(first_rank) + ".." + std::to_string(first_rank + nproc - 1) +
+              " do not fit a world of " + std::to_string(world));
+    char** program = argv + i;
+
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGTERM, SIGINT, SIGUSR1}) ::sigaction(sig, &sa, nullptr);
+
+    std::vector<Worker> workers(static_cast<std::size_t>(nproc));
+    for (int w = 0; w < nproc; ++w) {
+        workers[static_cast<std::size_t>(w)].local = w;
+        workers[static_cast<std::size_t>(w)].pid = start(workers[static_cast<std::size_t>(w)], first_rank, world, store, program);
+        if (workers[static_cast<std::size_t>(w)].pid < 0) {
+            stop_all(workers, SIGTERM, std::chrono::seconds(grace));
+            return 1;
+        }
+    }
+    for (;;) {
+        if (forwarded_signal) {
+            const int sig = forwarded_signal;
+            std::fprintf(stderr, "ckpt-run: signal %d: forwarding it to the workers\n", sig);
+            stop_all(workers, sig, std::chrono::seconds(grace));
+            return 128 + sig;
+        }
+        int st = 0;
+        const pid_t pid = ::waitpid(-1, &st, WNOHANG);
+        if (pid <= 0) {
+            bool running = false;
+            for (const auto& w : workers) running |= !w.done;
+            if (!running) return 0;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            continue;
+        }
+        for (auto& w : workers) {
+            if (w.pid != pid || w.done) continue;
+            const int rank = first_rank + w.local;
+            if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+                w.done = true;
+                break;
+            }
+            if (w.restarts < max_restarts) {
+                ++w.restarts;
+                std::fprintf(stderr, "ckpt-run: rank %d (pid %d) %s; starting it again (restart %d of %d)\n", rank,
+                             static_cast<int>(pid), describe(st).c_str(), w.restarts, max_restarts);
+                w.pid = start(w, first_rank, world, store, program);
+                if (w.pid >= 0) break;
+            }
+            std::fprintf(stderr, "ckpt-run: rank %d (pid %d) %s; no restarts left: stopping the job\n", rank,
+                         static_cast<int>(pid), describe(st).c_str());
+            w.done = true;
+            stop_all(workers, SIGTERM, std::chrono::seconds(grace));
+            return status_of(st);
+        }
+    }
+}
