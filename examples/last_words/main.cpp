@@ -13,11 +13,18 @@
 // SIGTERM or SIGINT (as sent before a preemption) stops every rank at the same step with
 // last words too.
 //
+// Ranks as processes: started by ckpt-run (or any launcher setting RANK, WORLD_SIZE and
+// CKPT_STORE), each process is one rank talking through fault::GlooComm, and --fail-rank
+// dies by a real SIGKILL at the end of --fail-step; the survivors write the last words.
+//   ckpt-run --nproc 4 --store file:///tmp/job -- last_words --small --fail-rank 2
+// Each rank prints its own final_params_xxh64 (rank R: final_params_xxh64=…).
+//
 // Exit status: 0 trained to the end; 3 a rank failed and the last words were saved;
 // 143 (fault::preempted_exit_status) stopped by a signal, last words saved;
 // 1 a rank failed and nothing could be saved, or another error.
 
 #include <fault/fault.hpp>
+#include <fault/gloo_comm.hpp>
 #include "../common/cli.hpp"
 #include "../common/params_hash.hpp"
 #include "../common/seed_data.hpp"
@@ -26,6 +33,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <csignal>
 #include <mutex>
 #include <string>
 
@@ -72,6 +81,7 @@ Options parse(int argc, char** argv) {
         else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
         else usage("unknown option '" + a + "'");
     }
+    if (const auto env = fault::launch_env(); !env.store.empty()) o.ranks = env.world_size;  // one rank per process
     if (o.ranks < 2) usage("--ranks must be at least 2: the last words come from a replica");
     if (o.fault && o.fail_rank >= o.ranks) usage("--fail-rank must be below --ranks");
     if (o.epochs < 1) usage("--epochs must be at least 1");
@@ -92,67 +102,108 @@ void print_tree(const fs::path& dir, const std::string& indent = "") {
     }
 }
 
-template <class Net>
-int run(const Options& o) {
-    using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::ThreadComm>;
+// What a rank's training ended with.
+struct RankResult {
+    std::string hash;                  // final_params_xxh64, when it trained to the end
+    fault::LastWordsOutcome outcome;   // what the last words did, when a rank failed
+};
+
+// A rank whose process dies by a real SIGKILL at the end of a global step.
+struct KillAtStep {
+    std::int64_t step;
+    int rank;
+    void on_step_end(nn::RunContext& c) {
+        if (step > 0 && c.global_step == step && c.rank == rank) ::raise(SIGKILL);
+    }
+};
+
+// One rank's training, over any communicator: ThreadComm (ranks as threads) or GlooComm
+// (ranks as processes). Throws what training threw, after filling `result.outcome`.
+template <class Net, class Comm, class Failure>
+void train_rank(Comm& comm, const Options& o, const fs::path& from, Failure failure, RankResult& result, std::mutex& out) {
+    using DpOpt = fault::DataParallelOptimizer<nn::SGD, Comm>;
     using Opt = nn::FailingOptimizer<DpOpt>;
+    const fault::ShardLayout layout{o.shard_size};
+    auto data = examples::seed_dp_dataset(o.data, o.limit, o.ranks, comm.rank());
+    Net net;  // every rank starts from the same seed
+    // SGD(0.01) in the seed's OptTFTWrapper, its state sharded as the layout says
+    fault::ShardedOptimizer<nn::SGD, Comm> sgd(net.parameters(), comm, layout, 1e-2);
+    DpOpt& dp = sgd.optimizer();
+    Opt opt(dp, o.fail_step, comm.rank(), false);
+    nn::Trainer<Net, Opt> trainer(net, opt, {}, comm.rank());
+    std::int64_t initial_epoch = 0;
+    if (o.recover) {
+        const auto rp = trainer.resume_from(from, data);
+        dp.set_completed_steps(rp.global_step);
+        opt.set_completed_steps(rp.global_step);
+        initial_epoch = rp.initial_epoch;
+        if (comm.rank() == 0)
+            std::printf("resuming at global step %lld (epoch %lld, step %lld)\n", static_cast<long long>(rp.global_step + 1),
+                        static_cast<long long>(rp.initial_epoch + 1), static_cast<long long>(rp.initial_step + 1));
+    }
+    fault::LastWordsCheckpoint last_words(comm, o.dir, {.layout = layout, .watch_signals = true});
+    struct Progress {
+        std::mutex* out;
+        void on_step_end(nn::RunContext& c) {
+            if (c.rank == 0 && c.global_step % 10 == 0) {
+                std::lock_guard lock(*out);
+                std::printf("step %lld: loss %.4f\n", static_cast<long long>(c.global_step), double(c.loss));
+                std::fflush(stdout);
+            }
+        }
+    } progress{&out};
+    try {
+        trainer.train(o.epochs, data, nn::callbacks(progress, failure, last_words), initial_epoch);
+    } catch (...) {
+        result.outcome = last_words.outcome();
+        throw;
+    }
+    result.hash = examples::params_xxh64(net.parameters());
+}
+
+// This rank's file of the newest complete last words, or nothing (with a message).
+std::optional<fs::path> recovery_file(const Options& o, int rank) {
+    const auto file = fault::latest_last_words(o.dir, fault::ShardLayout{o.shard_size}, rank);
+    if (!file) std::fprintf(stderr, "last_words: no complete last-words checkpoint in '%s'\n", o.dir.string().c_str());
+    else std::printf("rank %d recovers from %s\n", rank, fs::relative(*file, o.dir).string().c_str());
+    return file;
+}
+
+// Prints what the last words did; the exit status for it.
+int report_last_words(const Options& o, const fault::LastWordsOutcome& oc) {
+    if (!oc.step_directory) {
+        std::printf("no last words: %s\n", oc.message.c_str());
+        return 1;
+    }
+    std::printf("last words: global step %lld saved by", static_cast<long long>(*oc.step));
+    for (std::size_t j = 0; j < oc.savers.size(); ++j) std::printf("%s rank %d", j ? "," : "", oc.savers[j]);
+    if (oc.savers.size() > 1) std::printf(" (one per optimizer-state piece)");
+    std::printf("; survivors:");
+    for (const auto& r : oc.reports) std::printf(" %lld", static_cast<long long>(r.job_rank));
+    std::printf("\n");
+    print_tree(o.dir);
+    return 3;
+}
+
+// Ranks as threads of this process.
+template <class Net>
+int run_threads(const Options& o) {
     const fault::ShardLayout layout{o.shard_size};
     layout.require_replicas(o.ranks, "a last-words checkpoint");
     fault::ThreadGroup group(o.ranks, std::chrono::seconds(60));
     fault::TerminationSignals signals;  // SIGTERM/SIGINT: last words at the next step end
     std::mutex out;
-    std::vector<std::string> hashes(static_cast<std::size_t>(o.ranks));
-    std::vector<fault::LastWordsOutcome> outcomes(static_cast<std::size_t>(o.ranks));
+    std::vector<RankResult> results(static_cast<std::size_t>(o.ranks));
     std::vector<fs::path> from(static_cast<std::size_t>(o.ranks));  // each rank's file: its piece of the state
-    if (o.recover) {
+    if (o.recover)
         for (int r = 0; r < o.ranks; ++r) {
-            const auto file = fault::latest_last_words(o.dir, layout, r);
-            if (!file) {
-                std::fprintf(stderr, "last_words: no complete last-words checkpoint in '%s'\n", o.dir.string().c_str());
-                return 1;
-            }
+            const auto file = recovery_file(o, r);
+            if (!file) return 1;
             from[static_cast<std::size_t>(r)] = *file;
-            std::printf("rank %d recovers from %s\n", r, fs::relative(*file, o.dir).string().c_str());
         }
-    }
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
-        auto data = examples::seed_dp_dataset(o.data, o.limit, o.ranks, comm.rank());
-        Net net;  // every rank starts from the same seed
-        // SGD(0.01) in the seed's OptTFTWrapper, its state sharded as the layout says
-        fault::ShardedOptimizer<nn::SGD, fault::ThreadComm> sgd(net.parameters(), comm, layout, 1e-2);
-        DpOpt& dp = sgd.optimizer();
-        Opt opt(dp, o.fail_step, comm.rank(), false);
-        nn::Trainer<Net, Opt> trainer(net, opt, {}, comm.rank());
-        std::int64_t initial_epoch = 0;
-        if (o.recover) {
-            const auto rp = trainer.resume_from(from[static_cast<std::size_t>(comm.rank())], data);
-            dp.set_completed_steps(rp.global_step);
-            opt.set_completed_steps(rp.global_step);
-            initial_epoch = rp.initial_epoch;
-            if (comm.rank() == 0)
-                std::printf("resuming at global step %lld (epoch %lld, step %lld)\n",
-                            static_cast<long long>(rp.global_step + 1), static_cast<long long>(rp.initial_epoch + 1),
-                            static_cast<long long>(rp.initial_step + 1));
-        }
-        fault::LastWordsCheckpoint last_words(comm, o.dir, {.layout = layout, .watch_signals = true});
-        nn::FailAtStep crash(o.fault ? o.fail_step : 0, o.fail_rank);
-        struct Progress {
-            std::mutex* out;
-            void on_step_end(nn::RunContext& c) {
-                if (c.rank == 0 && c.global_step % 10 == 0) {
-                    std::lock_guard lock(*out);
-                    std::printf("step %lld: loss %.4f\n", static_cast<long long>(c.global_step), double(c.loss));
-                    std::fflush(stdout);
-                }
-            }
-        } progress{&out};
-        try {
-            trainer.train(o.epochs, data, nn::callbacks(progress, crash, last_words), initial_epoch);
-        } catch (...) {
-            outcomes[static_cast<std::size_t>(comm.rank())] = last_words.outcome();
-            throw;
-        }
-        hashes[static_cast<std::size_t>(comm.rank())] = examples::params_xxh64(net.parameters());
+        const auto r = static_cast<std::size_t>(comm.rank());
+        train_rank<Net>(comm, o, from[r], nn::FailAtStep(o.fault ? o.fail_step : 0, o.fail_rank), results[r], out);
     });
     int failed = -1;
     for (int r = 0; r < o.ranks; ++r)
@@ -172,41 +223,63 @@ int run(const Options& o) {
             }
         }
     if (failed >= 0) {
-        for (const auto& oc : outcomes)
-            if (oc.took_part) {
-                if (!oc.step_directory) {
-                    std::printf("no last words: %s\n", oc.message.c_str());
-                    return 1;
-                }
-                std::printf("last words: global step %lld saved by", static_cast<long long>(*oc.step));
-                for (std::size_t j = 0; j < oc.savers.size(); ++j)
-                    std::printf("%s rank %d", j ? "," : "", oc.savers[j]);
-                if (oc.savers.size() > 1) std::printf(" (one per optimizer-state piece)");
-                std::printf("; survivors:");
-                for (const auto& r : oc.reports) std::printf(" %lld", static_cast<long long>(r.job_rank));
-                std::printf("\n");
-                print_tree(o.dir);
-                return 3;
-            }
+        for (const auto& res : results)
+            if (res.outcome.took_part) return report_last_words(o, res.outcome);
         return 1;
     }
     for (int r = 0; r < o.ranks; ++r) {
-        if (hashes[static_cast<std::size_t>(r)] != hashes[0]) {
+        if (results[static_cast<std::size_t>(r)].hash != results[0].hash) {
             std::fprintf(stderr, "last_words: rank %d ended with other parameters than rank 0\n", r);
             return 1;
         }
     }
-    std::printf("final_params_xxh64=%s\n", hashes[0].c_str());
+    std::printf("final_params_xxh64=%s\n", results[0].hash.c_str());
+    return 0;
+}
+
+// This process is one rank (see the file comment): the same exit statuses.
+template <class Net>
+int run_process(const Options& o, const fault::LaunchEnv& env) {
+    fault::ShardLayout{o.shard_size}.require_replicas(o.ranks, "a last-words checkpoint");
+    fault::TerminationSignals signals;
+    std::mutex out;
+    fs::path from;
+    if (o.recover) {
+        const auto file = recovery_file(o, env.rank);
+        if (!file) return 1;
+        from = *file;
+    }
+    auto store = fault::open_store(env.store);
+    fault::GlooComm comm(*store, env.rank, env.world_size, {.timeout = std::chrono::seconds(60)});
+    RankResult result;
+    try {
+        train_rank<Net>(comm, o, from, KillAtStep{o.fault ? o.fail_step : 0, o.fail_rank}, result, out);
+    } catch (const fault::Preempted& p) {
+        std::printf("rank %d: %s\n", env.rank, p.what());
+        return fault::preempted_exit_status;
+    } catch (const fault::PeerFailure& e) {
+        std::printf("rank %d: %s\n", env.rank, e.what());
+        if (!result.outcome.took_part) return 1;
+        // every survivor reports; the lowest one prints the tree
+        if (result.outcome.reports.empty() || result.outcome.reports.front().job_rank != env.rank) {
+            std::printf("rank %d: last words %s\n", env.rank, result.outcome.step_directory ? "saved" : "not saved");
+            return result.outcome.step_directory ? 3 : 1;
+        }
+        return report_last_words(o, result.outcome);
+    }
+    std::printf("rank %d: final_params_xxh64=%s\n", env.rank, result.hash.c_str());
     return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    const Options o = parse(argc, argv);
     nn::set_blas_threads(1);
     try {
-        return o.small ? run<nn::UceNet>(o) : run<nn::DataParallelNet>(o);
+        const Options o = parse(argc, argv);
+        if (const auto env = fault::launch_env(); !env.store.empty())
+            return o.small ? run_process<nn::UceNet>(o, env) : run_process<nn::DataParallelNet>(o, env);
+        return o.small ? run_threads<nn::UceNet>(o) : run_threads<nn::DataParallelNet>(o);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "last_words: %s\n", e.what());
         return 1;
