@@ -15,6 +15,7 @@
 //   stores         Store, FileStore, PrefixStore, StoreError            store.hpp
 //   membership     Membership (node ids, liveness, cooldown), Generation  membership.hpp
 //   launching      LaunchEnv, launch_env (RANK, WORLD_SIZE, CKPT_STORE, MS_* aliases)  launch.hpp
+//   cluster        agree_on_checkpoint (the newest step every rank holds)  cluster_recovery.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -24,6 +25,7 @@
 #include "../ckpt/ckpt.hpp"
 #include "../nn/nn.hpp"
 #include "backend.hpp"
+#include "cluster_recovery.hpp"
 #include "communicator.hpp"
 #include "data_parallel.hpp"
 #include "last_words.hpp"

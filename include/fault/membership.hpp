@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
@@ -192,6 +193,7 @@ public:
                                           " (members " + *m + ")",
                                       {id_});
                 if (latest() < number) store_.set("latest", std::to_string(number));
+                if (latest_seen_.load() < number) latest_seen_.store(number);
                 return gen;
             }
             std::vector<int> joined;
@@ -296,10 +298,27 @@ private:
             lock.unlock();
             try {
                 store_.set(beat_key(id_), std::to_string(++beats_) + " " + std::to_string(detail::wall_ms()));
+                republish();
             } catch (const StoreError&) {  // the store is away: the next beat tries again
             }
             lock.lock();
             cv_.wait_for(lock, period, [&] { return stop_; });
+        }
+    }
+
+    // A store restarted without persistence has lost the job's keys: each worker sets again
+    // what it knows (its node id, the world size, the newest generation it saw).
+    void republish() {
+        if (!store_.get(node_key(id_))) {
+            if (store_.create(node_key(id_), me_))
+                ckpt::detail::log(ckpt::LogLevel::warning, "membership: the store " + store_.url() + " lost node id " +
+                                                               std::to_string(id_) + "; registered it again");
+        }
+        store_.create("world_size", std::to_string(world_));
+        const int seen = latest_seen_.load();
+        if (seen > 0) {
+            const auto v = store_.get("latest");
+            if (!v || std::stoi(*v) < seen) store_.set("latest", std::to_string(seen));
         }
     }
 
@@ -318,6 +337,7 @@ private:
     std::condition_variable cv_;
     bool stop_ = false;
     std::uint64_t beats_ = 0;
+    std::atomic<int> latest_seen_{0};  // the newest generation this worker was part of
     std::thread heartbeat_;
 };
 

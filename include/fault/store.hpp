@@ -211,7 +211,7 @@ public:
     bool create(const std::string& key, std::string_view value) override { return inner_.create(prefix_ + key, value); }
     std::int64_t add(const std::string& key, std::int64_t delta) override { return inner_.add(prefix_ + key, delta); }
     void erase(const std::string& key) override { inner_.erase(prefix_ + key); }
-    std::string url() const override { return inner_.url() + " (keys under '" + prefix_ + "')"; }
+    std::string url() const override { return prefix_.empty() ? inner_.url() : inner_.url() + " (keys under '" + prefix_ + "')"; }
 
 private:
     Store& inner_;

@@ -16,6 +16,7 @@
 //   stores         Store, FileStore, PrefixStore, StoreError            store.hpp
 //   membership     Membership (node ids, liveness, cooldown), Generation  membership.hpp
 //   launching      LaunchEnv, launch_env (RANK, WORLD_SIZE, CKPT_STORE, MS_* aliases)  launch.hpp
+//   cluster        agree_on_checkpoint (the newest step every rank holds)  cluster_recovery.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -282,6 +283,27 @@ static_assert(Backend<Cpu>);
 static_assert(Backend<AscendModel>);
 
 }  // namespace fault
+// Cluster recovery (the seed's disaster recovery in a dynamic cluster): every worker saves
+// its own checkpoints (one directory per rank); when a worker dies and comes back, every
+// worker rolls back to the newest step that all ranks hold a valid checkpoint of, and
+// training goes on from there.
+//
+//   auto agreed = fault::agree_on_checkpoint(comm, dir / ("rank_" + std::to_string(rank)), "net");
+//   if (agreed.file) trainer.resume_from(*agreed.file, data);   // else: from the start
+//
+// Each rank verifies its files (header and checksum) before offering them, so a file torn by
+// the crash is never chosen: the agreement falls back to an older step that every rank has.
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
 // The Communicator concept: the collectives data-parallel training needs, each with a
 // timeout, each able to fail with PeerFailure naming the ranks that did not take part.
 //
@@ -410,6 +432,71 @@ concept RecoverableCommunicator = ShrinkableCommunicator<C> && requires(C& c) {
     c.interrupt();
     c.rejoin();
 };
+
+}  // namespace fault
+
+namespace fault {
+
+/// The step every rank agreed to resume from, and this rank's file of it.
+struct AgreedCheckpoint {
+    std::optional<boost::filesystem::path> file;  ///< empty: no step is held by every rank; start afresh
+    std::int64_t epoch = 0;                       ///< as named in the file (the seed's "{prefix}-{epoch}_{step}")
+    std::int64_t step = 0;
+};
+
+namespace detail {
+
+/// One rank's offer: the (epoch, step) of its newest valid checkpoints, newest first,
+/// padded with -1.
+struct CheckpointOffer {
+    static constexpr std::size_t slots = 16;
+    std::int64_t epoch[slots];
+    std::int64_t step[slots];
+};
+
+}  // namespace detail
+
+/// Agrees over `comm` on the newest (epoch, step) of which every rank holds a valid
+/// checkpoint of `prefix` in its own `dir` (each rank passes its own directory), and returns
+/// this rank's file of it. Every rank must call it; a collective.
+template <Communicator Comm, ckpt::NamingPolicy N = ckpt::MindSporeNaming>
+AgreedCheckpoint agree_on_checkpoint(Comm& comm, const boost::filesystem::path& dir, std::string_view prefix,
+                                     const N& naming = {}) {
+    using Key = std::pair<std::int64_t, std::int64_t>;
+    // this rank's valid files, newest first; of two files of one step (runs before and after
+    // a rollback), the newer run's
+    auto files = ckpt::list_checkpoints(dir, prefix, naming);
+    std::stable_sort(files.begin(), files.end(), [](const ckpt::StoredCheckpoint& a, const ckpt::StoredCheckpoint& b) {
+        return std::tie(a.name.epoch, a.name.step, a.name.run) > std::tie(b.name.epoch, b.name.step, b.name.run);
+    });
+    std::vector<std::pair<Key, boost::filesystem::path>> valid;
+    for (auto& f : files) {
+        if (valid.size() == detail::CheckpointOffer::slots) break;
+        const Key key{f.name.epoch, f.name.step};
+        if (!f.name.positioned || (!valid.empty() && valid.back().first == key)) continue;
+        if (auto why = ckpt::checkpoint_problem(f)) {
+            ckpt::detail::log(ckpt::LogLevel::warning, "cluster recovery: not offering '" + f.path.string() + "': " + *why);
+            continue;
+        }
+        valid.emplace_back(key, f.path);
+    }
+    detail::CheckpointOffer mine{};
+    for (std::size_t i = 0; i < detail::CheckpointOffer::slots; ++i) {
+        mine.epoch[i] = i < valid.size() ? valid[i].first.first : -1;
+        mine.step[i] = i < valid.size() ? valid[i].first.second : -1;
+    }
+    const auto offers = detail::allgather_records(comm, mine);
+    // the newest of this rank's steps that every offer holds (each rank computes the same)
+    for (const auto& [key, path] : valid) {
+        const bool everyone = std::all_of(offers.begin(), offers.end(), [&](const detail::CheckpointOffer& o) {
+            for (std::size_t i = 0; i < detail::CheckpointOffer::slots; ++i)
+                if (o.epoch[i] == key.first && o.step[i] == key.second) return true;
+            return false;
+        });
+        if (everyone) return {path, key.first, key.second};
+    }
+    return {};
+}
 
 }  // namespace fault
 // Data-parallel training: N replicas, each with all the parameters and a shard of every
@@ -1347,6 +1434,7 @@ inline LaunchEnv launch_env() {
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
@@ -1571,7 +1659,7 @@ public:
     bool create(const std::string& key, std::string_view value) override { return inner_.create(prefix_ + key, value); }
     std::int64_t add(const std::string& key, std::int64_t delta) override { return inner_.add(prefix_ + key, delta); }
     void erase(const std::string& key) override { inner_.erase(prefix_ + key); }
-    std::string url() const override { return inner_.url() + " (keys under '" + prefix_ + "')"; }
+    std::string url() const override { return prefix_.empty() ? inner_.url() : inner_.url() + " (keys under '" + prefix_ + "')"; }
 
 private:
     Store& inner_;
@@ -1735,6 +1823,7 @@ public:
                                           " (members " + *m + ")",
                                       {id_});
                 if (latest() < number) store_.set("latest", std::to_string(number));
+                if (latest_seen_.load() < number) latest_seen_.store(number);
                 return gen;
             }
             std::vector<int> joined;
@@ -1839,10 +1928,27 @@ private:
             lock.unlock();
             try {
                 store_.set(beat_key(id_), std::to_string(++beats_) + " " + std::to_string(detail::wall_ms()));
+                republish();
             } catch (const StoreError&) {  // the store is away: the next beat tries again
             }
             lock.lock();
             cv_.wait_for(lock, period, [&] { return stop_; });
+        }
+    }
+
+    // A store restarted without persistence has lost the job's keys: each worker sets again
+    // what it knows (its node id, the world size, the newest generation it saw).
+    void republish() {
+        if (!store_.get(node_key(id_))) {
+            if (store_.create(node_key(id_), me_))
+                ckpt::detail::log(ckpt::LogLevel::warning, "membership: the store " + store_.url() + " lost node id " +
+                                                               std::to_string(id_) + "; registered it again");
+        }
+        store_.create("world_size", std::to_string(world_));
+        const int seen = latest_seen_.load();
+        if (seen > 0) {
+            const auto v = store_.get("latest");
+            if (!v || std::stoi(*v) < seen) store_.set("latest", std::to_string(seen));
         }
     }
 
@@ -1861,6 +1967,7 @@ private:
     std::condition_variable cv_;
     bool stop_ = false;
     std::uint64_t beats_ = 0;
+    std::atomic<int> latest_seen_{0};  // the newest generation this worker was part of
     std::thread heartbeat_;
 };
 

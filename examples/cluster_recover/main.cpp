@@ -1,0 +1,151 @@
+// The seed's disaster recovery in a dynamic cluster: N worker processes (started by
+// ckpt-run, or any launcher setting RANK, WORLD_SIZE and CKPT_STORE) train the seed's
+// 784→512→512→10 network on Fashion-MNIST, data parallel over fault::GlooComm. Each saves
+// its own checkpoints every --save-every steps into <dir>/rank_<r>/, keeping --keep (≥ 2).
+//
+// When a worker dies, the others stay up: they wait for it to come back (ckpt-run restarts
+// it; its node id is claimed again only after the cooldown), then every worker rolls back
+// to the newest step all ranks hold a valid checkpoint of, the data rolls back with it, and
+// training goes on. No worker but the dead one restarts its process.
+//
+//   ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- \
+//       cluster_recover --dir ./ckpt [--epochs N] [--limit N] [--save-every N] [--keep N]
+//                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR]
+//
+// Every rank ends with "rank R: final_params_xxh64=<16 hex digits>", the same on every rank
+// and the same as a run in which no worker died. Exit status 0, or 1 on an error.
+
+#include <fault/fault.hpp>
+#include <fault/gloo_comm.hpp>
+#include "../common/cli.hpp"
+#include "../common/params_hash.hpp"
+#include "../common/seed_data.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <string>
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+struct Options {
+    fs::path dir = "./cluster_checkpoints";
+    fs::path data = "/usr/share/datasets/fashion-mnist";
+    std::int64_t epochs = 2;
+    std::size_t limit = 5120;  // 40 global steps of 4 x 32 an epoch
+    std::int64_t save_every = 5;
+    std::int64_t keep = 3;
+    std::int64_t cooldown_ms = 30000;  // the seed's 30 s
+    std::int64_t timeout_ms = 60000;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+    std::cerr << "cluster_recover: " << why << "\n"
+              << "usage: cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
+              << "                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR]\n";
+    std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    auto number = [&](int& i) { return examples::count_after(argc, argv, i, usage); };
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--epochs") o.epochs = number(i);
+        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i));
+        else if (a == "--save-every") o.save_every = number(i);
+        else if (a == "--keep") o.keep = number(i);
+        else if (a == "--cooldown-ms") o.cooldown_ms = number(i);
+        else if (a == "--timeout-ms") o.timeout_ms = number(i);
+        else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
+        else if (a == "--data" && i + 1 < argc) o.data = argv[++i];
+        else usage("unknown option '" + a + "'");
+    }
+    if (o.epochs < 1) usage("--epochs must be at least 1");
+    if (o.save_every < 1) usage("--save-every must be at least 1");
+    if (o.keep < 2) usage("--keep must be at least 2: a rollback needs an older step when the newest is torn");
+    if (o.timeout_ms < 1) usage("--timeout-ms must be positive");
+    return o;
+}
+
+using Net = nn::UceNet;  // 784 -> 512 -> 512 -> 10
+using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::GlooComm>;
+using Checkpoints = nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast>;
+
+// Trains from the agreed step to the end in generation `comm`; throws PeerFailure when a
+// worker dies meanwhile. Returns the final parameters' hash.
+std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine) {
+    const auto agreed = fault::agree_on_checkpoint(comm, mine, "net");
+    auto data = examples::seed_dp_dataset(o.data, o.limit, comm.size(), comm.rank());
+    Net net;  // the same seed on every rank: a fresh start is the same everywhere
+    nn::SGD sgd(net.parameters(), 1e-2);
+    DpOpt dp(sgd, comm);
+    nn::Trainer<Net, DpOpt> trainer(net, dp, {}, comm.rank());
+    std::int64_t initial_epoch = 0;
+    if (agreed.file) {
+        const auto rp = trainer.resume_from(*agreed.file, data);
+        dp.set_completed_steps(rp.global_step);
+        initial_epoch = rp.initial_epoch;
+        if (comm.rank() == 0)
+            std::printf("generation %d: every rank resumes at global step %lld (epoch %lld, step %lld)\n",
+                        comm.generation().number, static_cast<long long>(rp.global_step + 1),
+                        static_cast<long long>(rp.initial_epoch + 1), static_cast<long long>(rp.initial_step + 1));
+    } else if (comm.rank() == 0) {
+        std::printf("generation %d: no step saved by every rank; training from the start\n", comm.generation().number);
+    }
+    std::fflush(stdout);
+    Checkpoints checkpoints("net", mine, {}, ckpt::EverySteps{o.save_every}, ckpt::KeepLast{o.keep});
+    struct Progress {
+        void on_step_end(nn::RunContext& c) {
+            if (c.rank == 0 && c.global_step % 10 == 0) {
+                std::printf("step %lld: loss %.4f\n", static_cast<long long>(c.global_step), double(c.loss));
+                std::fflush(stdout);
+            }
+        }
+    } progress;
+    trainer.train(o.epochs, data, nn::callbacks(progress, checkpoints), initial_epoch);
+    return examples::params_xxh64(net.parameters());
+}
+
+int run(const Options& o) {
+    const auto env = fault::launch_env();
+    if (env.store.empty()) usage("no store: start it with ckpt-run, or set RANK, WORLD_SIZE and CKPT_STORE");
+    const fs::path mine = o.dir / ("rank_" + std::to_string(env.rank));
+    auto store = fault::open_store(env.store, std::chrono::milliseconds(o.timeout_ms));
+    std::printf("rank %d: pid %d, start %d\n", env.rank, static_cast<int>(::getpid()), env.restarts + 1);
+    std::fflush(stdout);
+    std::optional<fault::GlooComm> comm;
+    comm.emplace(*store, env.rank, env.world_size,
+                 fault::GlooOptions{.timeout = std::chrono::milliseconds(o.timeout_ms),
+                                    .cooldown = std::chrono::milliseconds(o.cooldown_ms)});
+    for (;;) {
+        try {
+            const std::string hash = train(*comm, o, mine);
+            std::printf("rank %d: final_params_xxh64=%s\n", env.rank, hash.c_str());
+            return 0;
+        } catch (const fault::PeerFailure& e) {
+            std::printf("rank %d: %s; waiting for every worker to rejoin\n", env.rank, e.what());
+            std::fflush(stdout);
+            fault::GlooComm next = comm->regroup();
+            comm.reset();  // the spent generation's connections close before the next trains
+            comm.emplace(std::move(next));
+        }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    nn::set_blas_threads(1);
+    try {
+        return run(parse(argc, argv));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "cluster_recover: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Seed 004 with the store on a redis-server: mid-run the server is killed with SIGKILL and
+# started again without persistence (every key lost); training goes on, the workers
+# register again, and a worker killed afterwards is recovered as usual. Every rank must end
+# bit-identical to a run in which nothing failed.
+#   restart_store.sh <cluster_recover> <ckpt-run> <work dir> [options]
+set -euo pipefail
+program=$1
+launcher=$2
+work=$3
+shift 3
+export OPENBLAS_NUM_THREADS=1
+rm -rf "$work"
+mkdir -p "$work"
+source "$(dirname "$0")/common.sh"
+
+port=$(free_port)
+redis_pid=
+start_redis() {
+    /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+        > "$work/redis-$1.log" 2>&1 &
+    redis_pid=$!
+    wait_for_line "$work/redis-$1.log" "Ready to accept connections" 20
+}
+trap 'kill -9 $redis_pid 2>/dev/null || true' EXIT
+start_redis 1
+
+"$launcher" --nproc 4 --store "redis://127.0.0.1:$port" --max-restarts 1 -- \
+    "$program" --dir "$work/checkpoints" "$@" > "$work/job.log" 2>&1 &
+job=$!
+wait_for_line "$work/job.log" "^step 20:" 120
+echo "killing the store (redis-server, pid $redis_pid) after global step 20, and starting it again empty"
+kill -9 "$redis_pid"
+wait "$redis_pid" 2>/dev/null || true
+start_redis 2
+wait_for_line "$work/job.log" "^step 40:" 120
+pid=$(sed -n "s/^rank 1: pid \([0-9]*\), start 1$/\1/p" "$work/job.log")
+echo "killing rank 1 (pid $pid) after global step 40"
+kill -9 "$pid"
+status=0
+wait "$job" || status=$?
+cat "$work/job.log"
+[ "$status" -eq 0 ] || { echo "the job failed with status $status" >&2; exit 1; }
+grep -q "registered it again" "$work/job.log" || { echo "no worker registered again after the store restart" >&2; exit 1; }
+grep -q "every rank resumes at global step" "$work/job.log" || { echo "no rollback happened" >&2; exit 1; }
+recovered=$(final_hashes "$work/job.log")
+
+"$launcher" --nproc 4 --store "file://$work/store-straight" -- \
+    "$program" --dir "$work/straight" "$@" > "$work/straight.log" 2>&1
+straight=$(final_hashes "$work/straight.log")
+if [ "$recovered" != "$straight" ]; then
+    echo "MISMATCH: recovered $recovered, without a failure $straight" >&2
+    exit 1
+fi
+echo "every rank ends bit-identical to the run without a failure: $recovered"

@@ -1,0 +1,90 @@
+#pragma once
+// Cluster recovery (the seed's disaster recovery in a dynamic cluster): every worker saves
+// its own checkpoints (one directory per rank); when a worker dies and comes back, every
+// worker rolls back to the newest step that all ranks hold a valid checkpoint of, and
+// training goes on from there.
+//
+//   auto agreed = fault::agree_on_checkpoint(comm, dir / ("rank_" + std::to_string(rank)), "net");
+//   if (agreed.file) trainer.resume_from(*agreed.file, data);   // else: from the start
+//
+// Each rank verifies its files (header and checksum) before offering them, so a file torn by
+// the crash is never chosen: the agreement falls back to an older step that every rank has.
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "../ckpt/latest.hpp"
+#include "../ckpt/log.hpp"
+#include "communicator.hpp"
+
+namespace fault {
+
+/// The step every rank agreed to resume from, and this rank's file of it.
+struct AgreedCheckpoint {
+    std::optional<boost::filesystem::path> file;  ///< empty: no step is held by every rank; start afresh
+    std::int64_t epoch = 0;                       ///< as named in the file (the seed's "{prefix}-{epoch}_{step}")
+    std::int64_t step = 0;
+};
+
+namespace detail {
+
+/// One rank's offer: the (epoch, step) of its newest valid checkpoints, newest first,
+/// padded with -1.
+struct CheckpointOffer {
+    static constexpr std::size_t slots = 16;
+    std::int64_t epoch[slots];
+    std::int64_t step[slots];
+};
+
+}  // namespace detail
+
+/// Agrees over `comm` on the newest (epoch, step) of which every rank holds a valid
+/// checkpoint of `prefix` in its own `dir` (each rank passes its own directory), and returns
+/// this rank's file of it. Every rank must call it; a collective.
+template <Communicator Comm, ckpt::NamingPolicy N = ckpt::MindSporeNaming>
+AgreedCheckpoint agree_on_checkpoint(Comm& comm, const boost::filesystem::path& dir, std::string_view prefix,
+                                     const N& naming = {}) {
+    using Key = std::pair<std::int64_t, std::int64_t>;
+    // this rank's valid files, newest first; of two files of one step (runs before and after
+    // a rollback), the newer run's
+    auto files = ckpt::list_checkpoints(dir, prefix, naming);
+    std::stable_sort(files.begin(), files.end(), [](const ckpt::StoredCheckpoint& a, const ckpt::StoredCheckpoint& b) {
+        return std::tie(a.name.epoch, a.name.step, a.name.run) > std::tie(b.name.epoch, b.name.step, b.name.run);
+    });
+    std::vector<std::pair<Key, boost::filesystem::path>> valid;
+    for (auto& f : files) {
+        if (valid.size() == detail::CheckpointOffer::slots) break;
+        const Key key{f.name.epoch, f.name.step};
+        if (!f.name.positioned || (!valid.empty() && valid.back().first == key)) continue;
+        if (auto why = ckpt::checkpoint_problem(f)) {
+            ckpt::detail::log(ckpt::LogLevel::warning, "cluster recovery: not offering '" + f.path.string() + "': " + *why);
+            continue;
+        }
+        valid.emplace_back(key, f.path);
+    }
+    detail::CheckpointOffer mine{};
+    for (std::size_t i = 0; i < detail::CheckpointOffer::slots; ++i) {
+        mine.epoch[i] = i < valid.size() ? valid[i].first.first : -1;
+        mine.step[i] = i < valid.size() ? valid[i].first.second : -1;
+    }
+    const auto offers = detail::allgather_records(comm, mine);
+    // the newest of this rank's steps that every offer holds (each rank computes the same)
+    for (const auto& [key, path] : valid) {
+        const bool everyone = std::all_of(offers.begin(), offers.end(), [&](const detail::CheckpointOffer& o) {
+            for (std::size_t i = 0; i < detail::CheckpointOffer::slots; ++i)
+                if (o.epoch[i] == key.first && o.step[i] == key.second) return true;
+            return false;
+        });
+        if (everyone) return {path, key.first, key.second};
+    }
+    return {};
+}
+
+}  // namespace fault

@@ -1,0 +1,70 @@
+// agree_on_checkpoint: the newest step every rank holds a valid checkpoint of.
+
+#include <doctest/doctest.h>
+
+#include <fault/fault.hpp>
+
+#include "support.hpp"
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+void save_step(const test::fs::path& dir, std::int64_t epoch, std::int64_t step, const std::string& run = "net") {
+    test::fs::create_directories(dir);
+    ckpt::ParamDict d;
+    d.set("w", ckpt::Tensor::from(std::vector<float>{float(epoch), float(step)}, {2}));
+    ckpt::SaveOptions o;
+    o.epoch = epoch;
+    o.step = step;
+    ckpt::save_checkpoint(d, dir / (run + "-" + std::to_string(epoch) + "_" + std::to_string(step) + ".ckpt"), o);
+}
+
+std::vector<fault::AgreedCheckpoint> agree(const std::vector<test::fs::path>& dirs) {
+    fault::ThreadGroup group(static_cast<int>(dirs.size()), std::chrono::seconds(10));
+    std::vector<fault::AgreedCheckpoint> out(dirs.size());
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        out[r] = fault::agree_on_checkpoint(comm, dirs[r], "net");
+    });
+    for (const auto& e : errors) REQUIRE_FALSE(e);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("agree_on_checkpoint picks the newest step every rank holds, each rank its own file") {
+    test::TempDir tmp;
+    std::vector<test::fs::path> dirs;
+    for (int r = 0; r < 3; ++r) dirs.push_back(tmp / ("rank_" + std::to_string(r)));
+    // rank 0 saved up to step 15, rank 1 up to 20 (it ran ahead), rank 2 up to 15
+    for (int r = 0; r < 3; ++r)
+        for (int s : {5, 10, 15}) save_step(dirs[static_cast<std::size_t>(r)], 1, s);
+    save_step(dirs[1], 1, 20);
+    auto got = agree(dirs);
+    for (int r = 0; r < 3; ++r) {
+        CAPTURE(r);
+        REQUIRE(got[static_cast<std::size_t>(r)].file);
+        CHECK(got[static_cast<std::size_t>(r)].step == 15);
+        CHECK(got[static_cast<std::size_t>(r)].file->parent_path() == dirs[static_cast<std::size_t>(r)]);
+    }
+
+    // rank 2's step 15 torn by the crash: everyone falls back to step 10, nobody picks the torn file
+    const auto torn = dirs[2] / "net-1_15.ckpt";
+    test::fs::resize_file(torn, test::fs::file_size(torn) / 2);
+    {
+        test::LogCapture quiet;
+        got = agree(dirs);
+    }
+    for (const auto& g : got) {
+        REQUIRE(g.file);
+        CHECK(g.step == 10);
+    }
+    CHECK(test::fs::exists(torn));  // offered by nobody, deleted by nobody
+
+    // a rank with nothing: no common step, a fresh start everywhere
+    dirs.push_back(tmp / "rank_3");
+    for (const auto& g : agree(dirs)) CHECK_FALSE(g.file);
+}
