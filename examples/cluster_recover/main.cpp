@@ -79,7 +79,7 @@ using Checkpoints = nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast>;
 
 // Trains from the agreed step to the end in generation `comm`; throws PeerFailure when a
 // worker dies meanwhile. Returns the final parameters' hash.
-std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine) {
+std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine, std::int64_t& done) {
     const auto agreed = fault::agree_on_checkpoint(comm, mine, "net");
     auto data = examples::seed_dp_dataset(o.data, o.limit, comm.size(), comm.rank());
     Net net;  // the same seed on every rank: a fresh start is the same everywhere
@@ -101,13 +101,15 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine)
     std::fflush(stdout);
     Checkpoints checkpoints("net", mine, {}, ckpt::EverySteps{o.save_every}, ckpt::KeepLast{o.keep});
     struct Progress {
+        std::int64_t* done;
         void on_step_end(nn::RunContext& c) {
+            *done = c.global_step;
             if (c.rank == 0 && c.global_step % 10 == 0) {
                 std::printf("step %lld: loss %.4f\n", static_cast<long long>(c.global_step), double(c.loss));
                 std::fflush(stdout);
             }
         }
-    } progress;
+    } progress{&done};
     trainer.train(o.epochs, data, nn::callbacks(progress, checkpoints), initial_epoch);
     return examples::params_xxh64(net.parameters());
 }
@@ -123,13 +125,15 @@ int run(const Options& o) {
     comm.emplace(*store, env.rank, env.world_size,
                  fault::GlooOptions{.timeout = std::chrono::milliseconds(o.timeout_ms),
                                     .cooldown = std::chrono::milliseconds(o.cooldown_ms)});
+    std::int64_t done = 0;  // the last global step this worker completed
     for (;;) {
         try {
-            const std::string hash = train(*comm, o, mine);
+            const std::string hash = train(*comm, o, mine, done);
             std::printf("rank %d: final_params_xxh64=%s\n", env.rank, hash.c_str());
             return 0;
         } catch (const fault::PeerFailure& e) {
-            std::printf("rank %d: %s; waiting for every worker to rejoin\n", env.rank, e.what());
+            std::printf("rank %d: after global step %lld: %s; waiting for every worker to rejoin\n", env.rank,
+                        static_cast<long long>(done), e.what());
             std::fflush(stdout);
             fault::GlooComm next = comm->regroup();
             comm.reset();  // the spent generation's connections close before the next trains
