@@ -7,6 +7,7 @@
 #include "support.hpp"
 
 #include <fstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -67,4 +68,23 @@ TEST_CASE("agree_on_checkpoint picks the newest step every rank holds, each rank
     // a rank with nothing: no common step, a fresh start everywhere
     dirs.push_back(tmp / "rank_3");
     for (const auto& g : agree(dirs)) CHECK_FALSE(g.file);
+}
+
+TEST_CASE("membership: a worker asking for a generation the job has left behind is told so") {
+    test::TempDir tmp;
+    fault::FileStore store((tmp / "store").string());
+    const fault::MembershipOptions quick{std::chrono::milliseconds(500), std::chrono::milliseconds(0), std::chrono::seconds(5)};
+    fault::Membership a(store, 0, 2, quick), b(store, 1, 2, quick);
+    // both form generation 1; node 0 alone goes on to 2 and 3 (node 1 declared failed in each)
+    std::thread t([&] { b.form(1, fault::Membership::everyone); });
+    CHECK(a.form(1, fault::Membership::everyone).members == std::vector<int>{0, 1});
+    t.join();
+    b.declare_failed(1);
+    CHECK(a.form(2, fault::Membership::survivors, {0, 1}).members == std::vector<int>{0});
+    b.declare_failed(2);
+    CHECK(a.form(3, fault::Membership::survivors, {0}).members == std::vector<int>{0});
+    CHECK_THROWS_WITH_AS(b.form(2, fault::Membership::survivors, {0, 1}),
+                         doctest::Contains("node 1 asks to join generation 2, but the job in"), fault::PeerFailure);
+    CHECK_THROWS_WITH_AS(b.form(2, fault::Membership::survivors, {0, 1}), doctest::Contains("has gone on to generation 3"),
+                         fault::PeerFailure);
 }

@@ -1803,6 +1803,11 @@ public:
     /// (`everyone`), or by each of `expected` that is still alive (`survivors`). Returns it;
     /// PeerFailure if it formed without this node or did not form in time.
     Generation form(int number, Policy policy, const std::vector<int>& expected = {}) {
+        if (const int newest = latest(); number <= newest && !store_.get(detail::generation_prefix(number) + "join/" + std::to_string(id_)))
+            throw PeerFailure("node " + std::to_string(id_) + " asks to join generation " + std::to_string(number) +
+                                  ", but the job in " + store_.url() + " has gone on to generation " + std::to_string(newest) +
+                                  " without it: this worker fell behind; restart it to join the next one",
+                              {id_});
         const std::string g = detail::generation_prefix(number);
         store_.set(g + "join/" + std::to_string(id_), me_);
         // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
