@@ -10,7 +10,9 @@
 //
 //   ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- \
 //       cluster_recover --dir ./ckpt [--epochs N] [--limit N] [--save-every N] [--keep N]
-//                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR]
+//                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]
+//
+// --address is this host's address toward the other hosts (default 127.0.0.1: one host).
 //
 // Every rank ends with "rank R: final_params_xxh64=<16 hex digits>", the same on every rank
 // and the same as a run in which no worker died. Exit status 0, or 1 on an error.
@@ -42,12 +44,13 @@ struct Options {
     std::int64_t keep = 3;
     std::int64_t cooldown_ms = 30000;  // the seed's 30 s
     std::int64_t timeout_ms = 60000;
+    std::string address = "127.0.0.1";  // this host's address toward the others
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::cerr << "cluster_recover: " << why << "\n"
               << "usage: cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
-              << "                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR]\n";
+              << "                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n";
     std::exit(2);
 }
 
@@ -64,6 +67,7 @@ Options parse(int argc, char** argv) {
         else if (a == "--timeout-ms") o.timeout_ms = number(i);
         else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
         else if (a == "--data" && i + 1 < argc) o.data = argv[++i];
+        else if (a == "--address" && i + 1 < argc) o.address = argv[++i];
         else usage("unknown option '" + a + "'");
     }
     if (o.epochs < 1) usage("--epochs must be at least 1");
@@ -124,6 +128,7 @@ int run(const Options& o) {
     std::optional<fault::GlooComm> comm;
     comm.emplace(*store, env.rank, env.world_size,
                  fault::GlooOptions{.timeout = std::chrono::milliseconds(o.timeout_ms),
+                                    .address = o.address,
                                     .cooldown = std::chrono::milliseconds(o.cooldown_ms)});
     std::int64_t done = 0;  // the last global step this worker completed
     for (;;) {
