@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Seed 004 with the store on a redis-server: mid-run the server is killed with SIGKILL and
-# started again without persistence (every key lost); training goes on, the workers
-# register again, and a worker killed afterwards is recovered as usual. Every rank must end
-# bit-identical to a run in which nothing failed.
-#   restart_store.sh <cluster_recover> <ckpt-run> <work dir> [options]
+# started again, without persistence (every key lost: the workers register again) or with
+# it (--persistent: an append-only file, fsynced on every write, brings the keys back);
+# training goes on, and a worker killed afterwards is recovered as usual. Every rank must
+# end bit-identical to a run in which nothing failed.
+#   restart_store.sh <cluster_recover> <ckpt-run> <work dir> [--persistent] [options]
 set -euo pipefail
 program=$1
 launcher=$2
 work=$3
 shift 3
+persistent=no
+if [ "${1:-}" = "--persistent" ]; then persistent=yes; shift; fi
 export OPENBLAS_NUM_THREADS=1
 rm -rf "$work"
 mkdir -p "$work"
@@ -17,7 +20,8 @@ source "$(dirname "$0")/common.sh"
 port=$(free_port)
 redis_pid=
 start_redis() {
-    /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+    /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly "$persistent" --appendfsync always \
+        --dir "$work" \
         > "$work/redis-$1.log" 2>&1 &
     redis_pid=$!
     wait_for_line "$work/redis-$1.log" "Ready to accept connections" 20
@@ -29,7 +33,7 @@ start_redis 1
     "$program" --dir "$work/checkpoints" "$@" > "$work/job.log" 2>&1 &
 job=$!
 wait_for_line "$work/job.log" "^step 20:" 120
-echo "killing the store (redis-server, pid $redis_pid) after global step 20, and starting it again empty"
+echo "killing the store (redis-server, pid $redis_pid) after global step 20, and starting it again (persistence: $persistent)"
 kill -9 "$redis_pid"
 wait "$redis_pid" 2>/dev/null || true
 start_redis 2
@@ -41,7 +45,12 @@ status=0
 wait "$job" || status=$?
 cat "$work/job.log"
 [ "$status" -eq 0 ] || { echo "the job failed with status $status" >&2; exit 1; }
-grep -q "registered it again" "$work/job.log" || { echo "no worker registered again after the store restart" >&2; exit 1; }
+if [ "$persistent" = no ]; then
+    grep -q "registered it again" "$work/job.log" || { echo "no worker registered again after the store restart" >&2; exit 1; }
+elif grep -q "registered it again" "$work/job.log"; then
+    echo "the store kept its keys, yet a worker found its node id lost" >&2
+    exit 1
+fi
 grep -q "every rank resumes at global step" "$work/job.log" || { echo "no rollback happened" >&2; exit 1; }
 recovered=$(final_hashes "$work/job.log")
 
