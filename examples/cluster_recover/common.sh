@@ -38,3 +38,20 @@ free_port() {
     echo "no free port found" >&2
     exit 1
 }
+
+# same_as_straight <job log> <ckpt-run> <cluster_recover> <work dir> <options…>: runs the job
+# on one host with nothing failing and checks that every rank of <job log> ended with the
+# same final_params_xxh64.
+same_as_straight() {
+    local log=$1 launcher=$2 program=$3 work=$4 recovered straight
+    shift 4
+    recovered=$(final_hashes "$log")
+    "$launcher" --nproc 4 --store "file://$work/store-straight" -- \
+        "$program" --dir "$work/straight" "$@" > "$work/straight.log" 2>&1
+    straight=$(final_hashes "$work/straight.log")
+    if [ "$recovered" != "$straight" ]; then
+        echo "MISMATCH: recovered $recovered, without a failure $straight" >&2
+        exit 1
+    fi
+    echo "every rank ends bit-identical to the run without a failure: $recovered"
+}

@@ -32,13 +32,4 @@ cat "$work/job.log"
 [ "$status" -eq 0 ] || { echo "the job failed with status $status" >&2; exit 1; }
 grep -q "^rank $rank: pid [0-9]*, start 2$" "$work/job.log" || { echo "rank $rank was not started again" >&2; exit 1; }
 grep -q "every rank resumes at global step" "$work/job.log" || { echo "no rollback happened" >&2; exit 1; }
-recovered=$(final_hashes "$work/job.log")
-
-"$launcher" --nproc 4 --store "file://$work/store-straight" -- \
-    "$program" --dir "$work/straight" "$@" > "$work/straight.log" 2>&1
-straight=$(final_hashes "$work/straight.log")
-if [ "$recovered" != "$straight" ]; then
-    echo "MISMATCH: recovered $recovered, without a failure $straight" >&2
-    exit 1
-fi
-echo "every rank ends bit-identical to the run without a failure: $recovered"
+same_as_straight "$work/job.log" "$launcher" "$program" "$work" "$@"

@@ -52,13 +52,4 @@ elif grep -q "registered it again" "$work/job.log"; then
     exit 1
 fi
 grep -q "every rank resumes at global step" "$work/job.log" || { echo "no rollback happened" >&2; exit 1; }
-recovered=$(final_hashes "$work/job.log")
-
-"$launcher" --nproc 4 --store "file://$work/store-straight" -- \
-    "$program" --dir "$work/straight" "$@" > "$work/straight.log" 2>&1
-straight=$(final_hashes "$work/straight.log")
-if [ "$recovered" != "$straight" ]; then
-    echo "MISMATCH: recovered $recovered, without a failure $straight" >&2
-    exit 1
-fi
-echo "every rank ends bit-identical to the run without a failure: $recovered"
+same_as_straight "$work/job.log" "$launcher" "$program" "$work" "$@"
