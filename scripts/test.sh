@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds everything and runs the whole test suite. Installs missing Debian packages first.
+# Builds everything, runs the whole test suite, then fuzzes the checkpoint reader for a
+# minute. Installs missing Debian packages first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -15,3 +16,7 @@ else
 fi
 cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+# The checkpoint reader under libFuzzer for a bounded time (CKPT_FUZZ_SECONDS, 0 to skip).
+fuzz_seconds=${CKPT_FUZZ_SECONDS:-60}
+[ "$fuzz_seconds" -gt 0 ] && bash scripts/fuzz.sh "$fuzz_seconds"
+exit 0

@@ -830,7 +830,11 @@ struct XmlArchive {
 #include <istream>
 #include <optional>
 #include <ostream>
+#include <cstring>
+#include <iterator>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -1869,6 +1873,8 @@ decltype(auto) translating_archive_errors(const std::string& path, F&& f) {
         throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
     } catch (const boost::archive::iterators::dataflow_exception& e) {  // bad base64 in text or xml
         throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
+    } catch (const std::length_error& e) {  // a length read from the file beyond any string's
+        throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
     }
 }
 
@@ -1917,6 +1923,13 @@ inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, s
                 return parse(ar);
             }
             case ArchiveKind::text: {
+                // The archive reads its signature as a length-prefixed string, allocating what
+                // the length says before reading: check the signature first.
+                constexpr std::string_view signature = "22 serialization::archive ";
+                if (n < signature.size() || std::memcmp(body.get(), signature.data(), signature.size()) != 0)
+                    throw FormatError("checkpoint '" + path + "' is malformed: the text body does not start with '" +
+                                          std::string(signature) + "'",
+                                      path);
                 std::istream is(&src);
                 boost::archive::text_iarchive ar(is);
                 return parse(ar);
@@ -1924,7 +1937,17 @@ inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, s
             case ArchiveKind::xml: {
                 std::istream is(&src);
                 boost::archive::xml_iarchive ar(is);
-                return parse(ar);
+                ParamDict dict = parse(ar);
+                // The archive's destructor parses the closing tag, and a destructor cannot
+                // report a bad one but by ending the process: check it here, then leave the
+                // stream failed so that the destructor does not read it again.
+                std::string rest((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
+                const auto first = rest.find_first_not_of(" \t\r\n"), last = rest.find_last_not_of(" \t\r\n");
+                if (first == std::string::npos || rest.compare(first, last - first + 1, "</boost_serialization>") != 0)
+                    throw FormatError("checkpoint '" + path + "' is malformed: the xml body does not end with </boost_serialization>",
+                                      path);
+                is.setstate(std::ios::failbit);
+                return dict;
             }
         }
         throw FormatError("checkpoint '" + path + "' has an unknown archive kind", path);

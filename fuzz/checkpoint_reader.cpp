@@ -1,0 +1,13 @@
+// libFuzzer target: the checkpoint reader on arbitrary files (see reader_input.hpp).
+//   bash scripts/fuzz.sh [seconds]
+#include "reader_input.hpp"
+
+#include <unistd.h>
+
+#include <string>
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    static const std::string path = "/tmp/ckpt-fuzz-" + std::to_string(::getpid()) + ".ckpt";
+    fuzz::read_input(data, size, path);
+    return 0;
+}
