@@ -5,6 +5,7 @@
 
 #include <nn/nn.hpp>
 
+#include <csignal>
 #include <sstream>
 
 #include "support.hpp"
@@ -300,4 +301,40 @@ TEST_CASE("exception save: a failure before the update is saved, one inside the 
     CHECK(test::names_in(torn_dir.path()) == std::vector<std::string>{"lenet-1_2.ckpt", "lenet-graph.meta"});
     REQUIRE(log.warnings.size() == 1);
     CHECK(log.warnings[0].find("interrupted an optimizer update at global step 3") != std::string::npos);
+}
+
+TEST_CASE("a termination signal (SIGTERM, SIGUSR1) ends the step, saves it durably, stops with Preempted; resume is bit-exact") {
+    const auto expected = uninterrupted(2, lenet_data());
+    for (const int sig : {SIGTERM, SIGUSR1}) {
+        CAPTURE(sig);
+        TempDir dir;
+        ckpt::TerminationSignals signals;
+        {
+            Session s;
+            auto data = lenet_data();
+            auto options = seed_options(/*exception_save=*/true);
+            options.save_on_signal = true;
+            Checkpoints cb("lenet", dir.path(), options);
+            struct SignalAt {  // the signal arrives from outside, mid-step: a real one, to this process
+                std::int64_t step;
+                int sig;
+                void on_before_update(nn::RunContext& c) {
+                    if (c.global_step + 1 == step) ::raise(sig);
+                }
+            } deliver{11, sig};
+            CHECK_THROWS_WITH_AS(s.trainer.train(2, data, nn::callbacks(cb, deliver)),
+                                 doctest::Contains("after global step 11; saved"), ckpt::Preempted);
+            REQUIRE(cb.last_saved());
+            CHECK(cb.last_saved()->filename() == "lenet-2_3.ckpt");  // a regular checkpoint of the step, no breakpoint
+            CHECK_FALSE(test::fs::exists(dir / "lenet-2_3_breakpoint.ckpt"));
+            CHECK(ckpt::TerminationSignals::signal() == sig);
+        }
+        ckpt::TerminationSignals::reset();
+        Session s;
+        auto data = lenet_data();
+        const auto rp = s.trainer.resume_from(*ckpt::latest(dir.path(), "lenet"), data);
+        CHECK(rp.global_step == 11);
+        s.trainer.train(2, data, std::tuple<>{}, rp.initial_epoch);
+        CHECK(s.state() == expected);
+    }
 }

@@ -7,6 +7,7 @@
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
 //   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
+//   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
 //   errors       Error and its subclasses                               error.hpp
 
 #include "append_info.hpp"
@@ -21,6 +22,7 @@
 #include "manager.hpp"
 #include "naming_policy.hpp"
 #include "param_dict.hpp"
+#include "preemption.hpp"
 #include "progress.hpp"
 #include "retention_policy.hpp"
 #include "save_policy.hpp"

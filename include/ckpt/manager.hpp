@@ -47,6 +47,10 @@ struct ManagerOptions {
     /// Snapshot the state and write it on a background thread, one save at a time (the
     /// seed's async_save). A background error is rethrown by the next call into the manager.
     bool async_save = false;
+    /// With TerminationSignals installed: once a signal arrived, the step in progress ends,
+    /// is saved (waiting for the save to be durable) and training stops with Preempted
+    /// (nn::ModelCheckpoint acts on it).
+    bool save_on_signal = false;
 };
 
 /// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds

@@ -4,6 +4,10 @@
 //   nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> cb(
 //       "lenet", "./lenet", {.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}}}});
 //   auto cb2 = nn::make_model_checkpoint("lenet", "./lenet", config);   // from a CheckpointConfig
+//
+// With save_on_signal and a ckpt::TerminationSignals installed, SIGTERM, SIGINT or SIGUSR1
+// ends training at the end of the step in progress: that step is saved (durably), then
+// train() throws ckpt::Preempted (exit with ckpt::preempted_exit_status).
 
 #include <boost/filesystem.hpp>
 
@@ -14,6 +18,7 @@
 #include "../ckpt/config.hpp"
 #include "../ckpt/log.hpp"
 #include "../ckpt/manager.hpp"
+#include "../ckpt/preemption.hpp"
 #include "callbacks.hpp"
 
 namespace nn {
@@ -29,7 +34,17 @@ public:
         : manager_(std::move(directory), std::move(prefix), std::move(save), std::move(retention), std::move(naming),
                    std::move(options)) {}
 
-    void on_step_end(RunContext& ctx) { last_ = manager_.on_step(ctx.progress(ckpt::Event::step_end), ctx.state); }
+    void on_step_end(RunContext& ctx) {
+        last_ = manager_.on_step(ctx.progress(ckpt::Event::step_end), ctx.state);
+        if (!signalled()) return;
+        // preempted: this step is the last; save it unless the policy just did, make it durable
+        if (!last_) last_ = manager_.save(ctx.progress(ckpt::Event::step_end), ctx.state);
+        manager_.wait();
+        throw ckpt::Preempted("training stopped by signal " + std::to_string(ckpt::TerminationSignals::signal()) +
+                                  " after global step " + std::to_string(ctx.global_step) + "; saved '" + last_->string() +
+                                  "'",
+                              ckpt::TerminationSignals::signal());
+    }
     void on_epoch_end(RunContext& ctx) {
         last_ = manager_.on_epoch_end(ctx.progress(ckpt::Event::epoch_end), ctx.state);
     }
@@ -40,6 +55,12 @@ public:
     /// failure struck inside an optimizer update (then the state is torn and is not saved).
     void on_exception(RunContext& ctx) {
         if (!manager_.options().exception_save) return;
+        try {  // a preemption has saved already
+            throw;
+        } catch (const ckpt::Preempted&) {
+            return;
+        } catch (...) {
+        }
         if (!ctx.consistent) {
             ckpt::detail::log(ckpt::LogLevel::warning,
                               "no breakpoint checkpoint: the failure interrupted an optimizer update at global step " +
@@ -55,6 +76,8 @@ public:
     const std::optional<boost::filesystem::path>& last_saved() const noexcept { return last_; }
 
 private:
+    bool signalled() const { return manager_.options().save_on_signal && ckpt::TerminationSignals::requested(); }
+
     Manager manager_;
     std::optional<boost::filesystem::path> last_;
 };

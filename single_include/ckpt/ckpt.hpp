@@ -8,6 +8,7 @@
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
 //   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
+//   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
 //   errors       Error and its subclasses                               error.hpp
 
 // The seed's append_info: extra values stored in every checkpoint a manager writes.
@@ -2856,6 +2857,10 @@ struct ManagerOptions {
     /// Snapshot the state and write it on a background thread, one save at a time (the
     /// seed's async_save). A background error is rethrown by the next call into the manager.
     bool async_save = false;
+    /// With TerminationSignals installed: once a signal arrived, the step in progress ends,
+    /// is saved (waiting for the save to be durable) and training stops with Preempted
+    /// (nn::ModelCheckpoint acts on it).
+    bool save_on_signal = false;
 };
 
 /// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
@@ -3200,6 +3205,78 @@ ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, con
     return ConfiguredManager<N, A>(std::move(directory), std::move(prefix), ConfiguredSave(config),
                                    ConfiguredRetention(config), std::move(naming), std::move(opts));
 }
+
+}  // namespace ckpt
+// Termination signals (SIGTERM, SIGINT, SIGUSR1: what a scheduler sends before it preempts
+// a job) turned into a flag the training loop polls at step boundaries. The handler only
+// sets the flag; everything else happens on the training threads.
+//
+//   ckpt::TerminationSignals signals;             // installs; the destructor restores
+//   nn::ModelCheckpoint<…> cb(prefix, dir, {.save_on_signal = true});   // saves, then stops
+//   try { trainer.train(…); } catch (const ckpt::Preempted&) { return ckpt::preempted_exit_status; }
+
+#include <signal.h>
+
+#include <atomic>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+
+namespace ckpt {
+
+/// Training stopped because of a termination signal, after saving what it could.
+class Preempted : public Error {
+public:
+    Preempted(const std::string& what, int signal) : Error(what), signal_(signal) {}
+    int signal() const noexcept { return signal_; }
+
+private:
+    int signal_;
+};
+
+/// The exit status after a preemption: 128 + SIGTERM, as a shell reports a process ended
+/// by that signal.
+inline constexpr int preempted_exit_status = 128 + SIGTERM;
+
+class TerminationSignals {
+public:
+    explicit TerminationSignals(std::initializer_list<int> signals = {SIGTERM, SIGINT, SIGUSR1}) {
+        reset();
+        for (int sig : signals) {
+            struct sigaction sa {}, old{};
+            sa.sa_handler = &TerminationSignals::handle;
+            sigemptyset(&sa.sa_mask);
+            if (::sigaction(sig, &sa, &old) != 0)
+                throw ConfigError("cannot install a handler for signal " + std::to_string(sig));
+            saved_.push_back({sig, old});
+        }
+    }
+    ~TerminationSignals() {
+        for (auto& [sig, old] : saved_) ::sigaction(sig, &old, nullptr);
+    }
+    TerminationSignals(const TerminationSignals&) = delete;
+    TerminationSignals& operator=(const TerminationSignals&) = delete;
+
+    /// Whether a watched signal arrived, and which (0 if none).
+    static bool requested() noexcept { return flag().load(std::memory_order_relaxed) != 0; }
+    static int signal() noexcept { return flag().load(std::memory_order_relaxed); }
+    static void reset() noexcept { flag().store(0); }
+
+private:
+    static std::atomic<int>& flag() noexcept {
+        static std::atomic<int> f{0};
+        return f;
+    }
+    static void handle(int sig) { flag().store(sig, std::memory_order_relaxed); }  // async-signal-safe: lock-free store
+    struct Saved {
+        int sig;
+        struct sigaction old;
+    };
+    std::vector<Saved> saved_;
+};
+
+static_assert(std::atomic<int>::is_always_lock_free);
 
 }  // namespace ckpt
 // xtensor glue: copy an xtensor expression into a checkpoint Tensor, and see a Tensor (or a
