@@ -11,8 +11,8 @@
 // with PeerFailure naming it: the process ignores SIGPIPE so that a write to a dead peer is
 // an error, not the end of the survivor, and the dead are told from the living by their
 // process (same host) or their heartbeat in the store (another host). After a failure the
-// communicator is spent, as a Gloo context is: a new generation (another `prefix`) makes a
-// new one.
+// communicator is spent, as a Gloo context is: shrink() (the survivors) or regroup() (every
+// node, the restarted included) makes the next generation's.
 //
 // A limit of Gloo's TCP transport: a send already queued on a connection that breaks is
 // not failed with it (only the call's timeout ends it), so now and then a survivor learns
@@ -37,15 +37,9 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <fstream>
-#include <iterator>
-#include <sstream>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -316,8 +310,9 @@ private:
     // the communicator (a Gloo context is unusable after an I/O error).
     template <class F>
     void guarded(const char* call, F&& f) {
-        const std::string where = std::string(call) + " on rank " + std::to_string(job_rank());
-        if (spent_) throw PeerFailure(where + ": the communicator failed earlier (" + spent_reason_ + ")", failed_);
+        // the message is built only on a failure: this runs in every training step
+        auto where = [&] { return std::string(call) + " on rank " + std::to_string(job_rank()); };
+        if (spent_) throw PeerFailure(where() + ": the communicator failed earlier (" + spent_reason_ + ")", failed_);
         try {
             f();
         } catch (const gloo::Exception& e) {
@@ -335,7 +330,7 @@ private:
             } catch (const std::exception&) {
             }
             failed_ = dead_nodes();
-            throw PeerFailure(where + " failed (" +
+            throw PeerFailure(where() + " failed (" +
                                   (failed_.empty() ? std::string("no rank found dead")
                                                    : "dead: rank " + detail::join_ids(failed_, ", ")) +
                                   "): " + e.what(),

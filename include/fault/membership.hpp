@@ -63,6 +63,12 @@ inline std::string process_id(pid_t pid) {
     return std::to_string(pid) + " " + field;
 }
 
+// Whether the process "pid starttime" (as process_id() gave it) is still running.
+inline bool process_running(const std::string& id) {
+    const auto space = id.find(' ');
+    return space != std::string::npos && process_id(static_cast<pid_t>(std::stol(id.substr(0, space)))) == id;
+}
+
 inline std::int64_t wall_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -159,7 +165,7 @@ public:
         if (id == id_) return true;
         const auto holder = store_.get(node_key(id));
         if (!holder) return false;
-        if (const auto local = local_process(*holder)) return detail::process_id(static_cast<pid_t>(std::stol(*local))) == *local;
+        if (const auto local = local_process(*holder)) return detail::process_running(*local);
         return beating(id);
     }
 
@@ -173,12 +179,12 @@ public:
     /// (`everyone`), or by each of `expected` that is still alive (`survivors`). Returns it;
     /// PeerFailure if it formed without this node or did not form in time.
     Generation form(int number, Policy policy, const std::vector<int>& expected = {}) {
-        if (const int newest = latest(); number <= newest && !store_.get(detail::generation_prefix(number) + "join/" + std::to_string(id_)))
+        const std::string g = detail::generation_prefix(number);
+        if (const int newest = latest(); number <= newest && !store_.get(g + "join/" + std::to_string(id_)))
             throw PeerFailure("node " + std::to_string(id_) + " asks to join generation " + std::to_string(number) +
                                   ", but the job in " + store_.url() + " has gone on to generation " + std::to_string(newest) +
                                   " without it: this worker fell behind; restart it to join the next one",
                               {id_});
-        const std::string g = detail::generation_prefix(number);
         store_.set(g + "join/" + std::to_string(id_), me_);
         // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
         // come: wait twice the timeout, and the cooldown on top for a node started anew
@@ -205,7 +211,7 @@ public:
             missing.clear();
             for (int q : candidates) {
                 if (store_.get(g + "join/" + std::to_string(q))) joined.push_back(q);
-                else if (policy == everyone || (alive(q) && !store_.get(failed_key(number - 1, q)))) missing.push_back(q);
+                else if (policy == everyone || (alive(q) && !declared_failed(number - 1, q))) missing.push_back(q);
             }
             if (missing.empty() && !joined.empty()) {
                 store_.create(g + "members", detail::join_ids(joined));  // the first to see it complete decides
@@ -283,7 +289,7 @@ private:
     }
     // A holder of our node id: alive if its process runs (this host) or its heartbeat moves.
     bool holder_alive(const std::string& holder) {
-        if (const auto local = local_process(holder)) return detail::process_id(static_cast<pid_t>(std::stol(*local))) == *local;
+        if (const auto local = local_process(holder)) return detail::process_running(*local);
         // another host: watch its heartbeat for a lease
         const std::string first = store_.get(beat_key(id_)).value_or("");
         std::this_thread::sleep_for(options_.lease);

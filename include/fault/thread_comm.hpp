@@ -184,8 +184,9 @@ private:
     // is made under the lock. A slot is rewritten only once every rank has left the
     // previous call; the result only once every rank has arrived at the next.
     void collective(int rank, std::uint64_t seq, Kind kind, int root, std::span<const float> in, std::span<float> out) {
-        const std::string call =
-            std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(job_rank(rank));
+        auto call = [&] {  // for messages only: this runs in every training step
+            return std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(job_rank(rank));
+        };
         std::unique_lock lock(m_);
         Round& r = rounds_[seq];
         if (r.arrived.empty()) {
@@ -203,15 +204,15 @@ private:
             r.arrived[static_cast<std::size_t>(rank)] = true;
             ++r.arrivals;
             finish(seq, r);
-            throw interruption(call);
+            throw interruption(call());
         }
         if (!r.gave_up.empty()) {  // a late arrival: the others already gave up on this call
             const auto who = to_job(r.gave_up);
             r.arrived[static_cast<std::size_t>(rank)] = true;
             ++r.arrivals;
             finish(seq, r);
-            if (any_gone()) throw gone_error(call);
-            throw PeerFailure(call + ": arrived after " + ranks_text(who) + " gave up on it", who);
+            if (any_gone()) throw gone_error(call());
+            throw PeerFailure(call() + ": arrived after " + ranks_text(who) + " gave up on it", who);
         }
         if (kind != Kind::broadcast || rank == root) {
             // Slots are read until every rank has left the call that filled them: this
@@ -228,7 +229,7 @@ private:
                                 [&] { return seq == 0 || !rounds_.count(seq - 1) || hopeless() || interrupted_by_; })) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
-                throw PeerFailure(call + ": ranks still in the previous call after " + std::to_string(timeout_.count()) +
+                throw PeerFailure(call() + ": ranks still in the previous call after " + std::to_string(timeout_.count()) +
                                       " ms",
                                   {});
             }
@@ -239,8 +240,8 @@ private:
                 r.arrived[static_cast<std::size_t>(rank)] = true;
                 ++r.arrivals;
                 finish(seq, r);
-                if (interrupted_by_) throw interruption(call);
-                throw gone_error(call);
+                if (interrupted_by_) throw interruption(call());
+                throw gone_error(call());
             }
             lock.unlock();
             slots_[static_cast<std::size_t>(rank)].assign(in.begin(), in.end());
@@ -263,19 +264,19 @@ private:
             if (interrupted_by_) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
-                throw interruption(call);
+                throw interruption(call());
             }
             if (!absent(true).empty()) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
-                throw gone_error(call);
+                throw gone_error(call());
             }
             if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty() &&
                 !interrupted_by_) {
                 const auto late = to_job(absent(false));
                 r.gave_up.push_back(rank);
                 finish(seq, r);
-                throw PeerFailure(call + ": " + ranks_text(late) + " did not arrive within " +
+                throw PeerFailure(call() + ": " + ranks_text(late) + " did not arrive within " +
                                       std::to_string(timeout_.count()) + " ms",
                                   late);
             }
@@ -293,7 +294,7 @@ private:
             // the result is whole once every rank reduced its slice; all of them are here
             if (!cv_.wait_until(lock, std::chrono::steady_clock::now() + timeout_, [&] { return r.reduced == size_; })) {
                 finish(seq, r);
-                throw PeerFailure(call + ": the reduction did not finish within " + std::to_string(timeout_.count()) + " ms",
+                throw PeerFailure(call() + ": the reduction did not finish within " + std::to_string(timeout_.count()) + " ms",
                                   {});
             }
         }
@@ -345,8 +346,10 @@ private:
     // a large state costs one copy, not an allocation and two copies under the group's lock.
     void send(int src, int dst, int tag, std::span<const float> data) {
         check_peer(dst, "send");
-        const std::string call = "send on rank " + std::to_string(job_rank(src)) + " to rank " + std::to_string(job_rank(dst)) +
-                                 " (tag " + std::to_string(tag) + ")";
+        auto call = [&] {  // for messages only
+            return "send on rank " + std::to_string(job_rank(src)) + " to rank " + std::to_string(job_rank(dst)) + " (tag " +
+                   std::to_string(tag) + ")";
+        };
         Post post{data, Post::State::posted, 0};
         const auto key = std::make_tuple(src, dst, tag);
         std::unique_lock lock(m_);
@@ -363,18 +366,18 @@ private:
             switch (post.state) {
                 case Post::State::received: return;
                 case Post::State::refused:
-                    throw ckpt::ConfigError(call + ": sent " + std::to_string(data.size()) + " floats, rank " +
+                    throw ckpt::ConfigError(call() + ": sent " + std::to_string(data.size()) + " floats, rank " +
                                             std::to_string(job_rank(dst)) + " expected " + std::to_string(post.expected));
                 case Post::State::copying: cv_.wait(lock); continue;  // the copy is under way: it ends
                 case Post::State::posted: break;
             }
             if (state_[static_cast<std::size_t>(dst)] != State::active) {
                 withdraw();
-                throw gone_error(call);
+                throw gone_error(call());
             }
             if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && post.state == Post::State::posted) {
                 withdraw();
-                throw PeerFailure(call + ": not received within " + std::to_string(timeout_.count()) + " ms", {job_rank(dst)});
+                throw PeerFailure(call() + ": not received within " + std::to_string(timeout_.count()) + " ms", {job_rank(dst)});
             }
         }
     }

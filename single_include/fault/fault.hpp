@@ -1636,6 +1636,12 @@ inline std::string process_id(pid_t pid) {
     return std::to_string(pid) + " " + field;
 }
 
+// Whether the process "pid starttime" (as process_id() gave it) is still running.
+inline bool process_running(const std::string& id) {
+    const auto space = id.find(' ');
+    return space != std::string::npos && process_id(static_cast<pid_t>(std::stol(id.substr(0, space)))) == id;
+}
+
 inline std::int64_t wall_ms() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -1732,7 +1738,7 @@ public:
         if (id == id_) return true;
         const auto holder = store_.get(node_key(id));
         if (!holder) return false;
-        if (const auto local = local_process(*holder)) return detail::process_id(static_cast<pid_t>(std::stol(*local))) == *local;
+        if (const auto local = local_process(*holder)) return detail::process_running(*local);
         return beating(id);
     }
 
@@ -1746,12 +1752,12 @@ public:
     /// (`everyone`), or by each of `expected` that is still alive (`survivors`). Returns it;
     /// PeerFailure if it formed without this node or did not form in time.
     Generation form(int number, Policy policy, const std::vector<int>& expected = {}) {
-        if (const int newest = latest(); number <= newest && !store_.get(detail::generation_prefix(number) + "join/" + std::to_string(id_)))
+        const std::string g = detail::generation_prefix(number);
+        if (const int newest = latest(); number <= newest && !store_.get(g + "join/" + std::to_string(id_)))
             throw PeerFailure("node " + std::to_string(id_) + " asks to join generation " + std::to_string(number) +
                                   ", but the job in " + store_.url() + " has gone on to generation " + std::to_string(newest) +
                                   " without it: this worker fell behind; restart it to join the next one",
                               {id_});
-        const std::string g = detail::generation_prefix(number);
         store_.set(g + "join/" + std::to_string(id_), me_);
         // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
         // come: wait twice the timeout, and the cooldown on top for a node started anew
@@ -1778,7 +1784,7 @@ public:
             missing.clear();
             for (int q : candidates) {
                 if (store_.get(g + "join/" + std::to_string(q))) joined.push_back(q);
-                else if (policy == everyone || (alive(q) && !store_.get(failed_key(number - 1, q)))) missing.push_back(q);
+                else if (policy == everyone || (alive(q) && !declared_failed(number - 1, q))) missing.push_back(q);
             }
             if (missing.empty() && !joined.empty()) {
                 store_.create(g + "members", detail::join_ids(joined));  // the first to see it complete decides
@@ -1856,7 +1862,7 @@ private:
     }
     // A holder of our node id: alive if its process runs (this host) or its heartbeat moves.
     bool holder_alive(const std::string& holder) {
-        if (const auto local = local_process(holder)) return detail::process_id(static_cast<pid_t>(std::stol(*local))) == *local;
+        if (const auto local = local_process(holder)) return detail::process_running(*local);
         // another host: watch its heartbeat for a lease
         const std::string first = store_.get(beat_key(id_)).value_or("");
         std::this_thread::sleep_for(options_.lease);
@@ -2104,8 +2110,9 @@ private:
     // is made under the lock. A slot is rewritten only once every rank has left the
     // previous call; the result only once every rank has arrived at the next.
     void collective(int rank, std::uint64_t seq, Kind kind, int root, std::span<const float> in, std::span<float> out) {
-        const std::string call =
-            std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(job_rank(rank));
+        auto call = [&] {  // for messages only: this runs in every training step
+            return std::string(name(kind)) + " #" + std::to_string(seq) + " on rank " + std::to_string(job_rank(rank));
+        };
         std::unique_lock lock(m_);
         Round& r = rounds_[seq];
         if (r.arrived.empty()) {
@@ -2123,15 +2130,15 @@ private:
             r.arrived[static_cast<std::size_t>(rank)] = true;
             ++r.arrivals;
             finish(seq, r);
-            throw interruption(call);
+            throw interruption(call());
         }
         if (!r.gave_up.empty()) {  // a late arrival: the others already gave up on this call
             const auto who = to_job(r.gave_up);
             r.arrived[static_cast<std::size_t>(rank)] = true;
             ++r.arrivals;
             finish(seq, r);
-            if (any_gone()) throw gone_error(call);
-            throw PeerFailure(call + ": arrived after " + ranks_text(who) + " gave up on it", who);
+            if (any_gone()) throw gone_error(call());
+            throw PeerFailure(call() + ": arrived after " + ranks_text(who) + " gave up on it", who);
         }
         if (kind != Kind::broadcast || rank == root) {
             // Slots are read until every rank has left the call that filled them: this
@@ -2148,7 +2155,7 @@ private:
                                 [&] { return seq == 0 || !rounds_.count(seq - 1) || hopeless() || interrupted_by_; })) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
-                throw PeerFailure(call + ": ranks still in the previous call after " + std::to_string(timeout_.count()) +
+                throw PeerFailure(call() + ": ranks still in the previous call after " + std::to_string(timeout_.count()) +
                                       " ms",
                                   {});
             }
@@ -2159,8 +2166,8 @@ private:
                 r.arrived[static_cast<std::size_t>(rank)] = true;
                 ++r.arrivals;
                 finish(seq, r);
-                if (interrupted_by_) throw interruption(call);
-                throw gone_error(call);
+                if (interrupted_by_) throw interruption(call());
+                throw gone_error(call());
             }
             lock.unlock();
             slots_[static_cast<std::size_t>(rank)].assign(in.begin(), in.end());
@@ -2183,19 +2190,19 @@ private:
             if (interrupted_by_) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
-                throw interruption(call);
+                throw interruption(call());
             }
             if (!absent(true).empty()) {
                 r.gave_up.push_back(rank);
                 finish(seq, r);
-                throw gone_error(call);
+                throw gone_error(call());
             }
             if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && r.arrivals < size_ && absent(true).empty() &&
                 !interrupted_by_) {
                 const auto late = to_job(absent(false));
                 r.gave_up.push_back(rank);
                 finish(seq, r);
-                throw PeerFailure(call + ": " + ranks_text(late) + " did not arrive within " +
+                throw PeerFailure(call() + ": " + ranks_text(late) + " did not arrive within " +
                                       std::to_string(timeout_.count()) + " ms",
                                   late);
             }
@@ -2213,7 +2220,7 @@ private:
             // the result is whole once every rank reduced its slice; all of them are here
             if (!cv_.wait_until(lock, std::chrono::steady_clock::now() + timeout_, [&] { return r.reduced == size_; })) {
                 finish(seq, r);
-                throw PeerFailure(call + ": the reduction did not finish within " + std::to_string(timeout_.count()) + " ms",
+                throw PeerFailure(call() + ": the reduction did not finish within " + std::to_string(timeout_.count()) + " ms",
                                   {});
             }
         }
@@ -2265,8 +2272,10 @@ private:
     // a large state costs one copy, not an allocation and two copies under the group's lock.
     void send(int src, int dst, int tag, std::span<const float> data) {
         check_peer(dst, "send");
-        const std::string call = "send on rank " + std::to_string(job_rank(src)) + " to rank " + std::to_string(job_rank(dst)) +
-                                 " (tag " + std::to_string(tag) + ")";
+        auto call = [&] {  // for messages only
+            return "send on rank " + std::to_string(job_rank(src)) + " to rank " + std::to_string(job_rank(dst)) + " (tag " +
+                   std::to_string(tag) + ")";
+        };
         Post post{data, Post::State::posted, 0};
         const auto key = std::make_tuple(src, dst, tag);
         std::unique_lock lock(m_);
@@ -2283,18 +2292,18 @@ private:
             switch (post.state) {
                 case Post::State::received: return;
                 case Post::State::refused:
-                    throw ckpt::ConfigError(call + ": sent " + std::to_string(data.size()) + " floats, rank " +
+                    throw ckpt::ConfigError(call() + ": sent " + std::to_string(data.size()) + " floats, rank " +
                                             std::to_string(job_rank(dst)) + " expected " + std::to_string(post.expected));
                 case Post::State::copying: cv_.wait(lock); continue;  // the copy is under way: it ends
                 case Post::State::posted: break;
             }
             if (state_[static_cast<std::size_t>(dst)] != State::active) {
                 withdraw();
-                throw gone_error(call);
+                throw gone_error(call());
             }
             if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && post.state == Post::State::posted) {
                 withdraw();
-                throw PeerFailure(call + ": not received within " + std::to_string(timeout_.count()) + " ms", {job_rank(dst)});
+                throw PeerFailure(call() + ": not received within " + std::to_string(timeout_.count()) + " ms", {job_rank(dst)});
             }
         }
     }
