@@ -53,6 +53,7 @@ TEST_CASE("file store: set replaces, create is atomic, add counts, erase, wait t
     CHECK(store.get("c") == "1");
     CHECK(store.add("n", 5) == 5);
     CHECK(store.add("n", -2) == 3);
+    CHECK_FALSE(store.get("n.lock").has_value());  // a counter's lock is no other key's value
     CHECK_THROWS_WITH_AS(store.add("a/b", 1), doctest::Contains("'a/b': it holds 'second', not an integer"), fault::StoreError);
     store.erase("c");
     store.erase("never");

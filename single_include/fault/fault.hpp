@@ -1515,7 +1515,7 @@ public:
         fail("create", key, err);
     }
     std::int64_t add(const std::string& key, std::int64_t delta) override {
-        const std::string lock_path = path(key) + ".lock";
+        const std::string lock_path = path(key, "/l-");
         const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (lock < 0) fail("add", key, errno);
         while (::flock(lock, LOCK_EX) != 0)
@@ -1542,10 +1542,11 @@ public:
 
 private:
     // Keys become flat file names: bytes other than [A-Za-z0-9._-] are written as %XX, so no
-    // key can name a file outside the directory, nor collide with a temporary (".tmp-…").
-    std::string path(const std::string& key) const {
+    // key can name a file outside the directory, nor collide with a temporary (".tmp-…") or
+    // a counter's lock ("l-…": values are "k-…", whatever the key).
+    std::string path(const std::string& key, const char* kind = "/k-") const {
         static constexpr char hex[] = "0123456789ABCDEF";
-        std::string name = dir_ + "/k-";
+        std::string name = dir_ + kind;
         for (const unsigned char c : key) {
             if (std::isalnum(c) || c == '.' || c == '_' || c == '-') name += static_cast<char>(c);
             else {
