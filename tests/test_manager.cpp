@@ -323,6 +323,89 @@ TEST_CASE("a background save's error reaches the caller at its next call") {
     mgr.wait();  // reported once
 }
 
+TEST_CASE("async saves while one is in flight: wait writes every one, skip drops and counts them") {
+    test::TempDir dir;
+    test::LogCapture log;
+    std::vector<float> w(16u << 20, 0.0f);  // 64 MiB: each save is still being written at the next step
+    ckpt::ParamDict state;
+    state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
+    auto run = [&](ckpt::WhenBusy when_busy, const char* prefix) {
+        auto o = async_options();
+        o.when_busy = when_busy;
+        AsyncManager mgr(dir.path(), prefix, ckpt::EverySteps{1}, ckpt::KeepLast{10}, {}, o);
+        for (std::int64_t s = 1; s <= 4; ++s) {
+            std::fill(w.begin(), w.end(), static_cast<float>(s));
+            mgr.on_step(ckpt::Progress::at_iteration(s), state);
+        }
+        mgr.on_train_end(ckpt::Progress::at_iteration(4), state);
+        return mgr.async_stats();
+    };
+    SUBCASE("wait") {
+        const auto stats = run(ckpt::WhenBusy::wait, "w");
+        CHECK(stats.saves == 4);
+        CHECK(stats.skipped == 0);
+        CHECK(stats.waited >= 1);
+        CHECK(stats.blocked_seconds >= stats.max_blocked_seconds);
+        for (int s = 1; s <= 4; ++s) CHECK(boost::filesystem::exists(dir / ("w-" + std::to_string(s) + ".ckpt")));
+    }
+    SUBCASE("skip") {
+        const auto stats = run(ckpt::WhenBusy::skip, "s");
+        CHECK(stats.skipped >= 1);
+        // four policy saves, plus one at the end when the last was skipped: only that one waits
+        CHECK((stats.saves + stats.skipped == 4 || stats.saves + stats.skipped == 5));
+        CHECK(stats.waited <= stats.saves + stats.skipped - 4);
+        CHECK(std::any_of(log.infos.begin(), log.infos.end(), [](const std::string& m) {
+            return m.find("skipped the checkpoint of global step") != std::string::npos;
+        }));
+        CHECK(boost::filesystem::exists(dir / "s-1.ckpt"));
+        // a skipped save is made up for at the end of training: the final state is never lost
+        const auto last = ckpt::latest_checkpoint(dir.path(), "s", ckpt::StepNaming{});
+        REQUIRE(last);
+        CHECK(last->name.step == 4);
+        const auto loaded = ckpt::load_checkpoint(last->path);
+        const auto v = loaded.tensor("w").values<float>();
+        CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 4.0f; }));
+    }
+}
+
+TEST_CASE("async snapshots reuse their buffer while the state keeps its layout") {
+    ckpt::ParamDict state = test::sample_state(1.0f);
+    ckpt::ParamDict buffer;
+    ckpt::detail::snapshot_into(buffer, state);
+    CHECK(buffer == state);
+    const std::byte* first = buffer.tensor("conv1.weight").data();
+    CHECK(first != state.tensor("conv1.weight").data());  // a copy, not a view of the state
+    ckpt::ParamDict changed = test::sample_state(2.0f);
+    ckpt::detail::snapshot_into(buffer, changed);
+    CHECK(buffer == changed);
+    CHECK(buffer.tensor("conv1.weight").data() == first);  // same memory, new contents
+    changed.set("extra", std::int64_t{3});
+    ckpt::detail::snapshot_into(buffer, changed);  // another layout: rebuilt
+    CHECK(buffer == changed);
+}
+
+TEST_CASE("several async buffers keep saves in order and bound what is in flight") {
+    test::TempDir dir;
+    std::vector<float> w(4u << 20, 0.0f);
+    ckpt::ParamDict state;
+    state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
+    auto o = async_options();
+    o.async_buffers = 3;
+    AsyncManager mgr(dir.path(), "b", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, o);
+    for (std::int64_t s = 1; s <= 8; ++s) {
+        std::fill(w.begin(), w.end(), static_cast<float>(s));
+        mgr.on_step(ckpt::Progress::at_iteration(s), state);
+    }
+    mgr.wait();
+    CHECK(mgr.async_stats().saves == 8);
+    // written oldest first, so retention kept the two newest
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"b-7.ckpt", "b-8.ckpt", "b-graph.meta"});
+    auto o0 = async_options();
+    o0.async_buffers = 0;
+    CHECK_THROWS_WITH_AS(AsyncManager(dir.path(), "z", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, o0),
+                         doctest::Contains("async_buffers must be at least 1"), ckpt::ConfigError);
+}
+
 TEST_CASE("CheckpointConfig's async_save reaches the manager") {
     test::TempDir dir;
     TinyNet net;

@@ -17,6 +17,9 @@
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,13 +43,35 @@
 
 namespace ckpt {
 
+/// What an async save the policy asks for does while every snapshot buffer is in flight.
+enum class WhenBusy {
+    wait,  ///< wait for the oldest save in flight to be durable: no save is lost
+    skip,  ///< drop this save (logged, counted in AsyncSaveStats::skipped): training never waits
+};
+
+/// What async saving cost the training thread, and what it left out.
+struct AsyncSaveStats {
+    std::int64_t saves = 0;          ///< handed to the background writer
+    std::int64_t waited = 0;         ///< of those, saves that first waited for a free buffer
+    std::int64_t skipped = 0;        ///< policy saves dropped under WhenBusy::skip
+    double blocked_seconds = 0;      ///< training-thread time in async saves: waiting, then the snapshot
+    double max_blocked_seconds = 0;  ///< the longest single one
+};
+
 struct ManagerOptions {
     AppendInfo append_info;       ///< values added to every checkpoint (the seed's append_info)
     bool exception_save = false;  ///< on_exception() writes a "_breakpoint" checkpoint
     bool write_meta = true;       ///< write "{run prefix}-graph.meta" at the run's first save
-    /// Snapshot the state and write it on a background thread, one save at a time (the
-    /// seed's async_save). A background error is rethrown by the next call into the manager.
+    /// Snapshot the state and write it on a background thread (the seed's async_save): the
+    /// training thread only copies the state into a reused buffer. A background error is
+    /// rethrown by the next call into the manager; on_train_end() waits for the last save.
     bool async_save = false;
+    /// Snapshot buffers, so also the most saves in flight at once (memory: this many copies
+    /// of the state).
+    std::size_t async_buffers = 1;
+    /// What a policy save does when every buffer is still being written. Explicit save(),
+    /// on_train_end() and preemption always wait.
+    WhenBusy when_busy = WhenBusy::wait;
     /// With TerminationSignals installed: once a signal arrived, the step in progress ends,
     /// is saved (waiting for the save to be durable) and training stops with Preempted
     /// (nn::ModelCheckpoint acts on it).
@@ -74,16 +99,6 @@ ParamDict collect_state(State& state) {
                       "`ckpt::ParamDict state_dict()`");
         return state;
     }
-}
-
-/// A deep copy of `dict`, for a background save: the caller may change its tensors as soon
-/// as the save call returns.
-inline ParamDict snapshot(const ParamDict& dict) {
-    ParamDict copy;
-    for (const auto& [name, value] : dict)
-        if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
-        else copy.set(name, value);
-    return copy;
 }
 
 /// The readable description of a run's saved state: one line per entry, name and type.
@@ -118,6 +133,7 @@ public:
           retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)) {
         if (prefix_.empty() || prefix_.find('/') != std::string::npos)
             throw ConfigError("checkpoint prefix must be a non-empty name without '/', got '" + prefix_ + "'");
+        if (options_.async_buffers == 0) throw ConfigError("async_buffers must be at least 1, got 0");
         boost::system::error_code ec;
         fs::create_directories(dir_, ec);
         if (ec || !fs::is_directory(dir_))
@@ -147,17 +163,22 @@ public:
         p.event = Event::epoch_end;
         return maybe_save(p, state);
     }
-    /// Saves if the policy says so, then waits for any background save to be durable.
+    /// Saves if the policy says so, or if a policy save was skipped since the last one (see
+    /// WhenBusy::skip), then waits for every background save to be durable.
     template <class State>
     std::optional<fs::path> on_train_end(Progress p, State&& state) {
         p.event = Event::train_end;
         auto file = maybe_save(p, state);
+        if (!file && skipped_since_save_ && last_saved_ != p.global_step) file = save(p, state);
         background_.wait();
         return file;
     }
 
-    /// Blocks until a background save in flight is durable; rethrows its error.
+    /// Blocks until every background save in flight is durable; rethrows the first error.
     void wait() { background_.wait(); }
+
+    /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
+    const AsyncSaveStats& async_stats() const noexcept { return async_stats_; }
 
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
@@ -186,15 +207,22 @@ public:
         }
         const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (options_.async_save) {
-            background_.start([this, file, p, copy = detail::snapshot(dict)] {
-                write(file, p, copy);
+            const auto start = std::chrono::steady_clock::now();
+            const bool waited = background_.submit(dict, [this, file, p](const ParamDict& snapshot) {
+                write(file, p, snapshot);
                 apply_retention(file, p);
             });
+            const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            ++async_stats_.saves;
+            async_stats_.waited += waited;
+            async_stats_.blocked_seconds += blocked;
+            async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
             write(file, p, dict);
             apply_retention(file, p);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
+        skipped_since_save_ = false;
         save_.saved(p);
         return file;
     }
@@ -252,6 +280,15 @@ private:
     std::optional<fs::path> maybe_save(const Progress& p, State& state) {
         if (!save_.should_save(p)) return std::nullopt;
         if (last_saved_ && *last_saved_ == p.global_step) return std::nullopt;  // already saved at this step
+        if (options_.async_save && options_.when_busy == WhenBusy::skip && p.event != Event::train_end &&
+            !background_.buffer_free()) {
+            ++async_stats_.skipped;
+            skipped_since_save_ = true;
+            detail::log(LogLevel::info, "skipped the checkpoint of global step " + std::to_string(p.global_step) +
+                                            ": every snapshot buffer is still being written (the newest holds global step " +
+                                            std::to_string(last_saved_.value_or(-1)) + ")");
+            return std::nullopt;
+        }
         return save(p, state);
     }
 
@@ -305,7 +342,9 @@ private:
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;
     bool meta_written_ = false;
-    detail::BackgroundSave background_;  // last: joined before the members its job reads
+    bool skipped_since_save_ = false;  // a policy save dropped under WhenBusy::skip
+    AsyncSaveStats async_stats_;
+    detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
 };
 
 }  // namespace ckpt

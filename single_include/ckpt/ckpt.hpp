@@ -2233,6 +2233,9 @@ LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = fals
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -2240,64 +2243,201 @@ LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = fals
 #include <utility>
 #include <vector>
 
-// One checkpoint write at a time on a background thread, for the seed's async_save. The
-// caller hands over a snapshot it no longer touches; an error in the background is kept and
-// rethrown to the caller at its next call, never swallowed.
+// The seed's async_save: the training thread copies the state into a snapshot buffer (one
+// memcpy per tensor) and a background thread persists it. A fixed number of buffers, reused
+// from save to save, bounds memory and the number of saves in flight; saves are written in
+// the order they were handed over. A background error is kept and rethrown to the training
+// thread at its next call, never swallowed.
 
-#include <atomic>
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 
 namespace ckpt::detail {
 
-class BackgroundSave {
+/// A deep copy of `dict`: the caller may change its tensors as soon as this returns.
+inline ParamDict snapshot(const ParamDict& dict) {
+    ParamDict copy;
+    for (const auto& [name, value] : dict)
+        if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
+        else copy.set(name, value);
+    return copy;
+}
+
+/// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
+/// the same types and shapes (a model saved again), their memory is reused: one memcpy per
+/// tensor, no allocation and no page faults. Otherwise it is rebuilt.
+inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
+    bool same_layout = buffer.size() == dict.size();
+    auto b = buffer.begin();
+    for (auto d = dict.begin(); same_layout && d != dict.end(); ++b, ++d) {
+        const Tensor* from = d->value.get_if<Tensor>();
+        const Tensor* to = b->value.get_if<Tensor>();
+        same_layout = b->name == d->name && (from == nullptr) == (to == nullptr) &&
+                      (!from || (from->dtype() == to->dtype() && from->shape() == to->shape() && !to->is_view()));
+    }
+    if (!same_layout) {
+        buffer = snapshot(dict);
+        return;
+    }
+    b = buffer.begin();
+    for (auto d = dict.begin(); d != dict.end(); ++b, ++d) {
+        if (const Tensor* from = d->value.get_if<Tensor>()) {
+            if (from->nbytes()) std::memcpy(b->value.get_if<Tensor>()->data(), from->data(), from->nbytes());
+        } else {
+            b->value = d->value;
+        }
+    }
+}
+
+class BackgroundSaver {
 public:
-    BackgroundSave() = default;
-    BackgroundSave(const BackgroundSave&) = delete;
-    BackgroundSave& operator=(const BackgroundSave&) = delete;
-    ~BackgroundSave() {
+    /// The job persists the snapshot it is given; it runs on the background thread.
+    using Job = std::function<void(const ParamDict&)>;
+
+    explicit BackgroundSaver(std::size_t buffers = 1) : buffers_(buffers < 1 ? 1 : buffers) {}
+    BackgroundSaver(const BackgroundSaver&) = delete;
+    BackgroundSaver& operator=(const BackgroundSaver&) = delete;
+    ~BackgroundSaver() {
         try {
             wait();
         } catch (const std::exception& e) {  // nobody left to tell but the log
             log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
         }
-    }
-
-    /// Starts `job` once the save in flight, if any, is done (rethrowing its error).
-    void start(std::function<void()> job) {
-        wait();
-        done_ = false;
-        thread_ = std::thread([this, job = std::move(job)] {
-            try {
-                job();
-            } catch (...) {
-                error_ = std::current_exception();
-            }
-            done_.store(true, std::memory_order_release);
-        });
-    }
-
-    /// Blocks until the save in flight is durable; rethrows its error.
-    void wait() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        work_.notify_one();
         if (thread_.joinable()) thread_.join();
-        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+    /// Whether a buffer is free now (no save would have to wait for one).
+    bool buffer_free() const {
+        std::lock_guard lock(mutex_);
+        return has_free_buffer();
+    }
+
+    /// Snapshots `state` into a free buffer, waiting for one if every buffer is in flight,
+    /// and queues `job` on it. Rethrows the error of a finished save first. Returns whether
+    /// it had to wait.
+    bool submit(const ParamDict& state, Job job) {
+        std::unique_lock lock(mutex_);
+        rethrow_error();
+        const bool waited = !has_free_buffer();
+        done_.wait(lock, [&] { return has_free_buffer(); });
+        rethrow_error();
+        Buffer* free = free_buffer();
+        free->busy = true;  // the training thread's until queued: the writer never touches it
+        lock.unlock();
+        try {
+            snapshot_into(free->state, state);
+        } catch (...) {
+            lock.lock();
+            free->busy = false;
+            throw;
+        }
+        lock.lock();
+        queued_.push_back({free, std::move(job)});
+        if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+        lock.unlock();
+        work_.notify_one();
+        return waited;
+    }
+
+    /// Blocks until every queued save is durable; rethrows the first error.
+    void wait() {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return queued_.empty() && !writing_; });
+        rethrow_error();
     }
 
     /// Rethrows the error of a save that has finished; never blocks.
     void check() {
-        if (thread_.joinable() && done_.load(std::memory_order_acquire)) wait();
+        std::lock_guard lock(mutex_);
+        rethrow_error();
     }
 
-    bool in_flight() const { return thread_.joinable() && !done_.load(std::memory_order_acquire); }
+    bool in_flight() const {
+        std::lock_guard lock(mutex_);
+        return !queued_.empty() || writing_;
+    }
 
 private:
+    struct Buffer {
+        ParamDict state;
+        bool busy = false;  // snapshotting, queued or being written
+    };
+    struct Queued {
+        Buffer* buffer;
+        Job job;
+    };
+
+    Buffer* free_buffer() {
+        for (auto& b : buffers_)
+            if (!b.busy) return &b;
+        return nullptr;
+    }
+    bool has_free_buffer() const {
+        return std::any_of(buffers_.begin(), buffers_.end(), [](const Buffer& b) { return !b.busy; });
+    }
+
+    void rethrow_error() {
+        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+    void run() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            work_.wait(lock, [&] { return stopping_ || !queued_.empty(); });
+            if (queued_.empty()) return;  // stopping, and nothing left to write
+            Queued next = std::move(queued_.front());
+            queued_.pop_front();
+            writing_ = true;
+            lock.unlock();
+            std::exception_ptr failed;
+            try {
+                next.job(next.buffer->state);
+            } catch (...) {
+                failed = std::current_exception();
+            }
+            next.job = nullptr;  // release what the job captured before the buffer is reused
+            lock.lock();
+            if (failed && !error_) {
+                error_ = failed;
+            } else if (failed) {  // an earlier error is still to be reported; keep this one in the log
+                try {
+                    std::rethrow_exception(failed);
+                } catch (const std::exception& e) {
+                    log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
+                } catch (...) {
+                    log(LogLevel::warning, "a background checkpoint save failed");
+                }
+            }
+            next.buffer->busy = false;
+            writing_ = false;
+            done_.notify_all();
+        }
+    }
+
+    mutable std::mutex mutex_;
+    std::condition_variable work_;  // the writer: a save was queued, or stop
+    std::condition_variable done_;  // the training thread: a save finished
+    std::vector<Buffer> buffers_;
+    std::deque<Queued> queued_;
+    bool writing_ = false;
+    bool stopping_ = false;
+    std::exception_ptr error_;
     std::thread thread_;
-    std::exception_ptr error_;  // written by the thread before done_, read after join
-    std::atomic<bool> done_{true};
 };
 
 }  // namespace ckpt::detail
@@ -2850,13 +2990,35 @@ struct AnyOf {
 
 namespace ckpt {
 
+/// What an async save the policy asks for does while every snapshot buffer is in flight.
+enum class WhenBusy {
+    wait,  ///< wait for the oldest save in flight to be durable: no save is lost
+    skip,  ///< drop this save (logged, counted in AsyncSaveStats::skipped): training never waits
+};
+
+/// What async saving cost the training thread, and what it left out.
+struct AsyncSaveStats {
+    std::int64_t saves = 0;          ///< handed to the background writer
+    std::int64_t waited = 0;         ///< of those, saves that first waited for a free buffer
+    std::int64_t skipped = 0;        ///< policy saves dropped under WhenBusy::skip
+    double blocked_seconds = 0;      ///< training-thread time in async saves: waiting, then the snapshot
+    double max_blocked_seconds = 0;  ///< the longest single one
+};
+
 struct ManagerOptions {
     AppendInfo append_info;       ///< values added to every checkpoint (the seed's append_info)
     bool exception_save = false;  ///< on_exception() writes a "_breakpoint" checkpoint
     bool write_meta = true;       ///< write "{run prefix}-graph.meta" at the run's first save
-    /// Snapshot the state and write it on a background thread, one save at a time (the
-    /// seed's async_save). A background error is rethrown by the next call into the manager.
+    /// Snapshot the state and write it on a background thread (the seed's async_save): the
+    /// training thread only copies the state into a reused buffer. A background error is
+    /// rethrown by the next call into the manager; on_train_end() waits for the last save.
     bool async_save = false;
+    /// Snapshot buffers, so also the most saves in flight at once (memory: this many copies
+    /// of the state).
+    std::size_t async_buffers = 1;
+    /// What a policy save does when every buffer is still being written. Explicit save(),
+    /// on_train_end() and preemption always wait.
+    WhenBusy when_busy = WhenBusy::wait;
     /// With TerminationSignals installed: once a signal arrived, the step in progress ends,
     /// is saved (waiting for the save to be durable) and training stops with Preempted
     /// (nn::ModelCheckpoint acts on it).
@@ -2884,16 +3046,6 @@ ParamDict collect_state(State& state) {
                       "`ckpt::ParamDict state_dict()`");
         return state;
     }
-}
-
-/// A deep copy of `dict`, for a background save: the caller may change its tensors as soon
-/// as the save call returns.
-inline ParamDict snapshot(const ParamDict& dict) {
-    ParamDict copy;
-    for (const auto& [name, value] : dict)
-        if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
-        else copy.set(name, value);
-    return copy;
 }
 
 /// The readable description of a run's saved state: one line per entry, name and type.
@@ -2928,6 +3080,7 @@ public:
           retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)) {
         if (prefix_.empty() || prefix_.find('/') != std::string::npos)
             throw ConfigError("checkpoint prefix must be a non-empty name without '/', got '" + prefix_ + "'");
+        if (options_.async_buffers == 0) throw ConfigError("async_buffers must be at least 1, got 0");
         boost::system::error_code ec;
         fs::create_directories(dir_, ec);
         if (ec || !fs::is_directory(dir_))
@@ -2957,17 +3110,22 @@ public:
         p.event = Event::epoch_end;
         return maybe_save(p, state);
     }
-    /// Saves if the policy says so, then waits for any background save to be durable.
+    /// Saves if the policy says so, or if a policy save was skipped since the last one (see
+    /// WhenBusy::skip), then waits for every background save to be durable.
     template <class State>
     std::optional<fs::path> on_train_end(Progress p, State&& state) {
         p.event = Event::train_end;
         auto file = maybe_save(p, state);
+        if (!file && skipped_since_save_ && last_saved_ != p.global_step) file = save(p, state);
         background_.wait();
         return file;
     }
 
-    /// Blocks until a background save in flight is durable; rethrows its error.
+    /// Blocks until every background save in flight is durable; rethrows the first error.
     void wait() { background_.wait(); }
+
+    /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
+    const AsyncSaveStats& async_stats() const noexcept { return async_stats_; }
 
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
@@ -2996,15 +3154,22 @@ public:
         }
         const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (options_.async_save) {
-            background_.start([this, file, p, copy = detail::snapshot(dict)] {
-                write(file, p, copy);
+            const auto start = std::chrono::steady_clock::now();
+            const bool waited = background_.submit(dict, [this, file, p](const ParamDict& snapshot) {
+                write(file, p, snapshot);
                 apply_retention(file, p);
             });
+            const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            ++async_stats_.saves;
+            async_stats_.waited += waited;
+            async_stats_.blocked_seconds += blocked;
+            async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
             write(file, p, dict);
             apply_retention(file, p);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
+        skipped_since_save_ = false;
         save_.saved(p);
         return file;
     }
@@ -3062,6 +3227,15 @@ private:
     std::optional<fs::path> maybe_save(const Progress& p, State& state) {
         if (!save_.should_save(p)) return std::nullopt;
         if (last_saved_ && *last_saved_ == p.global_step) return std::nullopt;  // already saved at this step
+        if (options_.async_save && options_.when_busy == WhenBusy::skip && p.event != Event::train_end &&
+            !background_.buffer_free()) {
+            ++async_stats_.skipped;
+            skipped_since_save_ = true;
+            detail::log(LogLevel::info, "skipped the checkpoint of global step " + std::to_string(p.global_step) +
+                                            ": every snapshot buffer is still being written (the newest holds global step " +
+                                            std::to_string(last_saved_.value_or(-1)) + ")");
+            return std::nullopt;
+        }
         return save(p, state);
     }
 
@@ -3115,7 +3289,9 @@ private:
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;
     bool meta_written_ = false;
-    detail::BackgroundSave background_;  // last: joined before the members its job reads
+    bool skipped_since_save_ = false;  // a policy save dropped under WhenBusy::skip
+    AsyncSaveStats async_stats_;
+    detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
 };
 
 }  // namespace ckpt

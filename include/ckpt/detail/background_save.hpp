@@ -1,63 +1,201 @@
 #pragma once
-// One checkpoint write at a time on a background thread, for the seed's async_save. The
-// caller hands over a snapshot it no longer touches; an error in the background is kept and
-// rethrown to the caller at its next call, never swallowed.
+// The seed's async_save: the training thread copies the state into a snapshot buffer (one
+// memcpy per tensor) and a background thread persists it. A fixed number of buffers, reused
+// from save to save, bounds memory and the number of saves in flight; saves are written in
+// the order they were handed over. A background error is kept and rethrown to the training
+// thread at its next call, never swallowed.
 
-#include <atomic>
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "../log.hpp"
+#include "../param_dict.hpp"
 
 namespace ckpt::detail {
 
-class BackgroundSave {
+/// A deep copy of `dict`: the caller may change its tensors as soon as this returns.
+inline ParamDict snapshot(const ParamDict& dict) {
+    ParamDict copy;
+    for (const auto& [name, value] : dict)
+        if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
+        else copy.set(name, value);
+    return copy;
+}
+
+/// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
+/// the same types and shapes (a model saved again), their memory is reused: one memcpy per
+/// tensor, no allocation and no page faults. Otherwise it is rebuilt.
+inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
+    bool same_layout = buffer.size() == dict.size();
+    auto b = buffer.begin();
+    for (auto d = dict.begin(); same_layout && d != dict.end(); ++b, ++d) {
+        const Tensor* from = d->value.get_if<Tensor>();
+        const Tensor* to = b->value.get_if<Tensor>();
+        same_layout = b->name == d->name && (from == nullptr) == (to == nullptr) &&
+                      (!from || (from->dtype() == to->dtype() && from->shape() == to->shape() && !to->is_view()));
+    }
+    if (!same_layout) {
+        buffer = snapshot(dict);
+        return;
+    }
+    b = buffer.begin();
+    for (auto d = dict.begin(); d != dict.end(); ++b, ++d) {
+        if (const Tensor* from = d->value.get_if<Tensor>()) {
+            if (from->nbytes()) std::memcpy(b->value.get_if<Tensor>()->data(), from->data(), from->nbytes());
+        } else {
+            b->value = d->value;
+        }
+    }
+}
+
+class BackgroundSaver {
 public:
-    BackgroundSave() = default;
-    BackgroundSave(const BackgroundSave&) = delete;
-    BackgroundSave& operator=(const BackgroundSave&) = delete;
-    ~BackgroundSave() {
+    /// The job persists the snapshot it is given; it runs on the background thread.
+    using Job = std::function<void(const ParamDict&)>;
+
+    explicit BackgroundSaver(std::size_t buffers = 1) : buffers_(buffers < 1 ? 1 : buffers) {}
+    BackgroundSaver(const BackgroundSaver&) = delete;
+    BackgroundSaver& operator=(const BackgroundSaver&) = delete;
+    ~BackgroundSaver() {
         try {
             wait();
         } catch (const std::exception& e) {  // nobody left to tell but the log
             log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
         }
-    }
-
-    /// Starts `job` once the save in flight, if any, is done (rethrowing its error).
-    void start(std::function<void()> job) {
-        wait();
-        done_ = false;
-        thread_ = std::thread([this, job = std::move(job)] {
-            try {
-                job();
-            } catch (...) {
-                error_ = std::current_exception();
-            }
-            done_.store(true, std::memory_order_release);
-        });
-    }
-
-    /// Blocks until the save in flight is durable; rethrows its error.
-    void wait() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        work_.notify_one();
         if (thread_.joinable()) thread_.join();
-        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+    /// Whether a buffer is free now (no save would have to wait for one).
+    bool buffer_free() const {
+        std::lock_guard lock(mutex_);
+        return has_free_buffer();
+    }
+
+    /// Snapshots `state` into a free buffer, waiting for one if every buffer is in flight,
+    /// and queues `job` on it. Rethrows the error of a finished save first. Returns whether
+    /// it had to wait.
+    bool submit(const ParamDict& state, Job job) {
+        std::unique_lock lock(mutex_);
+        rethrow_error();
+        const bool waited = !has_free_buffer();
+        done_.wait(lock, [&] { return has_free_buffer(); });
+        rethrow_error();
+        Buffer* free = free_buffer();
+        free->busy = true;  // the training thread's until queued: the writer never touches it
+        lock.unlock();
+        try {
+            snapshot_into(free->state, state);
+        } catch (...) {
+            lock.lock();
+            free->busy = false;
+            throw;
+        }
+        lock.lock();
+        queued_.push_back({free, std::move(job)});
+        if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+        lock.unlock();
+        work_.notify_one();
+        return waited;
+    }
+
+    /// Blocks until every queued save is durable; rethrows the first error.
+    void wait() {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return queued_.empty() && !writing_; });
+        rethrow_error();
     }
 
     /// Rethrows the error of a save that has finished; never blocks.
     void check() {
-        if (thread_.joinable() && done_.load(std::memory_order_acquire)) wait();
+        std::lock_guard lock(mutex_);
+        rethrow_error();
     }
 
-    bool in_flight() const { return thread_.joinable() && !done_.load(std::memory_order_acquire); }
+    bool in_flight() const {
+        std::lock_guard lock(mutex_);
+        return !queued_.empty() || writing_;
+    }
 
 private:
+    struct Buffer {
+        ParamDict state;
+        bool busy = false;  // snapshotting, queued or being written
+    };
+    struct Queued {
+        Buffer* buffer;
+        Job job;
+    };
+
+    Buffer* free_buffer() {
+        for (auto& b : buffers_)
+            if (!b.busy) return &b;
+        return nullptr;
+    }
+    bool has_free_buffer() const {
+        return std::any_of(buffers_.begin(), buffers_.end(), [](const Buffer& b) { return !b.busy; });
+    }
+
+    void rethrow_error() {
+        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+    void run() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            work_.wait(lock, [&] { return stopping_ || !queued_.empty(); });
+            if (queued_.empty()) return;  // stopping, and nothing left to write
+            Queued next = std::move(queued_.front());
+            queued_.pop_front();
+            writing_ = true;
+            lock.unlock();
+            std::exception_ptr failed;
+            try {
+                next.job(next.buffer->state);
+            } catch (...) {
+                failed = std::current_exception();
+            }
+            next.job = nullptr;  // release what the job captured before the buffer is reused
+            lock.lock();
+            if (failed && !error_) {
+                error_ = failed;
+            } else if (failed) {  // an earlier error is still to be reported; keep this one in the log
+                try {
+                    std::rethrow_exception(failed);
+                } catch (const std::exception& e) {
+                    log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
+                } catch (...) {
+                    log(LogLevel::warning, "a background checkpoint save failed");
+                }
+            }
+            next.buffer->busy = false;
+            writing_ = false;
+            done_.notify_all();
+        }
+    }
+
+    mutable std::mutex mutex_;
+    std::condition_variable work_;  // the writer: a save was queued, or stop
+    std::condition_variable done_;  // the training thread: a save finished
+    std::vector<Buffer> buffers_;
+    std::deque<Queued> queued_;
+    bool writing_ = false;
+    bool stopping_ = false;
+    std::exception_ptr error_;
     std::thread thread_;
-    std::exception_ptr error_;  // written by the thread before done_, read after join
-    std::atomic<bool> done_{true};
 };
 
 }  // namespace ckpt::detail
