@@ -1,6 +1,7 @@
-// Crash safety: a real child process, saving in a loop, SIGKILLed at many moments. Whatever
-// the moment, latest() must return a checkpoint that verifies and loads, never a torn one,
-// and never one older than a save the child had seen complete.
+// Crash safety: a real child process, saving in a loop, SIGKILLed at many moments, with
+// synchronous and with async saves. Whatever the moment, latest() must return a checkpoint
+// that verifies and loads, never a torn one, and never one older than a save the child had
+// seen complete.
 #include <doctest/doctest.h>
 
 #include <poll.h>
@@ -19,21 +20,31 @@ namespace {
 constexpr std::size_t state_floats = 1 << 18;  // 1 MiB per save: long enough to be caught mid-write
 using Manager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming>;
 
+ckpt::ManagerOptions options(bool async) {
+    ckpt::ManagerOptions o;
+    o.async_save = async;
+    return o;
+}
+
 /// The child: resume from the latest checkpoint, then save every step for ever, reporting
-/// each completed save's step through `report_fd`.
-[[noreturn]] void saving_child(const boost::filesystem::path& dir, int report_fd) {
+/// through `report_fd` each step whose save it knows durable: with sync saves the one just
+/// made; with async saves (one buffer, WhenBusy::wait) the one before, since handing a save
+/// over waits for the buffer the previous one was written from.
+[[noreturn]] void saving_child(const boost::filesystem::path& dir, int report_fd, bool async) {
     ckpt::set_log_sink({});
     std::vector<float> w(state_floats, 0.0f);
     ckpt::ParamDict state;
     state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
-    Manager mgr(dir, "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    Manager mgr(dir, "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, options(async));
     std::int64_t step = 0;
     if (auto r = mgr.restore(state)) step = r->file.name.step;
     for (;;) {
         ++step;
         std::fill(w.begin(), w.end(), static_cast<float>(step));
         mgr.on_step(ckpt::Progress::at_iteration(step), state);
-        if (::write(report_fd, &step, sizeof step) != sizeof step) ::_exit(3);
+        std::fill(w.begin(), w.end(), -1.0f);  // the next step's training, racing an async save
+        const std::int64_t durable = async ? step - 1 : step;
+        if (durable > 0 && ::write(report_fd, &durable, sizeof durable) != sizeof durable) ::_exit(3);
     }
 }
 
@@ -49,9 +60,8 @@ std::int64_t await_saves(int fd, int saves, std::chrono::milliseconds timeout) {
     return step;
 }
 
-}  // namespace
-
-TEST_CASE("a saving process SIGKILLed at random moments never leaves a torn latest checkpoint") {
+/// Kills a saving child `kills` times at random moments and checks what it leaves.
+void kill_torture(bool async, int kills) {
     test::TempDir dir;
     test::LogCapture quiet;
 
@@ -66,7 +76,6 @@ TEST_CASE("a saving process SIGKILLed at random moments never leaves a torn late
     std::mt19937 rng(20261122);
     std::uniform_int_distribution<int> completed_saves(0, 2);
     std::uniform_int_distribution<long> delay_us(0, 2 * save_us.count() + 100);
-    constexpr int kills = 60;
     int killed_mid_save = 0;
     std::int64_t previous = 0;
     for (int i = 0; i < kills; ++i) {
@@ -76,7 +85,7 @@ TEST_CASE("a saving process SIGKILLed at random moments never leaves a torn late
         REQUIRE(child >= 0);
         if (child == 0) {
             ::close(pipe_fds[0]);
-            saving_child(dir.path(), pipe_fds[1]);
+            saving_child(dir.path(), pipe_fds[1], async);
         }
         ::close(pipe_fds[1]);
         const int saves = completed_saves(rng);
@@ -109,6 +118,16 @@ TEST_CASE("a saving process SIGKILLed at random moments never leaves a torn late
     CHECK(killed_mid_save > 0);
     CHECK(previous >= kills / 2);  // the children made progress between kills
     // The next manager to start clears what the killed writers left behind.
-    Manager mgr(dir.path(), "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    Manager mgr(dir.path(), "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, options(async));
     for (const auto& name : test::names_in(dir.path())) CHECK_MESSAGE(!ckpt::detail::temporary_owner(name), name);
+}
+
+}  // namespace
+
+TEST_CASE("a process saving synchronously, SIGKILLed 200 times at random moments, never leaves a torn latest checkpoint") {
+    kill_torture(false, 200);
+}
+
+TEST_CASE("a process saving asynchronously, SIGKILLed 200 times at random moments, never leaves a torn latest checkpoint") {
+    kill_torture(true, 200);
 }
