@@ -17,8 +17,8 @@ namespace fs = boost::filesystem;
 /// A fresh directory, removed with everything in it at scope exit.
 class TempDir {
 public:
-    TempDir() {
-        std::string tmpl = (fs::temp_directory_path() / "ckpt-test-XXXXXX").string();
+    explicit TempDir(const fs::path& base = fs::temp_directory_path()) {
+        std::string tmpl = (base / "ckpt-test-XXXXXX").string();
         if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
         path_ = tmpl;
     }
@@ -65,6 +65,20 @@ inline void write_bytes(const fs::path& p, const std::vector<char>& bytes) {
 inline void flip_bit(const fs::path& p, std::size_t offset, int bit = 0) {
     auto b = read_bytes(p);
     b.at(offset) = static_cast<char>(b.at(offset) ^ (1 << bit));
+    write_bytes(p, b);
+}
+
+/// Recomputes the body length, body checksum and header check of edited file bytes, so that
+/// the edit reaches the parser instead of being caught as corruption.
+inline void reseal(std::vector<char>& b) {
+    auto* p = reinterpret_cast<std::byte*>(b.data());
+    ckpt::detail::put_le<std::uint64_t>(p + 16, b.size() - ckpt::header_size);
+    ckpt::detail::put_le<std::uint64_t>(p + 24, ckpt::detail::xxh3(p + ckpt::header_size, b.size() - ckpt::header_size));
+    ckpt::detail::put_le<std::uint64_t>(p + 56, ckpt::detail::xxh3(p, 56));
+}
+inline void reseal(const fs::path& p) {
+    auto b = read_bytes(p);
+    reseal(b);
     write_bytes(p, b);
 }
 
