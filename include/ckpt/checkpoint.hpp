@@ -14,6 +14,7 @@
 #include <ostream>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -315,13 +316,15 @@ inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opt
     auto c = detail::open_checkpoint(path, opts);
     constexpr std::size_t chunk = 4u << 20;
     const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, c.header.body_length));
-    std::vector<char> buffers(2 * size);  // one is read into while the other is hashed
+    // One is read into while the other is hashed; two blocks, so that neither is larger than the file.
+    const std::unique_ptr<char[]> buffers[2] = {std::unique_ptr<char[]>(new char[size]),
+                                                std::unique_ptr<char[]>(new char[size])};
     detail::VerifiedReader reader(c.fd.get(), path, header_size, c.header.body_length);  // after: joined first
     std::uint64_t tickets[2] = {0, 0};
     for (int i = 0; reader.remaining() > 0; i ^= 1) {
         reader.wait(tickets[i]);
         const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(size, reader.remaining()));
-        tickets[i] = reader.read(buffers.data() + i * size, len);
+        tickets[i] = reader.read(buffers[i].get(), len);
     }
     if (const auto got = reader.digest(); got != c.header.body_hash)
         throw detail::body_checksum_error(path, c.header.body_hash, got);

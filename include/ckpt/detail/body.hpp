@@ -125,9 +125,12 @@ public:
         std::uint64_t count = 0;
         ar_ >> make_nvp("entries", count);
         if (count > remaining()) fail("entry count " + std::to_string(count) + " exceeds the body size");
-        std::vector<EntryMeta> toc(static_cast<std::size_t>(count));
+        // An entry takes a few bytes of the body but over a hundred in memory: the table grows
+        // with the entries actually read, never to the size a damaged count asks for.
+        std::vector<EntryMeta> toc;
         std::uint64_t payload_total = 0;
-        for (auto& e : toc) {
+        for (std::uint64_t i = 0; i < count; ++i) {
+            EntryMeta& e = toc.emplace_back();
             read_string("name", e.name);
             std::uint32_t kind = 0;
             ar_ >> make_nvp("kind", kind);
