@@ -1,5 +1,6 @@
 // Torture: a corpus of damaged checkpoints, each rejected with the error it deserves and
-// without an allocation beyond the file's size.
+// without an allocation beyond the file's size; saves that run out of room in a real
+// process; long random sequences of saves and damage under each retention policy.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -663,3 +664,439 @@ TEST_CASE("random garbage, behind no header, a valid header or a valid start, is
 }
 }
 
+// ----------------------------------------------------------------------------------------
+// Out of room: a save that hits the file-size limit or a full file system, in a real process.
+
+namespace {
+
+using SpaceManager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming>;
+
+/// What a forked child reported: its exit status and what it wrote to the pipe.
+struct ChildReport {
+    int status = -1;
+    std::string text;
+};
+
+/// Runs `body` in a forked child; it appends its findings to the string it is given and
+/// returns the exit status.
+ChildReport in_child(const std::function<int(std::string&)>& body) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(fds[0]);
+        std::string text;
+        int status = 1;
+        try {
+            status = body(text);
+        } catch (const std::exception& e) {
+            text += std::string("uncaught exception: ") + e.what() + "\n";
+        } catch (...) {
+            text += "uncaught exception\n";
+        }
+        for (std::size_t done = 0; done < text.size();) {
+            const ssize_t w = ::write(fds[1], text.data() + done, text.size() - done);
+            if (w <= 0) break;
+            done += static_cast<std::size_t>(w);
+        }
+        ::_exit(status);
+    }
+    ::close(fds[1]);
+    ChildReport report;
+    char buf[4096];
+    for (ssize_t r; (r = ::read(fds[0], buf, sizeof buf)) != 0;) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        report.text.append(buf, static_cast<std::size_t>(r));
+    }
+    ::close(fds[0]);
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    report.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return report;
+}
+
+constexpr int child_skipped = 77;
+
+enum class AsyncMode { sync, async_then_wait, async_then_next_call };
+
+const char* mode_name(AsyncMode m) {
+    switch (m) {
+        case AsyncMode::sync: return "synchronous";
+        case AsyncMode::async_then_wait: return "async, error at wait()";
+        case AsyncMode::async_then_next_call: return "async, error at the next call";
+    }
+    return "?";
+}
+
+ckpt::ParamDict one_mib_state() {
+    ckpt::ParamDict d;
+    d.set("w", ckpt::Tensor::from(std::vector<float>(256 * 1024, 0.25f), {512, 512}));
+    d.set("note", std::string("out of room"));
+    return d;
+}
+
+/// Run in a child: two checkpoints saved, then `squeeze(checkpoint size)` leaves less room
+/// than a third needs, which must fail with an IoError carrying `expected_errno`, naming the
+/// file, leaving no temporary and the first two intact. Appends each problem found to `out`.
+int out_of_room(const fs::path& dir, AsyncMode mode, int expected_errno,
+                const std::function<void(std::uintmax_t)>& squeeze, std::string& out) {
+    auto expect = [&](bool ok, const std::string& what) {
+        if (!ok) out += what + "\n";
+    };
+    ckpt::set_log_sink([](ckpt::LogLevel, std::string_view) {});
+    ckpt::ManagerOptions options;
+    options.async_save = mode != AsyncMode::sync;
+    const ckpt::ParamDict state = one_mib_state();
+    const fs::path first = dir / "big-1.ckpt", second = dir / "big-2.ckpt", third = dir / "big-3.ckpt";
+    {
+        SpaceManager mgr(dir, "big", ckpt::EverySteps{1}, ckpt::KeepLast{5}, ckpt::StepNaming{}, options);
+        mgr.save(ckpt::Progress::at_iteration(1), state);
+        mgr.save(ckpt::Progress::at_iteration(2), state);
+        mgr.wait();
+        const auto before_first = test::read_bytes(first), before_second = test::read_bytes(second);
+        squeeze(fs::file_size(second));
+
+        std::optional<std::string> error;  // what the failed save threw
+        auto attempt = [&](auto&& f) {
+            try {
+                f();
+            } catch (const ckpt::IoError& e) {
+                error = e.what();
+                expect(e.error_code() == expected_errno, "errno " + std::to_string(e.error_code()) + ", expected " +
+                                                              std::to_string(expected_errno) + ": " + e.what());
+                expect(e.path() == third.string(), "the error names '" + e.path() + "': " + e.what());
+            } catch (const std::exception& e) {
+                out += std::string("not an IoError: ") + e.what() + "\n";
+            }
+        };
+        attempt([&] { mgr.save(ckpt::Progress::at_iteration(3), state); });
+        if (mode == AsyncMode::sync) {
+            expect(error.has_value(), "the save that did not fit returned normally");
+        } else {
+            expect(!error, "an async save threw at the save call itself: " + error.value_or(""));
+            if (mode == AsyncMode::async_then_wait)
+                attempt([&] { mgr.wait(); });
+            else
+                attempt([&] { mgr.on_step(ckpt::Progress::at_iteration(4), state); });
+            expect(error.has_value(), std::string("no IoError (") + mode_name(mode) + ")");
+            try {
+                mgr.wait();
+            } catch (const std::exception& e) {
+                out += std::string("the error was reported twice: ") + e.what() + "\n";
+            }
+        }
+        if (error) {
+            const std::string clear = "cannot write '" + third.string() + "': " + ckpt::detail::errno_text(expected_errno);
+            expect(error->find(clear) != std::string::npos, "the message '" + *error + "' lacks '" + clear + "'");
+        }
+        const auto latest = mgr.latest();
+        expect(latest && latest->path == second,
+               "latest() is " + (latest ? latest->path.string() : std::string("nothing")) + ", expected " + second.string());
+        expect(test::read_bytes(first) == before_first && test::read_bytes(second) == before_second,
+               "an earlier checkpoint changed");
+    }
+    for (const auto& f : {first, second}) {
+        try {
+            ckpt::verify_checkpoint(f);
+        } catch (const std::exception& e) {
+            out += std::string("an earlier checkpoint does not verify: ") + e.what() + "\n";
+        }
+    }
+    for (const auto& name : test::names_in(dir)) {
+        expect(!ckpt::detail::temporary_owner(name), "a temporary was left behind: " + name);
+        expect(name == "big-1.ckpt" || name == "big-2.ckpt" || name == "big-graph.meta" || name == "filler",
+               "an unexpected file: " + name);
+    }
+    return 0;
+}
+
+/// Limits the size of any file this process writes; write() then fails with EFBIG.
+void limit_file_size(std::uintmax_t checkpoint_size) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit r{};
+    ::getrlimit(RLIMIT_FSIZE, &r);
+    r.rlim_cur = static_cast<rlim_t>(checkpoint_size / 2);
+    if (::setrlimit(RLIMIT_FSIZE, &r) != 0) throw std::runtime_error("setrlimit failed");
+}
+
+/// Fills the file system of `dir` but for about half a checkpoint.
+void fill_but(const fs::path& dir, std::uintmax_t checkpoint_size) {
+    const std::string filler = (dir / "filler").string();
+    const int fd = ::open(filler.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error("cannot create the filler");
+    const std::vector<char> block(64 * 1024, 'f');
+    off_t written = 0;
+    for (ssize_t w; (w = ::write(fd, block.data(), block.size())) > 0;) written += w;
+    if (errno != ENOSPC) throw std::runtime_error("filling stopped without ENOSPC");
+    const off_t keep = written - static_cast<off_t>(checkpoint_size / 2);
+    if (keep <= 0 || ::ftruncate(fd, keep) != 0) throw std::runtime_error("the file system is too small to fill");
+    ::close(fd);
+}
+
+}  // namespace
+
+TEST_SUITE("torture") {
+
+TEST_CASE("a save past the file-size limit fails with a clear IoError and harms nothing") {
+    for (auto mode : {AsyncMode::sync, AsyncMode::async_then_wait, AsyncMode::async_then_next_call}) {
+        CAPTURE(std::string(mode_name(mode)));
+        TempDir dir;
+        const auto child = in_child([&](std::string& out) {
+            return out_of_room(dir.path(), mode, EFBIG, limit_file_size, out);
+        });
+        CHECK(child.text == "");
+        CHECK(child.status == 0);
+        // and seen from outside the child
+        CHECK(test::names_in(dir.path()) == std::vector<std::string>{"big-1.ckpt", "big-2.ckpt", "big-graph.meta"});
+        CHECK_NOTHROW(ckpt::verify_checkpoint(dir / "big-2.ckpt"));
+        const auto latest = ckpt::latest(dir.path(), "big", ckpt::StepNaming{});
+        CHECK((latest && latest->filename() == "big-2.ckpt"));
+    }
+}
+
+TEST_CASE("a save to a full file system fails with a clear IoError and harms nothing") {
+    for (auto mode : {AsyncMode::sync, AsyncMode::async_then_wait}) {
+        CAPTURE(std::string(mode_name(mode)));
+        TempDir dir;
+        const fs::path mount_point = dir / "small-fs";
+        fs::create_directory(mount_point);
+        const auto child = in_child([&](std::string& out) {
+            // a mount namespace of its own, so that the small file system is the child's alone
+            if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+                ::mount("ckpt-test", mount_point.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=8m") != 0) {
+                out += std::string("cannot mount a tmpfs here: ") + std::strerror(errno);
+                return child_skipped;
+            }
+            return out_of_room(mount_point, mode, ENOSPC,
+                               [&](std::uintmax_t size) { fill_but(mount_point, size); }, out);
+        });
+        if (child.status == child_skipped) {
+            MESSAGE("skipped: " << child.text);
+            return;
+        }
+        CHECK(child.text == "");
+        CHECK(child.status == 0);
+    }
+}
+}
+
+// ----------------------------------------------------------------------------------------
+// Retention under random saves by three runs and random damage by hand.
+
+namespace {
+
+/// What the test knows of each file in the directory.
+struct Known {
+    enum Condition { valid, body_corrupt, unreadable };  // unreadable: the header does not check
+    std::string run;   // run prefix: "r", "r_1", "rr"; the meta files' too
+    std::int64_t step = 0;
+    bool checkpoint = true;
+    Condition condition = valid;
+};
+
+struct TortureFigures {
+    int operations = 0, saves = 0, retention_deletions = 0, damaged = 0, max_files = 0;
+};
+
+template <ckpt::RetentionPolicy R>
+TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int operations) {
+    using Manager = ckpt::CheckpointManager<ckpt::EverySteps, R, ckpt::StepNaming>;
+    TempDir dir(scratch_base());
+    test::LogCapture quiet;
+    std::mt19937 rng(seed);
+    auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+    ckpt::ParamDict state;
+    state.set("w", ckpt::Tensor::from(std::vector<float>(64, 0.5f)));
+    TortureFigures figures;
+    std::map<std::string, Known> known;
+
+    struct Run {
+        std::unique_ptr<Manager> mgr;
+        std::int64_t run_number = 0;
+        std::int64_t step = 0;
+    };
+    std::vector<Run> runs;
+    auto save = [&](Run& r) -> std::string {
+        const std::string run = r.mgr->run_prefix();
+        const std::string name = run + "-" + std::to_string(++r.step) + ".ckpt";
+        state.tensor("w").values<float>()[0] = static_cast<float>(r.step);
+        r.mgr->save(ckpt::Progress::at_iteration(r.step), state);
+        ++figures.saves;
+        known[name] = {run, r.step, true, Known::valid};
+        known.emplace(run + "-graph.meta", Known{run, 0, false, Known::valid});
+        const auto present = test::names_in(dir.path());
+        for (auto it = known.begin(); it != known.end();) {
+            if (std::binary_search(present.begin(), present.end(), it->first)) {
+                ++it;
+                continue;
+            }
+            // retention deleted it: only ever an older, readable checkpoint of the same run
+            CHECK_MESSAGE(it->second.run == run, "a save by run ", run, " deleted ", it->first);
+            CHECK_MESSAGE(it->second.checkpoint, "a save deleted ", it->first);
+            CHECK_MESSAGE(it->second.condition != Known::unreadable, "retention deleted unreadable ", it->first);
+            CHECK_MESSAGE(it->first != name, "retention deleted the file just written");
+            ++figures.retention_deletions;
+            it = known.erase(it);
+        }
+        CHECK_NOTHROW(ckpt::verify_checkpoint(dir / name));
+        return name;
+    };
+    runs.push_back({std::make_unique<Manager>(dir.path(), "r", ckpt::EverySteps{1}, policy), 0, 0});
+    REQUIRE(runs[0].mgr->run_prefix() == "r");
+    save(runs[0]);  // so that the next manager of "r" is a later run
+    runs.push_back({std::make_unique<Manager>(dir.path(), "r", ckpt::EverySteps{1}, policy), 1, 0});
+    REQUIRE(runs[1].mgr->run_prefix() == "r_1");
+    runs.push_back({std::make_unique<Manager>(dir.path(), "rr", ckpt::EverySteps{1}, policy), 0, 0});
+    REQUIRE(runs[2].mgr->run_prefix() == "rr");
+    const std::map<std::string, std::int64_t> run_number{{"r", 0}, {"r_1", 1}, {"rr", 0}};
+
+    // The newest valid checkpoint of a prefix, by (run, step) as latest() orders them.
+    auto newest_valid = [&](const std::string& prefix) -> std::optional<std::string> {
+        std::optional<std::string> best;
+        std::pair<std::int64_t, std::int64_t> best_key{-1, -1};
+        for (const auto& [name, k] : known) {
+            const bool ours = prefix == "rr" ? k.run == "rr" : (k.run == "r" || k.run == "r_1");
+            if (!ours || !k.checkpoint || k.condition != Known::valid) continue;
+            const std::pair key{run_number.at(k.run), k.step};
+            if (key > best_key) best_key = key, best = name;
+        }
+        return best;
+    };
+    auto checkpoints = [&](auto&& keep) {
+        std::vector<std::string> out;
+        for (const auto& [name, k] : known)
+            if (k.checkpoint && keep(k)) out.push_back(name);
+        return out;
+    };
+
+    for (int op = 0; op < operations; ++op) {
+        ++figures.operations;
+        const int what = static_cast<int>(pick(100));
+        const std::string prefix = what >= 55 && what < 65 ? "rr" : "r";
+        const auto newest_before = newest_valid(prefix);
+        std::string done, written;
+        if (what < 40) {
+            written = save(runs[0]), done = "save by r";
+        } else if (what < 55) {
+            written = save(runs[1]), done = "save by r_1";
+        } else if (what < 65) {
+            written = save(runs[2]), done = "save by rr";
+        } else {
+            const auto candidates =
+                what < 75 ? checkpoints([](const Known& k) { return k.run == "r" && k.condition == Known::valid; })
+                : what < 85 ? checkpoints([](const Known& k) { return k.condition != Known::unreadable; })
+                            : checkpoints([](const Known&) { return true; });
+            if (candidates.empty()) continue;
+            // the newest of run r for the first kind of damage, any file for the others
+            std::string victim = candidates[pick(candidates.size())];
+            if (what < 75)
+                victim = *std::max_element(candidates.begin(), candidates.end(), [&](const auto& a, const auto& b) {
+                    return known[a].step < known[b].step;
+                });
+            const fs::path file = dir / victim;
+            auto bytes = test::read_bytes(file);
+            ++figures.damaged;
+            if (what < 75) {  // a bit flip in the newest file's body: its header still reads
+                const auto off = ckpt::header_size + pick(bytes.size() - ckpt::header_size);
+                test::flip_bit(file, off, static_cast<int>(pick(8)));
+                known[victim].condition = Known::body_corrupt;
+                done = "corrupt the body of the newest of r, " + victim;
+            } else if (what < 85) {  // a bit flip anywhere in the header: it no longer reads
+                test::flip_bit(file, pick(ckpt::header_size), static_cast<int>(pick(8)));
+                known[victim].condition = Known::unreadable;
+                done = "corrupt the header of " + victim;
+            } else if (what < 93) {
+                bytes.resize(pick(bytes.size()));
+                test::write_bytes(file, bytes);
+                known[victim].condition = Known::unreadable;
+                done = "truncate " + victim;
+            } else {
+                fs::remove(file);
+                known.erase(victim);
+                done = "delete " + victim;
+            }
+        }
+        INFO("operation ", op, ": ", done);
+        const auto present = test::names_in(dir.path());
+        figures.max_files = std::max(figures.max_files, static_cast<int>(present.size()));
+        std::vector<std::string> expected;
+        for (const auto& [name, k] : known) expected.push_back(name);
+        REQUIRE(present == expected);  // nothing else deleted, no temporary left
+
+        // Each run keeps at most the policy's bound of readable checkpoints (the ones it
+        // counts; files whose header does not check are left alone).
+        for (const auto& [run, number] : run_number) {
+            const auto readable =
+                checkpoints([&](const Known& k) { return k.run == run && k.condition != Known::unreadable; });
+            CHECK_MESSAGE(readable.size() <= bound, "run ", run, " keeps ", readable.size(), " checkpoints");
+        }
+        // latest() finds the newest valid checkpoint of each prefix, across runs
+        for (const auto& [prefix, mgr] : {std::pair{std::string("r"), runs[0].mgr.get()}, {"rr", runs[2].mgr.get()}}) {
+            const auto want = newest_valid(prefix);
+            const auto got = mgr->latest();
+            CHECK_MESSAGE(got.has_value() == want.has_value(), "prefix ", prefix);
+            if (got && want) CHECK(got->path.filename().string() == *want);
+        }
+        // a save never deletes the newest valid checkpoint of its prefix, unless the file it
+        // just wrote is now the newest
+        if (!written.empty() && newest_before)
+            CHECK_MESSAGE((known.contains(*newest_before) || newest_valid(prefix) == written),
+                          "the newest valid checkpoint ", *newest_before, " was deleted");
+        // the test's picture of every file is right
+        for (const auto& [name, k] : known) {
+            if (!k.checkpoint) continue;
+            Known::Condition actual = Known::valid;
+            try {
+                ckpt::verify_checkpoint(dir / name);
+            } catch (const ckpt::FormatError&) {
+                try {
+                    ckpt::read_header(dir / name);
+                    actual = Known::body_corrupt;
+                } catch (const ckpt::FormatError&) {
+                    actual = Known::unreadable;
+                }
+            }
+            CHECK_MESSAGE(actual == k.condition, name);
+        }
+    }
+    return figures;
+}
+
+std::string describe(const TortureFigures& f) {
+    std::ostringstream out;
+    out << f.operations << " operations: " << f.saves << " saves by three runs, " << f.damaged
+        << " files damaged or deleted by hand, " << f.retention_deletions << " deleted by retention, at most "
+        << f.max_files << " files in the directory";
+    return out.str();
+}
+
+}  // namespace
+
+TEST_SUITE("torture") {
+
+TEST_CASE("retention torture: KeepLast under random saves, damage and other runs") {
+    for (std::int64_t k : {1, 3}) {
+        CAPTURE(k);
+        const auto f = retention_torture(ckpt::KeepLast{k}, static_cast<std::size_t>(k), 100 + static_cast<unsigned>(k), 250);
+        MESSAGE("KeepLast{" << k << "}: " << describe(f));
+        CHECK(f.retention_deletions > 0);
+    }
+}
+
+TEST_CASE("retention torture: KeepOnePerMinutes under random saves, damage and other runs") {
+    // All saves fall within the hour: it keeps the oldest readable file and the newest.
+    const auto f = retention_torture(ckpt::KeepOnePerMinutes{60}, 2, 200, 250);
+    MESSAGE("KeepOnePerMinutes{60}: " << describe(f));
+    CHECK(f.retention_deletions > 0);
+}
+
+TEST_CASE("retention torture: KeepUnion under random saves, damage and other runs") {
+    using Union = ckpt::KeepUnion<ckpt::KeepLast, ckpt::KeepOnePerMinutes>;
+    const auto f = retention_torture(Union(ckpt::KeepLast{2}, ckpt::KeepOnePerMinutes{60}), 3, 300, 250);
+    MESSAGE("KeepUnion<KeepLast{2}, KeepOnePerMinutes{60}>: " << describe(f));
+    CHECK(f.retention_deletions > 0);
+}
+}
