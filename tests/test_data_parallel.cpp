@@ -4,6 +4,7 @@
 
 #include <fault/fault.hpp>
 
+#include <array>
 #include <cmath>
 
 #include "dp_support.hpp"
@@ -166,7 +167,7 @@ TEST_CASE("sharded optimizer state: the same bits as unsharded, each rank keepin
 TEST_CASE("a peer failing while the updated pieces are exchanged: the update is undone, the state is whole") {
     fault::ThreadGroup group(4, std::chrono::seconds(20));
     std::vector<std::vector<float>> params(4);
-    std::vector<bool> consistent(4);
+    std::array<bool, 4> consistent{};  // not vector<bool>: its bits share words, and the ranks write at once
     std::vector<std::int64_t> completed(4);
     struct FailBeforeExchange {  // rank 1 leaves after the gradients of step 3 are reduced
         void on_before_update(nn::RunContext& c) {
@@ -174,7 +175,7 @@ TEST_CASE("a peer failing while the updated pieces are exchanged: the update is 
         }
     };
     struct Observe {
-        std::vector<bool>* consistent;
+        std::array<bool, 4>* consistent;
         void on_exception(nn::RunContext& c) { (*consistent)[static_cast<std::size_t>(c.rank)] = c.consistent; }
     };
     std::vector<std::vector<float>> at_step2(4);
