@@ -152,7 +152,7 @@ TEST_CASE("GlooComm: a SIGKILLed rank is named by every survivor's PeerFailure, 
     }
 }
 
-TEST_CASE("GlooComm: a size mismatch fails on both sides; a taken rank and a wrong world size are refused") {
+TEST_CASE("GlooComm: a size mismatch fails on both sides, a taken rank and a wrong world size are refused") {
     test::TempDir dir;
     const auto url = "file://" + (dir / "store").string();
     {

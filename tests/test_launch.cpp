@@ -115,7 +115,7 @@ TEST_CASE("ckpt-run restarts a failed worker with the same settings, up to --max
     }
 }
 
-TEST_CASE("ckpt-run forwards SIGTERM to the workers and exits with 128 + 15; bad arguments exit 2") {
+TEST_CASE("ckpt-run forwards SIGTERM to the workers and exits with 128 + 15, bad arguments exit 2") {
     test::TempDir dir;
     const auto url = "file://" + (dir / "store").string();
     test::Process run({CKPT_RUN, "--nproc", "2", "--store", url, "--grace", "10", "--", CKPT_GLOO_WORKER, "launched", "loop"},

@@ -303,7 +303,7 @@ TEST_CASE("exception save: a failure before the update is saved, one inside the 
     CHECK(log.warnings[0].find("interrupted an optimizer update at global step 3") != std::string::npos);
 }
 
-TEST_CASE("a termination signal (SIGTERM, SIGUSR1) ends the step, saves it durably, stops with Preempted; resume is bit-exact") {
+TEST_CASE("a termination signal (SIGTERM, SIGUSR1) ends the step, saves it durably, stops with Preempted, resume is bit-exact") {
     const auto expected = uninterrupted(2, lenet_data());
     for (const int sig : {SIGTERM, SIGUSR1}) {
         CAPTURE(sig);
