@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Builds everything, runs the whole test suite, then fuzzes the checkpoint reader for a
-# minute. Installs missing Debian packages first.
+# Builds everything, runs the whole test suite, runs it again under the sanitizers
+# (scripts/sanitize.sh: the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer,
+# the threaded parts under ThreadSanitizer), then fuzzes the checkpoint reader for a minute.
+# Installs missing Debian packages first.
+#   CKPT_SANITIZE=0      skips the sanitizer passes (asan or tsan: only that one)
+#   CKPT_FUZZ_SECONDS=0  skips fuzzing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -16,6 +20,9 @@ else
 fi
 cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+sanitize=${CKPT_SANITIZE:-all}
+[ "$sanitize" = 1 ] && sanitize=all
+[ "$sanitize" = 0 ] || bash scripts/sanitize.sh "$sanitize"
 # The checkpoint reader under libFuzzer for a bounded time (CKPT_FUZZ_SECONDS, 0 to skip).
 fuzz_seconds=${CKPT_FUZZ_SECONDS:-60}
 [ "$fuzz_seconds" -gt 0 ] && bash scripts/fuzz.sh "$fuzz_seconds"

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Runs the tests under the sanitizers, each pass in a build directory of its own that holds
+# only what its tests need: ckpt_tests and the programs they start (gloo_worker, ckpt-run).
+#   asan   AddressSanitizer + UndefinedBehaviorSanitizer (leaks included) over the unit
+#          suite, every test case in its own process (build-asan)
+#   tsan   ThreadSanitizer over the parts that run threads (build-tsan): the async saver, the
+#          parallel verified read, ThreadComm and all built on it (data parallelism, last
+#          words, UCE repair, cluster agreement), the preemption signal in the trainer, and
+#          GlooComm, the stores and ckpt-run, whose workers keep membership heartbeats
+#   bash scripts/sanitize.sh [asan|tsan|all]     (default all)
+# Any report fails the run: each sanitizer stops the process at its first report, undefined
+# behaviour included.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+which=${1:-all}
+case "$which" in asan | tsan | all) ;; *) echo "usage: $0 [asan|tsan|all]" >&2; exit 2 ;; esac
+bash scripts/deps.sh
+[ -n "${HOME:-}" ] || export CCACHE_DIR=${CCACHE_DIR:-/var/tmp/ckpt-ccache}
+jobs=$(nproc)
+generator=()
+command -v ninja > /dev/null && generator=(-G Ninja)
+
+# -O1: optimized enough for the training tests to stay quick, little enough to keep stacks
+# readable; -g1: line numbers in reports; assertions stay on.
+build() {  # build dir, -fsanitize= list
+    if [ ! -f "$1/CMakeCache.txt" ]; then
+        cmake -S . -B "$1" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+            -DCKPT_SANITIZE="$2" -DCKPT_BUILD_EXAMPLES=OFF -DCKPT_BUILD_BENCH=OFF > /dev/null
+    else
+        cmake -S . -B "$1" > /dev/null
+    fi
+    cmake --build "$1" --target ckpt_tests -j"$jobs"  # it depends on gloo_worker and ckpt-run
+}
+
+asan() {
+    local started=$SECONDS
+    build build-asan address,undefined
+    # abort_on_error stays 0 in both passes: doctest catches SIGABRT, and a sanitizer aborting
+    # from inside its report then hangs in that handler; its exit code fails the test alike.
+    export ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:print_stacktrace=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:strict_init_order=1
+    export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=0:print_stacktrace=1:report_error_type=1
+    ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs" --timeout 600
+    echo "asan+ubsan: $((SECONDS - started)) s"
+}
+
+tsan() {
+    local started=$SECONDS
+    build build-tsan thread
+    export TSAN_OPTIONS=halt_on_error=1:abort_on_error=0:print_stacktrace=1:second_deadlock_stack=1
+    # One BLAS thread per caller, as the data-parallel examples run: OpenBLAS's own workers
+    # take their work by spinning on memory that ThreadSanitizer cannot see (the library is
+    # not instrumented), so every threaded GEMM would be reported as a race.
+    export OPENBLAS_NUM_THREADS=1
+    local bin=build-tsan/tests/ckpt_tests
+    # the selections, doctest's arguments separated by '|'; two at a time, the heavy one first
+    local selections=(
+        "-sf=*test_last_words.cpp"
+        "-sf=*test_data_parallel.cpp,*test_uce.cpp,*test_comm.cpp,*test_cluster.cpp"
+        "-ts=async save"
+        "-tc=large bodies are read by two threads*"
+        "-sf=*test_trainer.cpp|-tc=a termination signal*"
+        "-sf=*test_gloo.cpp,*test_launch.cpp"
+    )
+    local logs=build-tsan/logs pids=() status=0
+    mkdir -p "$logs"
+    run_selection() {  # index, selection
+        local args
+        IFS='|' read -ra args <<< "$2"
+        if timeout --signal=KILL 1800 "$bin" "${args[@]}" > "$logs/$1.log" 2>&1; then
+            echo "tsan [$2]: $(grep -E '^\[doctest\] test cases' "$logs/$1.log")"
+        else
+            echo "tsan [$2] failed:" >&2
+            cat "$logs/$1.log" >&2
+            return 1
+        fi
+    }
+    local i=0
+    for sel in "${selections[@]}"; do
+        if [ ${#pids[@]} -ge "$jobs" ]; then
+            wait "${pids[0]}" || status=1
+            pids=("${pids[@]:1}")
+        fi
+        run_selection "$i" "$sel" &
+        pids+=($!)
+        i=$((i + 1))
+    done
+    for p in "${pids[@]}"; do wait "$p" || status=1; done
+    echo "tsan: $((SECONDS - started)) s"
+    return $status
+}
+
+case "$which" in
+asan) asan ;;
+tsan) tsan ;;
+all)
+    asan
+    tsan
+    ;;
+esac
