@@ -1,9 +1,6 @@
 // CheckpointManager and latest(): the seed's directory tree, retention limits, fallbacks.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <random>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -349,6 +346,9 @@ TEST_CASE("async saves while one is in flight: wait writes every one, skip drops
         CHECK(stats.skipped == 0);
         CHECK(stats.waited >= 1);
         CHECK(stats.blocked_seconds >= stats.max_blocked_seconds);
+        CHECK(stats.written == 4);  // on_train_end waited for every one
+        CHECK(stats.write_seconds >= stats.max_write_seconds);
+        CHECK(stats.max_write_seconds > 0);
         for (int s = 1; s <= 4; ++s) CHECK(boost::filesystem::exists(dir / ("w-" + std::to_string(s) + ".ckpt")));
     }
     SUBCASE("skip") {
@@ -385,30 +385,6 @@ TEST_CASE("async snapshots reuse their buffer while the state keeps its layout")
     changed.set("extra", std::int64_t{3});
     ckpt::detail::snapshot_into(buffer, changed);  // another layout: rebuilt
     CHECK(buffer == changed);
-}
-
-TEST_CASE("a snapshot copied by the training and the idle writer thread together is byte-exact") {
-    // Tensors of odd sizes, larger than the 8 MiB worth sharing, so the ranges split unevenly.
-    ckpt::ParamDict state;
-    std::vector<std::vector<std::uint8_t>> data;
-    for (std::size_t bytes : {std::size_t{5} << 20, (std::size_t{9} << 20) + 3, std::size_t{1}, std::size_t{0}}) {
-        data.emplace_back(bytes);
-        state.set("t" + std::to_string(data.size()),
-                  ckpt::Tensor::view(std::span<std::uint8_t>(data.back()), {static_cast<std::int64_t>(bytes)}));
-    }
-    state.set("step", std::int64_t{0});
-    std::mt19937 rng(3);
-    ckpt::detail::BackgroundSaver saver;
-    std::atomic<int> matched{0};
-    for (int save = 0; save < 6; ++save) {
-        for (auto& d : data) std::generate(d.begin(), d.end(), [&] { return static_cast<std::uint8_t>(rng()); });
-        state.set("step", std::int64_t{save});
-        ckpt::ParamDict expected = ckpt::detail::snapshot(state);
-        saver.submit(state, [&matched, expected](const ckpt::ParamDict& snapshot) { matched += snapshot == expected; });
-        if (save % 2) saver.wait();  // and sometimes the writer is idle when the next one comes
-    }
-    saver.wait();
-    CHECK(matched == 6);
 }
 
 TEST_CASE("several async buffers keep saves in order and bound what is in flight") {

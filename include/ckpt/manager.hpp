@@ -56,6 +56,9 @@ struct AsyncSaveStats {
     std::int64_t skipped = 0;        ///< policy saves dropped under WhenBusy::skip
     double blocked_seconds = 0;      ///< training-thread time in async saves: waiting, then the snapshot
     double max_blocked_seconds = 0;  ///< the longest single one
+    std::int64_t written = 0;        ///< of the saves handed over, those finished (failed ones included)
+    double write_seconds = 0;        ///< writer-thread time persisting those
+    double max_write_seconds = 0;    ///< the longest single one: keep the save interval above it
 };
 
 struct ManagerOptions {
@@ -178,7 +181,14 @@ public:
     void wait() { background_.wait(); }
 
     /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
-    const AsyncSaveStats& async_stats() const noexcept { return async_stats_; }
+    AsyncSaveStats async_stats() const {
+        AsyncSaveStats stats = async_stats_;
+        const auto w = background_.written();
+        stats.written = w.saves;
+        stats.write_seconds = w.seconds;
+        stats.max_write_seconds = w.max_seconds;
+        return stats;
+    }
 
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>

@@ -2250,16 +2250,15 @@ LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = fals
 #include <vector>
 
 // The seed's async_save: the training thread copies the state into a snapshot buffer (one
-// memcpy per tensor, shared with the writer thread when it is idle) and the writer thread
-// persists it. A fixed number of buffers, reused
+// memcpy per tensor) and a writer thread persists it. A fixed number of buffers, reused
 // from save to save, bounds memory and the number of saves in flight; saves are written in
 // the order they were handed over. A background error is kept and rethrown to the training
 // thread at its next call, never swallowed.
 
 #include <algorithm>
-#include <atomic>
-#include <cstddef>
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -2282,19 +2281,10 @@ inline ParamDict snapshot(const ParamDict& dict) {
     return copy;
 }
 
-/// One memcpy of a snapshot.
-struct CopyRange {
-    std::byte* to;
-    const std::byte* from;
-    std::size_t bytes;
-};
-
-/// Makes `buffer` a deep copy of `dict`, but for the tensor copies it returns, in ranges of
-/// at most `chunk` bytes. When `buffer` holds the same names with tensors of the same types
-/// and shapes (a model saved again), their memory is reused: one memcpy per tensor, no
-/// allocation and no page faults. Otherwise it is rebuilt (copied here; nothing returned).
-inline std::vector<CopyRange> prepare_snapshot(ParamDict& buffer, const ParamDict& dict,
-                                               std::size_t chunk = std::size_t{2} << 20) {
+/// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
+/// the same types and shapes (a model saved again), their memory is reused: one memcpy per
+/// tensor, no allocation and no page faults. Otherwise it is rebuilt.
+inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
     bool same_layout = buffer.size() == dict.size();
     auto b = buffer.begin();
     for (auto d = dict.begin(); same_layout && d != dict.end(); ++b, ++d) {
@@ -2305,44 +2295,17 @@ inline std::vector<CopyRange> prepare_snapshot(ParamDict& buffer, const ParamDic
     }
     if (!same_layout) {
         buffer = snapshot(dict);
-        return {};
+        return;
     }
-    std::vector<CopyRange> ranges;
     b = buffer.begin();
     for (auto d = dict.begin(); d != dict.end(); ++b, ++d) {
         if (const Tensor* from = d->value.get_if<Tensor>()) {
-            std::byte* to = b->value.get_if<Tensor>()->data();
-            for (std::size_t at = 0; at < from->nbytes(); at += chunk)
-                ranges.push_back({to + at, from->data() + at, std::min(chunk, from->nbytes() - at)});
+            if (from->nbytes()) std::memcpy(b->value.get_if<Tensor>()->data(), from->data(), from->nbytes());
         } else {
             b->value = d->value;
         }
     }
-    return ranges;
 }
-
-inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
-    for (const CopyRange& r : prepare_snapshot(buffer, dict)) std::memcpy(r.to, r.from, r.bytes);
-}
-
-/// Copy ranges two threads work through together, each taking the next one left.
-class SharedCopy {
-public:
-    explicit SharedCopy(std::vector<CopyRange> ranges) : ranges_(std::move(ranges)) {}
-    void run() {
-        for (std::size_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < ranges_.size();)
-            std::memcpy(ranges_[i].to, ranges_[i].from, ranges_[i].bytes);
-    }
-    std::size_t bytes() const {
-        std::size_t n = 0;
-        for (const CopyRange& r : ranges_) n += r.bytes;
-        return n;
-    }
-
-private:
-    std::vector<CopyRange> ranges_;
-    std::atomic<std::size_t> next_{0};
-};
 
 class BackgroundSaver {
 public:
@@ -2384,16 +2347,13 @@ public:
         Buffer* free = free_buffer();
         free->busy = true;  // the training thread's until queued: the writer never touches it
         lock.unlock();
-        std::vector<CopyRange> ranges;
         try {
-            ranges = prepare_snapshot(free->state, state);
+            snapshot_into(free->state, state);
         } catch (...) {
             lock.lock();
             free->busy = false;
             throw;
         }
-        SharedCopy copy(std::move(ranges));
-        copy_sharing_idle_writer(copy);
         lock.lock();
         queued_.push_back({free, std::move(job)});
         if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
@@ -2415,27 +2375,22 @@ public:
         rethrow_error();
     }
 
+    struct Written {
+        std::int64_t saves;  ///< finished, failed ones included
+        double seconds;      ///< the writer thread's time on them
+        double max_seconds;  ///< the longest one
+    };
+    Written written() const {
+        std::lock_guard lock(mutex_);
+        return {written_, write_seconds_, max_write_seconds_};
+    }
+
     bool in_flight() const {
         std::lock_guard lock(mutex_);
         return !queued_.empty() || writing_;
     }
 
 private:
-    // The training thread waits for the snapshot; an idle writer thread takes half of it.
-    void copy_sharing_idle_writer(SharedCopy& copy) {
-        constexpr std::size_t worth_sharing = std::size_t{8} << 20;  // a wake-up costs tens of µs
-        std::unique_lock lock(mutex_);
-        const bool share = copy.bytes() >= worth_sharing && thread_.joinable() && queued_.empty() && !writing_;
-        if (share) help_ = &copy;
-        lock.unlock();
-        if (share) work_.notify_one();
-        copy.run();
-        if (!share) return;
-        lock.lock();
-        if (help_ == &copy) help_ = nullptr;  // the writer did not get to it: nothing to wait for
-        done_.wait(lock, [&] { return !helping_; });
-    }
-
     struct Buffer {
         ParamDict state;
         bool busy = false;  // snapshotting, queued or being written
@@ -2461,30 +2416,25 @@ private:
     void run() {
         std::unique_lock lock(mutex_);
         for (;;) {
-            work_.wait(lock, [&] { return stopping_ || !queued_.empty() || help_; });
-            if (help_) {
-                SharedCopy* copy = std::exchange(help_, nullptr);
-                helping_ = true;
-                lock.unlock();
-                copy->run();
-                lock.lock();
-                helping_ = false;
-                done_.notify_all();
-                continue;
-            }
+            work_.wait(lock, [&] { return stopping_ || !queued_.empty(); });
             if (queued_.empty()) return;  // stopping, and nothing left to write
             Queued next = std::move(queued_.front());
             queued_.pop_front();
             writing_ = true;
             lock.unlock();
             std::exception_ptr failed;
+            const auto start = std::chrono::steady_clock::now();
             try {
                 next.job(next.buffer->state);
             } catch (...) {
                 failed = std::current_exception();
             }
             next.job = nullptr;  // release what the job captured before the buffer is reused
+            const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             lock.lock();
+            ++written_;
+            write_seconds_ += took;
+            max_write_seconds_ = std::max(max_write_seconds_, took);
             if (failed && !error_) {
                 error_ = failed;
             } else if (failed) {  // an earlier error is still to be reported; keep this one in the log
@@ -2509,8 +2459,8 @@ private:
     std::deque<Queued> queued_;
     bool writing_ = false;
     bool stopping_ = false;
-    SharedCopy* help_ = nullptr;  // a snapshot the training thread asks the idle writer to share
-    bool helping_ = false;
+    std::int64_t written_ = 0;
+    double write_seconds_ = 0, max_write_seconds_ = 0;
     std::exception_ptr error_;
     std::thread thread_;
 };
@@ -3078,6 +3028,9 @@ struct AsyncSaveStats {
     std::int64_t skipped = 0;        ///< policy saves dropped under WhenBusy::skip
     double blocked_seconds = 0;      ///< training-thread time in async saves: waiting, then the snapshot
     double max_blocked_seconds = 0;  ///< the longest single one
+    std::int64_t written = 0;        ///< of the saves handed over, those finished (failed ones included)
+    double write_seconds = 0;        ///< writer-thread time persisting those
+    double max_write_seconds = 0;    ///< the longest single one: keep the save interval above it
 };
 
 struct ManagerOptions {
@@ -3200,7 +3153,14 @@ public:
     void wait() { background_.wait(); }
 
     /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
-    const AsyncSaveStats& async_stats() const noexcept { return async_stats_; }
+    AsyncSaveStats async_stats() const {
+        AsyncSaveStats stats = async_stats_;
+        const auto w = background_.written();
+        stats.written = w.saves;
+        stats.write_seconds = w.seconds;
+        stats.max_write_seconds = w.max_seconds;
+        return stats;
+    }
 
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
