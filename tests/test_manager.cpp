@@ -1,6 +1,11 @@
 // CheckpointManager and latest(): the seed's directory tree, retention limits, fallbacks.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -323,49 +328,87 @@ TEST_CASE("a background save's error reaches the caller at its next call") {
     mgr.wait();  // reported once
 }
 
+/// A gate the writer thread stops at (in retention, after writing) until the test opens it:
+/// a save that stays in flight for as long as a test needs, whatever the machine's speed.
+struct WriterGate {
+    std::mutex m;
+    std::condition_variable cv;
+    bool open = false;
+    void let_through() {
+        {
+            std::lock_guard lock(m);
+            open = true;
+        }
+        cv.notify_all();
+    }
+};
+
+struct GatedRetention {
+    WriterGate* gate;
+    std::vector<std::size_t> to_delete(std::span<const ckpt::StoredCheckpoint>) const {
+        std::unique_lock lock(gate->m);
+        if (!gate->cv.wait_for(lock, std::chrono::seconds(30), [&] { return gate->open; }))
+            throw std::runtime_error("the test never opened the writer's gate");
+        return {};
+    }
+};
+
+using GatedManager = ckpt::CheckpointManager<ckpt::EverySteps, GatedRetention, ckpt::StepNaming>;
+
 TEST_CASE("async saves while one is in flight: wait writes every one, skip drops and counts them") {
     test::TempDir dir;
     test::LogCapture log;
-    std::vector<float> w(16u << 20, 0.0f);  // 64 MiB: each save is still being written at the next step
+    std::vector<float> w(1024, 0.0f);
     ckpt::ParamDict state;
     state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
-    auto run = [&](ckpt::WhenBusy when_busy, const char* prefix) {
+    WriterGate gate;
+    auto options = [](ckpt::WhenBusy when_busy) {
         auto o = async_options();
         o.when_busy = when_busy;
-        AsyncManager mgr(dir.path(), prefix, ckpt::EverySteps{1}, ckpt::KeepLast{10}, {}, o);
+        return o;
+    };
+    SUBCASE("wait") {
+        GatedManager mgr(dir.path(), "w", ckpt::EverySteps{1}, GatedRetention{&gate}, {}, options(ckpt::WhenBusy::wait));
+        // the writer holds step 1 until the gate opens, long after step 2 asks for the buffer
+        std::thread opener([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            gate.let_through();
+        });
         for (std::int64_t s = 1; s <= 4; ++s) {
             std::fill(w.begin(), w.end(), static_cast<float>(s));
             mgr.on_step(ckpt::Progress::at_iteration(s), state);
         }
+        opener.join();
         mgr.on_train_end(ckpt::Progress::at_iteration(4), state);
-        return mgr.async_stats();
-    };
-    SUBCASE("wait") {
-        const auto stats = run(ckpt::WhenBusy::wait, "w");
+        const auto stats = mgr.async_stats();
         CHECK(stats.saves == 4);
         CHECK(stats.skipped == 0);
         CHECK(stats.waited >= 1);
+        CHECK(stats.max_blocked_seconds >= 0.1);  // step 2 waited for the gate
         CHECK(stats.blocked_seconds >= stats.max_blocked_seconds);
         CHECK(stats.written == 4);  // on_train_end waited for every one
         CHECK(stats.write_seconds >= stats.max_write_seconds);
-        CHECK(stats.max_write_seconds > 0);
+        CHECK(stats.max_write_seconds >= 0.1);
         for (int s = 1; s <= 4; ++s) CHECK(boost::filesystem::exists(dir / ("w-" + std::to_string(s) + ".ckpt")));
     }
     SUBCASE("skip") {
-        const auto stats = run(ckpt::WhenBusy::skip, "s");
-        CHECK(stats.skipped >= 1);
-        // four policy saves, plus one at the end when the last was skipped: only that one waits
-        CHECK((stats.saves + stats.skipped == 4 || stats.saves + stats.skipped == 5));
-        CHECK(stats.waited <= stats.saves + stats.skipped - 4);
-        CHECK(std::any_of(log.infos.begin(), log.infos.end(), [](const std::string& m) {
-            return m.find("skipped the checkpoint of global step") != std::string::npos;
-        }));
-        CHECK(boost::filesystem::exists(dir / "s-1.ckpt"));
-        // a skipped save is made up for at the end of training: the final state is never lost
-        const auto last = ckpt::latest_checkpoint(dir.path(), "s", ckpt::StepNaming{});
-        REQUIRE(last);
-        CHECK(last->name.step == 4);
-        const auto loaded = ckpt::load_checkpoint(last->path);
+        GatedManager mgr(dir.path(), "s", ckpt::EverySteps{1}, GatedRetention{&gate}, {}, options(ckpt::WhenBusy::skip));
+        for (std::int64_t s = 1; s <= 4; ++s) {
+            std::fill(w.begin(), w.end(), static_cast<float>(s));
+            mgr.on_step(ckpt::Progress::at_iteration(s), state);  // 2-4 come while 1 is held
+        }
+        gate.let_through();
+        mgr.on_train_end(ckpt::Progress::at_iteration(4), state);
+        const auto stats = mgr.async_stats();
+        CHECK(stats.skipped == 3);
+        CHECK(stats.saves == 2);  // step 1, and step 4 made up for at the end of training
+        CHECK(stats.written == 2);
+        CHECK(std::count_if(log.infos.begin(), log.infos.end(), [](const std::string& m) {
+                  return m.find("skipped the checkpoint of global step") != std::string::npos;
+              }) == 3);
+        CHECK(test::names_in(dir.path()) == std::vector<std::string>{"s-1.ckpt", "s-4.ckpt", "s-graph.meta"});
+        // the final state is never lost
+        const auto loaded = ckpt::load_checkpoint(dir / "s-4.ckpt");
         const auto v = loaded.tensor("w").values<float>();
         CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 4.0f; }));
     }
