@@ -70,8 +70,8 @@ public:
     ~BackgroundSaver() {
         try {
             wait();
-        } catch (const std::exception& e) {  // nobody left to tell but the log
-            log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
+        } catch (...) {  // nobody left to tell but the log
+            log_failure(std::current_exception());
         }
         {
             std::lock_guard lock(mutex_);
@@ -137,11 +137,6 @@ public:
         return {written_, write_seconds_, max_write_seconds_};
     }
 
-    bool in_flight() const {
-        std::lock_guard lock(mutex_);
-        return !queued_.empty() || writing_;
-    }
-
 private:
     struct Buffer {
         ParamDict state;
@@ -159,6 +154,16 @@ private:
     }
     bool has_free_buffer() const {
         return std::any_of(buffers_.begin(), buffers_.end(), [](const Buffer& b) { return !b.busy; });
+    }
+
+    static void log_failure(std::exception_ptr failed) {
+        try {
+            std::rethrow_exception(failed);
+        } catch (const std::exception& e) {
+            log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
+        } catch (...) {
+            log(LogLevel::warning, "a background checkpoint save failed");
+        }
     }
 
     void rethrow_error() {
@@ -187,17 +192,8 @@ private:
             ++written_;
             write_seconds_ += took;
             max_write_seconds_ = std::max(max_write_seconds_, took);
-            if (failed && !error_) {
-                error_ = failed;
-            } else if (failed) {  // an earlier error is still to be reported; keep this one in the log
-                try {
-                    std::rethrow_exception(failed);
-                } catch (const std::exception& e) {
-                    log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
-                } catch (...) {
-                    log(LogLevel::warning, "a background checkpoint save failed");
-                }
-            }
+            if (failed && !error_) error_ = failed;
+            else if (failed) log_failure(failed);  // an earlier error is still to be reported
             next.buffer->busy = false;
             writing_ = false;
             done_.notify_all();
