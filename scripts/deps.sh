@@ -6,7 +6,8 @@ set -euo pipefail
 packages=("$@")
 if [ ${#packages[@]} -eq 0 ]; then
     packages=(g++ cmake make libboost-serialization-dev libboost-filesystem-dev xtensor-dev doctest-dev
-              libxxhash-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist ccache libgloo-dev redis-server)
+              libxxhash-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist ccache libgloo-dev redis-server
+              nlohmann-json3-dev libzip-dev libcli11-dev python3-numpy)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1111,6 +1111,17 @@ public:
 
     int fd() const noexcept { return fd_.get(); }
     const std::string& final_path() const noexcept { return final_; }
+    const std::string& temp_path() const noexcept { return temp_; }
+
+    /// For writers that replace the temporary by a file of their own (libzip renames its own
+    /// temporary over it): commit() then makes that file durable, not the one first opened.
+    void reopen_replaced() {
+        int fd;
+        do fd = ::open(temp_.c_str(), O_RDONLY | O_CLOEXEC);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0) throw_io("reopen the temporary of", final_);
+        fd_ = Fd(fd);
+    }
 
     void commit() {
         fsync_fd(fd_.get(), final_);

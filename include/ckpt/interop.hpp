@@ -1,0 +1,839 @@
+#pragma once
+// Exchange with other frameworks: safetensors and NumPy's npz. Not part of ckpt.hpp: link
+// the CMake target ckpt::interop (nlohmann-json for the safetensors header, libzip for the
+// npz container) and include this header.
+//
+//   save_safetensors(dict, path)            load_safetensors(path) -> ParamDict
+//   save_npz(dict, path, compressed)        load_npz(path) -> ParamDict
+//
+// safetensors: 8-byte little-endian header length, a JSON header naming each tensor's dtype,
+// shape and [begin, end) byte range in the buffer that follows, then the buffer. Scalars and
+// strings travel in "__metadata__" (whose values are strings); the reserved metadata key
+// "ckpt.kinds" records which of them were int64, double or bool, so they come back as such.
+// Files from other writers load with their metadata as string entries.
+//
+// npz: a zip of "{name}.npy" members, stored or deflated (np.savez, np.savez_compressed).
+// Scalars and strings become 0-d arrays ('<i8', '<f8', '|b1', '<U{n}'), marked by the
+// member comment "ckpt:scalar" so that they come back as scalars rather than 0-d tensors;
+// NumPy does not see the comment. Reading takes stored and deflated members, either byte
+// order, and Fortran order (transposed to C order on the way in).
+//
+// Writes are atomic and durable like checkpoints (temporary, fsync, rename, fsync of the
+// directory). Every length and offset read from a file is checked against the file's size
+// before anything is allocated; a bad file is a FormatError naming the file and the field.
+
+#include <zip.h>
+
+#include <nlohmann/json.hpp>
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "detail/atomic_file.hpp"
+#include "detail/body.hpp"
+#include "detail/posix_io.hpp"
+#include "detail/verified_reader.hpp"
+#include "error.hpp"
+#include "format.hpp"
+#include "naming_policy.hpp"
+#include "param_dict.hpp"
+#include "tensor.hpp"
+
+namespace ckpt {
+
+namespace fs = boost::filesystem;
+
+namespace detail {
+
+// ---------------------------------------------------------------------------------------------
+// Shared by both formats
+
+/// Shortest text that reads back as the same double.
+inline std::string double_text(double v) {
+    std::array<char, 32> buf{};
+    const auto r = std::to_chars(buf.data(), buf.data() + buf.size(), v);
+    return std::string(buf.data(), r.ptr);
+}
+
+template <class T>
+std::optional<T> parse_number(std::string_view s) {
+    T v{};
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (r.ec != std::errc() || r.ptr != s.data() + s.size()) return std::nullopt;
+    return v;
+}
+
+inline std::string value_kind_name(ValueKind k) {
+    switch (k) {
+        case ValueKind::int64: return "int64";
+        case ValueKind::float64: return "float64";
+        case ValueKind::boolean: return "bool";
+        case ValueKind::string: return "string";
+        case ValueKind::tensor: return "tensor";
+    }
+    return "?";
+}
+
+/// Reverses the bytes of each `width`-byte element (big-endian files on little-endian hosts).
+inline void swap_bytes(std::byte* p, std::size_t n, std::size_t width) {
+    if (width < 2) return;
+    for (std::size_t i = 0; i + width <= n; i += width) std::reverse(p + i, p + i + width);
+}
+
+// ---------------------------------------------------------------------------------------------
+// safetensors
+
+inline constexpr std::string_view safetensors_kinds_key = "ckpt.kinds";
+/// The header is JSON text; the reference implementation refuses headers above 100 MB.
+inline constexpr std::uint64_t max_safetensors_header = 100'000'000;
+
+inline std::string_view safetensors_dtype(DType d) {
+    switch (d) {
+        case DType::float32: return "F32";
+        case DType::float64: return "F64";
+        case DType::float16: return "F16";
+        case DType::int32: return "I32";
+        case DType::int64: return "I64";
+        case DType::uint8: return "U8";
+        case DType::boolean: return "BOOL";
+    }
+    return "?";
+}
+
+inline std::optional<DType> dtype_from_safetensors(std::string_view s) {
+    for (int c = 0; c < dtype_count; ++c)
+        if (safetensors_dtype(static_cast<DType>(c)) == s) return static_cast<DType>(c);
+    return std::nullopt;
+}
+
+[[noreturn]] inline void safetensors_fail(const std::string& path, const std::string& why) {
+    throw FormatError("safetensors file '" + path + "' is malformed: " + why, path);
+}
+
+/// Throws on a name the format cannot carry.
+inline void check_safetensors_name(const std::string& name, const std::string& path) {
+    if (name == "__metadata__" || name == safetensors_kinds_key)
+        throw ConfigError("cannot save '" + path + "': the entry name '" + name + "' is reserved in safetensors files");
+}
+
+}  // namespace detail
+
+/// Writes `dict` as a safetensors file: tensors in dict order, other values in __metadata__.
+inline void save_safetensors(const ParamDict& dict, const fs::path& file) {
+    const std::string path = file.string();
+    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+    nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
+    std::uint64_t offset = 0;
+    for (const auto& [name, value] : dict) {
+        detail::check_safetensors_name(name, path);
+        if (const Tensor* t = value.get_if<Tensor>()) {
+            header[name] = {{"dtype", detail::safetensors_dtype(t->dtype())},
+                            {"shape", t->shape()},
+                            {"data_offsets", {offset, offset + t->nbytes()}}};
+            offset += t->nbytes();
+        } else if (const auto* s = value.get_if<std::string>()) {
+            metadata[name] = *s;
+        } else {
+            kinds[name] = detail::value_kind_name(value.kind());
+            if (const auto* i = value.get_if<std::int64_t>()) metadata[name] = std::to_string(*i);
+            else if (const auto* d = value.get_if<double>()) metadata[name] = detail::double_text(*d);
+            else metadata[name] = *value.get_if<bool>() ? "true" : "false";
+        }
+    }
+    if (!kinds.empty()) metadata[std::string(detail::safetensors_kinds_key)] = kinds.dump();
+    if (!metadata.empty()) {
+        // __metadata__ goes first, as the reference writer puts it.
+        nlohmann::ordered_json with_meta = {{"__metadata__", metadata}};
+        for (auto& [k, v] : header.items()) with_meta[k] = std::move(v);
+        header = std::move(with_meta);
+    }
+    std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+    text.append((8 - text.size() % 8) % 8, ' ');  // the buffer starts 8-byte aligned
+    std::array<std::byte, 8> length{};
+    detail::put_le<std::uint64_t>(length.data(), text.size());
+
+    detail::AtomicFile out(file);
+    detail::write_all(out.fd(), length.data(), length.size(), path);
+    detail::write_all(out.fd(), text.data(), text.size(), path);
+    for (const auto& [name, value] : dict)
+        if (const Tensor* t = value.get_if<Tensor>()) detail::write_all(out.fd(), t->data(), t->nbytes(), path);
+    out.commit();
+}
+
+/// Reads a safetensors file. Tensors come first, in buffer order, then the metadata entries.
+/// Tensors whose bytes sit aligned in the buffer share one block read in a single pass.
+inline ParamDict load_safetensors(const fs::path& file) {
+    const std::string path = file.string();
+    auto fd = detail::open_for_read(path);
+    const std::uint64_t size = detail::file_size(fd.get(), path);
+    std::array<std::byte, 8> raw{};
+    if (size < raw.size())
+        detail::safetensors_fail(path, "it is " + std::to_string(size) + " bytes, too short for the 8-byte header length");
+    detail::pread_exact(fd.get(), reinterpret_cast<char*>(raw.data()), raw.size(), 0, path);
+    const auto header_len = detail::get_le<std::uint64_t>(raw.data());
+    if (header_len > size - 8)
+        detail::safetensors_fail(path, "header length " + std::to_string(header_len) + " runs past the end of the " +
+                                           std::to_string(size) + "-byte file");
+    if (header_len > detail::max_safetensors_header)
+        detail::safetensors_fail(path, "header length " + std::to_string(header_len) + " exceeds the " +
+                                           std::to_string(detail::max_safetensors_header) + "-byte limit");
+    std::string text(static_cast<std::size_t>(header_len), '\0');
+    detail::pread_exact(fd.get(), text.data(), text.size(), 8, path);
+    const std::uint64_t buffer_start = 8 + header_len, buffer_size = size - buffer_start;
+
+    // Duplicate names would silently replace each other in a JSON object: refuse them.
+    std::unordered_set<std::string> seen;
+    std::string duplicate;
+    nlohmann::ordered_json::parser_callback_t no_duplicates = [&](int depth, nlohmann::ordered_json::parse_event_t event,
+                                                                 nlohmann::ordered_json& parsed) {
+        if (event == nlohmann::ordered_json::parse_event_t::key && depth == 1 && parsed.is_string() &&
+            !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
+            duplicate = parsed.get<std::string>();
+        return true;
+    };
+    nlohmann::ordered_json header;
+    try {
+        header = nlohmann::ordered_json::parse(text, no_duplicates);
+    } catch (const nlohmann::json::exception& e) {
+        detail::safetensors_fail(path, std::string("its header is not valid JSON: ") + e.what());
+    }
+    if (!header.is_object()) detail::safetensors_fail(path, "its header is not a JSON object");
+    if (!duplicate.empty()) detail::safetensors_fail(path, "tensor '" + duplicate + "' appears twice in the header");
+
+    struct Slot {
+        std::string name;
+        DType dtype;
+        Shape shape;
+        std::uint64_t begin, end;
+    };
+    std::vector<Slot> slots;
+    ParamDict meta_values;
+    for (const auto& [name, spec] : header.items()) {
+        if (name == "__metadata__") {
+            if (!spec.is_object()) detail::safetensors_fail(path, "__metadata__ is not an object");
+            std::optional<nlohmann::json> kinds;
+            if (auto k = spec.find(detail::safetensors_kinds_key); k != spec.end() && k->is_string()) {
+                try {
+                    kinds = nlohmann::json::parse(k->get<std::string>());
+                } catch (const nlohmann::json::exception&) {
+                }
+                if (!kinds || !kinds->is_object())
+                    detail::safetensors_fail(path, "__metadata__ '" + std::string(detail::safetensors_kinds_key) +
+                                                       "' is not a JSON object");
+            }
+            for (const auto& [key, value] : spec.items()) {
+                if (key == detail::safetensors_kinds_key) continue;
+                if (!value.is_string()) detail::safetensors_fail(path, "__metadata__ '" + key + "' is not a string");
+                const auto text_value = value.get<std::string>();
+                const std::string kind = kinds && kinds->contains(key) && (*kinds)[key].is_string()
+                                             ? (*kinds)[key].get<std::string>()
+                                             : "string";
+                auto bad = [&] {
+                    detail::safetensors_fail(path, "__metadata__ '" + key + "' = '" + text_value + "' is not a " + kind);
+                };
+                if (kind == "int64") {
+                    auto v = detail::parse_number<std::int64_t>(text_value);
+                    if (!v) bad();
+                    meta_values.set(key, *v);
+                } else if (kind == "float64") {
+                    auto v = detail::parse_number<double>(text_value);
+                    if (!v) bad();
+                    meta_values.set(key, *v);
+                } else if (kind == "bool") {
+                    if (text_value != "true" && text_value != "false") bad();
+                    meta_values.set(key, text_value == "true");
+                } else {
+                    meta_values.set(key, text_value);
+                }
+            }
+            continue;
+        }
+        const std::string what = "tensor '" + name + "'";
+        if (!spec.is_object()) detail::safetensors_fail(path, what + " is not described by an object");
+        const auto dt = spec.find("dtype"), sh = spec.find("shape"), off = spec.find("data_offsets");
+        if (dt == spec.end() || !dt->is_string()) detail::safetensors_fail(path, what + " has no dtype string");
+        const auto dtype = detail::dtype_from_safetensors(dt->get<std::string>());
+        if (!dtype)
+            detail::safetensors_fail(path, what + " has dtype " + dt->get<std::string>() +
+                                               ", which ckpt does not hold (F32, F64, F16, I32, I64, U8, BOOL)");
+        if (sh == spec.end() || !sh->is_array() || sh->size() > detail::max_tensor_rank)
+            detail::safetensors_fail(path, what + " has no shape array of at most " +
+                                               std::to_string(detail::max_tensor_rank) + " dimensions");
+        Shape shape;
+        for (const auto& d : *sh) {
+            if (!d.is_number_unsigned()) detail::safetensors_fail(path, what + " has a shape entry that is not a count");
+            const auto v = d.get<std::uint64_t>();
+            if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+                detail::safetensors_fail(path, what + " has an impossible dimension " + std::to_string(v));
+            shape.push_back(static_cast<std::int64_t>(v));
+        }
+        if (off == spec.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+            !(*off)[1].is_number_unsigned())
+            detail::safetensors_fail(path, what + " has no data_offsets pair [begin, end]");
+        const auto begin = (*off)[0].get<std::uint64_t>(), end = (*off)[1].get<std::uint64_t>();
+        if (begin > end || end > buffer_size)
+            detail::safetensors_fail(path, what + " has data_offsets [" + std::to_string(begin) + ", " +
+                                               std::to_string(end) + "] outside the " + std::to_string(buffer_size) +
+                                               "-byte buffer");
+        std::size_t numel = 0;
+        try {
+            numel = detail::checked_numel(shape, static_cast<std::size_t>(buffer_size));
+        } catch (const FormatError&) {
+            detail::safetensors_fail(path, what + " has an impossible shape " + shape_string(shape));
+        }
+        if (numel * itemsize(*dtype) != end - begin)
+            detail::safetensors_fail(path, what + " of " + std::string(dtype_name(*dtype)) + shape_string(shape) +
+                                               " needs " + std::to_string(numel * itemsize(*dtype)) +
+                                               " bytes, its data_offsets hold " + std::to_string(end - begin));
+        slots.push_back({name, *dtype, std::move(shape), begin, end});
+    }
+    // The buffer is covered exactly: no overlaps, no holes, nothing after the last tensor.
+    std::stable_sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) {
+        return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+    });
+    std::uint64_t covered = 0;
+    for (const auto& s : slots) {
+        if (s.begin < covered)
+            detail::safetensors_fail(path, "tensor '" + s.name + "' at [" + std::to_string(s.begin) + ", " +
+                                               std::to_string(s.end) + "] overlaps the tensor before it");
+        if (s.begin > covered)
+            detail::safetensors_fail(path, "bytes [" + std::to_string(covered) + ", " + std::to_string(s.begin) +
+                                               ") of the buffer belong to no tensor");
+        covered = s.end;
+    }
+    if (covered != buffer_size)
+        detail::safetensors_fail(path, std::to_string(buffer_size - covered) + " bytes after the last tensor's data");
+
+    auto block = detail::allocate_aligned(static_cast<std::size_t>(buffer_size));
+    detail::pread_exact(fd.get(), reinterpret_cast<char*>(block.get()), static_cast<std::size_t>(buffer_size),
+                        buffer_start, path);
+    ParamDict dict;
+    for (const auto& s : slots) {
+        std::byte* at = block.get() + s.begin;
+        if (s.begin % itemsize(s.dtype) == 0) {
+            dict.set(s.name, Tensor::aliasing(s.dtype, s.shape, block, at));
+        } else {  // a misaligned element type gets its own block
+            Tensor t = Tensor::uninitialized(s.dtype, s.shape);
+            std::memcpy(t.data(), at, t.nbytes());
+            dict.set(s.name, std::move(t));
+        }
+    }
+    for (auto& [name, value] : meta_values) {
+        if (dict.contains(name)) detail::safetensors_fail(path, "'" + name + "' is both a tensor and a __metadata__ key");
+        dict.set(name, std::move(value));
+    }
+    return dict;
+}
+
+namespace detail {
+
+// ---------------------------------------------------------------------------------------------
+// npy: one array. "\x93NUMPY", major, minor, header length (u16 in 1.0, u32 in 2.0 and 3.0),
+// then a Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// padded with spaces and a newline so that the data starts 64-byte aligned.
+
+inline constexpr std::string_view npy_magic = "\x93NUMPY";
+inline constexpr std::string_view npz_scalar_comment = "ckpt:scalar";
+
+inline std::string_view npy_descr(DType d) {
+    switch (d) {
+        case DType::float32: return "<f4";
+        case DType::float64: return "<f8";
+        case DType::float16: return "<f2";
+        case DType::int32: return "<i4";
+        case DType::int64: return "<i8";
+        case DType::uint8: return "|u1";
+        case DType::boolean: return "|b1";
+    }
+    return "?";
+}
+
+/// What an npy header describes: a tensor dtype, or a string of `chars` characters
+/// ('U': 4-byte code points, 'S': bytes).
+struct NpyType {
+    std::optional<DType> dtype;
+    char string_kind = 0;
+    std::size_t chars = 0;
+    bool big_endian = false;
+    std::size_t itemsize() const { return dtype ? ckpt::itemsize(*dtype) : string_kind == 'U' ? 4 * chars : chars; }
+};
+
+inline std::string npy_header(std::string_view descr, const Shape& shape) {
+    std::string dims;
+    for (std::size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+    if (shape.size() == 1) dims += ",";
+    std::string dict = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+    const bool v2 = dict.size() + 11 > 65535;
+    const std::size_t prelude = v2 ? 12 : 10;
+    dict.append((64 - (prelude + dict.size() + 1) % 64) % 64, ' ');
+    dict += '\n';
+    std::string out(npy_magic);
+    out += static_cast<char>(v2 ? 2 : 1);
+    out += '\0';
+    std::array<std::byte, 4> len{};
+    put_le<std::uint32_t>(len.data(), static_cast<std::uint32_t>(dict.size()));
+    out.append(reinterpret_cast<const char*>(len.data()), v2 ? 4 : 2);
+    return out + dict;
+}
+
+[[noreturn]] inline void npz_fail(const std::string& path, const std::string& why) {
+    throw FormatError("npz file '" + path + "' is malformed: " + why, path);
+}
+
+/// A cursor over the header's dict literal, with the member's name for errors.
+class NpyHeaderParser {
+public:
+    NpyHeaderParser(std::string_view text, std::string path, std::string member)
+        : s_(text), path_(std::move(path)), member_(std::move(member)) {}
+
+    [[noreturn]] void fail(const std::string& why) const {
+        npz_fail(path_, "member '" + member_ + "' has a bad npy header: " + why);
+    }
+
+    void skip_space() {
+        while (!s_.empty() && (s_.front() == ' ' || s_.front() == '\t' || s_.front() == '\n' || s_.front() == '\r'))
+            s_.remove_prefix(1);
+    }
+    bool eat(char c) {
+        skip_space();
+        if (s_.empty() || s_.front() != c) return false;
+        s_.remove_prefix(1);
+        return true;
+    }
+    void expect(char c) {
+        if (!eat(c)) fail(std::string("expected '") + c + "' at '" + std::string(s_.substr(0, 20)) + "'");
+    }
+    std::string quoted() {
+        skip_space();
+        if (s_.empty() || (s_.front() != '\'' && s_.front() != '"')) fail("expected a quoted string");
+        const char q = s_.front();
+        const auto close = s_.find(q, 1);
+        if (close == std::string_view::npos) fail("a string is not terminated");
+        std::string out(s_.substr(1, close - 1));
+        s_.remove_prefix(close + 1);
+        return out;
+    }
+    bool boolean() {
+        skip_space();
+        for (auto [word, value] : {std::pair{"True", true}, std::pair{"False", false}})
+            if (s_.starts_with(word)) {
+                s_.remove_prefix(std::strlen(word));
+                return value;
+            }
+        fail("fortran_order is neither True nor False");
+    }
+    Shape tuple() {
+        expect('(');
+        Shape shape;
+        while (!eat(')')) {
+            skip_space();
+            std::size_t n = 0;
+            while (n < s_.size() && s_[n] >= '0' && s_[n] <= '9') ++n;
+            const auto v = parse_count(s_.substr(0, n));
+            if (!v) fail("the shape has an entry that is not a count");
+            shape.push_back(*v);
+            s_.remove_prefix(n);
+            eat('L');  // Python 2 longs
+            if (shape.size() > max_tensor_rank) fail("the shape has more than " + std::to_string(max_tensor_rank) + " dimensions");
+            if (!eat(',')) {
+                expect(')');
+                break;
+            }
+        }
+        return shape;
+    }
+    bool at_end() {
+        skip_space();
+        return s_.empty();
+    }
+
+private:
+    std::string_view s_;
+    std::string path_, member_;
+};
+
+inline NpyType parse_npy_descr(const std::string& descr, const NpyHeaderParser& p) {
+    if (descr.size() < 2) p.fail("unknown descr '" + descr + "'");
+    NpyType t;
+    const char order = descr[0];
+    if (order != '<' && order != '>' && order != '|' && order != '=') p.fail("unknown descr '" + descr + "'");
+    t.big_endian = order == '>' && std::endian::native == std::endian::little;
+    const std::string code = descr.substr(1);
+    if (code[0] == 'U' || code[0] == 'S') {
+        const auto n = parse_count(std::string_view(code).substr(1));
+        if (!n) p.fail("unknown descr '" + descr + "'");
+        t.string_kind = code[0];
+        t.chars = static_cast<std::size_t>(*n);
+        return t;
+    }
+    for (int c = 0; c < dtype_count; ++c)
+        if (npy_descr(static_cast<DType>(c)).substr(1) == code) t.dtype = static_cast<DType>(c);
+    if (!t.dtype)
+        p.fail("dtype '" + descr + "' is not one ckpt holds (f2, f4, f8, i4, i8, u1, b1, or a string)");
+    return t;
+}
+
+/// UTF-8 → code points, refusing malformed sequences.
+inline std::vector<char32_t> utf8_to_utf32(std::string_view s, const std::string& what) {
+    std::vector<char32_t> out;
+    for (std::size_t i = 0; i < s.size();) {
+        const auto b = static_cast<unsigned char>(s[i]);
+        const std::size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        if (len == 0 || i + len > s.size()) throw ConfigError(what + " is not valid UTF-8");
+        char32_t c = len == 1 ? b : b & (0x7f >> len);
+        for (std::size_t k = 1; k < len; ++k) {
+            const auto cont = static_cast<unsigned char>(s[i + k]);
+            if ((cont >> 6) != 2) throw ConfigError(what + " is not valid UTF-8");
+            c = (c << 6) | (cont & 0x3f);
+        }
+        out.push_back(c);
+        i += len;
+    }
+    return out;
+}
+
+/// Code points → UTF-8; false on a value that is no code point.
+inline bool append_utf8(std::string& out, char32_t c) {
+    if (c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return false;
+    if (c < 0x80) {
+        out += static_cast<char>(c);
+    } else if (c < 0x800) {
+        out += static_cast<char>(0xc0 | (c >> 6));
+        out += static_cast<char>(0x80 | (c & 0x3f));
+    } else if (c < 0x10000) {
+        out += static_cast<char>(0xe0 | (c >> 12));
+        out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+        out += static_cast<char>(0x80 | (c & 0x3f));
+    } else {
+        out += static_cast<char>(0xf0 | (c >> 18));
+        out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
+        out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+        out += static_cast<char>(0x80 | (c & 0x3f));
+    }
+    return true;
+}
+
+/// Fortran (column-major) element order → C (row-major) order.
+inline void fortran_to_c(const std::byte* src, std::byte* dst, const Shape& shape, std::size_t width) {
+    const std::size_t rank = shape.size();
+    std::size_t numel = 1;
+    for (auto d : shape) numel *= static_cast<std::size_t>(d);
+    if (numel == 0) return;
+    std::vector<std::size_t> stride(rank, 1);  // column-major strides, in elements
+    for (std::size_t k = 1; k < rank; ++k) stride[k] = stride[k - 1] * static_cast<std::size_t>(shape[k - 1]);
+    std::vector<std::size_t> index(rank, 0);
+    std::size_t from = 0;
+    for (std::size_t out = 0; out < numel; ++out) {
+        std::memcpy(dst + out * width, src + from * width, width);
+        for (std::size_t k = rank; k-- > 0;) {  // the last index moves fastest in C order
+            from += stride[k];
+            if (++index[k] < static_cast<std::size_t>(shape[k])) break;
+            from -= stride[k] * index[k];
+            index[k] = 0;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// npz: the zip container, through libzip
+
+struct ZipArchive {
+    zip_t* za = nullptr;
+    ~ZipArchive() {
+        if (za) zip_discard(za);
+    }
+};
+
+struct ZipFile {
+    zip_file_t* zf = nullptr;
+    ~ZipFile() {
+        if (zf) zip_fclose(zf);
+    }
+};
+
+inline std::string zip_error_text(int code) {
+    zip_error_t e;
+    zip_error_init_with_code(&e, code);
+    std::string text = zip_error_strerror(&e);
+    zip_error_fini(&e);
+    return text;
+}
+
+/// Deflate expands at most about 1032:1; a member claiming more is damaged.
+inline constexpr std::uint64_t max_deflate_ratio = 1032;
+
+/// Reads one member in order, never past the size its directory entry gives.
+class MemberReader {
+public:
+    MemberReader(zip_t* za, zip_uint64_t index, std::uint64_t size, std::string path, std::string member)
+        : file_{zip_fopen_index(za, index, 0)}, remaining_(size), path_(std::move(path)), member_(std::move(member)) {
+        if (!file_.zf) npz_fail(path_, "member '" + member_ + "' cannot be opened: " + zip_strerror(za));
+    }
+    std::uint64_t remaining() const { return remaining_; }
+
+    void read(std::byte* dst, std::uint64_t n) {
+        if (n > remaining_)
+            npz_fail(path_, "member '" + member_ + "' has " + std::to_string(remaining_) + " bytes left where " +
+                                std::to_string(n) + " are needed");
+        while (n > 0) {
+            const zip_int64_t r = zip_fread(file_.zf, dst, std::min<std::uint64_t>(n, std::uint64_t{1} << 30));
+            if (r < 0) npz_fail(path_, "member '" + member_ + "': " + zip_file_strerror(file_.zf));
+            if (r == 0) npz_fail(path_, "member '" + member_ + "' ends " + std::to_string(remaining_) + " bytes early");
+            dst += r;
+            n -= static_cast<std::uint64_t>(r);
+            remaining_ -= static_cast<std::uint64_t>(r);
+        }
+    }
+
+    /// After the last byte: reading on is where libzip checks the CRC.
+    void finish() {
+        std::byte extra{};
+        if (zip_fread(file_.zf, &extra, 1) != 0)
+            npz_fail(path_, "member '" + member_ + "' fails its CRC check or is longer than its directory entry: " +
+                                zip_file_strerror(file_.zf));
+    }
+
+private:
+    ZipFile file_;
+    std::uint64_t remaining_;
+    std::string path_, member_;
+};
+
+}  // namespace detail
+
+/// Writes `dict` as an npz file: one "{name}.npy" per entry, stored (np.savez) or deflated
+/// (np.savez_compressed).
+inline void save_npz(const ParamDict& dict, const fs::path& file, bool compressed = false) {
+    const std::string path = file.string();
+    detail::AtomicFile out(file);
+    if (dict.empty()) {  // libzip writes no file for an empty archive: the bare end record
+        std::array<std::byte, 22> end{};
+        detail::put_le<std::uint32_t>(end.data(), 0x06054b50u);
+        detail::write_all(out.fd(), end.data(), end.size(), path);
+        out.commit();
+        return;
+    }
+    int err = 0;
+    detail::ZipArchive zip{zip_open(out.temp_path().c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err)};
+    if (!zip.za) throw IoError("cannot save '" + path + "': " + detail::zip_error_text(err), path);
+    auto fail = [&](const std::string& what) -> void {
+        throw IoError("cannot save '" + path + "': " + what + ": " + zip_strerror(zip.za), path);
+    };
+    // libzip reads the members at zip_close(): what they point to must live until then.
+    std::vector<std::string> headers;
+    std::vector<std::u32string> texts;
+    headers.reserve(dict.size());
+    texts.reserve(dict.size());
+    for (const auto& [name, value] : dict) {
+        const void* data = nullptr;
+        std::size_t nbytes = 0;
+        std::int64_t scalar_int = 0;
+        double scalar_double = 0;
+        bool scalar_bool = false;
+        if (const Tensor* t = value.get_if<Tensor>()) {
+            headers.push_back(detail::npy_header(detail::npy_descr(t->dtype()), t->shape()));
+            data = t->data();
+            nbytes = t->nbytes();
+        } else if (const auto* s = value.get_if<std::string>()) {
+            const auto points = detail::utf8_to_utf32(*s, "cannot save '" + path + "': string '" + name + "'");
+            texts.emplace_back(points.begin(), points.end());
+            if (texts.back().empty()) texts.back().push_back(U'\0');  // NumPy's '' is one NUL code point
+            headers.push_back(detail::npy_header("<U" + std::to_string(texts.back().size()), {}));
+            data = texts.back().data();
+            nbytes = texts.back().size() * 4;
+        } else if (const auto* i = value.get_if<std::int64_t>()) {
+            scalar_int = *i;
+            headers.push_back(detail::npy_header(detail::npy_descr(DType::int64), {}));
+        } else if (const auto* d = value.get_if<double>()) {
+            scalar_double = *d;
+            headers.push_back(detail::npy_header(detail::npy_descr(DType::float64), {}));
+        } else {
+            scalar_bool = *value.get_if<bool>();
+            headers.push_back(detail::npy_header(detail::npy_descr(DType::boolean), {}));
+        }
+        if (!data) {  // an int64, double or bool: its bytes after the header, in the same string
+            std::string& h = headers.back();
+            if (value.kind() == ValueKind::int64) h.append(reinterpret_cast<const char*>(&scalar_int), 8);
+            else if (value.kind() == ValueKind::float64) h.append(reinterpret_cast<const char*>(&scalar_double), 8);
+            else h += static_cast<char>(scalar_bool ? 1 : 0);
+        }
+        zip_buffer_fragment_t fragments[2] = {{reinterpret_cast<zip_uint8_t*>(headers.back().data()), headers.back().size()},
+                                              {static_cast<zip_uint8_t*>(const_cast<void*>(data)), nbytes}};
+        zip_source_t* src = zip_source_buffer_fragment(zip.za, fragments, data ? 2 : 1, 0);
+        if (!src) fail("member '" + name + ".npy'");
+        const zip_int64_t index = zip_file_add(zip.za, (name + ".npy").c_str(), src, ZIP_FL_ENC_UTF_8);
+        if (index < 0) {
+            zip_source_free(src);
+            fail("member '" + name + ".npy'");
+        }
+        const auto at = static_cast<zip_uint64_t>(index);
+        if (zip_set_file_compression(zip.za, at, compressed ? ZIP_CM_DEFLATE : ZIP_CM_STORE, 0) != 0)
+            fail("member '" + name + ".npy'");
+        if (!value.is_tensor() &&
+            zip_file_set_comment(zip.za, at, detail::npz_scalar_comment.data(),
+                                 static_cast<zip_uint16_t>(detail::npz_scalar_comment.size()), 0) != 0)
+            fail("member '" + name + ".npy'");
+    }
+    if (zip_close(zip.za) != 0) fail("writing the archive");
+    zip.za = nullptr;
+    out.reopen_replaced();  // libzip wrote a new file in place of the temporary
+    out.commit();
+}
+
+/// Reads an npz file (np.savez or np.savez_compressed): one entry per "{name}.npy" member,
+/// in the archive's order.
+inline ParamDict load_npz(const fs::path& file) {
+    const std::string path = file.string();
+    std::uint64_t file_bytes = 0;
+    {
+        auto fd = detail::open_for_read(path);  // an IoError naming the file when it cannot be read
+        file_bytes = detail::file_size(fd.get(), path);
+    }
+    int err = 0;
+    detail::ZipArchive zip{zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err)};
+    if (!zip.za) detail::npz_fail(path, "it is not a readable zip archive: " + detail::zip_error_text(err));
+    const zip_int64_t count = zip_get_num_entries(zip.za, 0);
+    ParamDict dict;
+    for (zip_int64_t k = 0; k < count; ++k) {
+        const auto i = static_cast<zip_uint64_t>(k);
+        zip_stat_t st;
+        zip_stat_init(&st);
+        if (zip_stat_index(zip.za, i, 0, &st) != 0)
+            detail::npz_fail(path, "member " + std::to_string(k) + ": " + zip_strerror(zip.za));
+        const std::string member = st.name ? st.name : "";
+        if (!member.empty() && member.back() == '/') continue;  // a directory
+        if (member.size() <= 4 || member.substr(member.size() - 4) != ".npy")
+            detail::npz_fail(path, "member '" + member + "' is not a .npy array");
+        const std::string name = member.substr(0, member.size() - 4);
+        auto fail = [&](const std::string& why) { detail::npz_fail(path, "member '" + member + "' " + why); };
+        if ((st.valid & ZIP_STAT_ENCRYPTION_METHOD) && st.encryption_method != ZIP_EM_NONE) fail("is encrypted");
+        if (!(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_SIZE) || !(st.valid & ZIP_STAT_COMP_METHOD))
+            fail("has no size in the zip directory");
+        if (st.comp_method != ZIP_CM_STORE && st.comp_method != ZIP_CM_DEFLATE)
+            fail("uses compression method " + std::to_string(st.comp_method) + " (stored and deflated are read)");
+        if (st.comp_size > file_bytes || (st.comp_method == ZIP_CM_STORE
+                                              ? st.size != st.comp_size
+                                              : st.size > st.comp_size * detail::max_deflate_ratio + 1024))
+            fail("claims " + std::to_string(st.size) + " bytes from " + std::to_string(st.comp_size) +
+                 " stored, in a file of " + std::to_string(file_bytes));
+        if (dict.contains(name)) detail::npz_fail(path, "'" + name + "' appears twice");
+
+        detail::MemberReader in(zip.za, i, st.size, path, member);
+        std::array<std::byte, 12> prelude{};
+        in.read(prelude.data(), 10);
+        if (std::memcmp(prelude.data(), detail::npy_magic.data(), detail::npy_magic.size()) != 0)
+            fail("is not an npy array (bad magic bytes)");
+        const auto major = static_cast<unsigned>(prelude[6]);
+        if (major < 1 || major > 3) fail("has npy format version " + std::to_string(major) + " (1 to 3 are read)");
+        std::uint64_t header_len = detail::get_le<std::uint16_t>(prelude.data() + 8);
+        if (major > 1) {
+            in.read(prelude.data() + 10, 2);
+            header_len = detail::get_le<std::uint32_t>(prelude.data() + 8);
+        }
+        if (header_len > in.remaining())
+            fail("has an npy header of " + std::to_string(header_len) + " bytes, more than the member's " +
+                 std::to_string(in.remaining()) + " left");
+        std::string header(static_cast<std::size_t>(header_len), '\0');
+        in.read(reinterpret_cast<std::byte*>(header.data()), header.size());
+
+        detail::NpyHeaderParser parser(header, path, member);
+        std::optional<detail::NpyType> type;
+        std::optional<bool> fortran;
+        std::optional<Shape> shape;
+        parser.expect('{');
+        while (!parser.eat('}')) {
+            const std::string key = parser.quoted();
+            parser.expect(':');
+            if (key == "descr") type = detail::parse_npy_descr(parser.quoted(), parser);
+            else if (key == "fortran_order") fortran = parser.boolean();
+            else if (key == "shape") shape = parser.tuple();
+            else parser.fail("unknown key '" + key + "'");
+            if (!parser.eat(',')) {
+                parser.expect('}');
+                break;
+            }
+        }
+        if (!parser.at_end()) parser.fail("text after the dict");
+        if (!type || !fortran || !shape) parser.fail("descr, fortran_order or shape is missing");
+
+        std::size_t numel = 0;
+        try {
+            numel = detail::checked_numel(*shape, static_cast<std::size_t>(in.remaining()));
+        } catch (const FormatError&) {
+            fail("has an impossible shape " + shape_string(*shape));
+        }
+        const std::size_t width = type->itemsize();
+        const bool overflow = width != 0 && numel > std::numeric_limits<std::uint64_t>::max() / width;
+        const std::uint64_t nbytes = numel * width;
+        if (overflow || nbytes != in.remaining())
+            fail("holds " + std::to_string(in.remaining()) + " data bytes, its header describes " +
+                 (overflow ? "more" : std::to_string(nbytes)));
+        const bool scalar_marked = [&] {
+            zip_uint32_t len = 0;
+            const char* c = zip_file_get_comment(zip.za, i, &len, 0);
+            return c && std::string_view(c, len) == detail::npz_scalar_comment;
+        }();
+
+        if (type->string_kind) {
+            if (!shape->empty()) fail("is an array of strings; only single strings are read");
+            std::vector<std::byte> raw(static_cast<std::size_t>(nbytes));
+            in.read(raw.data(), raw.size());
+            in.finish();
+            std::string text;
+            if (type->string_kind == 'S') {
+                text.assign(reinterpret_cast<const char*>(raw.data()), raw.size());
+            } else {
+                for (std::size_t c = 0; c < type->chars; ++c) {
+                    auto code = detail::get_le<std::uint32_t>(raw.data() + 4 * c);
+                    if (type->big_endian) code = __builtin_bswap32(code);
+                    if (!detail::append_utf8(text, static_cast<char32_t>(code)))
+                        fail("holds a string with the invalid code point " + std::to_string(code));
+                }
+            }
+            text.erase(text.find_last_not_of('\0') + 1);  // NumPy pads with NULs (npos + 1: all of it)
+            dict.set(name, std::move(text));
+            continue;
+        }
+        Tensor t = Tensor::uninitialized(*type->dtype, *shape);
+        if (*fortran && shape->size() > 1) {
+            auto raw = detail::allocate_aligned(static_cast<std::size_t>(nbytes));
+            in.read(raw.get(), static_cast<std::size_t>(nbytes));
+            detail::fortran_to_c(raw.get(), t.data(), *shape, width);
+        } else {
+            in.read(t.data(), t.nbytes());
+        }
+        in.finish();
+        if (type->big_endian) detail::swap_bytes(t.data(), t.nbytes(), width);
+        if (*type->dtype == DType::boolean)
+            for (std::size_t b = 0; b < t.nbytes(); ++b)
+                if (static_cast<unsigned>(t.data()[b]) > 1) fail("holds a bool that is neither 0 nor 1");
+        if (scalar_marked && shape->empty()) {
+            switch (*type->dtype) {
+                case DType::int64: dict.set(name, t.values<std::int64_t>()[0]); continue;
+                case DType::float64: dict.set(name, t.values<double>()[0]); continue;
+                case DType::boolean: dict.set(name, t.values<bool>()[0]); continue;
+                default: break;
+            }
+        }
+        dict.set(name, std::move(t));
+    }
+    return dict;
+}
+
+}  // namespace ckpt

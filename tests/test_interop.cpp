@@ -1,0 +1,328 @@
+// safetensors and npz exchange (ckpt/interop.hpp): round trips, files to and from NumPy, and
+// damaged inputs.
+#include <ckpt/interop.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <functional>
+
+#include "interop_pattern.hpp"
+#include "process.hpp"
+#include "support.hpp"
+
+namespace {
+
+/// Same entries (by name, in any order), same kinds, same bytes.
+void require_same_entries(const ckpt::ParamDict& got, const ckpt::ParamDict& want) {
+    CHECK(got.size() == want.size());
+    for (const auto& [name, value] : want) {
+        CAPTURE(name);
+        const ckpt::Value* v = got.find(name);
+        REQUIRE(v != nullptr);
+        CHECK(v->type_name() == value.type_name());
+        CHECK(*v == value);
+    }
+}
+
+/// Runs tests/python/SCRIPT with Debian's python3 (and its numpy) on `dir`; its output on failure.
+void run_python(const std::string& script, const test::fs::path& dir) {
+    const std::string log = (dir / (script + ".log")).string();
+    test::Process p({"/usr/bin/python3", std::string(CKPT_SOURCE_DIR) + "/tests/python/" + script, dir.string()}, log);
+    const auto status = p.wait(std::chrono::seconds(120));
+    INFO(p.output());
+    REQUIRE(status.has_value());
+    REQUIRE(*status == 0);
+}
+
+// --- safetensors surgery: header text and buffer, reassembled with a new length prefix.
+struct SafetensorsParts {
+    std::string header;
+    std::string buffer;
+};
+
+SafetensorsParts split_safetensors(const test::fs::path& p) {
+    const auto raw = test::read_bytes(p);
+    std::uint64_t n = 0;
+    std::memcpy(&n, raw.data(), 8);
+    return {std::string(raw.begin() + 8, raw.begin() + 8 + static_cast<long>(n)),
+            std::string(raw.begin() + 8 + static_cast<long>(n), raw.end())};
+}
+
+void write_safetensors(const test::fs::path& p, const std::string& header, const std::string& buffer) {
+    std::vector<char> out(8);
+    const std::uint64_t n = header.size();
+    std::memcpy(out.data(), &n, 8);
+    out.insert(out.end(), header.begin(), header.end());
+    out.insert(out.end(), buffer.begin(), buffer.end());
+    test::write_bytes(p, out);
+}
+
+void require_format_error(const std::function<void()>& load, const std::string& path, const std::string& fragment) {
+    try {
+        load();
+        FAIL("no error for a damaged file; expected one mentioning: " << fragment);
+    } catch (const ckpt::FormatError& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(what.find(path) != std::string::npos);
+        CHECK(what.find(fragment) != std::string::npos);
+        CHECK(e.path() == path);
+    }
+}
+
+}  // namespace
+
+TEST_SUITE("interop") {
+
+TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, empty tensors, scalars, non-ASCII names") {
+    test::TempDir dir;
+    const auto want = test::pattern_state();
+    ckpt::save_safetensors(want, dir / "p.safetensors");
+    require_same_entries(ckpt::load_safetensors(dir / "p.safetensors"), want);
+    // And the library's own sample, with NaN-free doubles at their extremes.
+    const auto sample = test::sample_state();
+    ckpt::save_safetensors(sample, dir / "s.safetensors");
+    require_same_entries(ckpt::load_safetensors(dir / "s.safetensors"), sample);
+    // A buffer offset not a multiple of the element size still loads (into a block of its own).
+    ckpt::ParamDict odd{{"bytes", ckpt::Tensor::from(std::vector<std::uint8_t>{1, 2, 3})},
+                        {"after", ckpt::Tensor::from(std::vector<double>{0.5, -1.25})}};
+    ckpt::save_safetensors(odd, dir / "odd.safetensors");
+    require_same_entries(ckpt::load_safetensors(dir / "odd.safetensors"), odd);
+    // Nothing at all.
+    ckpt::save_safetensors({}, dir / "none.safetensors");
+    CHECK(ckpt::load_safetensors(dir / "none.safetensors").empty());
+}
+
+TEST_CASE("npz round trip, stored and deflated: every dtype, ranks 0 to 4, empty tensors, scalars") {
+    test::TempDir dir;
+    const auto want = test::pattern_state();
+    for (bool compressed : {false, true}) {
+        CAPTURE(compressed);
+        ckpt::save_npz(want, dir / "p.npz", compressed);
+        require_same_entries(ckpt::load_npz(dir / "p.npz"), want);
+        ckpt::save_npz(test::sample_state(), dir / "s.npz", compressed);
+        require_same_entries(ckpt::load_npz(dir / "s.npz"), test::sample_state());
+    }
+    // Deflating pays on compressible data.
+    ckpt::ParamDict zeros{{"z", ckpt::Tensor(ckpt::DType::float32, {256, 256})}};
+    ckpt::save_npz(zeros, dir / "stored.npz", false);
+    ckpt::save_npz(zeros, dir / "deflated.npz", true);
+    CHECK(test::fs::file_size(dir / "deflated.npz") * 50 < test::fs::file_size(dir / "stored.npz"));
+    ckpt::save_npz({}, dir / "none.npz");
+    CHECK(ckpt::load_npz(dir / "none.npz").empty());
+}
+
+TEST_CASE("NumPy reads ckpt's npz and safetensors files with identical values") {
+    test::TempDir dir;
+    const auto state = test::pattern_state();
+    ckpt::save_npz(state, dir / "pattern.npz", false);
+    ckpt::save_npz(state, dir / "pattern_compressed.npz", true);
+    ckpt::save_safetensors(state, dir / "pattern.safetensors");
+    run_python("check_ckpt_exports.py", dir.path());
+}
+
+TEST_CASE("files written by np.savez, np.savez_compressed and a Python safetensors writer import identically") {
+    test::TempDir dir;
+    run_python("write_numpy_files.py", dir.path());
+    auto want = test::pattern_state();
+    for (const char* file : {"numpy.npz", "numpy_compressed.npz"}) {
+        CAPTURE(file);
+        const auto got = ckpt::load_npz(dir / file);
+        for (const auto& [name, value] : want) {
+            CAPTURE(name);
+            REQUIRE(got.contains(name));
+            if (value.is_tensor()) CHECK(got.at(name) == value);
+        }
+        // NumPy's scalars are 0-d arrays; without ckpt's mark they stay 0-d tensors, strings strings.
+        CHECK(got.tensor("epoch_num") == ckpt::Tensor::from(std::vector<std::int64_t>{6}, ckpt::Shape{}));
+        CHECK(got.tensor("lr") == ckpt::Tensor::from(std::vector<double>{0.01}, ckpt::Shape{}));
+        CHECK(got.get<std::string>("note") == want.get<std::string>("note"));
+        CHECK(got.get<std::string>("empty_string").empty());
+        // Fortran order comes back in C order; big-endian in the host's order.
+        CHECK(got.at("fortran") == ckpt::Value(test::pattern_tensor(ckpt::DType::float32, {3, 4})));
+        CHECK(got.at("bigendian") == ckpt::Value(test::pattern_tensor(ckpt::DType::int32, {2, 3})));
+    }
+    const auto got = ckpt::load_safetensors(dir / "python.safetensors");
+    for (const auto& [name, value] : want)
+        if (value.is_tensor()) {
+            CAPTURE(name);
+            REQUIRE(got.contains(name));
+            CHECK(got.at(name) == value);
+        }
+    CHECK(got.get<std::string>("format") == "pt");
+    CHECK(got.get<std::string>("note") == want.get<std::string>("note"));
+}
+
+TEST_CASE("damaged safetensors files are FormatErrors naming the file and the field") {
+    test::TempDir dir;
+    test::LogCapture quiet;
+    ckpt::ParamDict d{{"a", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4}, {2, 2})},
+                      {"b", ckpt::Tensor::from(std::vector<std::int32_t>{5, 6})}};
+    const auto good = dir / "good.safetensors";
+    ckpt::save_safetensors(d, good);
+    const auto parts = split_safetensors(good);
+    const auto bad = dir / "bad.safetensors";
+    const std::string path = bad.string();
+    auto load = [&] { ckpt::load_safetensors(bad); };
+    auto with_header = [&](const std::string& h, const std::string& buffer) { write_safetensors(bad, h, buffer); };
+
+    SUBCASE("shorter than the length prefix") {
+        test::write_bytes(bad, {'\x10', '\0', '\0'});
+        require_format_error(load, path, "too short for the 8-byte header length");
+    }
+    SUBCASE("truncated in the buffer") {
+        auto raw = test::read_bytes(good);
+        raw.resize(raw.size() - 3);
+        test::write_bytes(bad, raw);
+        require_format_error(load, path, "tensor 'b' has data_offsets [16, 24] outside the 21-byte buffer");
+    }
+    SUBCASE("header length past the end") {
+        auto raw = test::read_bytes(good);
+        const std::uint64_t n = raw.size();
+        std::memcpy(raw.data(), &n, 8);
+        test::write_bytes(bad, raw);
+        require_format_error(load, path, "runs past the end");
+    }
+    SUBCASE("header that is not JSON") {
+        with_header("{\"a\": [", parts.buffer);
+        require_format_error(load, path, "not valid JSON");
+    }
+    SUBCASE("offsets out of range") {
+        with_header(R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"I32","shape":[2],"data_offsets":[16,40]}})",
+                    parts.buffer);
+        require_format_error(load, path, "tensor 'b' has data_offsets [16, 40] outside the 24-byte buffer");
+    }
+    SUBCASE("overlapping offsets") {
+        with_header(R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"I32","shape":[2],"data_offsets":[12,20]}})",
+                    parts.buffer);
+        require_format_error(load, path, "overlaps");
+    }
+    SUBCASE("a hole in the buffer") {
+        with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"I32","shape":[2],"data_offsets":[16,24]}})",
+                    parts.buffer);
+        require_format_error(load, path, "bytes [8, 16) of the buffer belong to no tensor");
+    }
+    SUBCASE("dtype size that does not match the shape") {
+        with_header(R"({"a":{"dtype":"F64","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"I32","shape":[2],"data_offsets":[16,24]}})",
+                    parts.buffer);
+        require_format_error(load, path, "tensor 'a' of float64[2, 2] needs 32 bytes, its data_offsets hold 16");
+    }
+    SUBCASE("a dtype ckpt does not hold") {
+        with_header(R"({"a":{"dtype":"BF16","shape":[8],"data_offsets":[0,16]},"b":{"dtype":"I32","shape":[2],"data_offsets":[16,24]}})",
+                    parts.buffer);
+        require_format_error(load, path, "tensor 'a' has dtype BF16");
+    }
+    SUBCASE("a name twice") {
+        with_header(R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"a":{"dtype":"I32","shape":[2],"data_offsets":[16,24]}})",
+                    parts.buffer);
+        require_format_error(load, path, "tensor 'a' appears twice");
+    }
+    SUBCASE("a shape that overflows") {
+        with_header(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,24]}})",
+                    parts.buffer);
+        require_format_error(load, path, "impossible shape");
+    }
+    SUBCASE("metadata that is not strings") {
+        with_header(R"({"__metadata__":{"epoch":6},"a":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})", parts.buffer);
+        require_format_error(load, path, "__metadata__ 'epoch' is not a string");
+    }
+    SUBCASE("a typed metadata value that does not parse") {
+        with_header(R"({"__metadata__":{"epoch":"six","ckpt.kinds":"{\"epoch\":\"int64\"}"},"a":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})",
+                    parts.buffer);
+        require_format_error(load, path, "__metadata__ 'epoch' = 'six' is not a int64");
+    }
+}
+
+TEST_CASE("damaged npz files are FormatErrors naming the file and the member") {
+    test::TempDir dir;
+    ckpt::ParamDict d{{"w", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3})}};
+    const auto good = dir / "good.npz";
+    ckpt::save_npz(d, good, false);
+    const auto raw = test::read_bytes(good);
+    const auto bad = dir / "bad.npz";
+    const std::string path = bad.string();
+    auto load = [&] { ckpt::load_npz(bad); };
+    // Where the member's npy data starts: after the local header (30 bytes + name "w.npy").
+    const std::size_t npy_at = 30 + 5;
+    REQUIRE(std::string(raw.begin() + npy_at + 1, raw.begin() + npy_at + 6) == "NUMPY");
+
+    SUBCASE("not a zip") {
+        test::write_bytes(bad, {'h', 'e', 'l', 'l', 'o'});
+        require_format_error(load, path, "not a readable zip archive");
+    }
+    SUBCASE("truncated") {
+        auto cut = raw;
+        cut.resize(cut.size() / 2);
+        test::write_bytes(bad, cut);
+        require_format_error(load, path, "not a readable zip archive");
+    }
+    SUBCASE("a flipped data byte fails the CRC") {
+        auto flipped = raw;
+        flipped[npy_at + 128 + 5] ^= 0x40;
+        test::write_bytes(bad, flipped);
+        require_format_error(load, path, "CRC");
+    }
+    // Edits inside the member that keep the CRC right, to reach the npy parser.
+    auto edit_member = [&](const std::function<void(std::string&)>& edit) {
+        std::string npy(raw.begin() + npy_at, raw.begin() + npy_at + 128 + 24);
+        edit(npy);
+        // Rebuild a zip holding the edited bytes as a member, with libzip.
+        int err = 0;
+        zip_t* za = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
+        REQUIRE(za != nullptr);
+        zip_source_t* src = zip_source_buffer(za, npy.data(), npy.size(), 0);
+        REQUIRE(zip_file_add(za, "w.npy", src, 0) == 0);
+        REQUIRE(zip_close(za) == 0);
+    };
+    SUBCASE("bad npy magic") {
+        edit_member([](std::string& s) { s[1] = 'X'; });
+        require_format_error(load, path, "member 'w.npy' is not an npy array (bad magic bytes)");
+    }
+    SUBCASE("npy header length past the member") {
+        edit_member([](std::string& s) { s[8] = '\xff'; s[9] = '\x7f'; });
+        require_format_error(load, path, "npy header of 32767 bytes");
+    }
+    SUBCASE("shape that does not match the data") {
+        edit_member([](std::string& s) { s.replace(s.find("(2, 3)"), 6, "(2, 4)"); });
+        require_format_error(load, path, "holds 24 data bytes, its header describes 32");
+    }
+    SUBCASE("a dtype ckpt does not hold") {
+        edit_member([](std::string& s) { s.replace(s.find("<f4"), 3, "<c8"); });
+        require_format_error(load, path, "dtype '<c8' is not one ckpt holds");
+    }
+    SUBCASE("a header that is not a dict") {
+        edit_member([](std::string& s) { s.replace(s.find("{'descr'"), 8, "['descr'"); });
+        require_format_error(load, path, "expected '{'");
+    }
+    SUBCASE("a member that is not .npy") {
+        int err = 0;
+        zip_t* za = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
+        REQUIRE(za != nullptr);
+        static const char text[] = "hello";
+        REQUIRE(zip_file_add(za, "readme.txt", zip_source_buffer(za, text, 5, 0), 0) == 0);
+        REQUIRE(zip_close(za) == 0);
+        require_format_error(load, path, "member 'readme.txt' is not a .npy array");
+    }
+}
+
+TEST_CASE("interop writes are atomic: an error leaves the existing file and no temporary") {
+    test::TempDir dir;
+    ckpt::ParamDict first{{"w", ckpt::Tensor::from(std::vector<float>{1, 2})}};
+    ckpt::save_safetensors(first, dir / "w.safetensors");
+    ckpt::save_npz(first, dir / "w.npz");
+    ckpt::ParamDict reserved = first;
+    reserved.set("__metadata__", ckpt::Tensor::from(std::vector<float>{3}));
+    CHECK_THROWS_WITH_AS(ckpt::save_safetensors(reserved, dir / "w.safetensors"),
+                         doctest::Contains("the entry name '__metadata__' is reserved"), ckpt::ConfigError);
+    ckpt::ParamDict bad_utf8{{"s", std::string("\xff\xfe")}};
+    CHECK_THROWS_WITH_AS(ckpt::save_npz(bad_utf8, dir / "w.npz"), doctest::Contains("string 's' is not valid UTF-8"),
+                         ckpt::ConfigError);
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"w.npz", "w.safetensors"});
+    require_same_entries(ckpt::load_safetensors(dir / "w.safetensors"), first);
+    require_same_entries(ckpt::load_npz(dir / "w.npz"), first);
+    CHECK_THROWS_AS(ckpt::save_npz(first, dir / "missing" / "w.npz"), ckpt::IoError);
+    CHECK_THROWS_WITH_AS(ckpt::load_npz(dir / "absent.npz"), doctest::Contains("absent.npz"), ckpt::IoError);
+}
+
+}  // TEST_SUITE
