@@ -128,7 +128,10 @@ TEST_CASE("ckpt-run forwards SIGTERM to the workers and exits with 128 + 15, bad
 
     test::Process bad({CKPT_RUN, "--nproc", "0", "--store", url, "--", "/bin/true"}, (dir / "bad.log").string());
     CHECK(bad.wait(10s) == 2);
-    CHECK(bad.output().find("--nproc must be at least 1") != std::string::npos);
+    CHECK(bad.output().find("--nproc: Value 0 not in range 1") != std::string::npos);
+    test::Process help({CKPT_RUN, "--help"}, (dir / "help.log").string());
+    CHECK(help.wait(10s) == 0);
+    CHECK(help.output().find("--max-restarts") != std::string::npos);
     test::Process nostore({CKPT_RUN, "--nproc", "2", "--", "/bin/true"}, (dir / "nostore.log").string());
     CHECK(nostore.wait(10s) == 2);
     CHECK(nostore.output().find("--store is required") != std::string::npos);

@@ -1,5 +1,6 @@
 // ckpt-run: starts the workers of a job on this host, restarts those that fail, forwards
-// signals, and exits with the job's status (like the seed's msrun, or torchrun).
+// signals, and exits with the job's status (like the seed's msrun, or torchrun). --help
+// prints the options.
 //
 //   ckpt-run --nproc N --store URL [--first-rank F] [--world-size W] [--max-restarts K]
 //            [--grace SECONDS] -- PROGRAM ARGS...
@@ -18,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -33,22 +36,6 @@ namespace {
 
 volatile sig_atomic_t forwarded_signal = 0;
 void on_signal(int sig) { forwarded_signal = sig; }
-
-[[noreturn]] void usage(const std::string& problem) {
-    std::fprintf(stderr,
-                 "ckpt-run: %s\nusage: ckpt-run --nproc N --store URL [--first-rank F] [--world-size W] "
-                 "[--max-restarts K] [--grace SECONDS] -- PROGRAM ARGS...\n",
-                 problem.c_str());
-    std::exit(2);
-}
-
-int to_int(const std::string& flag, const char* text) {
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(text, &end, 10);
-    if (errno || !end || *end || v < 0 || v > 1000000) usage(flag + " needs a non-negative integer, got '" + text + "'");
-    return static_cast<int>(v);
-}
 
 struct Worker {
     int local = 0;
@@ -115,32 +102,42 @@ void stop_all(std::vector<Worker>& workers, int sig, std::chrono::seconds grace)
 }  // namespace
 
 int main(int argc, char** argv) {
-    int nproc = -1, first_rank = 0, world = -1, max_restarts = 0, grace = 30;
+    CLI::App app{"ckpt-run: starts the workers of a job on this host, restarts those that fail, forwards SIGTERM, "
+                 "SIGINT and SIGUSR1, and exits with the job's status (0 when every worker exited 0, 2 for bad "
+                 "arguments).\nEach worker gets RANK, WORLD_SIZE, CKPT_STORE, MS_NODE_ID, MS_WORKER_NUM, LOCAL_RANK "
+                 "and CKPT_RESTARTS.",
+                 "ckpt-run"};
+    int nproc = 0, first_rank = 0, world = -1, max_restarts = 0, grace = 30;
     std::string store;
-    int i = 1;
-    for (; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--") {
-            ++i;
-            break;
-        }
-        if (i + 1 >= argc) usage(a + " needs a value");
-        if (a == "--nproc") nproc = to_int(a, argv[++i]);
-        else if (a == "--store") store = argv[++i];
-        else if (a == "--first-rank") first_rank = to_int(a, argv[++i]);
-        else if (a == "--world-size") world = to_int(a, argv[++i]);
-        else if (a == "--max-restarts") max_restarts = to_int(a, argv[++i]);
-        else if (a == "--grace") grace = to_int(a, argv[++i]);
-        else usage("unknown option " + a);
+    app.add_option("--nproc", nproc, "Workers to start on this host")->required()->check(CLI::Range(1, 1000000));
+    app.add_option("--store", store, "Where the workers meet: file:///dir or redis://host:port")->required();
+    app.add_option("--first-rank", first_rank, "Rank of this host's first worker")->check(CLI::Range(0, 1000000));
+    app.add_option("--world-size", world, "Workers in the whole job (default: --nproc)")->check(CLI::Range(1, 1000000));
+    app.add_option("--max-restarts", max_restarts, "Times a failed worker is started again")->check(CLI::Range(0, 1000000));
+    app.add_option("--grace", grace, "Seconds between SIGTERM and SIGKILL when stopping workers")->check(CLI::Range(0, 1000000));
+    app.footer("Usage: ckpt-run --nproc N --store URL [options] -- PROGRAM ARGS...");
+    app.prefix_command();  // PROGRAM and its arguments pass through untouched
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == 0) return app.exit(e);
+        std::fprintf(stderr, "ckpt-run: %s\nRun 'ckpt-run --help' for usage.\n", e.what());
+        return 2;
     }
-    if (i >= argc) usage("no program given after --");
-    if (nproc < 1) usage("--nproc must be at least 1");
-    if (store.empty()) usage("--store is required (file:///dir or redis://host:port)");
+    std::vector<std::string> rest = app.remaining();
+    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+    if (rest.empty()) {
+        std::fprintf(stderr, "ckpt-run: no program given after --\nRun 'ckpt-run --help' for usage.\n");
+        return 2;
+    }
     if (world < 0) world = nproc;
-    if (first_rank + nproc > world)
-        usage("ranks " + std::to_string(first_rank) + ".." + std::to_string(first_rank + nproc - 1) +
-              " do not fit a world of " + std::to_string(world));
-    char** program = argv + i;
+    if (first_rank + nproc > world) {
+        std::fprintf(stderr, "ckpt-run: ranks %d..%d do not fit a world of %d\n", first_rank, first_rank + nproc - 1, world);
+        return 2;
+    }
+    std::vector<char*> program;
+    for (auto& a : rest) program.push_back(a.data());
+    program.push_back(nullptr);
 
     struct sigaction sa {};
     sa.sa_handler = on_signal;
@@ -150,7 +147,8 @@ int main(int argc, char** argv) {
     std::vector<Worker> workers(static_cast<std::size_t>(nproc));
     for (int w = 0; w < nproc; ++w) {
         workers[static_cast<std::size_t>(w)].local = w;
-        workers[static_cast<std::size_t>(w)].pid = start(workers[static_cast<std::size_t>(w)], first_rank, world, store, program);
+        workers[static_cast<std::size_t>(w)].pid =
+            start(workers[static_cast<std::size_t>(w)], first_rank, world, store, program.data());
         if (workers[static_cast<std::size_t>(w)].pid < 0) {
             stop_all(workers, SIGTERM, std::chrono::seconds(grace));
             return 1;
@@ -183,7 +181,7 @@ int main(int argc, char** argv) {
                 ++w.restarts;
                 std::fprintf(stderr, "ckpt-run: rank %d (pid %d) %s; starting it again (restart %d of %d)\n", rank,
                              static_cast<int>(pid), describe(st).c_str(), w.restarts, max_restarts);
-                w.pid = start(w, first_rank, world, store, program);
+                w.pid = start(w, first_rank, world, store, program.data());
                 if (w.pid >= 0) break;
             }
             std::fprintf(stderr, "ckpt-run: rank %d (pid %d) %s; no restarts left: stopping the job\n", rank,

@@ -1782,6 +1782,35 @@ private:
     std::uint64_t buffer_ticket_ = 0;
 };
 
+/// Reads the body through a small buffer with pread(), hashing nothing: for reading the
+/// table of contents alone, which stops long before the payloads.
+class UncheckedBodyReader final : public std::streambuf {
+public:
+    UncheckedBodyReader(int fd, std::string path, std::uint64_t length)
+        : fd_(fd), path_(std::move(path)), length_(length), buf_(new char[stream_buffer_size]) {
+        setg(buf_.get(), buf_.get(), buf_.get());
+    }
+    std::uint64_t position() const noexcept { return filled_ - static_cast<std::uint64_t>(egptr() - gptr()); }
+    std::uint64_t length() const noexcept { return length_; }
+
+protected:
+    int_type underflow() override {
+        if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+        if (filled_ == length_) return traits_type::eof();
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(stream_buffer_size, length_ - filled_));
+        pread_exact(fd_, buf_.get(), len, header_size + filled_, path_);
+        filled_ += len;
+        setg(buf_.get(), buf_.get(), buf_.get() + len);
+        return traits_type::to_int_type(*gptr());
+    }
+
+private:
+    int fd_;
+    std::string path_;
+    std::uint64_t length_, filled_ = 0;
+    std::unique_ptr<char[]> buf_;
+};
+
 /// Reads from a body already in memory and verified; lets tensors alias their payloads.
 class MemoryReader final : public std::streambuf {
 public:
@@ -1824,6 +1853,16 @@ struct LoadReport {
     std::vector<std::string> mismatches;      ///< same name, other dtype or shape (also in both lists above)
     ParamDict rest;                           ///< checkpoint entries not loaded into the target
     bool complete() const { return param_not_load.empty() && ckpt_not_load.empty(); }
+};
+
+/// One entry of a checkpoint's table of contents: name and kind; dtype, shape and size for a
+/// tensor; the value itself for the other kinds.
+using EntryInfo = detail::EntryMeta;
+
+/// What read_contents() finds at the start of a file.
+struct CheckpointContents {
+    FileHeader header;
+    std::vector<EntryInfo> entries;
 };
 
 /// A type whose named state can be loaded in place: state_dict() returns views of its tensors.
@@ -1901,6 +1940,16 @@ inline void reject_duplicates(const std::vector<EntryMeta>& toc, const std::stri
             throw FormatError("checkpoint '" + path + "' is malformed: entry '" + e.name + "' appears twice", path);
 }
 
+/// The text archive reads its signature as a length-prefixed string, allocating what the
+/// length says before reading: check the signature first.
+inline void check_text_signature(const std::byte* body, std::size_t n, const std::string& path) {
+    constexpr std::string_view signature = "22 serialization::archive ";
+    if (n < signature.size() || std::memcmp(body, signature.data(), signature.size()) != 0)
+        throw FormatError("checkpoint '" + path + "' is malformed: the text body does not start with '" +
+                              std::string(signature) + "'",
+                          path);
+}
+
 /// Parses a verified in-memory body. Binary payloads that sit 64-byte aligned (all of ours)
 /// become tensors aliasing the body block: no copy.
 inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, std::uint64_t n,
@@ -1939,13 +1988,7 @@ inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, s
                 return parse(ar);
             }
             case ArchiveKind::text: {
-                // The archive reads its signature as a length-prefixed string, allocating what
-                // the length says before reading: check the signature first.
-                constexpr std::string_view signature = "22 serialization::archive ";
-                if (n < signature.size() || std::memcmp(body.get(), signature.data(), signature.size()) != 0)
-                    throw FormatError("checkpoint '" + path + "' is malformed: the text body does not start with '" +
-                                          std::string(signature) + "'",
-                                      path);
+                check_text_signature(body.get(), static_cast<std::size_t>(n), path);
                 std::istream is(&src);
                 boost::archive::text_iarchive ar(is);
                 return parse(ar);
@@ -2080,6 +2123,53 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
 /// Reads and checks the header only (64 bytes): cheap, but says nothing about the body.
 inline FileHeader read_header(const fs::path& file) {
     return detail::open_checkpoint(file.string(), {}).header;
+}
+
+/// Reads the header and the table of contents, never the tensor payloads: cheap for a file of
+/// any size. The body checksum is not checked (that needs every byte; verify_checkpoint).
+inline CheckpointContents read_contents(const fs::path& file) {
+    const std::string path = file.string();
+    auto c = detail::open_checkpoint(path, {});
+    detail::UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    CheckpointContents out{c.header, {}};
+    auto read = [&](auto& ar) {
+        detail::BodyParser parser(ar, src, path);
+        out.entries = parser.read_toc();
+        detail::reject_duplicates(out.entries, path);
+    };
+    detail::translating_archive_errors(path, [&] {
+        switch (c.header.archive) {
+            case ArchiveKind::binary: {
+                boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
+                read(ar);
+                break;
+            }
+            case ArchiveKind::text:
+            case ArchiveKind::xml: {
+                if (c.header.archive == ArchiveKind::text) {
+                    std::array<std::byte, 32> first{};
+                    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
+                    detail::pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
+                    detail::check_text_signature(first.data(), n, path);
+                }
+                std::istream is(&src);
+                // The archives read on in their destructors (xml: its closing tag, which a
+                // destructor can only report by ending the process): a failed stream stops them.
+                auto stop_reading = [&] { is.setstate(std::ios::failbit); };
+                if (c.header.archive == ArchiveKind::text) {
+                    boost::archive::text_iarchive ar(is);
+                    read(ar);
+                    stop_reading();
+                } else {
+                    boost::archive::xml_iarchive ar(is);
+                    read(ar);
+                    stop_reading();
+                }
+                break;
+            }
+        }
+    });
+    return out;
 }
 
 /// Reads the whole file and checks header and body checksum; throws if anything is wrong.

@@ -167,6 +167,35 @@ private:
     std::uint64_t buffer_ticket_ = 0;
 };
 
+/// Reads the body through a small buffer with pread(), hashing nothing: for reading the
+/// table of contents alone, which stops long before the payloads.
+class UncheckedBodyReader final : public std::streambuf {
+public:
+    UncheckedBodyReader(int fd, std::string path, std::uint64_t length)
+        : fd_(fd), path_(std::move(path)), length_(length), buf_(new char[stream_buffer_size]) {
+        setg(buf_.get(), buf_.get(), buf_.get());
+    }
+    std::uint64_t position() const noexcept { return filled_ - static_cast<std::uint64_t>(egptr() - gptr()); }
+    std::uint64_t length() const noexcept { return length_; }
+
+protected:
+    int_type underflow() override {
+        if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+        if (filled_ == length_) return traits_type::eof();
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(stream_buffer_size, length_ - filled_));
+        pread_exact(fd_, buf_.get(), len, header_size + filled_, path_);
+        filled_ += len;
+        setg(buf_.get(), buf_.get(), buf_.get() + len);
+        return traits_type::to_int_type(*gptr());
+    }
+
+private:
+    int fd_;
+    std::string path_;
+    std::uint64_t length_, filled_ = 0;
+    std::unique_ptr<char[]> buf_;
+};
+
 /// Reads from a body already in memory and verified; lets tensors alias their payloads.
 class MemoryReader final : public std::streambuf {
 public:

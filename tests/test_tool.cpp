@@ -1,0 +1,297 @@
+// The ckpt command-line tool (tools/ckpt.cpp): every subcommand, its output and its exit codes.
+#include <ckpt/interop.hpp>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <limits>
+
+#include "support.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Run {
+    int status = -1;
+    std::string out, err;
+};
+
+/// Runs the tool with `args`, stdout and stderr kept apart; fails the test after 60 s.
+Run ckpt_tool(const std::vector<std::string>& args, const test::fs::path& scratch) {
+    const std::string out = (scratch / ".tool.out").string(), err = (scratch / ".tool.err").string();
+    std::vector<std::string> argv{CKPT_TOOL};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> raw;
+    for (auto& a : argv) raw.push_back(a.data());
+    raw.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, raw[0], &actions, nullptr, raw.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    REQUIRE(rc == 0);
+    Run r;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    int st = 0;
+    while (::waitpid(pid, &st, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > deadline) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &st, 0);
+            FAIL("ckpt tool did not finish within 60 s");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    auto slurp = [](const std::string& p) {
+        auto b = test::read_bytes(p);
+        return std::string(b.begin(), b.end());
+    };
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+void save_at(const ckpt::ParamDict& d, const test::fs::path& p, std::int64_t epoch, std::int64_t step) {
+    test::fs::create_directories(p.parent_path());
+    ckpt::save_checkpoint(d, p, {.epoch = epoch, .step = step});
+}
+
+ckpt::ParamDict small_state(float scale) {
+    ckpt::ParamDict d;
+    d.set("layer.weight", ckpt::Tensor::from(std::vector<float>{1 * scale, 2 * scale, 3 * scale, 4 * scale}, {2, 2}));
+    d.set("layer.bias", ckpt::Tensor::from(std::vector<double>{0.5, -0.5}));
+    d.set("epoch_num", std::int64_t{3});
+    d.set("note", std::string("hello"));
+    return d;
+}
+
+}  // namespace
+
+TEST_SUITE("tool") {
+
+TEST_CASE("ckpt --help and every subcommand's --help exit 0 with usage on stdout, usage errors exit 2") {
+    test::TempDir dir;
+    auto top = ckpt_tool({"--help"}, dir.path());
+    CHECK(top.status == 0);
+    for (const char* sub : {"ls", "show", "verify", "diff", "export", "import"}) {
+        CAPTURE(sub);
+        CHECK(contains(top.out, sub));
+        auto r = ckpt_tool({sub, "--help"}, dir.path());
+        CHECK(r.status == 0);
+        CHECK(contains(r.out, std::string("Usage:")));
+        CHECK(r.err.empty());
+    }
+    for (const std::vector<std::string>& bad : std::vector<std::vector<std::string>>{
+             {}, {"frobnicate"}, {"show"}, {"diff", "a.ckpt"}, {"ls", "d", "--bogus"}, {"diff", "a", "b", "--atol", "-1"},
+             {"import", "in.npz", "out.ckpt", "--archive", "zip"}}) {
+        CAPTURE(bad.size());
+        auto r = ckpt_tool(bad, dir.path());
+        CHECK(r.status == 2);
+        CHECK(contains(r.err, "--help"));
+    }
+    auto wrong_ext = ckpt_tool({"export", "x.ckpt", (dir / "out.txt").string()}, dir.path());
+    CHECK(wrong_ext.status == 2);
+    CHECK(contains(wrong_ext.err, "must end in .safetensors or .npz"));
+}
+
+TEST_CASE("ckpt ls lists every layout in order, with validity and what latest picks") {
+    test::TempDir dir;
+    const auto root = dir.path();
+    const auto s = small_state(1);
+    for (int e = 1; e <= 3; ++e) save_at(s, root / ("lenet-" + std::to_string(e) + "_10.ckpt"), e, 10);
+    save_at(s, root / "lenet_1-4_10.ckpt", 4, 10);
+    save_at(s, root / "lenet_1-5_10.ckpt", 5, 10);
+    save_at(s, root / "lenet_1-5_3_breakpoint.ckpt", 5, 3);
+    save_at(s, root / "heat-250.ckpt", 1, 250);
+    save_at(s, root / "heat-500.ckpt", 1, 500);
+    for (int r = 0; r < 2; ++r) {
+        save_at(s, root / "ttp" / "tft_saved_checkpoints-step_7" / ("rank_" + std::to_string(r)) /
+                       ("ttp_rank_" + std::to_string(r) + "-1_7.ckpt"), 1, 7);
+        save_at(s, root / ("rank_" + std::to_string(r)) / "mlp-1_5.ckpt", 1, 5);
+    }
+    test::flip_bit(root / "lenet_1-5_10.ckpt", 200);  // the newest regular file is damaged
+    test::write_bytes(root / ".lenet-9_10.ckpt.tmp-1-0", {'x'});  // a temporary is no checkpoint
+
+    auto r = ckpt_tool({"ls", root.string(), "--json"}, dir.path());
+    REQUIRE(r.status == 0);
+    const auto j = json::parse(r.out);
+    std::map<std::string, json> groups;
+    for (const auto& g : j["checkpoints"]) groups[g["group"].get<std::string>()] = g;
+    INFO(r.out);
+    const auto lenet = groups.at((root.string()) + " prefix 'lenet'")["checkpoints"];
+    std::vector<std::string> order;
+    for (const auto& c : lenet) order.push_back(test::fs::path(c["path"].get<std::string>()).filename().string());
+    CHECK(order == std::vector<std::string>{"lenet-1_10.ckpt", "lenet-2_10.ckpt", "lenet-3_10.ckpt", "lenet_1-4_10.ckpt",
+                                            "lenet_1-5_3_breakpoint.ckpt", "lenet_1-5_10.ckpt"});
+    CHECK(lenet[4]["kind"] == "breakpoint");
+    CHECK(lenet[5]["valid"] == false);
+    CHECK(contains(lenet[5]["problem"].get<std::string>(), "corrupt"));
+    CHECK(lenet[3]["latest"] == true);  // what ckpt::latest() returns: the damaged file and the breakpoint are passed over
+    CHECK(ckpt::latest(root, "lenet")->filename() == "lenet_1-4_10.ckpt");
+    const auto heat = groups.at(root.string() + " prefix 'heat'");
+    CHECK(heat["naming"] == "StepNaming");
+    CHECK(heat["checkpoints"][1]["latest"] == true);
+    const auto ttp = groups.at((root / "ttp").string())["checkpoints"];
+    REQUIRE(ttp.size() == 2);
+    CHECK(ttp[0]["kind"] == "last_words");
+    CHECK(ttp[1]["rank"] == 1);
+    CHECK((ttp[0]["latest"] == true && ttp[1]["latest"] == true));
+    CHECK(groups.count((root / "rank_1").string() + " prefix 'mlp'") == 1);
+    for (const auto& [name, g] : groups)
+        for (const auto& c : g["checkpoints"]) CHECK_FALSE(contains(c["path"].get<std::string>(), ".tmp-"));
+
+    auto text = ckpt_tool({"ls", root.string(), "--prefix", "lenet"}, dir.path());
+    CHECK(text.status == 0);
+    CHECK(contains(text.out, "lenet_1-4_10.ckpt"));
+    CHECK(contains(text.out, "<- latest"));
+    CHECK(contains(text.out, "INVALID"));
+    CHECK_FALSE(contains(text.out, "heat-"));
+    auto missing = ckpt_tool({"ls", (root / "nowhere").string()}, dir.path());
+    CHECK(missing.status == 1);
+    CHECK(contains(missing.err, "nowhere"));
+}
+
+TEST_CASE("ckpt show prints the header and entries without reading payloads, --stats adds statistics") {
+    test::TempDir dir;
+    ckpt::ParamDict d = small_state(1);
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    d.set("odd", ckpt::Tensor::from(std::vector<float>{1, nan, 3, inf, -inf, 5}, {2, 3}));
+    const auto file = dir / "s.ckpt";
+    ckpt::save_checkpoint(d, file, {.epoch = 4, .step = 17});
+
+    auto r = ckpt_tool({"show", file.string()}, dir.path());
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.out, "epoch 4, step 17"));
+    CHECK(contains(r.out, "layer.weight"));
+    CHECK(contains(r.out, "[2, 2]"));
+    CHECK(contains(r.out, "\"hello\""));
+
+    auto j = json::parse(ckpt_tool({"show", file.string(), "--stats", "--json"}, dir.path()).out);
+    CHECK(j["header"]["epoch"] == 4);
+    CHECK(j["header"]["archive"] == "binary");
+    CHECK(j["checksum_verified"] == true);
+    const auto& odd = j["entries"][4];
+    CHECK(odd["name"] == "odd");
+    CHECK(odd["stats"]["nan"] == 1);
+    CHECK(odd["stats"]["inf"] == 2);
+    CHECK(odd["stats"]["min"] == 1.0);
+    CHECK(odd["stats"]["max"] == 5.0);
+    CHECK(odd["stats"]["mean"] == 3.0);
+    CHECK(odd["stats"]["std"].get<double>() == doctest::Approx(std::sqrt(8.0 / 3.0)));
+    CHECK(j["entries"][2]["value"] == 3);
+
+    // A damaged payload: show without --stats does not read it; --stats verifies and fails.
+    test::flip_bit(file, test::fs::file_size(file) - 2);
+    CHECK(ckpt_tool({"show", file.string()}, dir.path()).status == 0);
+    auto stats = ckpt_tool({"show", file.string(), "--stats"}, dir.path());
+    CHECK(stats.status == 1);
+    CHECK(contains(stats.err, file.string()));
+    CHECK(contains(stats.err, "corrupt"));
+    auto not_ckpt = ckpt_tool({"show", (dir / ".tool.out").string()}, dir.path());
+    CHECK(not_ckpt.status == 1);
+    CHECK(contains(not_ckpt.err, "not a ckpt checkpoint"));
+}
+
+TEST_CASE("ckpt verify exits 0 only when every file verifies, naming each failure") {
+    test::TempDir dir;
+    for (int i = 1; i <= 3; ++i) save_at(small_state(static_cast<float>(i)), dir / "run" / ("m-" + std::to_string(i) + "_1.ckpt"), i, 1);
+    auto ok = ckpt_tool({"verify", (dir / "run").string()}, dir.path());
+    CHECK(ok.status == 0);
+    CHECK(contains(ok.out, "3 verified, 0 failed"));
+    test::flip_bit(dir / "run" / "m-2_1.ckpt", 150);
+    auto bad = ckpt_tool({"verify", (dir / "run").string(), (dir / "run" / "m-1_1.ckpt").string()}, dir.path());
+    CHECK(bad.status == 1);
+    CHECK(contains(bad.out, "FAILED " + (dir / "run" / "m-2_1.ckpt").string()));
+    CHECK(contains(bad.out, "3 verified, 1 failed"));
+    auto absent = ckpt_tool({"verify", (dir / "absent.ckpt").string()}, dir.path());
+    CHECK(absent.status == 1);
+    CHECK(contains(absent.out, "absent.ckpt"));
+    test::fs::create_directories(dir / "empty");
+    CHECK(ckpt_tool({"verify", (dir / "empty").string()}, dir.path()).status == 1);
+}
+
+TEST_CASE("ckpt diff reports missing, extra, mismatched and differing entries, within tolerance") {
+    test::TempDir dir;
+    const auto a = dir / "a.ckpt", b = dir / "b.ckpt", c = dir / "c.ckpt", e = dir / "e.ckpt";
+    ckpt::save_checkpoint(small_state(1), a);
+    ckpt::save_checkpoint(small_state(1), e);
+    ckpt::save_checkpoint(small_state(1.001f), b);
+    auto other = small_state(1);
+    other.erase("note");
+    other.set("extra", 1.5);
+    other.set("layer.bias", ckpt::Tensor::from(std::vector<float>{0.5f, -0.5f}));
+    ckpt::save_checkpoint(other, c);
+
+    auto same = ckpt_tool({"diff", a.string(), e.string()}, dir.path());
+    CHECK(same.status == 0);
+    CHECK(contains(same.out, "4 bit-equal, 0 within tolerance, 0 different"));
+    auto differ = ckpt_tool({"diff", a.string(), b.string()}, dir.path());
+    CHECK(differ.status == 1);
+    CHECK(contains(differ.out, "'layer.weight': max |A-B| 0.004"));
+    auto within = ckpt_tool({"diff", a.string(), b.string(), "--rtol", "0.002"}, dir.path());
+    CHECK(within.status == 0);
+    CHECK(contains(within.out, "within tolerance, not bit-equal"));
+    CHECK(ckpt_tool({"diff", a.string(), b.string(), "--atol", "0.01"}, dir.path()).status == 0);
+    auto shape = ckpt_tool({"diff", a.string(), c.string()}, dir.path());
+    CHECK(shape.status == 1);
+    CHECK(contains(shape.out, "'layer.bias': A has float64[2], B has float32[2]"));
+    CHECK(contains(shape.out, "only in A: 'note'"));
+    CHECK(contains(shape.out, "only in B: 'extra'"));
+    auto unreadable = ckpt_tool({"diff", a.string(), (dir / "missing.ckpt").string()}, dir.path());
+    CHECK(unreadable.status == 1);
+    CHECK(contains(unreadable.err, "missing.ckpt"));
+}
+
+TEST_CASE("ckpt export and import move entries through safetensors and npz, with --select and --rename") {
+    test::TempDir dir;
+    const auto src = dir / "src.ckpt";
+    const auto state = test::sample_state();
+    ckpt::save_checkpoint(state, src);
+    for (const char* ext : {".safetensors", ".npz"}) {
+        CAPTURE(ext);
+        const auto out = dir / (std::string("all") + ext), back = dir / (std::string("back") + ext + ".ckpt");
+        REQUIRE(ckpt_tool({"export", src.string(), out.string()}, dir.path()).status == 0);
+        auto imp = ckpt_tool({"import", out.string(), back.string(), "--epoch", "7", "--step", "123", "--archive", "text"},
+                             dir.path());
+        REQUIRE(imp.status == 0);
+        const auto h = ckpt::read_header(back);
+        CHECK(h.epoch == 7);
+        CHECK(h.step == 123);
+        CHECK(h.archive == ckpt::ArchiveKind::text);
+        CHECK(ckpt_tool({"diff", src.string(), back.string()}, dir.path()).status == 0);
+        // The existing output is kept without --force.
+        const auto before = test::read_bytes(out);
+        auto again = ckpt_tool({"export", src.string(), out.string(), "--select", "f16"}, dir.path());
+        CHECK(again.status == 1);
+        CHECK(contains(again.err, "pass --force"));
+        CHECK(test::read_bytes(out) == before);
+    }
+    const auto renamed = dir / "renamed.npz";
+    REQUIRE(ckpt_tool({"export", src.string(), renamed.string(), "--select", "^(conv1|f64)", "--rename", "conv1.=backbone.conv1.",
+                       "--compress"},
+                      dir.path())
+                .status == 0);
+    const auto got = ckpt::load_npz(renamed);
+    CHECK(got.size() == 2);
+    CHECK(got.at("backbone.conv1.weight") == state.at("conv1.weight"));
+    CHECK(got.at("f64") == state.at("f64"));
+    auto collide = ckpt_tool({"export", src.string(), (dir / "c.safetensors").string(), "--rename", "i32=i64"}, dir.path());
+    CHECK(collide.status == 1);
+    CHECK(contains(collide.err, "maps both 'i32' and 'i64' to 'i64'"));
+    CHECK_FALSE(test::fs::exists(dir / "c.safetensors"));
+    test::write_bytes(dir / "junk.safetensors", {'\x04', 0, 0, 0, 0, 0, 0, 0, 'n', 'o', 'p', 'e'});
+    auto junk = ckpt_tool({"import", (dir / "junk.safetensors").string(), (dir / "j.ckpt").string()}, dir.path());
+    CHECK(junk.status == 1);
+    CHECK(contains(junk.err, "junk.safetensors"));
+    CHECK_FALSE(test::fs::exists(dir / "j.ckpt"));
+}
+
+}  // TEST_SUITE

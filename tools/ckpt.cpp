@@ -1,0 +1,697 @@
+// ckpt: look inside checkpoints, check them, compare them, and move their tensors to and from
+// safetensors and NumPy's npz.
+//
+//   ckpt ls DIR [--prefix P] [--headers-only] [--json]
+//   ckpt show FILE [--stats] [--json]
+//   ckpt verify FILE|DIR ...
+//   ckpt diff A B [--atol X] [--rtol Y]
+//   ckpt export FILE OUT.safetensors|OUT.npz [--select REGEX] [--rename FROM=TO]... [--compress] [--force]
+//   ckpt import IN.safetensors|IN.npz OUT.ckpt [--epoch E] [--step S] [--archive KIND] [--select] [--rename] [--force]
+//
+// Exit status: 0 success (for diff: equal within tolerance; for verify: every file verified),
+// 1 failure (for diff: a difference), 2 a usage error.
+
+#include <ckpt/ckpt.hpp>
+#include <ckpt/interop.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = boost::filesystem;
+using json = nlohmann::ordered_json;
+
+/// A failure the tool reports and exits 1 for (a usage error is CLI11's, exit 2).
+struct Failure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+std::string human_size(std::uint64_t n) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(n);
+    int u = 0;
+    while (v >= 1024 && u < 4) v /= 1024, ++u;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+    return buf;
+}
+
+std::string utc_time(std::int64_t ns) {
+    const std::time_t t = static_cast<std::time_t>(ns / 1'000'000'000);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+std::string hex64(std::uint64_t v) { return ckpt::detail::hex64(v); }
+
+std::string scalar_text(const ckpt::Value& v) {
+    if (auto* i = v.get_if<std::int64_t>()) return std::to_string(*i);
+    if (auto* d = v.get_if<double>()) return ckpt::detail::double_text(*d);
+    if (auto* b = v.get_if<bool>()) return *b ? "true" : "false";
+    if (auto* s = v.get_if<std::string>()) return json(*s).dump();
+    return "";
+}
+
+json scalar_json(const ckpt::Value& v) {
+    if (auto* i = v.get_if<std::int64_t>()) return *i;
+    if (auto* d = v.get_if<double>()) return std::isfinite(*d) ? json(*d) : json(ckpt::detail::double_text(*d));
+    if (auto* b = v.get_if<bool>()) return *b;
+    if (auto* s = v.get_if<std::string>()) return *s;
+    return nullptr;
+}
+
+std::string kind_name(ckpt::ValueKind k) { return ckpt::detail::value_kind_name(k); }
+
+bool is_temporary(const fs::path& p) { return ckpt::detail::temporary_owner(p.filename().string()).has_value(); }
+
+// ---------------------------------------------------------------------------------------------
+// Reading any of the three formats
+
+enum class FileFormat { checkpoint, safetensors, npz };
+
+FileFormat format_of(const fs::path& p) {
+    const auto ext = p.extension().string();
+    if (ext == ".safetensors") return FileFormat::safetensors;
+    if (ext == ".npz") return FileFormat::npz;
+    return FileFormat::checkpoint;
+}
+
+ckpt::ParamDict load_any(const fs::path& p) {
+    switch (format_of(p)) {
+        case FileFormat::safetensors: return ckpt::load_safetensors(p);
+        case FileFormat::npz: return ckpt::load_npz(p);
+        case FileFormat::checkpoint: break;
+    }
+    return ckpt::load_checkpoint(p);
+}
+
+/// --select REGEX and --rename FROM=TO (prefix mappings, the first that matches applies).
+struct Selection {
+    std::string select;
+    std::vector<std::string> renames;
+
+    ckpt::ParamDict apply(const ckpt::ParamDict& in) const {
+        std::optional<std::regex> re;
+        if (!select.empty()) {
+            try {
+                re.emplace(select);
+            } catch (const std::regex_error& e) {
+                throw UsageError("--select '" + select + "' is not a valid regular expression: " + e.what());
+            }
+        }
+        std::vector<std::pair<std::string, std::string>> maps;
+        for (const auto& r : renames) {
+            const auto eq = r.find('=');
+            if (eq == std::string::npos) throw UsageError("--rename '" + r + "' is not FROM=TO");
+            maps.emplace_back(r.substr(0, eq), r.substr(eq + 1));
+        }
+        ckpt::ParamDict out;
+        std::map<std::string, std::string> origin;
+        for (const auto& [name, value] : in) {
+            if (re && !std::regex_search(name, *re)) continue;
+            std::string renamed = name;
+            for (const auto& [from, to] : maps)
+                if (name.starts_with(from)) {
+                    renamed = to + name.substr(from.size());
+                    break;
+                }
+            if (auto [it, fresh] = origin.emplace(renamed, name); !fresh)
+                throw Failure("--rename maps both '" + it->second + "' and '" + name + "' to '" + renamed + "'");
+            out.set(renamed, value);
+        }
+        return out;
+    }
+};
+
+void refuse_overwrite(const fs::path& out, bool force) {
+    if (!force && fs::exists(out)) throw Failure("'" + out.string() + "' exists; pass --force to replace it");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ls
+
+struct Listed {
+    fs::path path;
+    std::string group;          // directory + prefix, or the last-words root
+    std::string prefix, naming;
+    ckpt::NameParts parts;
+    bool named = false;         // its name carries run, epoch and step
+    bool last_words = false;
+    std::uint64_t size = 0;
+    std::optional<ckpt::FileHeader> header;
+    std::optional<std::string> problem;
+    bool latest = false;
+};
+
+/// The names a checkpoint file could follow, tried with the base prefix its name suggests
+/// ("lenet_1-7_1875.ckpt": run 1 of "lenet") or the one given.
+bool classify(Listed& f, const std::string& name, const std::optional<std::string>& only_prefix) {
+    std::vector<std::string> bases;
+    if (only_prefix) {
+        bases.push_back(*only_prefix);
+    } else {
+        const auto dash = name.rfind('-');
+        if (dash == std::string::npos || dash == 0) return false;
+        const std::string run_prefix = name.substr(0, dash);
+        if (const auto us = run_prefix.rfind('_'); us != std::string::npos && us > 0) {
+            const auto run = ckpt::detail::parse_count(std::string_view(run_prefix).substr(us + 1));
+            if (run && *run > 0) bases.push_back(run_prefix.substr(0, us));
+        }
+        bases.push_back(run_prefix);
+    }
+    for (const auto& base : bases) {
+        if (auto p = ckpt::MindSporeNaming{}.parse(base, name)) {
+            f.parts = *p, f.prefix = base, f.naming = "MindSporeNaming";
+            return true;
+        }
+        if (auto p = ckpt::StepNaming{}.parse(base, name)) {
+            f.parts = *p, f.prefix = base, f.naming = "StepNaming";
+            return true;
+        }
+    }
+    return false;
+}
+
+std::vector<Listed> find_checkpoints(const fs::path& dir, const std::optional<std::string>& only_prefix) {
+    if (!fs::is_directory(dir)) throw Failure("'" + dir.string() + "' is not a directory");
+    std::vector<Listed> out;
+    boost::system::error_code ec;
+    for (fs::recursive_directory_iterator it(dir, ec), end; it != end; it.increment(ec)) {
+        if (ec) throw Failure("cannot list '" + dir.string() + "': " + ec.message());
+        if (it.depth() > 4) it.disable_recursion_pending();
+        const fs::path p = it->path();
+        if (!fs::is_regular_file(it->status()) || p.extension() != ".ckpt" || is_temporary(p)) continue;
+        Listed f;
+        f.path = p;
+        f.size = fs::file_size(p, ec);
+        const std::string rel = p.lexically_relative(dir).generic_string();
+        const auto lw = rel.find("tft_saved_checkpoints-step_");
+        if (lw != std::string::npos && (lw == 0 || rel[lw - 1] == '/')) {
+            if (auto parts = ckpt::LastWordsNaming{}.parse("", rel.substr(lw))) {
+                if (only_prefix) continue;
+                f.parts = *parts;
+                f.named = f.last_words = true;
+                f.naming = "LastWordsNaming";
+                const std::string root = rel.substr(0, lw == 0 ? 0 : lw - 1);  // without its '/'
+                f.group = (root.empty() ? dir : dir / root).string();
+                out.push_back(std::move(f));
+                continue;
+            }
+        }
+        f.named = classify(f, p.filename().string(), only_prefix);
+        if (!f.named && only_prefix) continue;
+        f.group = p.parent_path().string() + (f.named ? " prefix '" + f.prefix + "'" : "");
+        out.push_back(std::move(f));
+    }
+    return out;
+}
+
+void check(Listed& f, bool headers_only) {
+    try {
+        f.header = ckpt::read_header(f.path);
+    } catch (const ckpt::Error& e) {
+        f.problem = e.what();
+        return;
+    }
+    if (headers_only) return;
+    if (f.named) {
+        ckpt::StoredCheckpoint stored{f.path, f.parts, {}};
+        f.problem = ckpt::checkpoint_problem(stored);
+    } else {
+        try {
+            ckpt::verify_checkpoint(f.path);
+        } catch (const ckpt::Error& e) {
+            f.problem = e.what();
+        }
+    }
+}
+
+/// Orders like latest(): by run, global step, epoch and step; marks what latest() would pick
+/// (the newest regular file that verifies) and, for last words, the newest step whose files
+/// all verify.
+void order_and_mark(std::vector<Listed>& files) {
+    std::stable_sort(files.begin(), files.end(), [](const Listed& a, const Listed& b) {
+        if (a.group != b.group) return a.group < b.group;
+        if (!a.named || !b.named) {
+            const auto pos = [](const Listed& f) {
+                return f.header ? std::pair{f.header->epoch, f.header->step} : std::pair<std::int64_t, std::int64_t>{-1, -1};
+            };
+            return std::tuple(a.named, pos(a), a.path.string()) < std::tuple(b.named, pos(b), b.path.string());
+        }
+        return std::tie(a.parts.run, a.parts.global_step, a.parts.epoch, a.parts.step, a.parts.rank) <
+               std::tie(b.parts.run, b.parts.global_step, b.parts.epoch, b.parts.step, b.parts.rank);
+    });
+    for (std::size_t end = files.size(); end > 0;) {
+        std::size_t begin = end;
+        while (begin > 0 && files[begin - 1].group == files[end - 1].group) --begin;
+        if (files[end - 1].last_words) {
+            for (std::size_t i = end; i > begin;) {
+                const auto step = files[i - 1].parts.global_step;
+                std::size_t j = i;
+                bool whole = true;
+                while (j > begin && files[j - 1].parts.global_step == step) whole &= !files[--j].problem;
+                if (whole) {
+                    for (std::size_t k = j; k < i; ++k) files[k].latest = true;
+                    break;
+                }
+                i = j;
+            }
+        } else if (files[end - 1].named) {
+            for (std::size_t i = end; i > begin; --i)
+                if (files[i - 1].parts.kind == ckpt::SaveKind::regular && !files[i - 1].problem) {
+                    files[i - 1].latest = true;
+                    break;
+                }
+        }
+        end = begin;
+    }
+}
+
+int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool headers_only, bool as_json) {
+    auto files = find_checkpoints(dir, prefix);
+    for (auto& f : files) check(f, headers_only);
+    order_and_mark(files);
+    if (as_json) {
+        json groups = json::array();
+        for (const auto& f : files) {
+            if (groups.empty() || groups.back()["group"] != f.group)
+                groups.push_back({{"group", f.group}, {"prefix", f.prefix}, {"naming", f.naming}, {"checkpoints", json::array()}});
+            json c = {{"path", f.path.string()}, {"size", f.size}};
+            if (f.named) {
+                c["run"] = f.parts.run;
+                c["epoch"] = f.parts.epoch;
+                c["step"] = f.parts.step;
+                if (f.parts.global_step >= 0) c["global_step"] = f.parts.global_step;
+                if (f.parts.rank >= 0) c["rank"] = f.parts.rank;
+                c["kind"] = f.last_words ? "last_words" : f.parts.kind == ckpt::SaveKind::breakpoint ? "breakpoint" : "regular";
+            }
+            if (f.header) c["save_time"] = utc_time(f.header->save_time_ns);
+            c["valid"] = headers_only ? json(nullptr) : json(!f.problem);
+            if (f.problem) c["problem"] = *f.problem;
+            c["latest"] = f.latest;
+            groups.back()["checkpoints"].push_back(std::move(c));
+        }
+        std::cout << json{{"directory", dir.string()}, {"checkpoints", groups}}.dump(2) << "\n";
+        return 0;
+    }
+    if (files.empty()) {
+        std::cout << "no checkpoints in '" << dir.string() << "'" << (prefix ? " with prefix '" + *prefix + "'" : "") << "\n";
+        return 0;
+    }
+    std::string group;
+    for (const auto& f : files) {
+        if (f.group != group) {
+            group = f.group;
+            std::cout << (&f == &files.front() ? "" : "\n") << f.group
+                      << (f.naming.empty() ? "" : " (" + f.naming + ")") << "\n";
+            std::printf("  %-44s %4s %6s %8s %-10s %10s  %-20s %s\n", "FILE", "RUN", "EPOCH", "STEP", "KIND", "SIZE",
+                        "SAVED", "STATUS");
+        }
+        const std::string name = f.path.lexically_relative(f.last_words ? fs::path(f.group) : f.path.parent_path()).generic_string();
+        const std::string status = f.problem ? "INVALID: " + *f.problem : headers_only ? "header ok" : "ok";
+        std::string run = "-", epoch = "-", step = "-", kind = "-";
+        if (f.named) {
+            run = std::to_string(f.parts.run);
+            epoch = std::to_string(f.parts.epoch);
+            step = std::to_string(f.parts.step);
+            kind = f.last_words ? "last words" : f.parts.kind == ckpt::SaveKind::breakpoint ? "breakpoint" : "regular";
+        } else if (f.header) {
+            epoch = std::to_string(f.header->epoch);
+            step = std::to_string(f.header->step);
+        }
+        std::printf("  %-44s %4s %6s %8s %-10s %10s  %-20s %s%s\n", name.c_str(), run.c_str(), epoch.c_str(), step.c_str(),
+                    kind.c_str(), human_size(f.size).c_str(), f.header ? utc_time(f.header->save_time_ns).c_str() : "-",
+                    status.c_str(), f.latest ? (f.last_words ? "  <- latest last words" : "  <- latest") : "");
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// show
+
+struct Stats {
+    double min = 0, max = 0, mean = 0, std = 0;
+    std::uint64_t nan = 0, inf = 0, finite = 0;
+};
+
+Stats tensor_stats(const ckpt::Tensor& t) {
+    Stats s;
+    double sum = 0, sum_sq = 0;
+    bool first = true;
+    auto add = [&](double v) {
+        if (std::isnan(v)) return void(++s.nan);
+        if (std::isinf(v)) return void(++s.inf);
+        ++s.finite;
+        if (first || v < s.min) s.min = v;
+        if (first || v > s.max) s.max = v;
+        first = false;
+        sum += v;
+        sum_sq += v * v;
+    };
+    switch (t.dtype()) {
+        case ckpt::DType::float32: for (float v : t.values<float>()) add(v); break;
+        case ckpt::DType::float64: for (double v : t.values<double>()) add(v); break;
+        case ckpt::DType::float16: for (auto v : t.values<ckpt::float16>()) add(static_cast<float>(v)); break;
+        case ckpt::DType::int32: for (auto v : t.values<std::int32_t>()) add(v); break;
+        case ckpt::DType::int64: for (auto v : t.values<std::int64_t>()) add(static_cast<double>(v)); break;
+        case ckpt::DType::uint8: for (auto v : t.values<std::uint8_t>()) add(v); break;
+        case ckpt::DType::boolean: for (bool v : t.values<bool>()) add(v ? 1 : 0); break;
+    }
+    if (s.finite) {
+        const auto n = static_cast<double>(s.finite);
+        s.mean = sum / n;
+        s.std = std::sqrt(std::max(0.0, sum_sq / n - s.mean * s.mean));
+    }
+    return s;
+}
+
+int cmd_show(const fs::path& file, bool stats, bool as_json) {
+    const auto contents = ckpt::read_contents(file);
+    const auto& h = contents.header;
+    std::optional<ckpt::ParamDict> loaded;
+    if (stats) loaded = ckpt::load_checkpoint(file);  // verifies the checksum first
+    if (as_json) {
+        json entries = json::array();
+        for (const auto& e : contents.entries) {
+            json j = {{"name", e.name}, {"kind", kind_name(e.kind)}};
+            if (e.kind == ckpt::ValueKind::tensor) {
+                j["dtype"] = ckpt::dtype_name(e.dtype);
+                j["shape"] = e.shape;
+                j["bytes"] = e.nbytes;
+                if (loaded) {
+                    const auto s = tensor_stats(loaded->tensor(e.name));
+                    j["stats"] = {{"min", s.finite ? json(s.min) : json(nullptr)},
+                                  {"max", s.finite ? json(s.max) : json(nullptr)},
+                                  {"mean", s.finite ? json(s.mean) : json(nullptr)},
+                                  {"std", s.finite ? json(s.std) : json(nullptr)},
+                                  {"nan", s.nan},
+                                  {"inf", s.inf}};
+                }
+            } else {
+                j["value"] = scalar_json(e.scalar);
+            }
+            entries.push_back(std::move(j));
+        }
+        json header = {{"format_version", h.version},
+                       {"archive", ckpt::archive_kind_name(h.archive)},
+                       {"body_bytes", h.body_length},
+                       {"epoch", h.epoch},
+                       {"step", h.step},
+                       {"save_time", utc_time(h.save_time_ns)},
+                       {"checksum_xxh3", hex64(h.body_hash)}};
+        std::cout << json{{"path", file.string()}, {"header", header}, {"checksum_verified", stats}, {"entries", entries}}.dump(2)
+                  << "\n";
+        return 0;
+    }
+    std::cout << file.string() << "\n"
+              << "  format version " << h.version << ", " << ckpt::archive_kind_name(h.archive) << " archive, body "
+              << h.body_length << " bytes\n"
+              << "  epoch " << h.epoch << ", step " << h.step << ", saved " << utc_time(h.save_time_ns) << "\n"
+              << "  checksum xxh3 " << hex64(h.body_hash)
+              << (stats ? " (verified)" : " (not read; ckpt verify or --stats checks it)") << "\n"
+              << "  " << contents.entries.size() << " entries\n\n";
+    std::size_t width = 4;
+    for (const auto& e : contents.entries) width = std::max(width, e.name.size());
+    std::printf("  %-*s  %-6s  %-7s  %-16s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "BYTES");
+    std::printf(stats ? "  %12s %12s %12s %12s %5s %5s\n" : "  VALUE\n", "MIN", "MAX", "MEAN", "STD", "NAN", "INF");
+    for (const auto& e : contents.entries) {
+        const bool tensor = e.kind == ckpt::ValueKind::tensor;
+        std::printf("  %-*s  %-6s  %-7s  %-16s %12s", static_cast<int>(width), e.name.c_str(),
+                    tensor ? "tensor" : kind_name(e.kind).c_str(), tensor ? std::string(ckpt::dtype_name(e.dtype)).c_str() : "",
+                    tensor ? ckpt::shape_string(e.shape).c_str() : "", tensor ? std::to_string(e.nbytes).c_str() : "");
+        if (!tensor) {
+            std::printf("  %s\n", scalar_text(e.scalar).c_str());
+        } else if (loaded) {
+            const auto s = tensor_stats(loaded->tensor(e.name));
+            if (s.finite)
+                std::printf("  %12.6g %12.6g %12.6g %12.6g %5llu %5llu\n", s.min, s.max, s.mean, s.std,
+                            static_cast<unsigned long long>(s.nan), static_cast<unsigned long long>(s.inf));
+            else
+                std::printf("  %12s %12s %12s %12s %5llu %5llu\n", "-", "-", "-", "-",
+                            static_cast<unsigned long long>(s.nan), static_cast<unsigned long long>(s.inf));
+        } else {
+            std::printf("\n");
+        }
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// verify
+
+int cmd_verify(const std::vector<fs::path>& paths) {
+    int failed = 0, passed = 0;
+    for (const auto& target : paths) {
+        std::vector<fs::path> files;
+        if (fs::is_directory(target)) {
+            boost::system::error_code ec;
+            for (fs::recursive_directory_iterator it(target, ec), end; it != end; it.increment(ec)) {
+                if (ec) throw Failure("cannot list '" + target.string() + "': " + ec.message());
+                if (fs::is_regular_file(it->status()) && it->path().extension() == ".ckpt" && !is_temporary(it->path()))
+                    files.push_back(it->path());
+            }
+            std::sort(files.begin(), files.end());
+            if (files.empty()) {
+                std::cout << "FAILED " << target.string() << ": no checkpoint files (*.ckpt) in this directory\n";
+                ++failed;
+            }
+        } else {
+            files.push_back(target);
+        }
+        for (const auto& f : files) {
+            try {
+                const auto h = ckpt::verify_checkpoint(f);
+                std::cout << "ok     " << f.string() << " (epoch " << h.epoch << ", step " << h.step << ", "
+                          << human_size(h.body_length + ckpt::header_size) << ")\n";
+                ++passed;
+            } catch (const ckpt::Error& e) {
+                std::cout << "FAILED " << f.string() << ": " << e.what() << "\n";
+                ++failed;
+            }
+        }
+    }
+    std::cout << passed << " verified, " << failed << " failed\n";
+    return failed ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// diff
+
+double element(const ckpt::Tensor& t, std::size_t i) {
+    switch (t.dtype()) {
+        case ckpt::DType::float32: return t.values<float>()[i];
+        case ckpt::DType::float64: return t.values<double>()[i];
+        case ckpt::DType::float16: return static_cast<float>(t.values<ckpt::float16>()[i]);
+        case ckpt::DType::int32: return t.values<std::int32_t>()[i];
+        case ckpt::DType::int64: return static_cast<double>(t.values<std::int64_t>()[i]);
+        case ckpt::DType::uint8: return t.values<std::uint8_t>()[i];
+        case ckpt::DType::boolean: return t.values<bool>()[i] ? 1 : 0;
+    }
+    return 0;
+}
+
+/// Like numpy.allclose(a, b, rtol, atol, equal_nan=True): |a - b| <= atol + rtol * |b|.
+struct Closeness {
+    double max_abs = 0, max_rel = 0;
+    std::size_t outside = 0;
+};
+
+Closeness compare(const ckpt::Tensor& a, const ckpt::Tensor& b, double atol, double rtol) {
+    Closeness c;
+    for (std::size_t i = 0; i < a.numel(); ++i) {
+        const double x = element(a, i), y = element(b, i);
+        if (std::isnan(x) && std::isnan(y)) continue;
+        if (x == y) continue;  // also equal infinities
+        const double d = std::fabs(x - y);
+        const double rel = y != 0 ? d / std::fabs(y) : std::numeric_limits<double>::infinity();
+        c.max_abs = std::max(c.max_abs, std::isnan(d) ? std::numeric_limits<double>::infinity() : d);
+        c.max_rel = std::max(c.max_rel, std::isnan(rel) ? std::numeric_limits<double>::infinity() : rel);
+        if (!(d <= atol + rtol * std::fabs(y))) ++c.outside;
+    }
+    return c;
+}
+
+int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double rtol) {
+    const auto a = load_any(a_path), b = load_any(b_path);
+    std::size_t differ = 0, same_bits = 0, close = 0;
+    auto report = [&](const std::string& line) {
+        std::cout << line << "\n";
+        ++differ;
+    };
+    for (const auto& [name, va] : a) {
+        const ckpt::Value* vb = b.find(name);
+        if (!vb) {
+            report("only in A: '" + name + "' (" + va.type_name() + ")");
+            continue;
+        }
+        const ckpt::Tensor* ta = va.get_if<ckpt::Tensor>();
+        const ckpt::Tensor* tb = vb->get_if<ckpt::Tensor>();
+        if (va.kind() != vb->kind() || (ta && (ta->dtype() != tb->dtype() || ta->shape() != tb->shape()))) {
+            report("'" + name + "': A has " + va.type_name() + ", B has " + vb->type_name());
+            continue;
+        }
+        if (va == *vb) {
+            ++same_bits;
+            continue;
+        }
+        if (!ta) {
+            const double* da = va.get_if<double>();
+            if (da && std::fabs(*da - *vb->get_if<double>()) <= atol + rtol * std::fabs(*vb->get_if<double>())) {
+                ++close;
+                continue;
+            }
+            report("'" + name + "': A = " + scalar_text(va) + ", B = " + scalar_text(*vb));
+            continue;
+        }
+        const auto c = compare(*ta, *tb, atol, rtol);
+        char line[256];
+        std::snprintf(line, sizeof line, "max |A-B| %.6g, max |A-B|/|B| %.6g, %zu of %zu elements outside tolerance",
+                      c.max_abs, c.max_rel, c.outside, ta->numel());
+        if (c.outside == 0) {
+            ++close;
+            std::cout << "'" << name << "': within tolerance, not bit-equal: " << line << "\n";
+        } else {
+            report("'" + name + "': " + line);
+        }
+    }
+    for (const auto& [name, vb] : b)
+        if (!a.contains(name)) report("only in B: '" + name + "' (" + vb.type_name() + ")");
+    std::cout << a.size() << " entries in A, " << b.size() << " in B: " << same_bits << " bit-equal, " << close
+              << " within tolerance, " << differ << " different\n";
+    return differ ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// export and import
+
+int cmd_export(const fs::path& in, const fs::path& out, const Selection& sel, bool compress, bool force) {
+    const auto target = format_of(out);
+    if (target == FileFormat::checkpoint) throw UsageError("the output '" + out.string() + "' must end in .safetensors or .npz");
+    if (compress && target != FileFormat::npz) throw UsageError("--compress applies to .npz output only");
+    refuse_overwrite(out, force);
+    const auto dict = sel.apply(ckpt::load_checkpoint(in));
+    if (target == FileFormat::safetensors) ckpt::save_safetensors(dict, out);
+    else ckpt::save_npz(dict, out, compress);
+    std::cout << "exported " << dict.size() << " entries to " << out.string() << " (" << human_size(fs::file_size(out)) << ")\n";
+    return 0;
+}
+
+int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, std::int64_t epoch, std::int64_t step,
+               const std::string& archive, bool force) {
+    if (format_of(in) == FileFormat::checkpoint)
+        throw UsageError("the input '" + in.string() + "' must end in .safetensors or .npz");
+    ckpt::SaveOptions opts;
+    opts.epoch = epoch;
+    opts.step = step;
+    opts.archive = archive == "text" ? ckpt::ArchiveKind::text : archive == "xml" ? ckpt::ArchiveKind::xml : ckpt::ArchiveKind::binary;
+    refuse_overwrite(out, force);
+    const auto dict = sel.apply(load_any(in));
+    ckpt::save_checkpoint(dict, out, opts);
+    std::cout << "imported " << dict.size() << " entries into " << out.string() << " (epoch " << epoch << ", step "
+              << step << ", " << archive << " archive)\n";
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"ckpt: look inside checkpoints, verify and compare them, and convert them to and from safetensors "
+                 "and NumPy npz.\nExit status: 0 success, 1 failure (diff: a difference), 2 usage error."};
+    app.require_subcommand(1);
+    app.set_help_all_flag("--help-all", "Help for every subcommand");
+
+    std::string dir, file, a, b, in, out, prefix, archive = "binary";
+    std::vector<std::string> verify_paths;
+    bool stats = false, as_json = false, headers_only = false, compress = false, force = false;
+    double atol = 0, rtol = 0;
+    std::int64_t epoch = 0, step = 0;
+    Selection sel;
+
+    auto* ls = app.add_subcommand("ls", "List every checkpoint under DIR (regular, breakpoint, last-words, per-rank), "
+                                        "ordered by run, epoch and step, each verified; marks what latest() picks");
+    ls->add_option("DIR", dir, "Checkpoint directory")->required();
+    ls->add_option("--prefix", prefix, "Only this prefix's checkpoints (all its runs)");
+    ls->add_flag("--headers-only", headers_only, "Read headers only; do not verify checksums");
+    ls->add_flag("--json", as_json, "Print JSON");
+
+    auto* show = app.add_subcommand("show", "Show a checkpoint's header and entries (the payloads are not read)");
+    show->add_option("FILE", file, "Checkpoint file")->required();
+    show->add_flag("--stats", stats,
+                   "Verify the file, read the payloads and add per-tensor min, max, mean, std over finite values, and "
+                   "the count of NaN and Inf");
+    show->add_flag("--json", as_json, "Print JSON");
+
+    auto* verify = app.add_subcommand("verify", "Verify checkpoint files (header and checksum); exit 0 only if all pass");
+    verify->add_option("PATH", verify_paths, "Checkpoint files, or directories searched for *.ckpt")->required();
+
+    auto* diff = app.add_subcommand("diff", "Compare two checkpoints (or .safetensors/.npz files) entry by entry; "
+                                            "exit 0 when equal within tolerance, 1 otherwise");
+    diff->add_option("A", a, "First file")->required();
+    diff->add_option("B", b, "Second file")->required();
+    diff->add_option("--atol", atol, "Absolute tolerance (default 0)")->check(CLI::NonNegativeNumber);
+    diff->add_option("--rtol", rtol, "Relative tolerance, of |B| (default 0)")->check(CLI::NonNegativeNumber);
+
+    auto add_selection = [&](CLI::App* cmd) {
+        cmd->add_option("--select", sel.select, "Only entries whose name matches this regular expression");
+        cmd->add_option("--rename", sel.renames, "Rename entries starting with FROM to start with TO (FROM=TO; repeatable)");
+        cmd->add_flag("--force", force, "Replace the output file if it exists");
+    };
+    auto* exp = app.add_subcommand("export", "Write a checkpoint's entries to a .safetensors or .npz file");
+    exp->add_option("FILE", in, "Checkpoint file")->required();
+    exp->add_option("OUT", out, "Output file: .safetensors or .npz")->required();
+    exp->add_flag("--compress", compress, "Deflate the npz members (np.savez_compressed)");
+    add_selection(exp);
+
+    auto* imp = app.add_subcommand("import", "Write the entries of a .safetensors or .npz file as a checkpoint");
+    imp->add_option("IN", in, "Input file: .safetensors or .npz")->required();
+    imp->add_option("OUT", out, "Checkpoint file to write")->required();
+    imp->add_option("--epoch", epoch, "Epoch recorded in the header")->check(CLI::NonNegativeNumber);
+    imp->add_option("--step", step, "Step recorded in the header")->check(CLI::NonNegativeNumber);
+    imp->add_option("--archive", archive, "Body archive")->check(CLI::IsMember({"binary", "text", "xml"}));
+    add_selection(imp);
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == 0) return app.exit(e);  // --help: usage on stdout
+        std::cerr << "ckpt: " << e.what() << "\nRun 'ckpt --help' or 'ckpt SUBCOMMAND --help' for usage.\n";
+        return 2;
+    }
+    ckpt::set_log_sink([](ckpt::LogLevel, std::string_view) {});  // findings are in the output
+    try {
+        if (*ls) return cmd_ls(dir, prefix.empty() ? std::nullopt : std::optional(prefix), headers_only, as_json);
+        if (*show) return cmd_show(file, stats, as_json);
+        if (*verify) {
+            std::vector<fs::path> paths(verify_paths.begin(), verify_paths.end());
+            return cmd_verify(paths);
+        }
+        if (*diff) return cmd_diff(a, b, atol, rtol);
+        if (*exp) return cmd_export(in, out, sel, compress, force);
+        if (*imp) return cmd_import(in, out, sel, epoch, step, archive, force);
+    } catch (const UsageError& e) {
+        std::cerr << "ckpt: " << e.what() << "\n";
+        return 2;
+    } catch (const std::exception& e) {
+        std::cerr << "ckpt: " << e.what() << "\n";
+        return 1;
+    }
+    return 2;
+}
