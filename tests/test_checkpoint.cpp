@@ -2,6 +2,10 @@
 // every kind of bad input, each with a clear error and nothing overwritten.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
+#include <locale>
+
 #include <sys/resource.h>
 
 #include <random>
@@ -29,6 +33,13 @@ ckpt::SaveOptions with_archive() {
 }
 
 }  // namespace
+
+/// A locale with a decimal comma and digit grouping, as some national locales have.
+struct GroupingPunct : std::numpunct<char> {
+    char do_decimal_point() const override { return ','; }
+    char do_thousands_sep() const override { return '.'; }
+    std::string do_grouping() const override { return "\3"; }
+};
 
 TEST_SUITE("checkpoint") {
 
@@ -386,6 +397,35 @@ TEST_CASE("a failed save leaves the old file and no temporary") {
 }
 
 TEST_SUITE("bad input") {
+
+TEST_CASE("what no reader could load back is refused before anything is written") {
+    TempDir dir;
+    ckpt::ParamDict deep{{"t", ckpt::Tensor(ckpt::DType::uint8, ckpt::Shape(65, 1))}};
+    CHECK_THROWS_WITH_AS(ckpt::save_checkpoint(deep, dir / "d.ckpt"), doctest::Contains("tensor 't' has rank 65 (at most 64)"),
+                         ckpt::ConfigError);
+    ckpt::ParamDict loss{{"best_loss", std::numeric_limits<double>::infinity()}};
+    for (auto kind : {ckpt::ArchiveKind::text, ckpt::ArchiveKind::xml})
+        CHECK_THROWS_WITH_AS(ckpt::save_checkpoint(loss, dir / "l.ckpt", {.archive = kind}),
+                             doctest::Contains("value 'best_loss' is inf"), ckpt::ConfigError);
+    CHECK(test::names_in(dir.path()).empty());
+    ckpt::save_checkpoint(loss, dir / "l.ckpt");  // the binary archive holds it
+    CHECK(std::isinf(ckpt::load_checkpoint(dir / "l.ckpt").get<double>("best_loss")));
+}
+
+TEST_CASE("text and xml bodies do not depend on the program's global locale") {
+    TempDir dir;
+    const std::locale saved = std::locale::global(std::locale(std::locale::classic(), new GroupingPunct));
+    const auto state = test::sample_state();
+    for (auto kind : {ckpt::ArchiveKind::text, ckpt::ArchiveKind::xml}) {
+        const auto file = dir / ("g" + std::string(ckpt::archive_kind_name(kind)) + ".ckpt");
+        ckpt::save_checkpoint(state, file, {.archive = kind});
+        std::locale::global(saved);
+        CHECK(ckpt::load_checkpoint(file) == state);  // written as under the classic locale
+        std::locale::global(std::locale(std::locale::classic(), new GroupingPunct));
+        CHECK(ckpt::load_checkpoint(file) == state);
+    }
+    std::locale::global(saved);
+}
 
 TEST_CASE("random corruption is always a ckpt::Error, never a crash or a wrong load") {
     // Flips, truncations and resealed edits (which get past the checksum to the parser) at

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <locale>
 #include <concepts>
 #include <cstdint>
 #include <istream>
@@ -189,11 +191,13 @@ inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, s
             case ArchiveKind::text: {
                 check_text_signature(body.get(), static_cast<std::size_t>(n), path);
                 std::istream is(&src);
+                is.imbue(std::locale::classic());
                 boost::archive::text_iarchive ar(is);
                 return parse(ar);
             }
             case ArchiveKind::xml: {
                 std::istream is(&src);
+                is.imbue(std::locale::classic());
                 boost::archive::xml_iarchive ar(is);
                 ParamDict dict = parse(ar);
                 // The archive's destructor parses the closing tag, and a destructor cannot
@@ -267,10 +271,27 @@ inline LoadMismatch strict_failure(const std::string& source, const LoadPlan& pl
 
 }  // namespace detail
 
+namespace detail {
+/// What a reader would refuse, refused before anything is written.
+inline void check_savable(const ParamDict& dict, ArchiveKind archive, const std::string& path) {
+    for (const auto& [name, value] : dict) {
+        if (const Tensor* t = value.get_if<Tensor>(); t && t->rank() > max_tensor_rank)
+            throw ConfigError("cannot save '" + path + "': tensor '" + name + "' has rank " + std::to_string(t->rank()) +
+                              " (at most " + std::to_string(max_tensor_rank) + ")");
+        // Boost's text and xml archives write "nan" and "inf" but cannot read them back.
+        if (const double* d = value.get_if<double>(); d && !std::isfinite(*d) && archive != ArchiveKind::binary)
+            throw ConfigError("cannot save '" + path + "': value '" + name + "' is " + std::to_string(*d) + "; a " +
+                              std::string(archive_kind_name(archive)) +
+                              " archive cannot hold a non-finite double (use the binary archive)");
+    }
+}
+}  // namespace detail
+
 /// Writes `dict` to `file` atomically and durably (see detail/atomic_file.hpp). On any error
 /// the previous file at `file`, if any, is untouched and no temporary is left behind.
 inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const SaveOptions& opts = {}) {
     const std::string path = file.string();
+    detail::check_savable(dict, opts.archive, path);
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
     detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
@@ -285,6 +306,7 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
             }
             case ArchiveKind::text: {
                 std::ostream os(&writer);
+                os.imbue(std::locale::classic());  // numbers as FORMAT.md writes them, whatever the global locale
                 {
                     boost::archive::text_oarchive ar(os);
                     detail::write_body(ar, dict, position);
@@ -294,6 +316,7 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
             }
             case ArchiveKind::xml: {
                 std::ostream os(&writer);
+                os.imbue(std::locale::classic());  // numbers as FORMAT.md writes them, whatever the global locale
                 {
                     boost::archive::xml_oarchive ar(os);
                     detail::write_body(ar, dict, position);
@@ -352,6 +375,7 @@ inline CheckpointContents read_contents(const fs::path& file) {
                     detail::check_text_signature(first.data(), n, path);
                 }
                 std::istream is(&src);
+                is.imbue(std::locale::classic());
                 // The archives read on in their destructors (xml: its closing tag, which a
                 // destructor can only report by ending the process): a failed stream stops them.
                 auto stop_reading = [&] { is.setstate(std::ios::failbit); };

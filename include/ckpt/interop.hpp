@@ -244,7 +244,8 @@ inline ParamDict load_safetensors(const fs::path& file) {
                 const std::string kind = kinds && kinds->contains(key) && (*kinds)[key].is_string()
                                              ? (*kinds)[key].get<std::string>()
                                              : "string";
-                auto bad = [&] {
+                // key by an init-capture: clang before 16 cannot capture a structured binding
+                auto bad = [&, &key = key] {
                     detail::safetensors_fail(path, "__metadata__ '" + key + "' = '" + text_value + "' is not a " + kind);
                 };
                 if (kind == "int64") {
@@ -601,6 +602,22 @@ public:
         }
     }
 
+    /// `n` bytes in a string that grows with the bytes libzip delivers rather than with the
+    /// claim: a deflated member's size may be up to max_deflate_ratio times what it stores,
+    /// and a damaged one claims that much without holding it.
+    std::string read_growing(std::uint64_t n) {
+        std::string out;
+        while (out.size() < n) {
+            const std::size_t at = out.size();
+            const auto chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n - at, std::uint64_t{1} << 16));
+            if (at + chunk > out.capacity())  // doubling, but never past n
+                out.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n, std::max(2 * out.capacity(), at + chunk))));
+            out.resize(at + chunk);
+            read(reinterpret_cast<std::byte*>(out.data() + at), chunk);
+        }
+        return out;
+    }
+
     /// After the last byte: reading on is where libzip checks the CRC.
     void finish() {
         std::byte extra{};
@@ -749,8 +766,7 @@ inline ParamDict load_npz(const fs::path& file) {
         if (header_len > in.remaining())
             fail("has an npy header of " + std::to_string(header_len) + " bytes, more than the member's " +
                  std::to_string(in.remaining()) + " left");
-        std::string header(static_cast<std::size_t>(header_len), '\0');
-        in.read(reinterpret_cast<std::byte*>(header.data()), header.size());
+        const std::string header = in.read_growing(header_len);
 
         detail::NpyHeaderParser parser(header, path, member);
         std::optional<detail::NpyType> type;
@@ -792,15 +808,14 @@ inline ParamDict load_npz(const fs::path& file) {
 
         if (type->string_kind) {
             if (!shape->empty()) fail("is an array of strings; only single strings are read");
-            std::vector<std::byte> raw(static_cast<std::size_t>(nbytes));
-            in.read(raw.data(), raw.size());
+            const std::string raw = in.read_growing(nbytes);
             in.finish();
             std::string text;
             if (type->string_kind == 'S') {
-                text.assign(reinterpret_cast<const char*>(raw.data()), raw.size());
+                text = raw;
             } else {
                 for (std::size_t c = 0; c < type->chars; ++c) {
-                    auto code = detail::get_le<std::uint32_t>(raw.data() + 4 * c);
+                    auto code = detail::get_le<std::uint32_t>(reinterpret_cast<const std::byte*>(raw.data()) + 4 * c);
                     if (type->big_endian) code = __builtin_bswap32(code);
                     if (!detail::append_utf8(text, static_cast<char32_t>(code)))
                         fail("holds a string with the invalid code point " + std::to_string(code));

@@ -26,6 +26,7 @@
 #include <boost/archive/iterators/dataflow_exception.hpp>
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -36,6 +37,10 @@
 #include "../tensor.hpp"
 
 namespace ckpt::detail {
+
+// Payloads and binary fields are the machine's bytes; docs/FORMAT.md fixes them little-endian.
+static_assert(std::endian::native == std::endian::little,
+              "ckpt's file format is little-endian; this machine would write non-conforming files");
 
 template <class A>
 inline constexpr bool is_binary_archive_v =
