@@ -41,6 +41,8 @@
 
 #include <ckpt/interop.hpp>
 
+#include "bench_support.hpp"
+
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/statfs.h>
@@ -64,67 +66,13 @@
 namespace {
 
 namespace fs = boost::filesystem;
-using Clock = std::chrono::steady_clock;
+using namespace bench;
 
 constexpr int tensor_count = 64;
 constexpr std::int64_t rows = 1024, cols = 1024;
 constexpr std::size_t tensor_bytes = static_cast<std::size_t>(rows * cols) * sizeof(float);
 constexpr std::size_t total_bytes = tensor_bytes * tensor_count;
 
-[[noreturn]] void die(const std::string& what) {
-    std::fprintf(stderr, "interop_io: %s: %s\n", what.c_str(), std::strerror(errno));
-    std::exit(2);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Machine description (as in ckpt_io)
-
-std::string cpu_model() {
-    std::ifstream in("/proc/cpuinfo");
-    for (std::string line; std::getline(in, line);)
-        if (line.rfind("model name", 0) == 0) {
-            const auto colon = line.find(':');
-            return colon == std::string::npos ? line : line.substr(line.find_first_not_of(" \t", colon + 1));
-        }
-    return "unknown";
-}
-
-std::string fs_type_name(const std::string& dir) {
-    struct statfs s {};
-    if (::statfs(dir.c_str(), &s) != 0) return "unknown";
-    const auto type = static_cast<unsigned long>(s.f_type) & 0xffffffffUL;
-    const char* name = type == 0xEF53       ? "ext2/3/4"
-                       : type == 0x58465342 ? "xfs"
-                       : type == 0x9123683E ? "btrfs"
-                       : type == 0x01021994 ? "tmpfs"
-                       : type == 0x794c7630 ? "overlayfs"
-                                            : "unknown";
-    char hex[32];
-    std::snprintf(hex, sizeof hex, " (0x%lx)", type);
-    return name + std::string(hex);
-}
-
-/// The 1-minute load average: other work on the machine skews every number here.
-std::string loadavg() {
-    std::ifstream in("/proc/loadavg");
-    std::string one;
-    in >> one;
-    return one.empty() ? "unknown" : one;
-}
-
-void print_machine(const std::string& dir) {
-    struct utsname u {};
-    ::uname(&u);
-    char date[64];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
-    std::printf("machine: cpu=\"%s\" nproc=%ld kernel=%s %s %s\n", cpu_model().c_str(), ::sysconf(_SC_NPROCESSORS_ONLN),
-                u.sysname, u.release, u.machine);
-    std::printf("dir: %s fs=%s\n", dir.c_str(), fs_type_name(dir).c_str());
-    std::printf("date: %s\n", date);
-    std::printf("load: 1-minute load average %s at start (other work on the machine skews the numbers)\n",
-                loadavg().c_str());
-}
 
 // ---------------------------------------------------------------------------------------------
 // Data and the baselines
@@ -208,22 +156,8 @@ void touch_pages(const std::byte* p, std::size_t n) {
     (void)sink;
 }
 
-void remove_file(const std::string& path) {
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) die("unlink " + path);
-}
 
-template <class F>
-double timed(F&& f) {
-    const auto t0 = Clock::now();
-    f();
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 bool same_as_source(const ckpt::ParamDict& loaded, const std::vector<std::byte*>& src) {
     if (loaded.size() != static_cast<std::size_t>(tensor_count)) return false;
