@@ -213,6 +213,10 @@ TEST_CASE("damaged safetensors files are FormatErrors naming the file and the fi
                     parts.buffer);
         require_format_error(load, path, "tensor 'a' has dtype BF16");
     }
+    SUBCASE("a bool that is neither 0 nor 1") {
+        with_header(R"({"a":{"dtype":"BOOL","shape":[24],"data_offsets":[0,24]}})", parts.buffer);
+        require_format_error(load, path, "tensor 'a' holds a BOOL byte that is neither 0 nor 1");
+    }
     SUBCASE("a name twice") {
         with_header(R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"a":{"dtype":"I32","shape":[2],"data_offsets":[16,24]}})",
                     parts.buffer);

@@ -327,6 +327,10 @@ inline ParamDict load_safetensors(const fs::path& file) {
     ParamDict dict;
     for (const auto& s : slots) {
         std::byte* at = block.get() + s.begin;
+        if (s.dtype == DType::boolean)  // a bool read from any other byte is undefined behaviour
+            for (std::uint64_t b = 0; b < s.end - s.begin; ++b)
+                if (static_cast<unsigned>(at[b]) > 1)
+                    detail::safetensors_fail(path, "tensor '" + s.name + "' holds a BOOL byte that is neither 0 nor 1");
         if (s.begin % itemsize(s.dtype) == 0) {
             dict.set(s.name, Tensor::aliasing(s.dtype, s.shape, block, at));
         } else {  // a misaligned element type gets its own block
