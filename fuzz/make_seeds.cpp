@@ -1,12 +1,49 @@
-// Writes the fuzzer's seed corpus: real checkpoints of small dictionaries, in every archive
-// kind, as inputs of each mode of reader_input.hpp (a whole file; a body under a header).
+// Writes the fuzzer's seed corpus as inputs of each mode of reader_input.hpp: real
+// checkpoints of small dictionaries in every archive kind (a whole file; a body under a
+// header), safetensors files (whole; header text and buffer), npz files (stored and
+// deflated) and single .npy members of every dtype, byte order and layout the reader takes.
 //   make_seeds DIR
 #include <ckpt/ckpt.hpp>
+#include <ckpt/interop.hpp>
 
+#include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
+
+namespace {
+
+std::string read_file(const boost::filesystem::path& p) {
+    std::ifstream in(p.string(), std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_seed(const boost::filesystem::path& dir, const std::string& name, char mode, const std::string& bytes) {
+    std::ofstream(dir.string() + "/" + name, std::ios::binary) << mode << bytes;
+}
+
+/// An npy member: a header dict as NumPy writes it (padded so that the data is 64-byte
+/// aligned), then the data.
+std::string npy(const std::string& dict, const std::string& data, bool v2 = false) {
+    std::string d = dict;
+    const std::size_t prelude = v2 ? 12 : 10;
+    d.append((64 - (prelude + d.size() + 1) % 64) % 64, ' ');
+    d += '\n';
+    std::string out = "\x93NUMPY";
+    out += static_cast<char>(v2 ? 2 : 1);
+    out += '\0';
+    for (std::size_t k = 0; k < (v2 ? 4u : 2u); ++k) out += static_cast<char>((d.size() >> (8 * k)) & 0xff);
+    return out + d + data;
+}
+
+template <class T>
+std::string raw(std::vector<T> v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
     if (argc != 2) return 2;
@@ -38,4 +75,52 @@ int main(int argc, char** argv) {
                 << static_cast<char>(1 + static_cast<int>(kind)) << file.substr(ckpt::header_size);
             ++n;
         }
+
+    // safetensors (mode 4: the whole file; mode 5: the header text, a NUL, the buffer) and
+    // npz (mode 6: the whole file, stored and deflated).
+    ckpt::ParamDict mixed;
+    mixed.set("h", ckpt::Tensor::from(std::vector<ckpt::float16>{ckpt::float16(1.5f), ckpt::float16(-2.0f)}, {2}));
+    mixed.set("u", ckpt::Tensor::from(std::vector<std::uint8_t>{1, 2, 3}, {3}));
+    ckpt::Tensor flag(ckpt::DType::boolean, {2});
+    flag.values<bool>()[0] = true;
+    mixed.set("flag", flag);
+    mixed.set("i", ckpt::Tensor::from(std::vector<std::int64_t>{-1}, {}));
+    mixed.set("empty", ckpt::Tensor(ckpt::DType::float32, {0, 3}));
+    mixed.set("nesterov", true);
+    mixed.set("name", std::string("gr\u00f6\u00dfe"));
+    dicts.push_back(mixed);
+    n = 0;
+    for (const auto& d : dicts) {
+        const auto tmp = dir / "tmp";
+        ckpt::save_safetensors(d, tmp);
+        const std::string st = read_file(tmp);
+        std::uint64_t len = 0;
+        std::memcpy(&len, st.data(), 8);
+        write_seed(dir, "safetensors-" + std::to_string(n), 4, st);
+        write_seed(dir, "safetensors-json-" + std::to_string(n), 5, st.substr(8, len) + '\0' + st.substr(8 + len));
+        for (const bool compressed : {false, true}) {
+            ckpt::save_npz(d, tmp, compressed);
+            write_seed(dir, std::string(compressed ? "npz-deflated-" : "npz-stored-") + std::to_string(n), 6,
+                       read_file(tmp));
+        }
+        boost::filesystem::remove(tmp);
+        ++n;
+    }
+
+    // mode 7: single npy members, wrapped in a zip by the harness.
+    const std::vector<std::pair<std::string, std::string>> members = {
+        {"f4", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", raw<float>({1, 2, 3, 4, 5, 6}))},
+        {"f4-fortran", npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", raw<float>({1, 4, 2, 5, 3, 6}))},
+        {"f8-scalar", npy("{'descr': '<f8', 'fortran_order': False, 'shape': (), }", raw<double>({0.5}))},
+        {"f2", npy("{'descr': '<f2', 'fortran_order': False, 'shape': (1,), }", raw<std::uint16_t>({0x3c00}))},
+        {"i4-big", npy("{'descr': '>i4', 'fortran_order': False, 'shape': (2,), }", std::string("\0\0\0\1\xff\xff\xff\xfe", 8))},
+        {"i8-scalar", npy("{'descr': '<i8', 'fortran_order': False, 'shape': (), }", raw<std::int64_t>({7}))},
+        {"u1-3d", npy("{'descr': '|u1', 'fortran_order': True, 'shape': (2, 2, 2), }", "abcdefgh")},
+        {"b1", npy("{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }", std::string("\1\0\1", 3))},
+        {"U", npy("{'descr': '<U3', 'fortran_order': False, 'shape': (), }", raw<std::uint32_t>({'a', 0xe9, 0}))},
+        {"S", npy("{'descr': '|S4', 'fortran_order': False, 'shape': (), }", std::string("ab\0\0", 4))},
+        {"v2", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 1), }", raw<std::int32_t>({-5, 5}), true)},
+        {"empty", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }", "")},
+    };
+    for (const auto& [name, bytes] : members) write_seed(dir, "npy-" + name, 7, bytes);
 }

@@ -1,57 +1,161 @@
 #pragma once
-// One fuzz input through the checkpoint reader, shared by the libFuzzer target
+// One fuzz input through the readers, shared by the libFuzzer target
 // (fuzz/checkpoint_reader.cpp) and the regression test that replays every input it ever
 // crashed on (tests/test_fuzz_regressions.cpp).
 //
-// The first byte picks what the rest is:
-//   0      a whole file, as it is: the header check and the checksum stand in front
-//   1 2 3  a body (binary, text, xml archive) under a valid header with its true checksum,
-//          so that the archive parser itself is exercised
-// The file is loaded into a fresh dictionary and into a target with a tensor "w"; the only
-// acceptable failure is a ckpt::Error (format, checksum, version, mismatch).
+// The first byte, modulo 8, picks what the rest is:
+//   0      a whole checkpoint file, as it is: the header check and the checksum stand in front
+//   1 2 3  a checkpoint body (binary, text, xml archive) under a valid header with its true
+//          checksum, so that the archive parser itself is exercised
+//   4      a whole safetensors file, as it is
+//   5      a safetensors header's JSON text, then optionally a NUL and the buffer: the 8-byte
+//          length is put in front here, so that mutating the text does not break the length
+//          and the checks of dtype, shape and data_offsets are reached
+//   6      a whole npz file, as it is
+//   7      one .npy member: it is wrapped here in a zip ("w.npy", stored, with its true
+//          CRC-32 and the comment "ckpt:scalar"), so that the npy header parser and the
+//          values past libzip's CRC check are reached
+// Checkpoints are loaded into a fresh dictionary and into a target with a tensor "w";
+// safetensors with load_safetensors, npz with load_npz. The only acceptable failure is a
+// ckpt::Error (format, checksum, version, mismatch, I/O).
+//
+// Why modulo 8: the byte was taken modulo 4 until the safetensors and npz modes came. Values
+// 0 to 3 mean what they meant, and the inputs kept in tests/fuzz_regressions/ before then all
+// start with 2 or 3, so they replay as before. Values 4 to 255 used to fold onto modes 0 to 3;
+// only throwaway libFuzzer corpora (build-fuzz/corpus) hold such inputs, and they merely
+// become inputs of other modes. 8 divides 256: every mode gets 32 byte values.
 
 #include <ckpt/ckpt.hpp>
+#include <ckpt/interop.hpp>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fuzz {
 
+inline constexpr int mode_count = 8;
+enum Mode : int { checkpoint_file = 0, safetensors_file = 4, safetensors_json = 5, npz_file = 6, npy_member = 7 };
+
+inline int mode_of(const std::uint8_t* data, std::size_t size) { return size == 0 ? -1 : data[0] % mode_count; }
+
+/// CRC-32 (the zip polynomial), bit by bit: inputs are at most 64 KiB.
+inline std::uint32_t crc32(std::string_view s) {
+    std::uint32_t c = 0xffffffffu;
+    for (const char ch : s) {
+        c ^= static_cast<unsigned char>(ch);
+        for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+inline void put16(std::string& out, std::uint32_t v) {
+    out += static_cast<char>(v & 0xff);
+    out += static_cast<char>((v >> 8) & 0xff);
+}
+inline void put32(std::string& out, std::uint32_t v) {
+    put16(out, v & 0xffff);
+    put16(out, v >> 16);
+}
+
+/// A zip archive of one stored member `name` holding `data`, with a member comment.
+inline std::string zip_one(std::string_view name, std::string_view data, std::string_view comment) {
+    const auto crc = crc32(data);
+    const auto n = static_cast<std::uint32_t>(data.size());
+    std::string z;
+    auto common = [&] {  // version needed, flags, method, time, date, crc, sizes, name length
+        put16(z, 20), put16(z, 0), put16(z, 0), put16(z, 0), put16(z, 0x21);  // 1980-01-01
+        put32(z, crc), put32(z, n), put32(z, n), put16(z, static_cast<std::uint32_t>(name.size()));
+    };
+    put32(z, 0x04034b50u);  // local file header
+    common();
+    put16(z, 0);  // extra length
+    z += name;
+    z += data;
+    const auto cd_offset = static_cast<std::uint32_t>(z.size());
+    put32(z, 0x02014b50u);  // central directory entry
+    put16(z, 20);           // version made by
+    common();
+    put16(z, 0), put16(z, static_cast<std::uint32_t>(comment.size()));  // extra, comment length
+    put16(z, 0), put16(z, 0), put32(z, 0), put32(z, 0);                  // disk, attributes, local header at 0
+    z += name;
+    z += comment;
+    const auto cd_size = static_cast<std::uint32_t>(z.size()) - cd_offset;
+    put32(z, 0x06054b50u);  // end of central directory
+    put16(z, 0), put16(z, 0), put16(z, 1), put16(z, 1), put32(z, cd_size), put32(z, cd_offset), put16(z, 0);
+    return z;
+}
+
 /// The file bytes an input stands for.
 inline std::string file_bytes(const std::uint8_t* data, std::size_t size) {
     if (size == 0) return {};
-    const int mode = data[0] % 4;
-    ++data;
-    --size;
-    std::string out;
-    if (mode != 0) {
-        ckpt::FileHeader h;
-        h.archive = static_cast<ckpt::ArchiveKind>(mode - 1);
-        h.body_length = size;
-        h.body_hash = ckpt::detail::xxh3(data, size);
-        const auto header = ckpt::encode_header(h);
-        out.assign(reinterpret_cast<const char*>(header.data()), header.size());
+    const int mode = mode_of(data, size);
+    const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
+    switch (mode) {
+        case 1:
+        case 2:
+        case 3: {
+            ckpt::FileHeader h;
+            h.archive = static_cast<ckpt::ArchiveKind>(mode - 1);
+            h.body_length = rest.size();
+            h.body_hash = ckpt::detail::xxh3(rest.data(), rest.size());
+            const auto header = ckpt::encode_header(h);
+            return std::string(reinterpret_cast<const char*>(header.data()), header.size()) + std::string(rest);
+        }
+        case safetensors_json: {
+            const auto nul = rest.find('\0');
+            const std::string_view text = rest.substr(0, nul);
+            std::string out;
+            put32(out, static_cast<std::uint32_t>(text.size()));
+            put32(out, 0);
+            out += text;
+            if (nul != std::string_view::npos) out += rest.substr(nul + 1);
+            return out;
+        }
+        case npy_member: return zip_one("w.npy", rest, "ckpt:scalar");
+        default: return std::string(rest);  // a whole file of any kind
     }
-    out.append(reinterpret_cast<const char*>(data), size);
-    return out;
 }
 
-/// Writes the input's file to `path` and reads it back in both ways.
+/// Where touch() leaves its sum, so that the reads are not optimised away.
+inline volatile std::size_t touched_sum = 0;
+
+/// Reads every byte of every tensor, as a caller would.
+inline void touch(const ckpt::ParamDict& d) {
+    std::size_t touched = 0;
+    for (const auto& [name, value] : d)
+        if (const auto* t = value.get_if<ckpt::Tensor>())
+            for (std::size_t i = 0; i < t->nbytes(); ++i) touched += static_cast<unsigned char>(t->data()[i]);
+    touched_sum = touched;
+}
+
+/// Writes the input's file to `path` and reads it back with the reader(s) its mode names.
 inline void read_input(const std::uint8_t* data, std::size_t size, const std::string& path) {
     const std::string bytes = file_bytes(data, size);
     std::FILE* f = std::fopen(path.c_str(), "wb");
     if (!f) return;
     std::fwrite(bytes.data(), 1, bytes.size(), f);
     std::fclose(f);
+    const int mode = mode_of(data, size);
+    if (mode == safetensors_file || mode == safetensors_json) {
+        try {
+            touch(ckpt::load_safetensors(path));
+        } catch (const ckpt::Error&) {
+        }
+        return;
+    }
+    if (mode == npz_file || mode == npy_member) {
+        try {
+            touch(ckpt::load_npz(path));
+        } catch (const ckpt::Error&) {
+        }
+        return;
+    }
     try {
-        ckpt::ParamDict d = ckpt::load_checkpoint(path);
-        std::size_t touched = 0;  // every tensor's bytes are read
-        for (auto& [name, value] : d)
-            if (auto* t = value.get_if<ckpt::Tensor>())
-                for (std::size_t i = 0; i < t->nbytes(); ++i) touched += static_cast<unsigned char>(t->data()[i]);
-        (void)touched;
+        touch(ckpt::load_checkpoint(path));
     } catch (const ckpt::Error&) {
     }
     try {

@@ -1,4 +1,4 @@
-// Every input the reader's fuzzer (scripts/fuzz.sh) ever failed on, replayed: each must be
+// Every input the readers' fuzzer (scripts/fuzz.sh) ever failed on, replayed: each must be
 // read or refused with a ckpt::Error, never crash or end the process.
 
 #include <doctest/doctest.h>
@@ -6,9 +6,12 @@
 #include "../fuzz/reader_input.hpp"
 #include "support.hpp"
 
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
+
+TEST_SUITE("fuzz regressions") {
 
 TEST_CASE("the reader survives every input the fuzzer once failed on") {
     const test::fs::path dir = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "fuzz_regressions";
@@ -44,3 +47,38 @@ TEST_CASE("an xml body whose closing tag is damaged is a FormatError, not the en
     CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(tmp / "b.ckpt"), doctest::Contains("does not end with </boost_serialization>"),
                          ckpt::FormatError);
 }
+
+TEST_CASE("the fuzz harness frames safetensors header text and wraps npy members into files the readers take") {
+    test::TempDir tmp;
+    ckpt::ParamDict d;
+    d.set("w", ckpt::Tensor::from(std::vector<float>{1, 2, 3}, {3}));
+    d.set("epoch_num", std::int64_t{4});
+    ckpt::save_safetensors(d, tmp / "a.safetensors");
+    std::ifstream in((tmp / "a.safetensors").string(), std::ios::binary);
+    const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::uint64_t len = 0;
+    std::memcpy(&len, file.data(), 8);
+    // mode 5: the header text, a NUL, the buffer; the harness puts the length back in front
+    const std::string json = char(fuzz::safetensors_json) + file.substr(8, len) + '\0' + file.substr(8 + len);
+    CHECK(fuzz::file_bytes(reinterpret_cast<const std::uint8_t*>(json.data()), json.size()) == file);
+
+    // mode 7: one npy member, zipped by the harness with its CRC and the scalar comment
+    std::string npy = "\x93NUMPY\x01";
+    npy += '\0';
+    std::string dict = "{'descr': '<i8', 'fortran_order': False, 'shape': (), }";
+    dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');  // the data 64-byte aligned, as NumPy writes it
+    dict += '\n';
+    npy += static_cast<char>(dict.size());
+    npy += '\0';
+    npy += dict;
+    const std::int64_t seven = 7;
+    npy.append(reinterpret_cast<const char*>(&seven), 8);
+    const std::string input = char(fuzz::npy_member) + npy;
+    const std::string zip = fuzz::file_bytes(reinterpret_cast<const std::uint8_t*>(input.data()), input.size());
+    std::ofstream((tmp / "b.npz").string(), std::ios::binary) << zip;
+    const ckpt::ParamDict got = ckpt::load_npz(tmp / "b.npz");
+    REQUIRE(got.contains("w"));
+    CHECK(got.at("w") == ckpt::Value(std::int64_t{7}));
+}
+
+}  // TEST_SUITE
