@@ -109,6 +109,10 @@ TEST_CASE("npz round trip, stored and deflated: every dtype, ranks 0 to 4, empty
     ckpt::save_npz(zeros, dir / "stored.npz", false);
     ckpt::save_npz(zeros, dir / "deflated.npz", true);
     CHECK(test::fs::file_size(dir / "deflated.npz") * 50 < test::fs::file_size(dir / "stored.npz"));
+    // A view with no memory behind it holds no bytes, and stays a tensor.
+    ckpt::ParamDict hollow{{"v", ckpt::Tensor::view(ckpt::DType::int64, {0}, nullptr)}};
+    ckpt::save_npz(hollow, dir / "hollow.npz");
+    require_same_entries(ckpt::load_npz(dir / "hollow.npz"), hollow);
     ckpt::save_npz({}, dir / "none.npz");
     CHECK(ckpt::load_npz(dir / "none.npz").empty());
 }

@@ -662,11 +662,13 @@ inline void save_npz(const ParamDict& dict, const fs::path& file, bool compresse
     headers.reserve(dict.size());
     texts.reserve(dict.size());
     for (const auto& [name, value] : dict) {
-        const void* data = nullptr;
+        const void* data = nullptr;  // the payload, when it is not in the header's string
         std::size_t nbytes = 0;
-        std::int64_t scalar_int = 0;
-        double scalar_double = 0;
-        bool scalar_bool = false;
+        // An int64, double or bool: its bytes follow the header in the same string.
+        auto header_with = [&](DType dtype, const auto& scalar) {
+            headers.push_back(detail::npy_header(detail::npy_descr(dtype), {}));
+            headers.back().append(reinterpret_cast<const char*>(&scalar), sizeof scalar);
+        };
         if (const Tensor* t = value.get_if<Tensor>()) {
             headers.push_back(detail::npy_header(detail::npy_descr(t->dtype()), t->shape()));
             data = t->data();
@@ -679,24 +681,15 @@ inline void save_npz(const ParamDict& dict, const fs::path& file, bool compresse
             data = texts.back().data();
             nbytes = texts.back().size() * 4;
         } else if (const auto* i = value.get_if<std::int64_t>()) {
-            scalar_int = *i;
-            headers.push_back(detail::npy_header(detail::npy_descr(DType::int64), {}));
+            header_with(DType::int64, *i);
         } else if (const auto* d = value.get_if<double>()) {
-            scalar_double = *d;
-            headers.push_back(detail::npy_header(detail::npy_descr(DType::float64), {}));
+            header_with(DType::float64, *d);
         } else {
-            scalar_bool = *value.get_if<bool>();
-            headers.push_back(detail::npy_header(detail::npy_descr(DType::boolean), {}));
-        }
-        if (!data) {  // an int64, double or bool: its bytes after the header, in the same string
-            std::string& h = headers.back();
-            if (value.kind() == ValueKind::int64) h.append(reinterpret_cast<const char*>(&scalar_int), 8);
-            else if (value.kind() == ValueKind::float64) h.append(reinterpret_cast<const char*>(&scalar_double), 8);
-            else h += static_cast<char>(scalar_bool ? 1 : 0);
+            header_with(DType::boolean, *value.get_if<bool>());
         }
         zip_buffer_fragment_t fragments[2] = {{reinterpret_cast<zip_uint8_t*>(headers.back().data()), headers.back().size()},
                                               {static_cast<zip_uint8_t*>(const_cast<void*>(data)), nbytes}};
-        zip_source_t* src = zip_source_buffer_fragment(zip.za, fragments, data ? 2 : 1, 0);
+        zip_source_t* src = zip_source_buffer_fragment(zip.za, fragments, nbytes == 0 ? 1 : 2, 0);
         if (!src) fail("member '" + name + ".npy'");
         const zip_int64_t index = zip_file_add(zip.za, (name + ".npy").c_str(), src, ZIP_FL_ENC_UTF_8);
         if (index < 0) {
