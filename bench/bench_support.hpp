@@ -3,9 +3,12 @@
 // helpers, and how they fail.
 
 #include <errno.h>
+#include <stdlib.h>
 #include <sys/statfs.h>
 #include <sys/utsname.h>
 #include <unistd.h>
+
+#include <boost/filesystem.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <string>
@@ -46,6 +50,28 @@ inline double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const std::size_t n = v.size();
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/// Runs `run(dir)` in `dir_arg`, or, when it is empty, in a new directory under /var/tmp that
+/// is removed afterwards (in a given directory only `files` are removed). Returns run's exit
+/// status, 2 after an exception.
+template <class Run>
+int run_in_directory(const std::string& dir_arg, const std::vector<std::string>& files, Run&& run) {
+    std::string dir = dir_arg;
+    if (dir.empty()) {
+        dir = std::string("/var/tmp/") + program_invocation_short_name + "-XXXXXX";
+        if (!::mkdtemp(dir.data())) die("mkdtemp " + dir);
+    }
+    int rc = 2;
+    try {
+        rc = run(dir);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, e.what());
+    }
+    boost::system::error_code ec;
+    if (dir_arg.empty()) boost::filesystem::remove_all(dir, ec);
+    for (const auto& f : files) boost::filesystem::remove(boost::filesystem::path(dir) / f, ec);
+    return rc;
 }
 
 // Machine description

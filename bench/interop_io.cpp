@@ -360,26 +360,5 @@ int run(const Args& args, const std::string& dir) {
 int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     const Args args = parse_args(argc, argv);
-    std::string dir = args.dir;
-    const bool own_dir = dir.empty();
-    if (own_dir) {
-        std::string tmpl = "/var/tmp/interop_io-XXXXXX";
-        if (!::mkdtemp(tmpl.data())) die("mkdtemp " + tmpl);
-        dir = tmpl;
-    }
-    int rc = 0;
-    try {
-        rc = run(args, dir);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "interop_io: %s\n", e.what());
-        rc = 2;
-    }
-    boost::system::error_code ec;
-    if (own_dir) {
-        fs::remove_all(dir, ec);
-    } else {
-        fs::remove(fs::path(dir) / "bench.safetensors", ec);
-        fs::remove(fs::path(dir) / "bench.raw", ec);
-    }
-    return rc;
+    return run_in_directory(args.dir, {"bench.safetensors", "bench.raw"}, [&](const std::string& dir) { return run(args, dir); });
 }
