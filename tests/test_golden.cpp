@@ -502,9 +502,10 @@ TEST_CASE("a reader written from FORMAT.md alone reads every golden file") {
 
 TEST_CASE("today's writer produces the golden bodies byte for byte at this format version") {
     // A change to what save_checkpoint writes must come with a new format version (and new
-    // golden files for it), never as a reinterpretation of version 1.
-    REQUIRE_MESSAGE(ckpt::format_version == 1,
-                    "format version " << ckpt::format_version << " needs golden files of its own in tests/golden/");
+    // golden files for it), never as a reinterpretation of version 1. Files without codecs
+    // are still written as version 1.
+    REQUIRE_MESSAGE(ckpt::format_version_plain == 1,
+                    "format version " << ckpt::format_version_plain << " needs golden files of its own in tests/golden/");
     test::TempDir tmp;
     const std::string library_version =
         std::to_string(static_cast<unsigned>(boost::archive::BOOST_ARCHIVE_VERSION()));

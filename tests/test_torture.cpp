@@ -71,6 +71,7 @@ std::vector<Range> header_regions() {
     };
     vary([](ckpt::FileHeader& h) { h.version = ~0u; });
     vary([](ckpt::FileHeader& h) { h.archive = static_cast<ckpt::ArchiveKind>(~0u); });
+    vary([](ckpt::FileHeader& h) { h.codecs.fill(static_cast<ckpt::CodecId>(0xff)); });
     vary([](ckpt::FileHeader& h) { h.body_length = ~0ull; });
     vary([](ckpt::FileHeader& h) { h.body_hash = ~0ull; });
     vary([](ckpt::FileHeader& h) { h.epoch = -1; });
@@ -460,7 +461,7 @@ TEST_CASE("the corpus's layouts are walked to the end of every real checkpoint")
     // The tests below place their damage by these layouts: a walk that went astray would
     // test the wrong bytes.
     const auto header = header_regions();
-    REQUIRE(header.size() == 9);
+    REQUIRE(header.size() == 10);
     CHECK(header.front() == Range(0, 8));
     CHECK(header.back() == Range(56, ckpt::header_size));
     for (std::size_t i = 1; i < header.size(); ++i) CHECK(header[i].first == header[i - 1].second);

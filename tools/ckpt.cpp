@@ -12,7 +12,9 @@
 // 1 failure (for diff: a difference), 2 a usage error.
 
 #include <ckpt/ckpt.hpp>
+#include <ckpt/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
+#include <ckpt/zstd.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -94,13 +96,16 @@ FileFormat format_of(const fs::path& p) {
     return FileFormat::checkpoint;
 }
 
+/// --key-file: the key of encrypted checkpoints, for every subcommand that reads bodies.
+ckpt::LoadOptions load_options;
+
 ckpt::ParamDict load_any(const fs::path& p) {
     switch (format_of(p)) {
         case FileFormat::safetensors: return ckpt::load_safetensors(p);
         case FileFormat::npz: return ckpt::load_npz(p);
         case FileFormat::checkpoint: break;
     }
-    return ckpt::load_checkpoint(p);
+    return ckpt::load_checkpoint(p, load_options);
 }
 
 /// --select REGEX and --rename FROM=TO (prefix mappings, the first that matches applies).
@@ -384,10 +389,15 @@ Stats tensor_stats(const ckpt::Tensor& t) {
 }
 
 int cmd_show(const fs::path& file, bool stats, bool as_json) {
-    const auto contents = ckpt::read_contents(file);
+    ckpt::CheckpointContents contents;
+    // Without a key, an encrypted file still shows its header; its entries are not readable.
+    const bool locked = load_options.key.empty() && ckpt::read_header(file).encrypted();
+    if (locked) contents.header = ckpt::verify_checkpoint(file);
+    else contents = ckpt::read_contents(file, load_options);
     const auto& h = contents.header;
     std::optional<ckpt::ParamDict> loaded;
-    if (stats) loaded = ckpt::load_checkpoint(file);  // verifies the checksum first
+    if (stats && !locked) loaded = ckpt::load_checkpoint(file, load_options);  // verifies the checksum first
+    const bool verified = locked || loaded || h.encoded();  // a codec's body is read whole, so checked
     if (as_json) {
         json entries = json::array();
         for (const auto& e : contents.entries) {
@@ -412,22 +422,30 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
         }
         json header = {{"format_version", h.version},
                        {"archive", ckpt::archive_kind_name(h.archive)},
+                       {"codecs", h.codec_names()},
                        {"body_bytes", h.body_length},
                        {"epoch", h.epoch},
                        {"step", h.step},
                        {"save_time", utc_time(h.save_time_ns)},
                        {"checksum_xxh3", hex64(h.body_hash)}};
-        std::cout << json{{"path", file.string()}, {"header", header}, {"checksum_verified", stats}, {"entries", entries}}.dump(2)
-                  << "\n";
+        json out = {{"path", file.string()}, {"header", header}, {"checksum_verified", verified}};
+        if (locked) out["entries"] = nullptr;
+        else out["entries"] = entries;
+        std::cout << out.dump(2) << "\n";
         return 0;
     }
     std::cout << file.string() << "\n"
               << "  format version " << h.version << ", " << ckpt::archive_kind_name(h.archive) << " archive, body "
-              << h.body_length << " bytes\n"
+              << h.body_length << " bytes"
+              << (h.encoded() ? " stored through " + h.codec_names() : std::string()) << "\n"
               << "  epoch " << h.epoch << ", step " << h.step << ", saved " << utc_time(h.save_time_ns) << "\n"
               << "  checksum xxh3 " << hex64(h.body_hash)
-              << (stats ? " (verified)" : " (not read; ckpt verify or --stats checks it)") << "\n"
-              << "  " << contents.entries.size() << " entries\n\n";
+              << (verified ? " (verified)" : " (not read; ckpt verify or --stats checks it)") << "\n";
+    if (locked) {
+        std::cout << "  entries encrypted: pass --key-file to list them\n";
+        return 0;
+    }
+    std::cout << "  " << contents.entries.size() << " entries\n\n";
     std::size_t width = 4;
     for (const auto& e : contents.entries) width = std::max(width, e.name.size());
     std::printf("  %-*s  %-6s  %-7s  %-16s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "BYTES");
@@ -479,8 +497,13 @@ int cmd_verify(const std::vector<fs::path>& paths) {
         for (const auto& f : files) {
             try {
                 const auto h = ckpt::verify_checkpoint(f);
+                // With the key, an encrypted body is also decrypted: that authenticates it.
+                const bool authenticated = h.encrypted() && !load_options.key.empty();
+                if (authenticated) ckpt::load_checkpoint(f, load_options);
                 std::cout << "ok     " << f.string() << " (epoch " << h.epoch << ", step " << h.step << ", "
-                          << human_size(h.body_length + ckpt::header_size) << ")\n";
+                          << human_size(h.body_length + ckpt::header_size)
+                          << (h.encoded() ? ", " + h.codec_names() : std::string())
+                          << (authenticated ? ", authenticated" : "") << ")\n";
                 ++passed;
             } catch (const ckpt::Error& e) {
                 std::cout << "FAILED " << f.string() << ": " << e.what() << "\n";
@@ -587,7 +610,7 @@ int cmd_export(const fs::path& in, const fs::path& out, const Selection& sel, bo
     if (target == FileFormat::checkpoint) throw UsageError("the output '" + out.string() + "' must end in .safetensors or .npz");
     if (compress && target != FileFormat::npz) throw UsageError("--compress applies to .npz output only");
     refuse_overwrite(out, force);
-    const auto dict = sel.apply(ckpt::load_checkpoint(in));
+    const auto dict = sel.apply(ckpt::load_checkpoint(in, load_options));
     if (target == FileFormat::safetensors) ckpt::save_safetensors(dict, out);
     else ckpt::save_npz(dict, out, compress);
     std::cout << "exported " << dict.size() << " entries to " << out.string() << " (" << human_size(fs::file_size(out)) << ")\n";
@@ -595,18 +618,21 @@ int cmd_export(const fs::path& in, const fs::path& out, const Selection& sel, bo
 }
 
 int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, std::int64_t epoch, std::int64_t step,
-               const std::string& archive, bool force) {
+               const std::string& archive, int zstd_level, bool force) {
     if (format_of(in) == FileFormat::checkpoint)
         throw UsageError("the input '" + in.string() + "' must end in .safetensors or .npz");
     ckpt::SaveOptions opts;
     opts.epoch = epoch;
     opts.step = step;
     opts.archive = archive == "text" ? ckpt::ArchiveKind::text : archive == "xml" ? ckpt::ArchiveKind::xml : ckpt::ArchiveKind::binary;
+    if (zstd_level != 0) opts.codecs = ckpt::Zstd{zstd_level}.codecs();
+    if (!load_options.key.empty()) opts.codecs.push_back(ckpt::AesGcm{load_options.key}.codecs().front());
     refuse_overwrite(out, force);
     const auto dict = sel.apply(load_any(in));
     ckpt::save_checkpoint(dict, out, opts);
     std::cout << "imported " << dict.size() << " entries into " << out.string() << " (epoch " << epoch << ", step "
-              << step << ", " << archive << " archive)\n";
+              << step << ", " << archive << " archive"
+              << (opts.codecs.empty() ? std::string() : ", " + ckpt::read_header(out).codec_names()) << ")\n";
     return 0;
 }
 
@@ -623,7 +649,12 @@ int main(int argc, char** argv) {
     bool stats = false, as_json = false, headers_only = false, compress = false, force = false;
     double atol = 0, rtol = 0;
     std::int64_t epoch = 0, step = 0;
+    int zstd_level = 0;
+    std::string key_file;
     Selection sel;
+    auto add_key_file = [&](CLI::App* cmd, const char* what) {
+        cmd->add_option("--key-file", key_file, what)->check(CLI::ExistingFile);
+    };
 
     auto* ls = app.add_subcommand("ls", "List every checkpoint under DIR (regular, breakpoint, last-words, per-rank), "
                                         "ordered by run, epoch and step, each verified; marks what latest() picks");
@@ -638,9 +669,11 @@ int main(int argc, char** argv) {
                    "Verify the file, read the payloads and add per-tensor min, max, mean, std over finite values, and "
                    "the count of NaN and Inf");
     show->add_flag("--json", as_json, "Print JSON");
+    add_key_file(show, "Key of an encrypted checkpoint (32 bytes, or 64 hex digits): without it only the header shows");
 
     auto* verify = app.add_subcommand("verify", "Verify checkpoint files (header and checksum); exit 0 only if all pass");
     verify->add_option("PATH", verify_paths, "Checkpoint files, or directories searched for *.ckpt")->required();
+    add_key_file(verify, "Also decrypt and authenticate encrypted checkpoints with this key (the checksum needs none)");
 
     auto* diff = app.add_subcommand("diff", "Compare two checkpoints (or .safetensors/.npz files) entry by entry; "
                                             "exit 0 when equal within tolerance, 1 otherwise");
@@ -648,6 +681,7 @@ int main(int argc, char** argv) {
     diff->add_option("B", b, "Second file")->required();
     diff->add_option("--atol", atol, "Absolute tolerance (default 0)")->check(CLI::NonNegativeNumber);
     diff->add_option("--rtol", rtol, "Relative tolerance, of |B| (default 0)")->check(CLI::NonNegativeNumber);
+    add_key_file(diff, "Key of encrypted checkpoints");
 
     auto add_selection = [&](CLI::App* cmd) {
         cmd->add_option("--select", sel.select, "Only entries whose name matches this regular expression");
@@ -658,6 +692,7 @@ int main(int argc, char** argv) {
     exp->add_option("FILE", in, "Checkpoint file")->required();
     exp->add_option("OUT", out, "Output file: .safetensors or .npz")->required();
     exp->add_flag("--compress", compress, "Deflate the npz members (np.savez_compressed)");
+    add_key_file(exp, "Key of an encrypted checkpoint");
     add_selection(exp);
 
     auto* imp = app.add_subcommand("import", "Write the entries of a .safetensors or .npz file as a checkpoint");
@@ -666,6 +701,8 @@ int main(int argc, char** argv) {
     imp->add_option("--epoch", epoch, "Epoch recorded in the header")->check(CLI::NonNegativeNumber);
     imp->add_option("--step", step, "Step recorded in the header")->check(CLI::NonNegativeNumber);
     imp->add_option("--archive", archive, "Body archive")->check(CLI::IsMember({"binary", "text", "xml"}));
+    imp->add_option("--zstd", zstd_level, "Compress the body with zstd at this level (1 .. 19)")->check(CLI::Range(1, 19));
+    add_key_file(imp, "Encrypt the body with AES-256-GCM under this key (after --zstd)");
     add_selection(imp);
 
     try {
@@ -677,6 +714,7 @@ int main(int argc, char** argv) {
     }
     ckpt::set_log_sink([](ckpt::LogLevel, std::string_view) {});  // findings are in the output
     try {
+        if (!key_file.empty()) load_options.key = ckpt::Key::from_file(key_file);
         if (*ls) return cmd_ls(dir, prefix.empty() ? std::nullopt : std::optional(prefix), headers_only, as_json);
         if (*show) return cmd_show(file, stats, as_json);
         if (*verify) {
@@ -685,7 +723,7 @@ int main(int argc, char** argv) {
         }
         if (*diff) return cmd_diff(a, b, atol, rtol);
         if (*exp) return cmd_export(in, out, sel, compress, force);
-        if (*imp) return cmd_import(in, out, sel, epoch, step, archive, force);
+        if (*imp) return cmd_import(in, out, sel, epoch, step, archive, zstd_level, force);
     } catch (const UsageError& e) {
         std::cerr << "ckpt: " << e.what() << "\n";
         return 2;

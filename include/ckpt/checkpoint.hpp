@@ -14,6 +14,7 @@
 #include <istream>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -23,6 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "codec.hpp"
 #include "detail/atomic_file.hpp"
 #include "detail/body.hpp"
 #include "detail/hash.hpp"
@@ -41,10 +43,12 @@ struct SaveOptions {
     std::int64_t epoch = 0;  ///< recorded in the header; latest() checks it against the file name
     std::int64_t step = 0;   ///< likewise
     bool overwrite = true;   ///< false: fail with EEXIST rather than replace an existing file
+    CodecChain codecs{};     ///< what the body passes through, in order (see codec.hpp); none by default
 };
 
 struct LoadOptions {
     std::optional<ArchiveKind> archive;  ///< when set, a file of another archive kind is an error
+    Key key{};                           ///< for encrypted checkpoints
 };
 
 /// What a load into existing tensors did, in the seed's terms.
@@ -119,6 +123,13 @@ inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const 
     reader.read(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
     if (const auto got = reader.digest(); got != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, got);
     return body;
+}
+
+/// The verified body with its codecs undone: what the archive wrote.
+inline BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts) {
+    BodyBytes body{read_verified_body(c, path), c.header.body_length};
+    if (!c.header.encoded()) return body;
+    return decode_body(c.header, std::move(body), DecodeContext{path, header_associated_data(c.header), opts.key});
 }
 
 template <class F>
@@ -272,6 +283,49 @@ inline LoadMismatch strict_failure(const std::string& source, const LoadPlan& pl
 }  // namespace detail
 
 namespace detail {
+/// Reads a body's table of contents from `src` and stops there. `first` holds the body's
+/// first bytes (up to 32), for the text signature check.
+template <class Source>
+std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const std::byte> first, const std::string& path) {
+    std::vector<EntryMeta> entries;
+    auto read = [&](auto& ar) {
+        BodyParser parser(ar, src, path);
+        entries = parser.read_toc();
+        reject_duplicates(entries, path);
+    };
+    translating_archive_errors(path, [&] {
+        switch (kind) {
+            case ArchiveKind::binary: {
+                boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
+                read(ar);
+                break;
+            }
+            case ArchiveKind::text:
+            case ArchiveKind::xml: {
+                if (kind == ArchiveKind::text) check_text_signature(first.data(), first.size(), path);
+                std::istream is(&src);
+                is.imbue(std::locale::classic());
+                // The archives read on in their destructors (xml: its closing tag, which a
+                // destructor can only report by ending the process): a failed stream stops them.
+                auto stop_reading = [&] { is.setstate(std::ios::failbit); };
+                if (kind == ArchiveKind::text) {
+                    boost::archive::text_iarchive ar(is);
+                    read(ar);
+                    stop_reading();
+                } else {
+                    boost::archive::xml_iarchive ar(is);
+                    read(ar);
+                    stop_reading();
+                }
+                break;
+            }
+        }
+    });
+    return entries;
+}
+}  // namespace detail
+
+namespace detail {
 /// What a reader would refuse, refused before anything is written.
 inline void check_savable(const ParamDict& dict, ArchiveKind archive, const std::string& path) {
     for (const auto& [name, value] : dict) {
@@ -292,10 +346,21 @@ inline void check_savable(const ParamDict& dict, ArchiveKind archive, const std:
 inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const SaveOptions& opts = {}) {
     const std::string path = file.string();
     detail::check_savable(dict, opts.archive, path);
+    detail::check_chain(opts.codecs, path);
+    FileHeader h;
+    h.archive = opts.archive;
+    h.epoch = opts.epoch;
+    h.step = opts.step;
+    h.save_time_ns = detail::unix_time_ns();  // before the body: a codec may authenticate it
+    if (!opts.codecs.empty()) h.version = format_version;
+    for (std::size_t i = 0; i < opts.codecs.size(); ++i) h.codecs[i] = opts.codecs[i].id;
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
     detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
-    detail::BodyWriter writer(out.fd(), path);
+    detail::FileSink stored(out.fd(), path);
+    std::optional<detail::EncoderChain> encoders;
+    if (!opts.codecs.empty()) encoders.emplace(opts.codecs, stored, EncodeContext{path, header_associated_data(h)});
+    detail::BodyWriter writer(out.fd(), path, encoders ? &encoders->head() : nullptr);
     try {
         auto position = [&] { return writer.position(); };
         switch (opts.archive) {
@@ -330,13 +395,14 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
         throw;
     }
     writer.finish();
-    FileHeader h;
-    h.archive = opts.archive;
-    h.body_length = writer.position();
-    h.body_hash = writer.digest();
-    h.epoch = opts.epoch;
-    h.step = opts.step;
-    h.save_time_ns = detail::unix_time_ns();
+    if (encoders) {
+        encoders->head().finish();
+        h.body_length = stored.written();
+        h.body_hash = stored.digest();
+    } else {
+        h.body_length = writer.position();
+        h.body_hash = writer.digest();
+    }
     const auto bytes = encode_header(h);
     detail::pwrite_all(out.fd(), bytes.data(), bytes.size(), 0, path);
     out.commit();
@@ -349,49 +415,25 @@ inline FileHeader read_header(const fs::path& file) {
 
 /// Reads the header and the table of contents, never the tensor payloads: cheap for a file of
 /// any size. The body checksum is not checked (that needs every byte; verify_checkpoint).
-inline CheckpointContents read_contents(const fs::path& file) {
+/// A body that passed through codecs is the exception: it is read, verified and decoded whole
+/// (an encrypted one needs opts.key).
+inline CheckpointContents read_contents(const fs::path& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, {});
-    detail::UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    auto c = detail::open_checkpoint(path, opts);
     CheckpointContents out{c.header, {}};
-    auto read = [&](auto& ar) {
-        detail::BodyParser parser(ar, src, path);
-        out.entries = parser.read_toc();
-        detail::reject_duplicates(out.entries, path);
-    };
-    detail::translating_archive_errors(path, [&] {
-        switch (c.header.archive) {
-            case ArchiveKind::binary: {
-                boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-                read(ar);
-                break;
-            }
-            case ArchiveKind::text:
-            case ArchiveKind::xml: {
-                if (c.header.archive == ArchiveKind::text) {
-                    std::array<std::byte, 32> first{};
-                    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
-                    detail::pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
-                    detail::check_text_signature(first.data(), n, path);
-                }
-                std::istream is(&src);
-                is.imbue(std::locale::classic());
-                // The archives read on in their destructors (xml: its closing tag, which a
-                // destructor can only report by ending the process): a failed stream stops them.
-                auto stop_reading = [&] { is.setstate(std::ios::failbit); };
-                if (c.header.archive == ArchiveKind::text) {
-                    boost::archive::text_iarchive ar(is);
-                    read(ar);
-                    stop_reading();
-                } else {
-                    boost::archive::xml_iarchive ar(is);
-                    read(ar);
-                    stop_reading();
-                }
-                break;
-            }
-        }
-    });
+    if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
+        const auto body = detail::read_decoded_body(c, path, opts);
+        detail::MemoryReader src(reinterpret_cast<char*>(body.data.get()), static_cast<std::size_t>(body.size));
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, body.size));
+        out.entries = detail::read_toc(c.header.archive, src, {body.data.get(), n}, path);
+        return out;
+    }
+    detail::UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    std::array<std::byte, 32> first{};
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
+    if (c.header.archive == ArchiveKind::text)
+        detail::pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
+    out.entries = detail::read_toc(c.header.archive, src, {first.data(), n}, path);
     return out;
 }
 
@@ -421,8 +463,8 @@ inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opt
 inline ParamDict load_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    auto body = detail::read_verified_body(c, path);
-    return detail::parse_body(c.header.archive, std::move(body), c.header.body_length, path);
+    auto body = detail::read_decoded_body(c, path, opts);
+    return detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
 }
 
 /// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
@@ -462,7 +504,8 @@ LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false
 }
 
 /// Loads straight into the memory of `target`'s tensors (binary archives stream from the
-/// file into them; text and xml go through a verified in-memory copy). The body checksum is
+/// file into them; text and xml, and bodies that passed through codecs, go through a verified
+/// in-memory copy). The body checksum is
 /// checked at the end: if it fails, ChecksumError is thrown and the target tensors may hold
 /// partial data, so reload them from another checkpoint. Strict mode checks names, dtypes
 /// and shapes against the file's table of contents before writing any payload.
@@ -470,9 +513,9 @@ inline LoadReport load_checkpoint_into(const fs::path& file, ParamDict& target, 
                                        const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    if (c.header.archive != ArchiveKind::binary) {
-        auto body = detail::read_verified_body(c, path);
-        return load_param_into_net(target, detail::parse_body(c.header.archive, std::move(body), c.header.body_length, path),
+    if (c.header.archive != ArchiveKind::binary || c.header.encoded()) {
+        auto body = detail::read_decoded_body(c, path, opts);
+        return load_param_into_net(target, detail::parse_body(c.header.archive, std::move(body.data), body.size, path),
                                    strict);
     }
     detail::BodyReader src(c.fd.get(), path, c.header.body_length);

@@ -5,7 +5,9 @@
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
-//   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy
+//   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy, CodecPolicy
+//   codecs       NoCodec, Chain, Key; Zstd and AesGcm in zstd.hpp and
+//                aes_gcm.hpp (targets ckpt::zstd, ckpt::aes_gcm)          codec.hpp
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
 //   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
 //   errors       Error and its subclasses                               error.hpp
@@ -13,6 +15,7 @@
 #include "append_info.hpp"
 #include "archive_policy.hpp"
 #include "checkpoint.hpp"
+#include "codec.hpp"
 #include "config.hpp"
 #include "dtype.hpp"
 #include "error.hpp"

@@ -10,6 +10,8 @@
 // The seed's rules for conflicting settings: save_checkpoint_steps wins over
 // save_checkpoint_seconds; keep_checkpoint_max wins over keep_checkpoint_per_n_minutes; all
 // four zero is an error. As in the seed, the last step is also saved when training ends.
+// enc_key (with enc_mode "AES-GCM", the seed's default) encrypts with AES-256-GCM and needs
+// <ckpt/aes_gcm.hpp>; zstd_level compresses first and needs <ckpt/zstd.hpp>.
 
 #include <cstdint>
 #include <optional>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "append_info.hpp"
+#include "codec.hpp"
 #include "error.hpp"
 #include "manager.hpp"
 #include "retention_policy.hpp"
@@ -33,6 +36,9 @@ struct CheckpointConfig {
     AppendInfo append_info;
     bool exception_save = false;
     bool async_save = false;
+    Key enc_key;                      ///< when set, checkpoints are encrypted (and restore() decrypts)
+    std::string enc_mode = "AES-GCM"; ///< the only mode ckpt writes (as AES-256-GCM)
+    int zstd_level = 0;               ///< 0: no compression; else zstd at this level, before encryption
 };
 
 namespace detail {
@@ -95,18 +101,43 @@ private:
     std::optional<KeepOnePerMinutes> per_minutes_;
 };
 
-template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
-using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A>;
+/// The CodecPolicy a CheckpointConfig stands for: zstd if zstd_level is set, then AES-256-GCM
+/// if enc_key is.
+class ConfiguredCodec {
+public:
+    explicit ConfiguredCodec(const CheckpointConfig& c) {
+        if (c.zstd_level != 0) chain_.push_back(Codec{CodecId::zstd, c.zstd_level, {}});
+        if (!c.enc_key.empty()) {
+            if (c.enc_mode != "AES-GCM")
+                throw ConfigError("enc_mode '" + c.enc_mode + "' is not supported: ckpt encrypts with AES-GCM (AES-256-GCM)");
+            chain_.push_back(Codec{CodecId::aes_256_gcm, 0, c.enc_key});
+        }
+    }
+    CodecChain codecs() const { return chain_; }
 
-template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
-ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, const CheckpointConfig& config,
-                                     N naming = {}) {
+private:
+    CodecChain chain_;
+};
+
+namespace detail {
+inline ManagerOptions manager_options(const CheckpointConfig& config) {
     ManagerOptions opts;
     opts.append_info = config.append_info;
     opts.exception_save = config.exception_save;
     opts.async_save = config.async_save;
+    return opts;
+}
+}  // namespace detail
+
+template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
+using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A, ConfiguredCodec>;
+
+template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
+ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, const CheckpointConfig& config,
+                                     N naming = {}) {
     return ConfiguredManager<N, A>(std::move(directory), std::move(prefix), ConfiguredSave(config),
-                                   ConfiguredRetention(config), std::move(naming), std::move(opts));
+                                   ConfiguredRetention(config), std::move(naming), detail::manager_options(config),
+                                   ConfiguredCodec(config));
 }
 
 }  // namespace ckpt

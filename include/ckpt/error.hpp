@@ -6,7 +6,9 @@
 //   ├── IoError                open/read/write/fsync/rename/mkdir failed (carries errno)
 //   ├── FormatError            not a checkpoint, truncated, bad length, unknown dtype/kind
 //   │   ├── ChecksumError      header check or body xxh3 does not match
+//   │   │   └── AuthenticationError  an encrypted body fails its authentication tag
 //   │   └── VersionError       format version this reader does not know
+//   ├── KeyError               an encrypted checkpoint and no key, or another key than its own
 //   ├── NotFound               no such key in a ParamDict
 //   ├── TypeMismatch           typed access asked for the wrong type
 //   ├── LoadMismatch           strict load found missing, unexpected or mismatched tensors
@@ -49,9 +51,27 @@ public:
     using FormatError::FormatError;
 };
 
+/// The stored bytes match their checksum, the key is the file's own, and still the body or
+/// the header fails authentication: altered after it was written, checksum recomputed.
+class AuthenticationError : public ChecksumError {
+public:
+    using ChecksumError::ChecksumError;
+};
+
 class VersionError : public FormatError {
 public:
     using FormatError::FormatError;
+};
+
+/// Reading an encrypted checkpoint without a key, or with another key than the one it was
+/// written with. Messages name the file and key ids, never key bytes.
+class KeyError : public Error {
+public:
+    KeyError(const std::string& what, std::string path) : Error(what), path_(std::move(path)) {}
+    const std::string& path() const noexcept { return path_; }
+
+private:
+    std::string path_;
 };
 
 class NotFound : public Error {

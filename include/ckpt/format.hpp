@@ -3,8 +3,10 @@
 //
 //   offset  size  field
 //        0     8  magic "\x89CKPT\r\n\x1a" (the \r\n and \x1a catch text-mode mangling)
-//        8     4  format version (1)
-//       12     4  archive kind of the body: 0 binary, 1 text, 2 xml
+//        8     4  format version: 1, or 2 when the body passed through codecs
+//       12     1  archive kind of the body: 0 binary, 1 text, 2 xml
+//       13     3  codecs the body passed through, in the order applied, one byte each:
+//                 0 none (unused slots), 1 zstd, 2 aes-256-gcm (version 1: all three 0)
 //       16     8  body length in bytes (the file is exactly 64 + body length)
 //       24     8  xxh3-64 of the body
 //       32     8  epoch recorded by the writer (0 when none)
@@ -12,6 +14,7 @@
 //       48     8  save time, nanoseconds since the Unix epoch
 //       56     8  xxh3-64 of bytes 0..55 (the header check)
 //
+// The body checksum covers the stored bytes, after the codecs: verifying needs no key.
 // Nothing after the header is trusted before the header check and then the body checksum pass.
 
 #include <array>
@@ -37,18 +40,49 @@ constexpr std::string_view archive_kind_name(ArchiveKind k) {
     return "unknown";
 }
 
-inline constexpr std::uint32_t format_version = 1;
+/// Body codecs, as the header records them (codec.hpp describes each).
+enum class CodecId : std::uint8_t { none = 0, zstd = 1, aes_256_gcm = 2 };
+
+constexpr std::string_view codec_name(CodecId c) {
+    switch (c) {
+        case CodecId::none: return "none";
+        case CodecId::zstd: return "zstd";
+        case CodecId::aes_256_gcm: return "aes-256-gcm";
+    }
+    return "unknown";
+}
+
+/// The newest format version this reader knows. Files without codecs are still written as
+/// version 1, which every reader since the first one reads.
+inline constexpr std::uint32_t format_version = 2;
+inline constexpr std::uint32_t format_version_plain = 1;
+inline constexpr std::size_t max_codec_stages = 3;
 inline constexpr std::size_t header_size = 64;
 inline constexpr std::array<unsigned char, 8> file_magic = {0x89, 'C', 'K', 'P', 'T', '\r', '\n', 0x1a};
 
 struct FileHeader {
-    std::uint32_t version = format_version;
+    std::uint32_t version = format_version_plain;
     ArchiveKind archive = ArchiveKind::binary;
+    std::array<CodecId, max_codec_stages> codecs{};  ///< in the order applied; CodecId::none after the last
     std::uint64_t body_length = 0;
     std::uint64_t body_hash = 0;
     std::int64_t epoch = 0;
     std::int64_t step = 0;
     std::int64_t save_time_ns = 0;
+
+    bool encoded() const noexcept { return codecs[0] != CodecId::none; }
+    bool encrypted() const noexcept {
+        for (auto c : codecs)
+            if (c == CodecId::aes_256_gcm) return true;
+        return false;
+    }
+    /// "zstd+aes-256-gcm", or "none".
+    std::string codec_names() const {
+        std::string s;
+        for (auto c : codecs)
+            if (c != CodecId::none) s += (s.empty() ? "" : "+") + std::string(codec_name(c));
+        return s.empty() ? "none" : s;
+    }
 };
 
 namespace detail {
@@ -69,7 +103,8 @@ inline std::array<std::byte, header_size> encode_header(const FileHeader& h) {
     std::array<std::byte, header_size> b{};
     std::memcpy(b.data(), file_magic.data(), file_magic.size());
     detail::put_le<std::uint32_t>(b.data() + 8, h.version);
-    detail::put_le<std::uint32_t>(b.data() + 12, static_cast<std::uint32_t>(h.archive));
+    b[12] = static_cast<std::byte>(h.archive);
+    for (std::size_t i = 0; i < max_codec_stages; ++i) b[13 + i] = static_cast<std::byte>(h.codecs[i]);
     detail::put_le<std::uint64_t>(b.data() + 16, h.body_length);
     detail::put_le<std::uint64_t>(b.data() + 24, h.body_hash);
     detail::put_le<std::int64_t>(b.data() + 32, h.epoch);
@@ -77,6 +112,18 @@ inline std::array<std::byte, header_size> encode_header(const FileHeader& h) {
     detail::put_le<std::int64_t>(b.data() + 48, h.save_time_ns);
     detail::put_le<std::uint64_t>(b.data() + 56, detail::xxh3(b.data(), 56));
     return b;
+}
+
+/// What a codec authenticates of the header (aes-256-gcm's associated data): bytes 0..55 with
+/// the body length and checksum zeroed, as those describe the stored bytes the codec makes.
+inline std::array<std::byte, 56> header_associated_data(const std::byte* header) {
+    std::array<std::byte, 56> a{};
+    std::memcpy(a.data(), header, a.size());
+    std::memset(a.data() + 16, 0, 16);
+    return a;
+}
+inline std::array<std::byte, 56> header_associated_data(const FileHeader& h) {
+    return header_associated_data(encode_header(h).data());
 }
 
 /// Parses and checks a header read from `path`, whose total size is `file_size`.
@@ -92,16 +139,26 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
     }
     FileHeader h;
     h.version = detail::get_le<std::uint32_t>(b + 8);
-    if (h.version != format_version)
+    if (h.version < format_version_plain || h.version > format_version)
         throw VersionError("checkpoint '" + path + "' has format version " + std::to_string(h.version) +
-                               "; this reader knows version " + std::to_string(format_version),
+                               "; this reader knows versions 1 to " + std::to_string(format_version),
                            path);
     if (detail::get_le<std::uint64_t>(b + 56) != detail::xxh3(b, 56))
         throw ChecksumError("checkpoint '" + path + "' has a corrupt header (header check mismatch)", path);
-    const auto kind = detail::get_le<std::uint32_t>(b + 12);
+    const auto kind = std::to_integer<std::uint32_t>(b[12]);
     if (kind > static_cast<std::uint32_t>(ArchiveKind::xml))
         throw FormatError("checkpoint '" + path + "' names unknown archive kind " + std::to_string(kind), path);
     h.archive = static_cast<ArchiveKind>(kind);
+    bool ended = false;
+    for (std::size_t i = 0; i < max_codec_stages; ++i) {
+        const auto id = std::to_integer<std::uint32_t>(b[13 + i]);
+        if (id > static_cast<std::uint32_t>(CodecId::aes_256_gcm))
+            throw FormatError("checkpoint '" + path + "' names unknown codec " + std::to_string(id), path);
+        h.codecs[i] = static_cast<CodecId>(id);
+        if (id != 0 && (ended || h.version == format_version_plain))
+            throw FormatError("checkpoint '" + path + "' has a malformed codec list (header bytes 13 to 15)", path);
+        ended = ended || id == 0;
+    }
     h.body_length = detail::get_le<std::uint64_t>(b + 16);
     h.body_hash = detail::get_le<std::uint64_t>(b + 24);
     h.epoch = detail::get_le<std::int64_t>(b + 32);

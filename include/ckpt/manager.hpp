@@ -10,6 +10,7 @@
 //   RetentionPolicy R  which older files to delete   default KeepLast{5}
 //   NamingPolicy N     file names, runs, meta file   default MindSporeNaming
 //   ArchivePolicy A    body archive                  default BinaryArchive
+//   CodecPolicy C      compression, encryption       default NoCodec (codec.hpp)
 //
 // A state is a ParamDict, a callable returning one (called only when saving), or an object
 // with `ParamDict state_dict()` returning views of its tensors.
@@ -31,6 +32,7 @@
 #include "detail/background_save.hpp"
 #include "archive_policy.hpp"
 #include "checkpoint.hpp"
+#include "codec.hpp"
 #include "detail/atomic_file.hpp"
 #include "error.hpp"
 #include "latest.hpp"
@@ -120,22 +122,29 @@ inline void write_text_file(const fs::path& file, const std::string& text) {
 }  // namespace detail
 
 template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
-          ArchivePolicy A = BinaryArchive>
+          ArchivePolicy A = BinaryArchive, CodecPolicy C = NoCodec>
 class CheckpointManager {
 public:
     using save_policy = S;
     using retention_policy = R;
     using naming_policy = N;
     using archive_policy = A;
+    using codec_policy = C;
 
     /// Creates `directory` if needed, removes temporaries that crashed writers left for this
     /// prefix, and picks this run's prefix (see the naming policy).
+    /// `codec`'s chain is checked here (a missing key or codec fails now, not at the first save);
+    /// its key, if any, also decrypts what restore() loads.
     CheckpointManager(fs::path directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
-                      ManagerOptions options = {})
+                      ManagerOptions options = {}, C codec = C{})
         : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
-          retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)) {
+          retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)),
+          codecs_(codec.codecs()) {
         if (prefix_.empty() || prefix_.find('/') != std::string::npos)
             throw ConfigError("checkpoint prefix must be a non-empty name without '/', got '" + prefix_ + "'");
+        detail::check_chain(codecs_, (dir_ / prefix_).string());
+        for (const auto& c : codecs_)
+            if (!c.key.empty()) load_options_.key = c.key;
         if (options_.async_buffers == 0) throw ConfigError("async_buffers must be at least 1, got 0");
         boost::system::error_code ec;
         fs::create_directories(dir_, ec);
@@ -254,7 +263,7 @@ public:
             std::optional<std::string> why = checkpoint_problem(*it);
             if (!why) {
                 try {
-                    return Restored{*it, load_checkpoint_into(it->path, target, strict)};
+                    return Restored{*it, load_checkpoint_into(it->path, target, strict, load_options_)};
                 } catch (const FormatError& e) {  // changed between verification and load
                     why = e.what();
                 }
@@ -321,6 +330,7 @@ private:
         opts.archive = A::kind;
         opts.epoch = p.epoch;
         opts.step = p.step;
+        opts.codecs = codecs_;
         save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
     }
 
@@ -348,6 +358,8 @@ private:
     R retention_;
     N naming_;
     ManagerOptions options_;
+    CodecChain codecs_;
+    LoadOptions load_options_;  // the codec's key, for restore()
     std::string run_prefix_;
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;

@@ -6,7 +6,9 @@
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
-//   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy
+//   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy, CodecPolicy
+//   codecs       NoCodec, Chain, Key; Zstd and AesGcm in zstd.hpp and
+//                aes_gcm.hpp (targets ckpt::zstd, ckpt::aes_gcm)          codec.hpp
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
 //   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
 //   errors       Error and its subclasses                               error.hpp
@@ -27,7 +29,9 @@
 //   ├── IoError                open/read/write/fsync/rename/mkdir failed (carries errno)
 //   ├── FormatError            not a checkpoint, truncated, bad length, unknown dtype/kind
 //   │   ├── ChecksumError      header check or body xxh3 does not match
+//   │   │   └── AuthenticationError  an encrypted body fails its authentication tag
 //   │   └── VersionError       format version this reader does not know
+//   ├── KeyError               an encrypted checkpoint and no key, or another key than its own
 //   ├── NotFound               no such key in a ParamDict
 //   ├── TypeMismatch           typed access asked for the wrong type
 //   ├── LoadMismatch           strict load found missing, unexpected or mismatched tensors
@@ -70,9 +74,27 @@ public:
     using FormatError::FormatError;
 };
 
+/// The stored bytes match their checksum, the key is the file's own, and still the body or
+/// the header fails authentication: altered after it was written, checksum recomputed.
+class AuthenticationError : public ChecksumError {
+public:
+    using ChecksumError::ChecksumError;
+};
+
 class VersionError : public FormatError {
 public:
     using FormatError::FormatError;
+};
+
+/// Reading an encrypted checkpoint without a key, or with another key than the one it was
+/// written with. Messages name the file and key ids, never key bytes.
+class KeyError : public Error {
+public:
+    KeyError(const std::string& what, std::string path) : Error(what), path_(std::move(path)) {}
+    const std::string& path() const noexcept { return path_; }
+
+private:
+    std::string path_;
 };
 
 class NotFound : public Error {
@@ -648,8 +670,10 @@ struct AppendInfo {
 //
 //   offset  size  field
 //        0     8  magic "\x89CKPT\r\n\x1a" (the \r\n and \x1a catch text-mode mangling)
-//        8     4  format version (1)
-//       12     4  archive kind of the body: 0 binary, 1 text, 2 xml
+//        8     4  format version: 1, or 2 when the body passed through codecs
+//       12     1  archive kind of the body: 0 binary, 1 text, 2 xml
+//       13     3  codecs the body passed through, in the order applied, one byte each:
+//                 0 none (unused slots), 1 zstd, 2 aes-256-gcm (version 1: all three 0)
 //       16     8  body length in bytes (the file is exactly 64 + body length)
 //       24     8  xxh3-64 of the body
 //       32     8  epoch recorded by the writer (0 when none)
@@ -657,6 +681,7 @@ struct AppendInfo {
 //       48     8  save time, nanoseconds since the Unix epoch
 //       56     8  xxh3-64 of bytes 0..55 (the header check)
 //
+// The body checksum covers the stored bytes, after the codecs: verifying needs no key.
 // Nothing after the header is trusted before the header check and then the body checksum pass.
 
 #include <array>
@@ -719,18 +744,49 @@ constexpr std::string_view archive_kind_name(ArchiveKind k) {
     return "unknown";
 }
 
-inline constexpr std::uint32_t format_version = 1;
+/// Body codecs, as the header records them (codec.hpp describes each).
+enum class CodecId : std::uint8_t { none = 0, zstd = 1, aes_256_gcm = 2 };
+
+constexpr std::string_view codec_name(CodecId c) {
+    switch (c) {
+        case CodecId::none: return "none";
+        case CodecId::zstd: return "zstd";
+        case CodecId::aes_256_gcm: return "aes-256-gcm";
+    }
+    return "unknown";
+}
+
+/// The newest format version this reader knows. Files without codecs are still written as
+/// version 1, which every reader since the first one reads.
+inline constexpr std::uint32_t format_version = 2;
+inline constexpr std::uint32_t format_version_plain = 1;
+inline constexpr std::size_t max_codec_stages = 3;
 inline constexpr std::size_t header_size = 64;
 inline constexpr std::array<unsigned char, 8> file_magic = {0x89, 'C', 'K', 'P', 'T', '\r', '\n', 0x1a};
 
 struct FileHeader {
-    std::uint32_t version = format_version;
+    std::uint32_t version = format_version_plain;
     ArchiveKind archive = ArchiveKind::binary;
+    std::array<CodecId, max_codec_stages> codecs{};  ///< in the order applied; CodecId::none after the last
     std::uint64_t body_length = 0;
     std::uint64_t body_hash = 0;
     std::int64_t epoch = 0;
     std::int64_t step = 0;
     std::int64_t save_time_ns = 0;
+
+    bool encoded() const noexcept { return codecs[0] != CodecId::none; }
+    bool encrypted() const noexcept {
+        for (auto c : codecs)
+            if (c == CodecId::aes_256_gcm) return true;
+        return false;
+    }
+    /// "zstd+aes-256-gcm", or "none".
+    std::string codec_names() const {
+        std::string s;
+        for (auto c : codecs)
+            if (c != CodecId::none) s += (s.empty() ? "" : "+") + std::string(codec_name(c));
+        return s.empty() ? "none" : s;
+    }
 };
 
 namespace detail {
@@ -751,7 +807,8 @@ inline std::array<std::byte, header_size> encode_header(const FileHeader& h) {
     std::array<std::byte, header_size> b{};
     std::memcpy(b.data(), file_magic.data(), file_magic.size());
     detail::put_le<std::uint32_t>(b.data() + 8, h.version);
-    detail::put_le<std::uint32_t>(b.data() + 12, static_cast<std::uint32_t>(h.archive));
+    b[12] = static_cast<std::byte>(h.archive);
+    for (std::size_t i = 0; i < max_codec_stages; ++i) b[13 + i] = static_cast<std::byte>(h.codecs[i]);
     detail::put_le<std::uint64_t>(b.data() + 16, h.body_length);
     detail::put_le<std::uint64_t>(b.data() + 24, h.body_hash);
     detail::put_le<std::int64_t>(b.data() + 32, h.epoch);
@@ -759,6 +816,18 @@ inline std::array<std::byte, header_size> encode_header(const FileHeader& h) {
     detail::put_le<std::int64_t>(b.data() + 48, h.save_time_ns);
     detail::put_le<std::uint64_t>(b.data() + 56, detail::xxh3(b.data(), 56));
     return b;
+}
+
+/// What a codec authenticates of the header (aes-256-gcm's associated data): bytes 0..55 with
+/// the body length and checksum zeroed, as those describe the stored bytes the codec makes.
+inline std::array<std::byte, 56> header_associated_data(const std::byte* header) {
+    std::array<std::byte, 56> a{};
+    std::memcpy(a.data(), header, a.size());
+    std::memset(a.data() + 16, 0, 16);
+    return a;
+}
+inline std::array<std::byte, 56> header_associated_data(const FileHeader& h) {
+    return header_associated_data(encode_header(h).data());
 }
 
 /// Parses and checks a header read from `path`, whose total size is `file_size`.
@@ -774,16 +843,26 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
     }
     FileHeader h;
     h.version = detail::get_le<std::uint32_t>(b + 8);
-    if (h.version != format_version)
+    if (h.version < format_version_plain || h.version > format_version)
         throw VersionError("checkpoint '" + path + "' has format version " + std::to_string(h.version) +
-                               "; this reader knows version " + std::to_string(format_version),
+                               "; this reader knows versions 1 to " + std::to_string(format_version),
                            path);
     if (detail::get_le<std::uint64_t>(b + 56) != detail::xxh3(b, 56))
         throw ChecksumError("checkpoint '" + path + "' has a corrupt header (header check mismatch)", path);
-    const auto kind = detail::get_le<std::uint32_t>(b + 12);
+    const auto kind = std::to_integer<std::uint32_t>(b[12]);
     if (kind > static_cast<std::uint32_t>(ArchiveKind::xml))
         throw FormatError("checkpoint '" + path + "' names unknown archive kind " + std::to_string(kind), path);
     h.archive = static_cast<ArchiveKind>(kind);
+    bool ended = false;
+    for (std::size_t i = 0; i < max_codec_stages; ++i) {
+        const auto id = std::to_integer<std::uint32_t>(b[13 + i]);
+        if (id > static_cast<std::uint32_t>(CodecId::aes_256_gcm))
+            throw FormatError("checkpoint '" + path + "' names unknown codec " + std::to_string(id), path);
+        h.codecs[i] = static_cast<CodecId>(id);
+        if (id != 0 && (ended || h.version == format_version_plain))
+            throw FormatError("checkpoint '" + path + "' has a malformed codec list (header bytes 13 to 15)", path);
+        ended = ended || id == 0;
+    }
     h.body_length = detail::get_le<std::uint64_t>(b + 16);
     h.body_hash = detail::get_le<std::uint64_t>(b + 24);
     h.epoch = detail::get_le<std::int64_t>(b + 32);
@@ -833,6 +912,7 @@ struct XmlArchive {
 #include <istream>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -842,77 +922,45 @@ struct XmlArchive {
 #include <unordered_set>
 #include <vector>
 
-// Atomic, durable file replacement: write a temporary in the same directory, fsync it,
-// rename it over the final name, fsync the directory. A crash at any point leaves either
-// the old state or the complete new file; the temporary is removed on every error path.
-
-#include <signal.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <boost/filesystem.hpp>
-
-#include <atomic>
-#include <cerrno>
-#include <charconv>
-#include <optional>
-#include <string>
-#include <string_view>
-
-// Where ckpt reports what it did on its own: skipped corrupt files, removed temporaries,
-// retention deletions. The default sink writes warnings to stderr; replace it to route
-// the messages into the program's own logging, or to silence them.
+// Body codecs: what the archive's bytes pass through on their way to the file, chosen at
+// compile time like the other policies.
 //
-// The sink is called by one thread at a time (ckpt logs from background savers and from
-// data-parallel ranks running as threads), so it need not be thread-safe itself.
+//   ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming, ckpt::BinaryArchive,
+//                           ckpt::Chain<ckpt::Zstd, ckpt::AesGcm>>
+//       mgr(dir, "run", ckpt::EverySteps{100}, ckpt::KeepLast{3}, {}, {},
+//           ckpt::Chain{ckpt::Zstd{3}, ckpt::AesGcm{ckpt::Key::from_file("run.key")}});
+//
+// A CodecPolicy C provides `CodecChain codecs() const`: the stages, in the order applied.
+// Members: NoCodec (the default: the body is stored as the archive wrote it), Zstd{level}
+// (<ckpt/zstd.hpp>, target ckpt::zstd), AesGcm{key} (<ckpt/aes_gcm.hpp>, target
+// ckpt::aes_gcm) and Chain<C...>, which applies its members in turn (compress, then encrypt).
+//
+// The header records the stages, so a reader needs no policy: load_checkpoint() decodes any
+// file whose codecs are compiled in (including their header is enough), and says which header
+// to include when one is not. The body checksum covers the stored bytes: verify_checkpoint()
+// and latest() need no key. The core depends on neither libzstd nor OpenSSL.
 
-#include <cstdio>
-#include <functional>
-#include <mutex>
+#include <string.h>  // explicit_bzero
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
 
-namespace ckpt {
+#include <boost/filesystem/path.hpp>
 
-enum class LogLevel { info, warning };
-
-using LogSink = std::function<void(LogLevel, std::string_view)>;
-
-namespace detail {
-
-struct LogState {
-    std::mutex mutex;
-    LogSink sink = [](LogLevel level, std::string_view msg) {
-        if (level == LogLevel::warning)
-            std::fprintf(stderr, "[ckpt] warning: %.*s\n", static_cast<int>(msg.size()), msg.data());
-    };
-};
-
-inline LogState& log_state() {
-    static LogState state;
-    return state;
-}
-
-inline void log(LogLevel level, const std::string& msg) {
-    auto& st = log_state();
-    std::lock_guard lock(st.mutex);
-    if (st.sink) st.sink(level, msg);
-}
-
-}  // namespace detail
-
-/// Replaces the sink; an empty function silences ckpt. Waits for a message being logged.
-inline void set_log_sink(LogSink sink) {
-    auto& st = detail::log_state();
-    std::lock_guard lock(st.mutex);
-    st.sink = std::move(sink);
-}
-
-}  // namespace ckpt
 // Thin POSIX file helpers: every failure becomes an IoError naming the path and errno.
 // The standard library and Boost.Filesystem have no fsync, which durability needs.
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1035,7 +1083,340 @@ inline void fsync_directory(const std::string& dir) {
     fsync_fd(fd, dir);
 }
 
+/// Fills `data` from the kernel's random source (getrandom(2)): keys, nonces.
+inline void random_bytes(void* data, std::size_t n) {
+    auto* p = static_cast<unsigned char*>(data);
+    while (n > 0) {
+        const ssize_t got = ::getrandom(p, n, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            throw IoError("getrandom failed: " + errno_text(errno), "getrandom", errno);
+        }
+        p += got;
+        n -= static_cast<std::size_t>(got);
+    }
+}
+
 }  // namespace ckpt::detail
+
+namespace ckpt {
+
+/// A 256-bit key. Copies share one block of memory, wiped when the last copy goes; it is
+/// never printed (errors name a key by the id aes_gcm.hpp derives from it).
+class Key {
+public:
+    static constexpr std::size_t size = 32;
+
+    Key() = default;  ///< no key
+
+    static Key from_bytes(std::span<const unsigned char> bytes) {
+        if (bytes.size() != size)
+            throw ConfigError("an AES-256 key is " + std::to_string(size) + " bytes, got " +
+                              std::to_string(bytes.size()) + " bytes");
+        Key k;
+        k.bytes_ = std::shared_ptr<Block>(new Block, [](Block* b) {
+            ::explicit_bzero(b->data(), b->size());
+            delete b;
+        });
+        std::memcpy(k.bytes_->data(), bytes.data(), size);
+        return k;
+    }
+    static Key from_bytes(std::string_view bytes) {
+        return from_bytes({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()});
+    }
+
+    /// A key file holds the 32 key bytes, or 64 hexadecimal digits (a trailing newline allowed).
+    static Key from_file(const boost::filesystem::path& file) {
+        const std::string path = file.string();
+        detail::Fd fd = detail::open_for_read(path);
+        std::array<unsigned char, 2 * size + 3> buf{};
+        const std::size_t n = detail::read_full(fd.get(), buf.data(), buf.size(), path);
+        Key k;
+        std::size_t digits = n;
+        while (digits > 0 && (buf[digits - 1] == '\n' || buf[digits - 1] == '\r')) --digits;
+        if (digits == 2 * size && all_hex(buf.data(), digits)) {
+            std::array<unsigned char, size> raw{};
+            for (std::size_t i = 0; i < size; ++i) raw[i] = static_cast<unsigned char>(hex(buf[2 * i]) << 4 | hex(buf[2 * i + 1]));
+            k = from_bytes(raw);
+            ::explicit_bzero(raw.data(), raw.size());
+        } else if (n == size) {
+            k = from_bytes(std::span<const unsigned char>(buf.data(), size));
+        }
+        ::explicit_bzero(buf.data(), buf.size());
+        if (k.empty())
+            throw ConfigError("key file '" + path + "' holds " + (n == buf.size() ? "more than " : "") +
+                              std::to_string(n) + " bytes; expected " + std::to_string(size) + " raw bytes or " +
+                              std::to_string(2 * size) + " hexadecimal digits");
+        return k;
+    }
+
+    /// A new key from the system's random source.
+    static Key random() {
+        std::array<unsigned char, size> raw{};
+        detail::random_bytes(raw.data(), raw.size());
+        Key k = from_bytes(raw);
+        ::explicit_bzero(raw.data(), raw.size());
+        return k;
+    }
+
+    bool empty() const noexcept { return !bytes_; }
+    explicit operator bool() const noexcept { return !empty(); }
+    const unsigned char* data() const noexcept { return bytes_ ? bytes_->data() : nullptr; }
+
+private:
+    using Block = std::array<unsigned char, size>;
+    static bool all_hex(const unsigned char* p, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i)
+            if (hex(p[i]) < 0) return false;
+        return true;
+    }
+    static int hex(unsigned char c) {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    }
+    std::shared_ptr<Block> bytes_;
+};
+
+/// One stage of a body's codecs, described: which codec and its parameters.
+struct Codec {
+    CodecId id = CodecId::none;
+    int level = 0;  ///< zstd: the compression level
+    Key key;        ///< aes-256-gcm: the key
+};
+using CodecChain = std::vector<Codec>;
+
+template <class C>
+concept CodecPolicy = std::copy_constructible<C> && requires(const C& c) {
+    { c.codecs() } -> std::same_as<CodecChain>;
+};
+
+/// Stores the body as the archive wrote it.
+struct NoCodec {
+    CodecChain codecs() const { return {}; }
+};
+
+/// Applies its members in turn: Chain<Zstd, AesGcm> compresses, then encrypts.
+template <CodecPolicy... Cs>
+struct Chain {
+    std::tuple<Cs...> members;
+    Chain() = default;
+    explicit Chain(Cs... cs) : members(std::move(cs)...) {}
+    CodecChain codecs() const {
+        CodecChain out;
+        std::apply([&](const auto&... m) { (append(out, m.codecs()), ...); }, members);
+        return out;
+    }
+
+private:
+    static void append(CodecChain& out, CodecChain more) {
+        for (auto& c : more) out.push_back(std::move(c));
+    }
+};
+
+/// Where a stage sends its output: the next stage, or the file.
+class ByteSink {
+public:
+    virtual ~ByteSink() = default;
+    virtual void put(const std::byte* data, std::size_t n) = 0;
+    virtual void finish() = 0;  ///< no more input: flush everything downstream
+};
+
+/// What an encoder knows of the file it writes: its path (for errors) and the header fields a
+/// codec may authenticate (header_associated_data).
+struct EncodeContext {
+    std::string path;
+    std::array<std::byte, 56> associated_data{};
+};
+
+/// A body in memory: the verified stored bytes, then each decoded stage in turn.
+struct BodyBytes {
+    std::shared_ptr<std::byte> data;  ///< 64-byte aligned (payloads in it are aliased, not copied)
+    std::uint64_t size = 0;
+};
+
+struct DecodeContext {
+    std::string path;
+    std::array<std::byte, 56> associated_data{};
+    Key key;
+};
+
+/// A codec's implementation, registered by its header (zstd.hpp, aes_gcm.hpp).
+struct CodecImpl {
+    std::unique_ptr<ByteSink> (*make_encoder)(const Codec&, ByteSink& next, const EncodeContext&) = nullptr;
+    BodyBytes (*decode)(BodyBytes stored, const DecodeContext&) = nullptr;
+};
+
+namespace detail {
+
+inline std::array<CodecImpl, 256>& codec_registry() {
+    static std::array<CodecImpl, 256> registry{};
+    return registry;
+}
+
+/// Registers a codec's implementation; its header calls this while the program starts.
+inline bool register_codec(CodecId id, CodecImpl impl) {
+    codec_registry()[static_cast<std::size_t>(id)] = impl;
+    return true;
+}
+
+inline std::string codec_header_hint(CodecId id) {
+    switch (id) {
+        case CodecId::zstd: return "include <ckpt/zstd.hpp> and link ckpt::zstd";
+        case CodecId::aes_256_gcm: return "include <ckpt/aes_gcm.hpp> and link ckpt::aes_gcm";
+        default: return "no codec of that number exists";
+    }
+}
+
+inline const CodecImpl& codec_impl(CodecId id, const std::string& path, const char* doing) {
+    const CodecImpl& impl = codec_registry()[static_cast<std::size_t>(id)];
+    if (!impl.decode)
+        throw ConfigError(std::string(doing) + " '" + path + "' needs the " + std::string(codec_name(id)) +
+                          " codec, which this program does not have: " + codec_header_hint(id));
+    return impl;
+}
+
+/// Checks a chain before anything is written: known, compiled-in stages, at most three,
+/// encryption last (encrypted bytes do not compress), keys present.
+inline void check_chain(const CodecChain& chain, const std::string& path) {
+    if (chain.size() > max_codec_stages)
+        throw ConfigError("cannot save '" + path + "': " + std::to_string(chain.size()) + " codec stages, at most " +
+                          std::to_string(max_codec_stages));
+    for (std::size_t i = 0; i < chain.size(); ++i) {
+        const Codec& c = chain[i];
+        if (c.id == CodecId::none)
+            throw ConfigError("cannot save '" + path + "': codec stage " + std::to_string(i) + " is 'none'");
+        codec_impl(c.id, path, "saving");
+        if (c.id == CodecId::aes_256_gcm) {
+            if (c.key.empty()) throw KeyError("cannot save '" + path + "' encrypted: the AesGcm codec has no key", path);
+            if (i + 1 != chain.size())
+                throw ConfigError("cannot save '" + path +
+                                  "': encryption must be the last codec stage (encrypted bytes do not compress)");
+        }
+    }
+}
+
+/// The end of the chain: hashes the stored bytes and writes them to the file.
+class FileSink final : public ByteSink {
+public:
+    FileSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+    void put(const std::byte* data, std::size_t n) override {
+        hash_.update(data, n);
+        write_all(fd_, data, n, path_);
+        written_ += n;
+    }
+    void finish() override {}
+    std::uint64_t written() const noexcept { return written_; }
+    std::uint64_t digest() const { return hash_.digest(); }
+
+private:
+    int fd_;
+    std::string path_;
+    Xxh3 hash_;
+    std::uint64_t written_ = 0;
+};
+
+/// The encoders of `chain`, each feeding the next, the last feeding `file`.
+class EncoderChain {
+public:
+    EncoderChain(const CodecChain& chain, ByteSink& file, const EncodeContext& ctx) {
+        ByteSink* next = &file;
+        for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+            stages_.push_back(codec_impl(it->id, ctx.path, "saving").make_encoder(*it, *next, ctx));
+            next = stages_.back().get();
+        }
+        head_ = next;
+    }
+    ByteSink& head() noexcept { return *head_; }
+
+private:
+    std::vector<std::unique_ptr<ByteSink>> stages_;  // last stage first
+    ByteSink* head_ = nullptr;
+};
+
+/// Undoes a verified stored body's codecs, last applied first.
+inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeContext& ctx) {
+    if (h.encrypted() && ctx.key.empty())
+        throw KeyError("checkpoint '" + ctx.path + "' is encrypted (" + h.codec_names() +
+                           "): reading it needs its key (LoadOptions::key, or --key-file for the ckpt tool)",
+                       ctx.path);
+    for (std::size_t i = max_codec_stages; i-- > 0;) {
+        if (h.codecs[i] == CodecId::none) continue;
+        body = codec_impl(h.codecs[i], ctx.path, "reading").decode(std::move(body), ctx);
+    }
+    return body;
+}
+
+}  // namespace detail
+}  // namespace ckpt
+// Atomic, durable file replacement: write a temporary in the same directory, fsync it,
+// rename it over the final name, fsync the directory. A crash at any point leaves either
+// the old state or the complete new file; the temporary is removed on every error path.
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/filesystem.hpp>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+
+// Where ckpt reports what it did on its own: skipped corrupt files, removed temporaries,
+// retention deletions. The default sink writes warnings to stderr; replace it to route
+// the messages into the program's own logging, or to silence them.
+//
+// The sink is called by one thread at a time (ckpt logs from background savers and from
+// data-parallel ranks running as threads), so it need not be thread-safe itself.
+
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+namespace ckpt {
+
+enum class LogLevel { info, warning };
+
+using LogSink = std::function<void(LogLevel, std::string_view)>;
+
+namespace detail {
+
+struct LogState {
+    std::mutex mutex;
+    LogSink sink = [](LogLevel level, std::string_view msg) {
+        if (level == LogLevel::warning)
+            std::fprintf(stderr, "[ckpt] warning: %.*s\n", static_cast<int>(msg.size()), msg.data());
+    };
+};
+
+inline LogState& log_state() {
+    static LogState state;
+    return state;
+}
+
+inline void log(LogLevel level, const std::string& msg) {
+    auto& st = log_state();
+    std::lock_guard lock(st.mutex);
+    if (st.sink) st.sink(level, msg);
+}
+
+}  // namespace detail
+
+/// Replaces the sink; an empty function silences ckpt. Waits for a message being logged.
+inline void set_log_sink(LogSink sink) {
+    auto& st = detail::log_state();
+    std::lock_guard lock(st.mutex);
+    st.sink = std::move(sink);
+}
+
+}  // namespace ckpt
 
 namespace ckpt::detail {
 
@@ -1647,12 +2028,16 @@ inline constexpr std::size_t stream_buffer_size = 64 * 1024;
 /// Writes the body to a file descriptor, hashing it on the way. A save waits on fsync far
 /// longer than on the hash, and hashing a payload just before its write() measured faster
 /// than handing it to a second thread, so saves hash on the calling thread.
+/// With an `encoder` (the head of a codec chain), bytes go to it instead; the chain's end
+/// hashes and writes what is stored.
 class BodyWriter final : public std::streambuf {
 public:
-    BodyWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]) {
+    BodyWriter(int fd, std::string path, ByteSink* encoder = nullptr)
+        : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]), encoder_(encoder) {
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
 
+    /// Bytes the archive wrote so far (before any codec): payload alignment counts these.
     std::uint64_t position() const noexcept { return flushed_ + static_cast<std::uint64_t>(pptr() - pbase()); }
     std::uint64_t digest() const { return hash_.digest(); }
 
@@ -1686,9 +2071,7 @@ protected:
         // Large block (a tensor payload): hashed and written straight from the caller's memory.
         const bool ok = guard([&] {
             flush_buffer();
-            hash_.update(s, count);
-            write_all(fd_, s, count, path_);
-            flushed_ += count;
+            emit(s, count);
         });
         return ok ? n : 0;
     }
@@ -1699,10 +2082,17 @@ private:
     void flush_buffer() {
         const auto n = static_cast<std::size_t>(pptr() - pbase());
         if (n == 0) return;
-        hash_.update(pbase(), n);
-        write_all(fd_, pbase(), n, path_);
-        flushed_ += n;
+        emit(pbase(), n);
         setp(buf_.get(), buf_.get() + stream_buffer_size);
+    }
+    void emit(const char* data, std::size_t n) {
+        if (encoder_) {
+            encoder_->put(reinterpret_cast<const std::byte*>(data), n);
+        } else {
+            hash_.update(data, n);
+            write_all(fd_, data, n, path_);
+        }
+        flushed_ += n;
     }
     // std::ostream swallows exceptions from its buffer; keep the first one to rethrow later.
     template <class F>
@@ -1719,6 +2109,7 @@ private:
     int fd_;
     std::string path_;
     std::unique_ptr<char[]> buf_;
+    ByteSink* encoder_;
     std::uint64_t flushed_ = 0;
     Xxh3 hash_;
     std::exception_ptr error_;
@@ -1847,10 +2238,12 @@ struct SaveOptions {
     std::int64_t epoch = 0;  ///< recorded in the header; latest() checks it against the file name
     std::int64_t step = 0;   ///< likewise
     bool overwrite = true;   ///< false: fail with EEXIST rather than replace an existing file
+    CodecChain codecs{};     ///< what the body passes through, in order (see codec.hpp); none by default
 };
 
 struct LoadOptions {
     std::optional<ArchiveKind> archive;  ///< when set, a file of another archive kind is an error
+    Key key{};                           ///< for encrypted checkpoints
 };
 
 /// What a load into existing tensors did, in the seed's terms.
@@ -1925,6 +2318,13 @@ inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const 
     reader.read(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
     if (const auto got = reader.digest(); got != c.header.body_hash) throw body_checksum_error(path, c.header.body_hash, got);
     return body;
+}
+
+/// The verified body with its codecs undone: what the archive wrote.
+inline BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts) {
+    BodyBytes body{read_verified_body(c, path), c.header.body_length};
+    if (!c.header.encoded()) return body;
+    return decode_body(c.header, std::move(body), DecodeContext{path, header_associated_data(c.header), opts.key});
 }
 
 template <class F>
@@ -2078,6 +2478,49 @@ inline LoadMismatch strict_failure(const std::string& source, const LoadPlan& pl
 }  // namespace detail
 
 namespace detail {
+/// Reads a body's table of contents from `src` and stops there. `first` holds the body's
+/// first bytes (up to 32), for the text signature check.
+template <class Source>
+std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const std::byte> first, const std::string& path) {
+    std::vector<EntryMeta> entries;
+    auto read = [&](auto& ar) {
+        BodyParser parser(ar, src, path);
+        entries = parser.read_toc();
+        reject_duplicates(entries, path);
+    };
+    translating_archive_errors(path, [&] {
+        switch (kind) {
+            case ArchiveKind::binary: {
+                boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
+                read(ar);
+                break;
+            }
+            case ArchiveKind::text:
+            case ArchiveKind::xml: {
+                if (kind == ArchiveKind::text) check_text_signature(first.data(), first.size(), path);
+                std::istream is(&src);
+                is.imbue(std::locale::classic());
+                // The archives read on in their destructors (xml: its closing tag, which a
+                // destructor can only report by ending the process): a failed stream stops them.
+                auto stop_reading = [&] { is.setstate(std::ios::failbit); };
+                if (kind == ArchiveKind::text) {
+                    boost::archive::text_iarchive ar(is);
+                    read(ar);
+                    stop_reading();
+                } else {
+                    boost::archive::xml_iarchive ar(is);
+                    read(ar);
+                    stop_reading();
+                }
+                break;
+            }
+        }
+    });
+    return entries;
+}
+}  // namespace detail
+
+namespace detail {
 /// What a reader would refuse, refused before anything is written.
 inline void check_savable(const ParamDict& dict, ArchiveKind archive, const std::string& path) {
     for (const auto& [name, value] : dict) {
@@ -2098,10 +2541,21 @@ inline void check_savable(const ParamDict& dict, ArchiveKind archive, const std:
 inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const SaveOptions& opts = {}) {
     const std::string path = file.string();
     detail::check_savable(dict, opts.archive, path);
+    detail::check_chain(opts.codecs, path);
+    FileHeader h;
+    h.archive = opts.archive;
+    h.epoch = opts.epoch;
+    h.step = opts.step;
+    h.save_time_ns = detail::unix_time_ns();  // before the body: a codec may authenticate it
+    if (!opts.codecs.empty()) h.version = format_version;
+    for (std::size_t i = 0; i < opts.codecs.size(); ++i) h.codecs[i] = opts.codecs[i].id;
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
     detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
-    detail::BodyWriter writer(out.fd(), path);
+    detail::FileSink stored(out.fd(), path);
+    std::optional<detail::EncoderChain> encoders;
+    if (!opts.codecs.empty()) encoders.emplace(opts.codecs, stored, EncodeContext{path, header_associated_data(h)});
+    detail::BodyWriter writer(out.fd(), path, encoders ? &encoders->head() : nullptr);
     try {
         auto position = [&] { return writer.position(); };
         switch (opts.archive) {
@@ -2136,13 +2590,14 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
         throw;
     }
     writer.finish();
-    FileHeader h;
-    h.archive = opts.archive;
-    h.body_length = writer.position();
-    h.body_hash = writer.digest();
-    h.epoch = opts.epoch;
-    h.step = opts.step;
-    h.save_time_ns = detail::unix_time_ns();
+    if (encoders) {
+        encoders->head().finish();
+        h.body_length = stored.written();
+        h.body_hash = stored.digest();
+    } else {
+        h.body_length = writer.position();
+        h.body_hash = writer.digest();
+    }
     const auto bytes = encode_header(h);
     detail::pwrite_all(out.fd(), bytes.data(), bytes.size(), 0, path);
     out.commit();
@@ -2155,49 +2610,25 @@ inline FileHeader read_header(const fs::path& file) {
 
 /// Reads the header and the table of contents, never the tensor payloads: cheap for a file of
 /// any size. The body checksum is not checked (that needs every byte; verify_checkpoint).
-inline CheckpointContents read_contents(const fs::path& file) {
+/// A body that passed through codecs is the exception: it is read, verified and decoded whole
+/// (an encrypted one needs opts.key).
+inline CheckpointContents read_contents(const fs::path& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, {});
-    detail::UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    auto c = detail::open_checkpoint(path, opts);
     CheckpointContents out{c.header, {}};
-    auto read = [&](auto& ar) {
-        detail::BodyParser parser(ar, src, path);
-        out.entries = parser.read_toc();
-        detail::reject_duplicates(out.entries, path);
-    };
-    detail::translating_archive_errors(path, [&] {
-        switch (c.header.archive) {
-            case ArchiveKind::binary: {
-                boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-                read(ar);
-                break;
-            }
-            case ArchiveKind::text:
-            case ArchiveKind::xml: {
-                if (c.header.archive == ArchiveKind::text) {
-                    std::array<std::byte, 32> first{};
-                    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
-                    detail::pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
-                    detail::check_text_signature(first.data(), n, path);
-                }
-                std::istream is(&src);
-                is.imbue(std::locale::classic());
-                // The archives read on in their destructors (xml: its closing tag, which a
-                // destructor can only report by ending the process): a failed stream stops them.
-                auto stop_reading = [&] { is.setstate(std::ios::failbit); };
-                if (c.header.archive == ArchiveKind::text) {
-                    boost::archive::text_iarchive ar(is);
-                    read(ar);
-                    stop_reading();
-                } else {
-                    boost::archive::xml_iarchive ar(is);
-                    read(ar);
-                    stop_reading();
-                }
-                break;
-            }
-        }
-    });
+    if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
+        const auto body = detail::read_decoded_body(c, path, opts);
+        detail::MemoryReader src(reinterpret_cast<char*>(body.data.get()), static_cast<std::size_t>(body.size));
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, body.size));
+        out.entries = detail::read_toc(c.header.archive, src, {body.data.get(), n}, path);
+        return out;
+    }
+    detail::UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    std::array<std::byte, 32> first{};
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
+    if (c.header.archive == ArchiveKind::text)
+        detail::pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
+    out.entries = detail::read_toc(c.header.archive, src, {first.data(), n}, path);
     return out;
 }
 
@@ -2227,8 +2658,8 @@ inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opt
 inline ParamDict load_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    auto body = detail::read_verified_body(c, path);
-    return detail::parse_body(c.header.archive, std::move(body), c.header.body_length, path);
+    auto body = detail::read_decoded_body(c, path, opts);
+    return detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
 }
 
 /// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
@@ -2268,7 +2699,8 @@ LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false
 }
 
 /// Loads straight into the memory of `target`'s tensors (binary archives stream from the
-/// file into them; text and xml go through a verified in-memory copy). The body checksum is
+/// file into them; text and xml, and bodies that passed through codecs, go through a verified
+/// in-memory copy). The body checksum is
 /// checked at the end: if it fails, ChecksumError is thrown and the target tensors may hold
 /// partial data, so reload them from another checkpoint. Strict mode checks names, dtypes
 /// and shapes against the file's table of contents before writing any payload.
@@ -2276,9 +2708,9 @@ inline LoadReport load_checkpoint_into(const fs::path& file, ParamDict& target, 
                                        const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    if (c.header.archive != ArchiveKind::binary) {
-        auto body = detail::read_verified_body(c, path);
-        return load_param_into_net(target, detail::parse_body(c.header.archive, std::move(body), c.header.body_length, path),
+    if (c.header.archive != ArchiveKind::binary || c.header.encoded()) {
+        auto body = detail::read_decoded_body(c, path, opts);
+        return load_param_into_net(target, detail::parse_body(c.header.archive, std::move(body.data), body.size, path),
                                    strict);
     }
     detail::BodyReader src(c.fd.get(), path, c.header.body_length);
@@ -2344,6 +2776,8 @@ LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = fals
 // The seed's rules for conflicting settings: save_checkpoint_steps wins over
 // save_checkpoint_seconds; keep_checkpoint_max wins over keep_checkpoint_per_n_minutes; all
 // four zero is an error. As in the seed, the last step is also saved when training ends.
+// enc_key (with enc_mode "AES-GCM", the seed's default) encrypts with AES-256-GCM and needs
+// <ckpt/aes_gcm.hpp>; zstd_level compresses first and needs <ckpt/zstd.hpp>.
 
 #include <cstdint>
 #include <optional>
@@ -2362,6 +2796,7 @@ LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = fals
 //   RetentionPolicy R  which older files to delete   default KeepLast{5}
 //   NamingPolicy N     file names, runs, meta file   default MindSporeNaming
 //   ArchivePolicy A    body archive                  default BinaryArchive
+//   CodecPolicy C      compression, encryption       default NoCodec (codec.hpp)
 //
 // A state is a ParamDict, a callable returning one (called only when saving), or an object
 // with `ParamDict state_dict()` returning views of its tensors.
@@ -3218,22 +3653,29 @@ inline void write_text_file(const fs::path& file, const std::string& text) {
 }  // namespace detail
 
 template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
-          ArchivePolicy A = BinaryArchive>
+          ArchivePolicy A = BinaryArchive, CodecPolicy C = NoCodec>
 class CheckpointManager {
 public:
     using save_policy = S;
     using retention_policy = R;
     using naming_policy = N;
     using archive_policy = A;
+    using codec_policy = C;
 
     /// Creates `directory` if needed, removes temporaries that crashed writers left for this
     /// prefix, and picks this run's prefix (see the naming policy).
+    /// `codec`'s chain is checked here (a missing key or codec fails now, not at the first save);
+    /// its key, if any, also decrypts what restore() loads.
     CheckpointManager(fs::path directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
-                      ManagerOptions options = {})
+                      ManagerOptions options = {}, C codec = C{})
         : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
-          retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)) {
+          retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)),
+          codecs_(codec.codecs()) {
         if (prefix_.empty() || prefix_.find('/') != std::string::npos)
             throw ConfigError("checkpoint prefix must be a non-empty name without '/', got '" + prefix_ + "'");
+        detail::check_chain(codecs_, (dir_ / prefix_).string());
+        for (const auto& c : codecs_)
+            if (!c.key.empty()) load_options_.key = c.key;
         if (options_.async_buffers == 0) throw ConfigError("async_buffers must be at least 1, got 0");
         boost::system::error_code ec;
         fs::create_directories(dir_, ec);
@@ -3352,7 +3794,7 @@ public:
             std::optional<std::string> why = checkpoint_problem(*it);
             if (!why) {
                 try {
-                    return Restored{*it, load_checkpoint_into(it->path, target, strict)};
+                    return Restored{*it, load_checkpoint_into(it->path, target, strict, load_options_)};
                 } catch (const FormatError& e) {  // changed between verification and load
                     why = e.what();
                 }
@@ -3419,6 +3861,7 @@ private:
         opts.archive = A::kind;
         opts.epoch = p.epoch;
         opts.step = p.step;
+        opts.codecs = codecs_;
         save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
     }
 
@@ -3446,6 +3889,8 @@ private:
     R retention_;
     N naming_;
     ManagerOptions options_;
+    CodecChain codecs_;
+    LoadOptions load_options_;  // the codec's key, for restore()
     std::string run_prefix_;
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;
@@ -3467,6 +3912,9 @@ struct CheckpointConfig {
     AppendInfo append_info;
     bool exception_save = false;
     bool async_save = false;
+    Key enc_key;                      ///< when set, checkpoints are encrypted (and restore() decrypts)
+    std::string enc_mode = "AES-GCM"; ///< the only mode ckpt writes (as AES-256-GCM)
+    int zstd_level = 0;               ///< 0: no compression; else zstd at this level, before encryption
 };
 
 namespace detail {
@@ -3529,18 +3977,43 @@ private:
     std::optional<KeepOnePerMinutes> per_minutes_;
 };
 
-template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
-using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A>;
+/// The CodecPolicy a CheckpointConfig stands for: zstd if zstd_level is set, then AES-256-GCM
+/// if enc_key is.
+class ConfiguredCodec {
+public:
+    explicit ConfiguredCodec(const CheckpointConfig& c) {
+        if (c.zstd_level != 0) chain_.push_back(Codec{CodecId::zstd, c.zstd_level, {}});
+        if (!c.enc_key.empty()) {
+            if (c.enc_mode != "AES-GCM")
+                throw ConfigError("enc_mode '" + c.enc_mode + "' is not supported: ckpt encrypts with AES-GCM (AES-256-GCM)");
+            chain_.push_back(Codec{CodecId::aes_256_gcm, 0, c.enc_key});
+        }
+    }
+    CodecChain codecs() const { return chain_; }
 
-template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
-ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, const CheckpointConfig& config,
-                                     N naming = {}) {
+private:
+    CodecChain chain_;
+};
+
+namespace detail {
+inline ManagerOptions manager_options(const CheckpointConfig& config) {
     ManagerOptions opts;
     opts.append_info = config.append_info;
     opts.exception_save = config.exception_save;
     opts.async_save = config.async_save;
+    return opts;
+}
+}  // namespace detail
+
+template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
+using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A, ConfiguredCodec>;
+
+template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
+ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, const CheckpointConfig& config,
+                                     N naming = {}) {
     return ConfiguredManager<N, A>(std::move(directory), std::move(prefix), ConfiguredSave(config),
-                                   ConfiguredRetention(config), std::move(naming), std::move(opts));
+                                   ConfiguredRetention(config), std::move(naming), detail::manager_options(config),
+                                   ConfiguredCodec(config));
 }
 
 }  // namespace ckpt

@@ -1569,15 +1569,16 @@ private:
 namespace nn {
 
 template <ckpt::SavePolicy S = ckpt::EveryEpochs, ckpt::RetentionPolicy R = ckpt::KeepLast,
-          ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive>
+          ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive,
+          ckpt::CodecPolicy C = ckpt::NoCodec>
 class ModelCheckpoint {
 public:
-    using Manager = ckpt::CheckpointManager<S, R, N, A>;
+    using Manager = ckpt::CheckpointManager<S, R, N, A, C>;
 
     ModelCheckpoint(std::string prefix, boost::filesystem::path directory, ckpt::ManagerOptions options = {},
-                    S save = S{}, R retention = R{}, N naming = N{})
+                    S save = S{}, R retention = R{}, N naming = N{}, C codec = C{})
         : manager_(std::move(directory), std::move(prefix), std::move(save), std::move(retention), std::move(naming),
-                   std::move(options)) {}
+                   std::move(options), std::move(codec)) {}
 
     void on_step_end(RunContext& ctx) {
         last_ = manager_.on_step(ctx.progress(ckpt::Event::step_end), ctx.state);
@@ -1629,15 +1630,11 @@ private:
 
 /// A ModelCheckpoint configured the seed's way, by a CheckpointConfig.
 template <ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive>
-ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A> make_model_checkpoint(
+ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec> make_model_checkpoint(
     std::string prefix, boost::filesystem::path directory, const ckpt::CheckpointConfig& config, N naming = {}) {
-    ckpt::ManagerOptions opts;
-    opts.append_info = config.append_info;
-    opts.exception_save = config.exception_save;
-    opts.async_save = config.async_save;
-    return ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A>(
-        std::move(prefix), std::move(directory), std::move(opts), ckpt::ConfiguredSave(config),
-        ckpt::ConfiguredRetention(config), std::move(naming));
+    return ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec>(
+        std::move(prefix), std::move(directory), ckpt::detail::manager_options(config), ckpt::ConfiguredSave(config),
+        ckpt::ConfiguredRetention(config), std::move(naming), ckpt::ConfiguredCodec(config));
 }
 
 }  // namespace nn

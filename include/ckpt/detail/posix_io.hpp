@@ -3,6 +3,7 @@
 // The standard library and Boost.Filesystem have no fsync, which durability needs.
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,6 +125,20 @@ inline void fsync_directory(const std::string& dir) {
     if (fd < 0) throw_io("open directory", dir);
     Fd guard(fd);
     fsync_fd(fd, dir);
+}
+
+/// Fills `data` from the kernel's random source (getrandom(2)): keys, nonces.
+inline void random_bytes(void* data, std::size_t n) {
+    auto* p = static_cast<unsigned char*>(data);
+    while (n > 0) {
+        const ssize_t got = ::getrandom(p, n, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            throw IoError("getrandom failed: " + errno_text(errno), "getrandom", errno);
+        }
+        p += got;
+        n -= static_cast<std::size_t>(got);
+    }
 }
 
 }  // namespace ckpt::detail

@@ -12,6 +12,7 @@
 #include <streambuf>
 #include <string>
 
+#include "../codec.hpp"
 #include "../error.hpp"
 #include "../format.hpp"
 #include "hash.hpp"
@@ -25,12 +26,16 @@ inline constexpr std::size_t stream_buffer_size = 64 * 1024;
 /// Writes the body to a file descriptor, hashing it on the way. A save waits on fsync far
 /// longer than on the hash, and hashing a payload just before its write() measured faster
 /// than handing it to a second thread, so saves hash on the calling thread.
+/// With an `encoder` (the head of a codec chain), bytes go to it instead; the chain's end
+/// hashes and writes what is stored.
 class BodyWriter final : public std::streambuf {
 public:
-    BodyWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]) {
+    BodyWriter(int fd, std::string path, ByteSink* encoder = nullptr)
+        : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]), encoder_(encoder) {
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
 
+    /// Bytes the archive wrote so far (before any codec): payload alignment counts these.
     std::uint64_t position() const noexcept { return flushed_ + static_cast<std::uint64_t>(pptr() - pbase()); }
     std::uint64_t digest() const { return hash_.digest(); }
 
@@ -64,9 +69,7 @@ protected:
         // Large block (a tensor payload): hashed and written straight from the caller's memory.
         const bool ok = guard([&] {
             flush_buffer();
-            hash_.update(s, count);
-            write_all(fd_, s, count, path_);
-            flushed_ += count;
+            emit(s, count);
         });
         return ok ? n : 0;
     }
@@ -77,10 +80,17 @@ private:
     void flush_buffer() {
         const auto n = static_cast<std::size_t>(pptr() - pbase());
         if (n == 0) return;
-        hash_.update(pbase(), n);
-        write_all(fd_, pbase(), n, path_);
-        flushed_ += n;
+        emit(pbase(), n);
         setp(buf_.get(), buf_.get() + stream_buffer_size);
+    }
+    void emit(const char* data, std::size_t n) {
+        if (encoder_) {
+            encoder_->put(reinterpret_cast<const std::byte*>(data), n);
+        } else {
+            hash_.update(data, n);
+            write_all(fd_, data, n, path_);
+        }
+        flushed_ += n;
     }
     // std::ostream swallows exceptions from its buffer; keep the first one to rethrow later.
     template <class F>
@@ -97,6 +107,7 @@ private:
     int fd_;
     std::string path_;
     std::unique_ptr<char[]> buf_;
+    ByteSink* encoder_;
     std::uint64_t flushed_ = 0;
     Xxh3 hash_;
     std::exception_ptr error_;

@@ -1,0 +1,284 @@
+#pragma once
+// The AES-256-GCM body codec (CMake target ckpt::aes_gcm, OpenSSL's libcrypto from Debian
+// libssl-dev). Including this header also lets every reader in the program decrypt.
+//
+// Stored form:
+//   64-byte prefix: key id (8), salt (16, fresh random bytes for every file),
+//                   segment size (u32; plaintext bytes per segment), zeros (36)
+//   segments: each the ciphertext of `segment size` plaintext bytes (the last may be shorter,
+//             even empty), then its 16-byte tag
+// The file's key is HKDF-SHA256(key, salt, "ckpt aes-256-gcm body"): unique to the file, so
+// segment nonces can simply count (segment index, u64, then 1 for the last segment, else 0).
+// Every segment authenticates the header (header_associated_data: codecs, epoch, step, save
+// time) and the prefix; the last-segment flag makes dropping whole segments detectable.
+// The key id, HKDF-SHA256(key, "", "ckpt key id")[0..8], tells a wrong key from a damaged file
+// without revealing the key.
+
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "codec.hpp"
+#include "error.hpp"
+#include "tensor.hpp"
+
+namespace ckpt {
+
+/// Encrypts the body with AES-256-GCM under `key` (a fresh random salt and derived key per file).
+struct AesGcm {
+    Key key;
+    AesGcm() = default;
+    explicit AesGcm(Key k) : key(std::move(k)) {}
+    CodecChain codecs() const { return {Codec{CodecId::aes_256_gcm, 0, key}}; }
+};
+
+namespace detail {
+
+inline constexpr std::size_t aes_prefix_size = 64;
+inline constexpr std::size_t aes_tag_size = 16;
+inline constexpr std::size_t aes_segment_size = 4u << 20;
+
+struct AesPrefix {
+    std::array<unsigned char, 8> key_id{};
+    std::array<unsigned char, 16> salt{};
+    std::uint32_t segment_size = aes_segment_size;
+};
+
+[[noreturn]] inline void throw_openssl(const std::string& what, const std::string& path) {
+    throw Error("OpenSSL failed " + what + " for '" + path + "'");
+}
+
+inline void hkdf_sha256(const unsigned char* key, std::size_t key_len, const unsigned char* salt, std::size_t salt_len,
+                        std::string_view info, unsigned char* out, std::size_t out_len, const std::string& path) {
+    std::unique_ptr<EVP_PKEY_CTX, void (*)(EVP_PKEY_CTX*)> ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr),
+                                                               &EVP_PKEY_CTX_free);
+    std::size_t len = out_len;
+    if (!ctx || EVP_PKEY_derive_init(ctx.get()) <= 0 || EVP_PKEY_CTX_set_hkdf_md(ctx.get(), EVP_sha256()) <= 0 ||
+        EVP_PKEY_CTX_set1_hkdf_key(ctx.get(), key, static_cast<int>(key_len)) <= 0 ||
+        (salt_len && EVP_PKEY_CTX_set1_hkdf_salt(ctx.get(), salt, static_cast<int>(salt_len)) <= 0) ||
+        EVP_PKEY_CTX_add1_hkdf_info(ctx.get(), reinterpret_cast<const unsigned char*>(info.data()),
+                                    static_cast<int>(info.size())) <= 0 ||
+        EVP_PKEY_derive(ctx.get(), out, &len) <= 0 || len != out_len)
+        throw_openssl("deriving a key (HKDF-SHA256)", path);
+}
+
+inline std::array<unsigned char, 8> aes_key_id(const Key& key, const std::string& path) {
+    std::array<unsigned char, 8> id{};
+    hkdf_sha256(key.data(), Key::size, nullptr, 0, "ckpt key id", id.data(), id.size(), path);
+    return id;
+}
+
+inline std::string hex_bytes(const unsigned char* p, std::size_t n) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string s;
+    for (std::size_t i = 0; i < n; ++i) s += {digits[p[i] >> 4], digits[p[i] & 15]};
+    return s;
+}
+
+/// The file's own key, wiped when it goes.
+class FileKey {
+public:
+    FileKey(const Key& key, const std::array<unsigned char, 16>& salt, const std::string& path) {
+        hkdf_sha256(key.data(), Key::size, salt.data(), salt.size(), "ckpt aes-256-gcm body", bytes_.data(), bytes_.size(),
+                    path);
+    }
+    ~FileKey() { ::explicit_bzero(bytes_.data(), bytes_.size()); }
+    FileKey(const FileKey&) = delete;
+    FileKey& operator=(const FileKey&) = delete;
+    const unsigned char* data() const noexcept { return bytes_.data(); }
+
+private:
+    std::array<unsigned char, 32> bytes_{};
+};
+
+inline std::array<unsigned char, 12> aes_nonce(std::uint64_t segment, bool last) {
+    std::array<unsigned char, 12> n{};
+    put_le<std::uint64_t>(reinterpret_cast<std::byte*>(n.data()), segment);
+    n[8] = last ? 1 : 0;
+    return n;
+}
+
+/// Encrypts or decrypts one segment; false when a decryption's tag does not match.
+class GcmSegments {
+public:
+    GcmSegments(const FileKey& key, std::vector<unsigned char> associated_data, bool encrypt, std::string path)
+        : ctx_(EVP_CIPHER_CTX_new(), &EVP_CIPHER_CTX_free), aad_(std::move(associated_data)), encrypt_(encrypt),
+          path_(std::move(path)) {
+        if (!ctx_ || EVP_CipherInit_ex(ctx_.get(), EVP_aes_256_gcm(), nullptr, key.data(), nullptr, encrypt ? 1 : 0) != 1)
+            throw_openssl("setting up AES-256-GCM", path_);
+    }
+    /// `tag` is written when encrypting, checked when decrypting.
+    bool run(std::uint64_t segment, bool last, const std::byte* in, std::size_t n, std::byte* out, unsigned char* tag) {
+        const auto nonce = aes_nonce(segment, last);
+        int len = 0;
+        if (EVP_CipherInit_ex(ctx_.get(), nullptr, nullptr, nullptr, nonce.data(), encrypt_ ? 1 : 0) != 1 ||
+            EVP_CipherUpdate(ctx_.get(), nullptr, &len, aad_.data(), static_cast<int>(aad_.size())) != 1)
+            throw_openssl("starting a segment", path_);
+        // EVP takes int lengths: segments are far below 2 GiB, but go in pieces anyway.
+        for (std::size_t done = 0; done < n;) {
+            const int piece = static_cast<int>(std::min<std::size_t>(n - done, 1u << 30));
+            if (EVP_CipherUpdate(ctx_.get(), reinterpret_cast<unsigned char*>(out + done), &len,
+                                 reinterpret_cast<const unsigned char*>(in + done), piece) != 1)
+                throw_openssl("encrypting a segment", path_);
+            done += static_cast<std::size_t>(piece);
+        }
+        if (!encrypt_ && EVP_CIPHER_CTX_ctrl(ctx_.get(), EVP_CTRL_GCM_SET_TAG, aes_tag_size, tag) != 1)
+            throw_openssl("setting a tag", path_);
+        unsigned char end[16];
+        if (EVP_CipherFinal_ex(ctx_.get(), end, &len) != 1) {
+            if (encrypt_) throw_openssl("finishing a segment", path_);
+            return false;
+        }
+        if (encrypt_ && EVP_CIPHER_CTX_ctrl(ctx_.get(), EVP_CTRL_GCM_GET_TAG, aes_tag_size, tag) != 1)
+            throw_openssl("reading a tag", path_);
+        return true;
+    }
+
+private:
+    std::unique_ptr<EVP_CIPHER_CTX, void (*)(EVP_CIPHER_CTX*)> ctx_;
+    std::vector<unsigned char> aad_;
+    bool encrypt_;
+    std::string path_;
+};
+
+inline std::vector<unsigned char> aes_associated_data(const std::array<std::byte, 56>& header, const std::byte* prefix) {
+    std::vector<unsigned char> aad(header.size() + aes_prefix_size);
+    std::memcpy(aad.data(), header.data(), header.size());
+    std::memcpy(aad.data() + header.size(), prefix, aes_prefix_size);
+    return aad;
+}
+
+class AesGcmEncoder final : public ByteSink {
+public:
+    AesGcmEncoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) : next_(next), path_(ctx.path) {
+        AesPrefix p;
+        p.key_id = aes_key_id(c.key, path_);
+        random_bytes(p.salt.data(), p.salt.size());
+        std::memcpy(prefix_.data(), p.key_id.data(), 8);
+        std::memcpy(prefix_.data() + 8, p.salt.data(), 16);
+        put_le<std::uint32_t>(prefix_.data() + 24, p.segment_size);
+        file_key_ = std::make_unique<FileKey>(c.key, p.salt, path_);
+        gcm_ = std::make_unique<GcmSegments>(*file_key_, aes_associated_data(ctx.associated_data, prefix_.data()), true, path_);
+        plain_.reset(new std::byte[aes_segment_size]);
+        sealed_.reset(new std::byte[aes_segment_size + aes_tag_size]);
+        next_.put(prefix_.data(), prefix_.size());
+    }
+    ~AesGcmEncoder() override { ::explicit_bzero(plain_.get(), aes_segment_size); }
+
+    void put(const std::byte* data, std::size_t n) override {
+        while (n > 0) {
+            if (filled_ == aes_segment_size) seal(false);  // more follows: that one was not the last
+            const std::size_t take = std::min(n, aes_segment_size - filled_);
+            std::memcpy(plain_.get() + filled_, data, take);
+            filled_ += take;
+            data += take;
+            n -= take;
+        }
+    }
+    void finish() override {
+        seal(true);
+        next_.finish();
+    }
+
+private:
+    void seal(bool last) {
+        auto* tag = reinterpret_cast<unsigned char*>(sealed_.get() + filled_);
+        gcm_->run(segment_++, last, plain_.get(), filled_, sealed_.get(), tag);
+        next_.put(sealed_.get(), filled_ + aes_tag_size);
+        filled_ = 0;
+    }
+
+    ByteSink& next_;
+    std::string path_;
+    std::array<std::byte, aes_prefix_size> prefix_{};
+    std::unique_ptr<FileKey> file_key_;
+    std::unique_ptr<GcmSegments> gcm_;
+    std::unique_ptr<std::byte[]> plain_, sealed_;
+    std::size_t filled_ = 0;
+    std::uint64_t segment_ = 0;
+};
+
+inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
+    const std::byte* p = stored.data.get();
+    const std::uint64_t n = stored.size;
+    auto malformed = [&](const std::string& what) {
+        return FormatError("checkpoint '" + ctx.path + "' has a malformed aes-256-gcm body: " + what, ctx.path);
+    };
+    if (n < aes_prefix_size + aes_tag_size) throw malformed("it is " + std::to_string(n) + " bytes, shorter than prefix and tag");
+    for (std::size_t i = 28; i < aes_prefix_size; ++i)
+        if (p[i] != std::byte{0}) throw malformed("reserved prefix bytes are not zero");
+    const auto segment = get_le<std::uint32_t>(p + 24);
+    if (segment == 0 || segment > (1u << 30)) throw malformed("segment size " + std::to_string(segment));
+    const auto want = aes_key_id(ctx.key, ctx.path);
+    if (std::memcmp(want.data(), p, 8) != 0)
+        throw KeyError("checkpoint '" + ctx.path + "' was encrypted with another key (key id " +
+                           hex_bytes(reinterpret_cast<const unsigned char*>(p), 8) + "; the key given has id " +
+                           hex_bytes(want.data(), 8) + ")",
+                       ctx.path);
+    AesPrefix prefix;
+    std::memcpy(prefix.salt.data(), p + 8, 16);
+    const std::uint64_t sealed = n - aes_prefix_size, per = std::uint64_t{segment} + aes_tag_size;
+    const std::uint64_t segments = sealed / per + (sealed % per != 0);
+    if (sealed % per != 0 && sealed % per < aes_tag_size) throw malformed("the last segment is shorter than its tag");
+    const std::uint64_t plain = sealed - segments * aes_tag_size;
+    BodyBytes out{allocate_aligned(static_cast<std::size_t>(plain)), plain};
+    const FileKey file_key(ctx.key, prefix.salt, ctx.path);
+    const auto aad = aes_associated_data(ctx.associated_data, p);
+    // Segments are independent: two threads halve the time of a large body.
+    auto decrypt = [&](std::uint64_t first, std::uint64_t end) {
+        GcmSegments gcm(file_key, aad, false, ctx.path);
+        for (std::uint64_t i = first; i < end; ++i) {
+            const std::byte* in = p + aes_prefix_size + i * per;
+            const std::size_t len = i + 1 == segments ? static_cast<std::size_t>(sealed - i * per - aes_tag_size) : segment;
+            unsigned char tag[aes_tag_size];
+            std::memcpy(tag, in + len, aes_tag_size);
+            if (!gcm.run(i, i + 1 == segments, in, len, out.data.get() + i * segment, tag))
+                throw AuthenticationError("checkpoint '" + ctx.path + "' fails authentication in segment " + std::to_string(i) +
+                                              " of " + std::to_string(segments) +
+                                              ": its body or header was altered after it was encrypted",
+                                          ctx.path);
+        }
+    };
+    const std::uint64_t split = segments >= 4 && std::thread::hardware_concurrency() > 1 ? segments / 2 : segments;
+    if (split == segments) {
+        decrypt(0, segments);
+    } else {
+        std::exception_ptr failed;
+        std::thread second([&] {
+            try {
+                decrypt(split, segments);
+            } catch (...) {
+                failed = std::current_exception();
+            }
+        });
+        try {
+            decrypt(0, split);
+        } catch (...) {
+            second.join();
+            throw;
+        }
+        second.join();
+        if (failed) std::rethrow_exception(failed);
+    }
+    return out;
+}
+
+inline std::unique_ptr<ByteSink> make_aes_gcm_encoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) {
+    return std::make_unique<AesGcmEncoder>(c, next, ctx);
+}
+
+inline const bool aes_gcm_registered = register_codec(CodecId::aes_256_gcm, {&make_aes_gcm_encoder, &aes_gcm_decode});
+
+}  // namespace detail
+}  // namespace ckpt

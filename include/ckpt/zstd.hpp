@@ -1,0 +1,169 @@
+#pragma once
+// The zstd body codec (CMake target ckpt::zstd, Debian libzstd-dev). Including this header
+// also lets every reader in the program decode zstd bodies.
+//
+// Stored form: blocks of up to 1 MiB of input, each
+//   u32 input length (1 .. 1 MiB), u32 stored length, then the stored bytes:
+//   stored length == input length: the input as is (it did not shrink);
+//   stored length <  input length: one zstd frame that decompresses to exactly the input.
+// A block whose first 64 KiB do not shrink by 2% is stored as is without compressing the rest:
+// random-looking tensors (and already compressed or encrypted data) cost a probe, not a pass.
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codec.hpp"
+#include "error.hpp"
+#include "tensor.hpp"
+
+namespace ckpt {
+
+/// Compresses the body with zstd at `level` (1 fast .. 19 small; negative: faster still).
+struct Zstd {
+    int level = 3;
+    Zstd() = default;
+    explicit Zstd(int lvl) : level(lvl) {
+        if (lvl < ZSTD_minCLevel() || lvl > ZSTD_maxCLevel() || lvl == 0)
+            throw ConfigError("Zstd level must be in " + std::to_string(ZSTD_minCLevel()) + " .. " +
+                              std::to_string(ZSTD_maxCLevel()) + " and not 0, got " + std::to_string(lvl));
+    }
+    CodecChain codecs() const { return {Codec{CodecId::zstd, level, {}}}; }
+};
+
+namespace detail {
+
+inline constexpr std::size_t zstd_block_size = 1u << 20;
+inline constexpr std::size_t zstd_probe_size = 64u << 10;
+inline constexpr std::size_t zstd_block_header = 8;
+
+inline std::string zstd_error(size_t code) { return ZSTD_getErrorName(code); }
+
+class ZstdEncoder final : public ByteSink {
+public:
+    ZstdEncoder(const Codec& c, ByteSink& next, const EncodeContext& ctx)
+        : next_(next), path_(ctx.path), cctx_(ZSTD_createCCtx(), &ZSTD_freeCCtx),
+          out_(new std::byte[zstd_block_header + ZSTD_compressBound(zstd_block_size)]) {
+        if (!cctx_) throw std::bad_alloc();
+        check(ZSTD_CCtx_setParameter(cctx_.get(), ZSTD_c_compressionLevel, c.level));
+        check(ZSTD_CCtx_setParameter(cctx_.get(), ZSTD_c_checksumFlag, 0));  // the body checksum covers it
+        block_.reserve(zstd_block_size);
+    }
+
+    void put(const std::byte* data, std::size_t n) override {
+        while (n > 0) {
+            if (block_.empty() && n >= zstd_block_size) {  // a whole block straight from the caller
+                emit(data, zstd_block_size);
+                data += zstd_block_size;
+                n -= zstd_block_size;
+                continue;
+            }
+            const std::size_t take = std::min(n, zstd_block_size - block_.size());
+            block_.insert(block_.end(), data, data + take);
+            data += take;
+            n -= take;
+            if (block_.size() == zstd_block_size) flush();
+        }
+    }
+    void finish() override {
+        flush();
+        next_.finish();
+    }
+
+private:
+    void flush() {
+        if (block_.empty()) return;
+        emit(block_.data(), block_.size());
+        block_.clear();
+    }
+    void emit(const std::byte* in, std::size_t n) {
+        std::byte* out = out_.get() + zstd_block_header;
+        std::size_t stored = n;
+        if (worth_compressing(in, n)) {
+            const std::size_t got = ZSTD_compress2(cctx_.get(), out, ZSTD_compressBound(n), in, n);
+            check(got);
+            if (got < n) stored = got;
+        }
+        put_le<std::uint32_t>(out_.get(), static_cast<std::uint32_t>(n));
+        put_le<std::uint32_t>(out_.get() + 4, static_cast<std::uint32_t>(stored));
+        if (stored == n) {  // as is: header, then the input itself
+            next_.put(out_.get(), zstd_block_header);
+            next_.put(in, n);
+        } else {
+            next_.put(out_.get(), zstd_block_header + stored);
+        }
+    }
+    bool worth_compressing(const std::byte* in, std::size_t n) {
+        if (n < 2 * zstd_probe_size) return true;
+        const std::size_t got = ZSTD_compress2(cctx_.get(), out_.get() + zstd_block_header,
+                                               ZSTD_compressBound(zstd_probe_size), in, zstd_probe_size);
+        check(got);
+        return got < zstd_probe_size - zstd_probe_size / 50;
+    }
+    void check(size_t code) const {
+        if (ZSTD_isError(code)) throw Error("zstd failed compressing '" + path_ + "': " + zstd_error(code));
+    }
+
+    ByteSink& next_;
+    std::string path_;
+    std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx_;
+    std::unique_ptr<std::byte[]> out_;
+    std::vector<std::byte> block_;
+};
+
+inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {
+    const std::byte* p = stored.data.get();
+    const std::uint64_t n = stored.size;
+    auto malformed = [&](std::uint64_t at, const std::string& what) {
+        return FormatError("checkpoint '" + ctx.path + "' has a malformed zstd body: " + what + " (block at stored byte " +
+                               std::to_string(at) + ")",
+                           ctx.path);
+    };
+    // First the block headers alone: the decoded size, bounded by the blocks really present,
+    // is known before anything is allocated.
+    std::uint64_t total = 0;
+    for (std::uint64_t at = 0; at < n;) {
+        if (n - at < zstd_block_header) throw malformed(at, "a block header is cut off");
+        const auto plain = get_le<std::uint32_t>(p + at), kept = get_le<std::uint32_t>(p + at + 4);
+        if (plain == 0 || plain > zstd_block_size)
+            throw malformed(at, "a block of " + std::to_string(plain) + " bytes (1 .. " + std::to_string(zstd_block_size) + ")");
+        if (kept > plain) throw malformed(at, "a block stores more bytes than it decodes to");
+        if (n - at - zstd_block_header < kept) throw malformed(at, "the block is cut off");
+        total += plain;
+        at += zstd_block_header + kept;
+    }
+    BodyBytes out{allocate_aligned(static_cast<std::size_t>(total)), total};
+    std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(), &ZSTD_freeDCtx);
+    if (!dctx) throw std::bad_alloc();
+    std::byte* dst = out.data.get();
+    for (std::uint64_t at = 0; at < n;) {
+        const auto plain = get_le<std::uint32_t>(p + at), kept = get_le<std::uint32_t>(p + at + 4);
+        const std::byte* src = p + at + zstd_block_header;
+        if (kept == plain) {
+            std::memcpy(dst, src, plain);
+        } else {
+            const std::size_t got = ZSTD_decompressDCtx(dctx.get(), dst, plain, src, kept);
+            if (ZSTD_isError(got)) throw malformed(at, std::string("zstd says: ") + zstd_error(got));
+            if (got != plain)
+                throw malformed(at, "it decodes to " + std::to_string(got) + " bytes, its header says " + std::to_string(plain));
+        }
+        dst += plain;
+        at += zstd_block_header + kept;
+    }
+    return out;
+}
+
+inline std::unique_ptr<ByteSink> make_zstd_encoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) {
+    return std::make_unique<ZstdEncoder>(c, next, ctx);
+}
+
+inline const bool zstd_registered = register_codec(CodecId::zstd, {&make_zstd_encoder, &zstd_decode});
+
+}  // namespace detail
+}  // namespace ckpt
