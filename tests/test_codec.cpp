@@ -108,7 +108,7 @@ TEST_CASE("large bodies cross zstd block and AES segment boundaries intact, and 
         ckpt::save_checkpoint(state, file, {.codecs = chain.codecs});
         CHECK(ckpt::load_checkpoint(file, with_key(key)) == state);
         const auto stored = ckpt::read_header(file).body_length;
-        const std::uint64_t blocks = plain / (1u << 20) + 1, segments = plain / (4u << 20) + 1;
+        const std::uint64_t blocks = plain / (1u << 20) + 1, segments = plain / (1u << 20) + 1;
         if (chain.codecs.empty()) continue;
         if (chain.codecs.front().id == CodecId::zstd) {
             // The ramp shrinks; the 4 MiB of noise are kept as they are, with 8 bytes per block.
@@ -184,7 +184,7 @@ TEST_CASE("damaged compressed and encrypted bodies are corruption, altered ones 
                      [](std::vector<char>& b) { b[100] ^= 1; },
                      [](std::vector<char>& b) { b.back() ^= 0x40; },
                      [](std::vector<char>& b) { b[10] ^= 1; },  // the salt: another file key
-                     [](std::vector<char>& b) { b.resize(64 + (4u << 20) + 16); }}) {
+                     [](std::vector<char>& b) { b.resize(64 + (1u << 20) + 16); }}) {
                 fresh();
                 rewrite_body(file, edit);
                 CHECK_NOTHROW(ckpt::verify_checkpoint(file));

@@ -1,7 +1,10 @@
 // Crash safety: a real child process, saving in a loop, SIGKILLed at many moments, with
-// synchronous and with async saves. Whatever the moment, latest() must return a checkpoint
-// that verifies and loads, never a torn one, and never one older than a save the child had
-// seen complete.
+// synchronous and with async saves, plain and compressed-then-encrypted. Whatever the moment,
+// latest() must return a checkpoint that verifies and loads, never a torn one, and never one
+// older than a save the child had seen complete.
+#include <ckpt/aes_gcm.hpp>
+#include <ckpt/zstd.hpp>
+
 #include <doctest/doctest.h>
 
 #include <poll.h>
@@ -19,6 +22,27 @@ namespace {
 
 constexpr std::size_t state_floats = 1 << 18;  // 1 MiB per save: long enough to be caught mid-write
 using Manager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming>;
+using SealedCodec = ckpt::Chain<ckpt::Zstd, ckpt::AesGcm>;
+using SealedManager =
+    ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming, ckpt::BinaryArchive, SealedCodec>;
+
+ckpt::Key sealing_key() {
+    std::array<unsigned char, 32> raw{};
+    for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<unsigned char>(0xa5 ^ i);
+    return ckpt::Key::from_bytes(raw);
+}
+
+template <class M>
+M make_manager(const boost::filesystem::path& dir, const ckpt::ManagerOptions& opts) {
+    if constexpr (std::is_same_v<M, SealedManager>)
+        return M(dir, "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, opts,
+                 SealedCodec{ckpt::Zstd{1}, ckpt::AesGcm{sealing_key()}});
+    else
+        return M(dir, "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, opts);
+}
+
+/// Step `step`'s value of element i: varied enough that zstd has work to do on every block.
+float value_at(std::size_t i, std::int64_t step) { return static_cast<float>(step) + static_cast<float>(i % 977) * 0.001f; }
 
 ckpt::ManagerOptions options(bool async) {
     ckpt::ManagerOptions o;
@@ -30,17 +54,18 @@ ckpt::ManagerOptions options(bool async) {
 /// through `report_fd` each step whose save it knows durable: with sync saves the one just
 /// made; with async saves (one buffer, WhenBusy::wait) the one before, since handing a save
 /// over waits for the buffer the previous one was written from.
+template <class M>
 [[noreturn]] void saving_child(const boost::filesystem::path& dir, int report_fd, bool async) {
     ckpt::set_log_sink({});
     std::vector<float> w(state_floats, 0.0f);
     ckpt::ParamDict state;
     state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
-    Manager mgr(dir, "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, options(async));
+    M mgr = make_manager<M>(dir, options(async));
     std::int64_t step = 0;
     if (auto r = mgr.restore(state)) step = r->file.name.step;
     for (;;) {
         ++step;
-        std::fill(w.begin(), w.end(), static_cast<float>(step));
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] = value_at(i, step);
         mgr.on_step(ckpt::Progress::at_iteration(step), state);
         std::fill(w.begin(), w.end(), -1.0f);  // the next step's training, racing an async save
         const std::int64_t durable = async ? step - 1 : step;
@@ -61,15 +86,21 @@ std::int64_t await_saves(int fd, int saves, std::chrono::milliseconds timeout) {
 }
 
 /// Kills a saving child `kills` times at random moments and checks what it leaves.
+template <class M = Manager>
 void kill_torture(bool async, int kills) {
     test::TempDir dir;
     test::LogCapture quiet;
 
     // How long one save takes here, to spread the kills over a save's whole duration.
+    constexpr bool sealed = std::is_same_v<M, SealedManager>;
     ckpt::ParamDict probe;
-    probe.set("w", ckpt::Tensor(ckpt::DType::float32, {static_cast<std::int64_t>(state_floats)}));
+    std::vector<float> probe_values(state_floats);
+    for (std::size_t i = 0; i < probe_values.size(); ++i) probe_values[i] = value_at(i, 1);
+    probe.set("w", ckpt::Tensor::from(probe_values, {static_cast<std::int64_t>(state_floats)}));
+    ckpt::SaveOptions probe_options;
+    if (sealed) probe_options.codecs = SealedCodec{ckpt::Zstd{1}, ckpt::AesGcm{sealing_key()}}.codecs();
     const auto t0 = std::chrono::steady_clock::now();
-    ckpt::save_checkpoint(probe, dir / "probe.ckpt");
+    ckpt::save_checkpoint(probe, dir / "probe.ckpt", probe_options);
     const auto save_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
     boost::filesystem::remove(dir / "probe.ckpt");
 
@@ -85,7 +116,7 @@ void kill_torture(bool async, int kills) {
         REQUIRE(child >= 0);
         if (child == 0) {
             ::close(pipe_fds[0]);
-            saving_child(dir.path(), pipe_fds[1], async);
+            saving_child<M>(dir.path(), pipe_fds[1], async);
         }
         ::close(pipe_fds[1]);
         const int saves = completed_saves(rng);
@@ -108,17 +139,21 @@ void kill_torture(bool async, int kills) {
         CHECK(found->name.step >= reported);  // a save that returned is never lost
         CHECK(found->name.step >= previous);  // and resuming never goes backwards
         previous = found->name.step;
-        const auto state = ckpt::load_checkpoint(found->path);
+        if (sealed) CHECK(found->header.codec_names() == "zstd+aes-256-gcm");
+        ckpt::LoadOptions with_key;
+        with_key.key = sealing_key();
+        const auto state = ckpt::load_checkpoint(found->path, with_key);
         const auto w = state.tensor("w").values<float>();
         REQUIRE(w.size() == state_floats);
-        const float expected = static_cast<float>(found->name.step);
-        CHECK(std::all_of(w.begin(), w.end(), [&](float v) { return v == expected; }));
+        bool intact = true;
+        for (std::size_t k = 0; k < w.size(); ++k) intact = intact && w[k] == value_at(k, found->name.step);
+        CHECK(intact);
     }
     MESSAGE(kills << " kills, " << killed_mid_save << " of them during a save; newest step " << previous);
     CHECK(killed_mid_save > 0);
     CHECK(previous >= kills / 2);  // the children made progress between kills
     // The next manager to start clears what the killed writers left behind.
-    Manager mgr(dir.path(), "crash", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, options(async));
+    M mgr = make_manager<M>(dir.path(), options(async));
     for (const auto& name : test::names_in(dir.path())) CHECK_MESSAGE(!ckpt::detail::temporary_owner(name), name);
 }
 
@@ -130,4 +165,8 @@ TEST_CASE("a process saving synchronously, SIGKILLed 200 times at random moments
 
 TEST_CASE("a process saving asynchronously, SIGKILLed 200 times at random moments, never leaves a torn latest checkpoint") {
     kill_torture(true, 200);
+}
+
+TEST_CASE("a process saving compressed and encrypted asynchronously, SIGKILLed 100 times, never leaves a torn latest checkpoint") {
+    kill_torture<SealedManager>(true, 100);
 }

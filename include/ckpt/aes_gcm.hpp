@@ -47,7 +47,7 @@ namespace detail {
 
 inline constexpr std::size_t aes_prefix_size = 64;
 inline constexpr std::size_t aes_tag_size = 16;
-inline constexpr std::size_t aes_segment_size = 4u << 20;
+inline constexpr std::size_t aes_segment_size = 1u << 20;
 
 struct AesPrefix {
     std::array<unsigned char, 8> key_id{};
@@ -159,8 +159,40 @@ inline std::vector<unsigned char> aes_associated_data(const std::array<std::byte
     return aad;
 }
 
+/// Runs f(0, n/2) on a second thread and f(n/2, n) here when `n` pieces are worth splitting
+/// (segments are independent); rethrows the first failure after both are done.
+template <class F>
+void on_two_threads(std::uint64_t n, F&& f) {
+    if (n < 2 || std::thread::hardware_concurrency() < 2) {
+        f(0, n, 0);
+        return;
+    }
+    const std::uint64_t split = n / 2;
+    std::exception_ptr failed;
+    std::thread second([&] {
+        try {
+            f(split, n, 1);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    });
+    try {
+        f(0, split, 0);
+    } catch (...) {
+        second.join();
+        throw;
+    }
+    second.join();
+    if (failed) std::rethrow_exception(failed);
+}
+
+/// Seals segments a batch at a time, the batch split over two threads; a batch that arrives
+/// whole in one put() (a large payload) is sealed from the caller's memory, without a copy.
 class AesGcmEncoder final : public ByteSink {
 public:
+    static constexpr std::size_t batch_segments = 8;
+    static constexpr std::size_t batch_bytes = batch_segments * aes_segment_size;
+
     AesGcmEncoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) : next_(next), path_(ctx.path) {
         AesPrefix p;
         p.key_id = aes_key_id(c.key, path_);
@@ -169,17 +201,27 @@ public:
         std::memcpy(prefix_.data() + 8, p.salt.data(), 16);
         put_le<std::uint32_t>(prefix_.data() + 24, p.segment_size);
         file_key_ = std::make_unique<FileKey>(c.key, p.salt, path_);
-        gcm_ = std::make_unique<GcmSegments>(*file_key_, aes_associated_data(ctx.associated_data, prefix_.data()), true, path_);
-        plain_.reset(new std::byte[aes_segment_size]);
-        sealed_.reset(new std::byte[aes_segment_size + aes_tag_size]);
+        const auto aad = aes_associated_data(ctx.associated_data, prefix_.data());
+        for (auto& g : gcm_) g = std::make_unique<GcmSegments>(*file_key_, aad, true, path_);
+        plain_.reset(new std::byte[batch_bytes]);
+        sealed_.reset(new std::byte[batch_segments * (aes_segment_size + aes_tag_size)]);
         next_.put(prefix_.data(), prefix_.size());
     }
-    ~AesGcmEncoder() override { ::explicit_bzero(plain_.get(), aes_segment_size); }
+    ~AesGcmEncoder() override { ::explicit_bzero(plain_.get(), filled_); }
 
     void put(const std::byte* data, std::size_t n) override {
         while (n > 0) {
-            if (filled_ == aes_segment_size) seal(false);  // more follows: that one was not the last
-            const std::size_t take = std::min(n, aes_segment_size - filled_);
+            if (filled_ == batch_bytes) {  // more follows: none of the batch is the last segment
+                seal(plain_.get(), filled_, false);
+                filled_ = 0;
+            }
+            if (filled_ == 0 && n > batch_bytes) {
+                seal(data, batch_bytes, false);
+                data += batch_bytes;
+                n -= batch_bytes;
+                continue;
+            }
+            const std::size_t take = std::min(n, batch_bytes - filled_);
             std::memcpy(plain_.get() + filled_, data, take);
             filled_ += take;
             data += take;
@@ -187,23 +229,33 @@ public:
         }
     }
     void finish() override {
-        seal(true);
+        seal(plain_.get(), filled_, true);
+        ::explicit_bzero(plain_.get(), filled_);
+        filled_ = 0;
         next_.finish();
     }
 
 private:
-    void seal(bool last) {
-        auto* tag = reinterpret_cast<unsigned char*>(sealed_.get() + filled_);
-        gcm_->run(segment_++, last, plain_.get(), filled_, sealed_.get(), tag);
-        next_.put(sealed_.get(), filled_ + aes_tag_size);
-        filled_ = 0;
+    /// Seals `n` bytes as whole segments (the last may be short, or empty when it ends the body).
+    void seal(const std::byte* in, std::size_t n, bool ends_body) {
+        const std::uint64_t count = std::max<std::uint64_t>(1, (n + aes_segment_size - 1) / aes_segment_size);
+        on_two_threads(count, [&](std::uint64_t first, std::uint64_t end, int worker) {
+            for (std::uint64_t k = first; k < end; ++k) {
+                const std::size_t len = std::min<std::size_t>(aes_segment_size, n - k * aes_segment_size);
+                std::byte* out = sealed_.get() + k * (aes_segment_size + aes_tag_size);
+                gcm_[worker]->run(segment_ + k, ends_body && k + 1 == count, in + k * aes_segment_size, len, out,
+                                  reinterpret_cast<unsigned char*>(out + len));
+            }
+        });
+        segment_ += count;
+        next_.put(sealed_.get(), n + count * aes_tag_size);
     }
 
     ByteSink& next_;
     std::string path_;
     std::array<std::byte, aes_prefix_size> prefix_{};
     std::unique_ptr<FileKey> file_key_;
-    std::unique_ptr<GcmSegments> gcm_;
+    std::array<std::unique_ptr<GcmSegments>, 2> gcm_;  // one per thread
     std::unique_ptr<std::byte[]> plain_, sealed_;
     std::size_t filled_ = 0;
     std::uint64_t segment_ = 0;
@@ -236,7 +288,7 @@ inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
     const FileKey file_key(ctx.key, prefix.salt, ctx.path);
     const auto aad = aes_associated_data(ctx.associated_data, p);
     // Segments are independent: two threads halve the time of a large body.
-    auto decrypt = [&](std::uint64_t first, std::uint64_t end) {
+    on_two_threads(segments, [&](std::uint64_t first, std::uint64_t end, int) {
         GcmSegments gcm(file_key, aad, false, ctx.path);
         for (std::uint64_t i = first; i < end; ++i) {
             const std::byte* in = p + aes_prefix_size + i * per;
@@ -249,28 +301,7 @@ inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
                                               ": its body or header was altered after it was encrypted",
                                           ctx.path);
         }
-    };
-    const std::uint64_t split = segments >= 4 && std::thread::hardware_concurrency() > 1 ? segments / 2 : segments;
-    if (split == segments) {
-        decrypt(0, segments);
-    } else {
-        std::exception_ptr failed;
-        std::thread second([&] {
-            try {
-                decrypt(split, segments);
-            } catch (...) {
-                failed = std::current_exception();
-            }
-        });
-        try {
-            decrypt(0, split);
-        } catch (...) {
-            second.join();
-            throw;
-        }
-        second.join();
-        if (failed) std::rethrow_exception(failed);
-    }
+    });
     return out;
 }
 
