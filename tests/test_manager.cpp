@@ -40,6 +40,29 @@ ckpt::ManagerOptions seed_options() {
 }
 
 using SeedManager = ckpt::CheckpointManager<ckpt::EveryEpochs, ckpt::KeepLast, ckpt::MindSporeNaming>;
+using StepManager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming>;
+
+/// Three runs of prefix "m" (three restarts), each restoring the previous one's newest
+/// checkpoint and saving three more steps with KeepLast{2}; what is left in `dir`.
+template <ckpt::NamingPolicy N>
+std::vector<std::string> three_runs(const boost::filesystem::path& dir, ckpt::ManagerOptions options = {}) {
+    TinyNet net;
+    std::int64_t step = 0;
+    for (int run = 0; run < 3; ++run) {
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, N> mgr(dir, "m", ckpt::EverySteps{1},
+                                                                        ckpt::KeepLast{2}, N{}, options);
+        if (auto restored = mgr.restore(net)) CHECK(restored->file.name.step == step);
+        for (int i = 0; i < 3; ++i) mgr.on_step(ckpt::Progress::at_iteration(++step), net);
+    }
+    return test::names_in(dir);
+}
+
+/// The global steps of the last-words checkpoints in `dir`, in order.
+std::vector<std::int64_t> last_words_steps(const boost::filesystem::path& dir) {
+    std::vector<std::int64_t> out;
+    for (const auto& f : ckpt::list_checkpoints(dir, "ttp", ckpt::LastWordsNaming{})) out.push_back(f.name.global_step);
+    return out;
+}
 
 }  // namespace
 
@@ -152,6 +175,125 @@ TEST_CASE("retention leaves a newer corrupt file alone and does not count it") {
     REQUIRE_FALSE(log.warnings.empty());
     CHECK(log.warnings[0].find("m-1_9.ckpt") != std::string::npos);
     CHECK(ckpt::latest(dir.path(), "m")->filename() == "m-1_3.ckpt");
+}
+
+TEST_CASE("retention scope by default: MindSporeNaming keeps each run's files, StepNaming bounds all runs together") {
+    TempDir seed, steps;
+    CHECK(three_runs<ckpt::MindSporeNaming>(seed.path()) ==
+          std::vector<std::string>{"m-1_2.ckpt", "m-1_3.ckpt", "m-graph.meta", "m_1-1_5.ckpt", "m_1-1_6.ckpt",
+                                   "m_1-graph.meta", "m_2-1_8.ckpt", "m_2-1_9.ckpt", "m_2-graph.meta"});
+    // KeepLast{2} holds across restarts, and the emptied runs' meta files went with their checkpoints
+    CHECK(three_runs<ckpt::StepNaming>(steps.path()) ==
+          std::vector<std::string>{"m_2-8.ckpt", "m_2-9.ckpt", "m_2-graph.meta"});
+    CHECK(StepManager(steps.path(), "m").retention_scope() == ckpt::RetentionScope::all_runs);
+    CHECK(SeedManager(seed.path(), "m").retention_scope() == ckpt::RetentionScope::current_run);
+}
+
+TEST_CASE("ManagerOptions::retention_scope overrides the naming policy's") {
+    TempDir seed, steps;
+    ckpt::ManagerOptions all, current;
+    all.retention_scope = ckpt::RetentionScope::all_runs;
+    current.retention_scope = ckpt::RetentionScope::current_run;
+    CHECK(three_runs<ckpt::MindSporeNaming>(seed.path(), all) ==
+          std::vector<std::string>{"m_2-1_8.ckpt", "m_2-1_9.ckpt", "m_2-graph.meta"});
+    CHECK(three_runs<ckpt::StepNaming>(steps.path(), current) ==
+          std::vector<std::string>{"m-2.ckpt", "m-3.ckpt", "m-graph.meta", "m_1-5.ckpt", "m_1-6.ckpt", "m_1-graph.meta",
+                                   "m_2-8.ckpt", "m_2-9.ckpt", "m_2-graph.meta"});
+    CHECK(StepManager(steps.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, current).retention_scope() ==
+          ckpt::RetentionScope::current_run);
+}
+
+TEST_CASE("every run in scope: a run's graph.meta goes with its last checkpoint, and a failed save deletes nothing") {
+    TempDir dir;
+    TinyNet net;
+    test::LogCapture log;
+    auto step = [](std::int64_t s) { return ckpt::Progress::at_iteration(s); };
+    {
+        StepManager first(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+        for (std::int64_t s = 1; s <= 3; ++s) first.on_step(step(s), net);
+    }
+    StepManager second(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    REQUIRE(second.run_prefix() == "m_1");
+    // a save that fails (a directory where its file goes) deletes nothing of the earlier run
+    boost::filesystem::create_directory(dir / "m_1-4.ckpt");
+    CHECK_THROWS_AS(second.on_step(step(4), net), ckpt::IoError);
+    CHECK(test::names_in(dir.path()) ==
+          std::vector<std::string>{"m-2.ckpt", "m-3.ckpt", "m-graph.meta", "m_1-4.ckpt", "m_1-graph.meta"});
+    boost::filesystem::remove(dir / "m_1-4.ckpt");
+    second.on_step(step(4), net);
+    CHECK(test::names_in(dir.path()) ==
+          std::vector<std::string>{"m-3.ckpt", "m-graph.meta", "m_1-4.ckpt", "m_1-graph.meta"});  // m keeps one
+    second.on_step(step(5), net);
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"m_1-4.ckpt", "m_1-5.ckpt", "m_1-graph.meta"});
+
+    // a file of run m_1 whose header does not read is left alone, and so is m_1's meta
+    test::write_bytes(dir / "m_1-0.ckpt", std::vector<char>(10, 'x'));
+    StepManager third(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    REQUIRE(third.run_prefix() == "m_2");
+    for (std::int64_t s = 6; s <= 7; ++s) third.on_step(step(s), net);
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"m_1-0.ckpt", "m_1-graph.meta", "m_2-6.ckpt",
+                                                                 "m_2-7.ckpt", "m_2-graph.meta"});
+    CHECK(std::any_of(log.warnings.begin(), log.warnings.end(), [&](const std::string& w) {
+        return w.find("retention leaves alone '" + (dir / "m_1-0.ckpt").string() + "'") != std::string::npos;
+    }));
+}
+
+TEST_CASE("runs of one prefix saving at once keep the newest checkpoint and their meta files") {
+    TempDir dir;
+    TinyNet net;
+    auto step = [](std::int64_t s) { return ckpt::Progress::at_iteration(s); };
+    StepManager a(dir.path(), "c", ckpt::EverySteps{1}, ckpt::KeepLast{1});
+    a.on_step(step(1), net);
+    StepManager b(dir.path(), "c", ckpt::EverySteps{1}, ckpt::KeepLast{1});
+    REQUIRE(b.run_prefix() == "c_1");
+    b.on_step(step(2), net);  // run c's only checkpoint goes, and its meta with it
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"c_1-2.ckpt", "c_1-graph.meta"});
+    // run c's next file sorts before run c_1's: c_1-2.ckpt stays the newest, and c's meta comes back
+    a.on_step(step(3), net);
+    CHECK(test::names_in(dir.path()) ==
+          std::vector<std::string>{"c-3.ckpt", "c-graph.meta", "c_1-2.ckpt", "c_1-graph.meta"});
+    CHECK(a.latest()->path.filename() == "c_1-2.ckpt");
+}
+
+TEST_CASE("retention never deletes the newest valid checkpoint, even one that sorts after the file just written") {
+    TempDir dir;
+    TinyNet net;
+    StepManager mgr(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{1});
+    REQUIRE(mgr.run_prefix() == "m");
+    // later checkpoints of this run, the newest with a damaged body; the run rolls back to step 60
+    for (std::int64_t s : {90, 100})
+        ckpt::save_checkpoint(net.state_dict(), dir / ("m-" + std::to_string(s) + ".ckpt"),
+                              {ckpt::ArchiveKind::binary, 1, s});
+    test::flip_bit(dir / "m-100.ckpt", ckpt::header_size + 8);
+    mgr.on_step(ckpt::Progress::at_iteration(60), net);
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"m-60.ckpt", "m-90.ckpt", "m-graph.meta"});
+    CHECK(mgr.latest()->path.filename() == "m-90.ckpt");
+    mgr.on_step(ckpt::Progress::at_iteration(61), net);
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"m-61.ckpt", "m-90.ckpt", "m-graph.meta"});
+    mgr.on_step(ckpt::Progress::at_iteration(91), net);  // newer than m-90 at last
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"m-91.ckpt", "m-graph.meta"});
+}
+
+TEST_CASE("the file restore() loaded stays until the manager has saved a newer one") {
+    TempDir dir;
+    TinyNet net;
+    auto at = [](std::int64_t global) {
+        ckpt::Progress p;
+        p.step = p.global_step = global;
+        return p;
+    };
+    ckpt::CheckpointManager<ckpt::Never, ckpt::KeepAll, ckpt::LastWordsNaming> other(dir.path(), "ttp");
+    other.save(at(100), net);
+    ckpt::CheckpointManager<ckpt::Never, ckpt::KeepLast, ckpt::LastWordsNaming> mgr(dir.path(), "ttp", {},
+                                                                                   ckpt::KeepLast{1});
+    const auto restored = mgr.restore(net);
+    REQUIRE(restored);
+    CHECK(restored->file.name.global_step == 100);
+    other.save(at(200), net);  // a newer checkpoint, but not this manager's
+    mgr.save(at(60), net);     // the job rolls back to a step every rank has
+    CHECK(last_words_steps(dir.path()) == std::vector<std::int64_t>{60, 100, 200});
+    mgr.save(at(150), net);  // newer than the file restored: that one may go now
+    CHECK(last_words_steps(dir.path()) == std::vector<std::int64_t>{150, 200});
 }
 
 TEST_CASE("latest() falls back past corrupt and mislabelled files, saying why") {

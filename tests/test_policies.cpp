@@ -26,6 +26,22 @@ std::vector<ckpt::StoredCheckpoint> files_saved_at_minutes(std::initializer_list
     return files;
 }
 
+/// Files of the given sizes on disk, oldest first.
+std::vector<ckpt::StoredCheckpoint> files_of_sizes(std::initializer_list<std::uint64_t> sizes) {
+    std::vector<ckpt::StoredCheckpoint> files;
+    std::int64_t step = 0;
+    for (std::uint64_t size : sizes) {
+        ckpt::StoredCheckpoint f;
+        f.name.step = ++step;
+        f.header.body_length = size - ckpt::header_size;
+        files.push_back(f);
+    }
+    return files;
+}
+
+/// A naming policy of a user's, without a retention_scope member.
+struct PlainNaming : ckpt::detail::RunNaming<ckpt::detail::GlobalStepPosition> {};
+
 /// Which events of a 3-epoch, 4-steps-per-epoch run a save policy saves at.
 template <ckpt::SavePolicy P>
 std::vector<std::string> saves_of(P policy) {
@@ -57,7 +73,9 @@ static_assert(!ckpt::SavePolicy<int> && !ckpt::SavePolicy<ckpt::KeepLast>);
 static_assert(ckpt::RetentionPolicy<ckpt::KeepAll> && ckpt::RetentionPolicy<ckpt::KeepLast> &&
               ckpt::RetentionPolicy<ckpt::KeepOnePerMinutes> &&
               ckpt::RetentionPolicy<ckpt::KeepUnion<ckpt::KeepLast, ckpt::KeepOnePerMinutes>> &&
-              ckpt::RetentionPolicy<ckpt::ConfiguredRetention>);
+              ckpt::RetentionPolicy<ckpt::ConfiguredRetention> && ckpt::RetentionPolicy<ckpt::KeepWithinBytes> &&
+              ckpt::RetentionPolicy<ckpt::KeepIntersection<ckpt::KeepLast, ckpt::KeepWithinBytes>> &&
+              ckpt::RetentionPolicy<ckpt::KeepUnion<ckpt::KeepWithinBytes, ckpt::KeepOnePerMinutes>>);
 static_assert(!ckpt::RetentionPolicy<ckpt::EverySteps>);
 static_assert(ckpt::NamingPolicy<ckpt::MindSporeNaming> && ckpt::NamingPolicy<ckpt::StepNaming> &&
               ckpt::NamingPolicy<ckpt::LastWordsNaming> && ckpt::NamingPolicy<ckpt::SingleFileNaming>);
@@ -125,6 +143,44 @@ TEST_CASE("KeepUnion deletes only what every member deletes") {
     CHECK(both.to_delete(files) == std::vector<std::size_t>{1, 3});
     CHECK(ckpt::KeepUnion(ckpt::KeepLast{2}, ckpt::KeepAll{}).to_delete(files).empty());
 }
+
+TEST_CASE("KeepWithinBytes keeps the newest files whose sizes fit in its budget") {
+    auto files = files_of_sizes({100, 300, 200, 100, 100});
+    CHECK(files[1].file_size() == 300);
+    CHECK(ckpt::KeepWithinBytes{400}.to_delete(files) == std::vector<std::size_t>{0, 1});  // 100 + 100 + 200
+    // the first file over budget goes with every older one, even one small enough to fit
+    CHECK(ckpt::KeepWithinBytes{399}.to_delete(files) == std::vector<std::size_t>{0, 1, 2});
+    CHECK(ckpt::KeepWithinBytes{800}.to_delete(files).empty());
+    CHECK(ckpt::KeepWithinBytes{799}.to_delete(files) == std::vector<std::size_t>{0});
+    // the newest file stays even when it alone is over budget
+    CHECK(ckpt::KeepWithinBytes{50}.to_delete(files) == std::vector<std::size_t>{0, 1, 2, 3});
+    CHECK(ckpt::KeepWithinBytes{50}.to_delete({}).empty());
+    CHECK(ckpt::KeepWithinBytes{std::uint64_t{5} << 40}.bytes == std::uint64_t{5} << 40);  // any integer type
+    CHECK_THROWS_WITH_AS(ckpt::KeepWithinBytes{0}, doctest::Contains("at least 1 byte"), ckpt::ConfigError);
+    CHECK_THROWS_AS(ckpt::KeepWithinBytes{-4096}, ckpt::ConfigError);
+}
+
+TEST_CASE("KeepWithinBytes composes: KeepUnion keeps what either keeps, KeepIntersection what both keep") {
+    auto files = files_of_sizes({100, 100, 100, 500, 100, 100});
+    const ckpt::KeepLast last4{4};            // deletes 0, 1
+    const ckpt::KeepWithinBytes within{300};  // 100 + 100 fit, the 500 does not: deletes 0 to 3
+    REQUIRE(last4.to_delete(files) == std::vector<std::size_t>{0, 1});
+    REQUIRE(within.to_delete(files) == std::vector<std::size_t>{0, 1, 2, 3});
+    CHECK(ckpt::KeepUnion(last4, within).to_delete(files) == std::vector<std::size_t>{0, 1});
+    CHECK(ckpt::KeepIntersection(last4, within).to_delete(files) == std::vector<std::size_t>{0, 1, 2, 3});
+    // "the newest 5, but within 10 GiB", and the neutral members
+    CHECK(ckpt::KeepIntersection(ckpt::KeepLast{5}, ckpt::KeepWithinBytes{10LL << 30}).to_delete(files) ==
+          std::vector<std::size_t>{0});
+    CHECK(ckpt::KeepIntersection(last4, ckpt::KeepAll{}).to_delete(files) == last4.to_delete(files));
+    CHECK(ckpt::KeepIntersection(ckpt::KeepLast{1}, ckpt::KeepAll{}, within).to_delete(files) ==
+          std::vector<std::size_t>{0, 1, 2, 3, 4});
+    // the two combinators nest
+    auto minutes = files_saved_at_minutes({0, 0.5, 1.2, 1.9, 2.3, 4.0});
+    for (std::size_t i = 0; i < minutes.size(); ++i) minutes[i].header.body_length = files[i].header.body_length;
+    ckpt::KeepIntersection nested(ckpt::KeepUnion(ckpt::KeepLast{2}, ckpt::KeepOnePerMinutes{1}), within);
+    // the union keeps 0 and 2 (KeepOnePerMinutes), the budget does not
+    CHECK(nested.to_delete(minutes) == std::vector<std::size_t>{0, 1, 2, 3});
+}
 }
 
 TEST_SUITE("naming policies") {
@@ -172,6 +228,18 @@ TEST_CASE("StepNaming and SingleFileNaming round-trip their names") {
     CHECK(one.checkpoint_name("state", p, ckpt::SaveKind::regular) == "state.ckpt");
     CHECK_FALSE(one.parse("state", "state.ckpt")->positioned);
     CHECK(!one.parse("state", "state-1.ckpt"));
+}
+
+TEST_CASE("each naming policy gives its default retention scope") {
+    using ckpt::RetentionScope;
+    // the seed's tree keeps every run's files; step names are bounded across restarts
+    CHECK(ckpt::default_retention_scope<ckpt::MindSporeNaming>() == RetentionScope::current_run);
+    CHECK(ckpt::default_retention_scope<ckpt::StepNaming>() == RetentionScope::all_runs);
+    // one run only: the scopes are the same there
+    CHECK(ckpt::default_retention_scope<ckpt::LastWordsNaming>() == RetentionScope::current_run);
+    CHECK(ckpt::default_retention_scope<ckpt::SingleFileNaming>() == RetentionScope::current_run);
+    static_assert(ckpt::NamingPolicy<PlainNaming>);
+    CHECK(ckpt::default_retention_scope<PlainNaming>() == RetentionScope::current_run);
 }
 
 TEST_CASE("LastWordsNaming uses the seed's last-words layout") {

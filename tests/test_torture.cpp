@@ -1,11 +1,14 @@
 // Torture: a corpus of damaged checkpoints, each rejected with the error it deserves and
 // without an allocation beyond the file's size; saves that run out of room in a real
-// process; long random sequences of saves and damage under each retention policy.
+// process; long random sequences of saves and damage under each retention policy and scope;
+// a real process SIGKILLed and restarted many times, whose files stay bounded.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -13,6 +16,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -22,6 +26,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <thread>
 
 #include "alloc_tracker.hpp"
 #include "support.hpp"
@@ -899,18 +904,39 @@ struct Known {
 };
 
 struct TortureFigures {
-    int operations = 0, saves = 0, retention_deletions = 0, damaged = 0, max_files = 0;
+    int operations = 0, saves = 0, restarts = 0, retention_deletions = 0, meta_deletions = 0, damaged = 0,
+        max_files = 0;
 };
 
+ckpt::ParamDict torture_state() {
+    ckpt::ParamDict state;
+    state.set("w", ckpt::Tensor::from(std::vector<float>(64, 0.5f)));
+    return state;
+}
+
+/// The size of each checkpoint retention_torture() writes (they all have the same size).
+std::uint64_t torture_file_size() {
+    TempDir dir(scratch_base());
+    ckpt::save_checkpoint(torture_state(), dir / "probe.ckpt");
+    return fs::file_size(dir / "probe.ckpt");
+}
+
+/// Random saves by three runs (r, then r_1, of prefix r; and rr), random damage by hand; after
+/// every operation, checks what retention deleted and kept. `bound`: the readable checkpoints
+/// the policy keeps of a run (current_run scope) or of a prefix (all_runs).
 template <ckpt::RetentionPolicy R>
-TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int operations) {
+TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int operations,
+                                 ckpt::RetentionScope scope = ckpt::RetentionScope::current_run) {
     using Manager = ckpt::CheckpointManager<ckpt::EverySteps, R, ckpt::StepNaming>;
     TempDir dir(scratch_base());
     test::LogCapture quiet;
     std::mt19937 rng(seed);
     auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
-    ckpt::ParamDict state;
-    state.set("w", ckpt::Tensor::from(std::vector<float>(64, 0.5f)));
+    ckpt::ParamDict state = torture_state();
+    ckpt::ManagerOptions options;
+    options.retention_scope = scope;
+    const bool all_runs = scope == ckpt::RetentionScope::all_runs;
+    auto prefix_of = [](const std::string& run) { return run == "rr" ? std::string("rr") : std::string("r"); };
     TortureFigures figures;
     std::map<std::string, Known> known;
 
@@ -927,41 +953,65 @@ TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int
         r.mgr->save(ckpt::Progress::at_iteration(r.step), state);
         ++figures.saves;
         known[name] = {run, r.step, true, Known::valid};
-        known.emplace(run + "-graph.meta", Known{run, 0, false, Known::valid});
+        known.emplace(run + "-graph.meta", Known{run, 0, false, Known::valid});  // written again if gone
         const auto present = test::names_in(dir.path());
+        std::set<std::string> thinned, metas_gone;  // runs that lost checkpoints, runs that lost their meta
         for (auto it = known.begin(); it != known.end();) {
             if (std::binary_search(present.begin(), present.end(), it->first)) {
                 ++it;
                 continue;
             }
-            // retention deleted it: only ever an older, readable checkpoint of the same run
-            CHECK_MESSAGE(it->second.run == run, "a save by run ", run, " deleted ", it->first);
-            CHECK_MESSAGE(it->second.checkpoint, "a save deleted ", it->first);
-            CHECK_MESSAGE(it->second.condition != Known::unreadable, "retention deleted unreadable ", it->first);
-            CHECK_MESSAGE(it->first != name, "retention deleted the file just written");
-            ++figures.retention_deletions;
+            if (it->second.checkpoint) {
+                // retention deleted it: only ever an older, readable checkpoint of the same run
+                // (of the same prefix when every run is in scope)
+                CHECK_MESSAGE((all_runs ? prefix_of(it->second.run) == prefix_of(run) : it->second.run == run),
+                              "a save by run ", run, " deleted ", it->first);
+                CHECK_MESSAGE(it->second.condition != Known::unreadable, "retention deleted unreadable ", it->first);
+                CHECK_MESSAGE(it->first != name, "retention deleted the file just written");
+                ++figures.retention_deletions;
+                thinned.insert(it->second.run);
+            } else {
+                ++figures.meta_deletions;
+                metas_gone.insert(it->second.run);
+            }
             it = known.erase(it);
         }
+        // A meta file goes exactly when retention took the last checkpoint of its run, never
+        // the saving run's.
+        auto has_checkpoint = [&](const std::string& of) {
+            return std::any_of(known.begin(), known.end(),
+                               [&](const auto& e) { return e.second.checkpoint && e.second.run == of; });
+        };
+        for (const auto& of : metas_gone)
+            CHECK_MESSAGE((of != run && thinned.contains(of) && !has_checkpoint(of)), "a save by run ", run,
+                          " deleted the meta file of run ", of);
+        for (const auto& of : thinned)
+            if (of != run && !has_checkpoint(of))
+                CHECK_MESSAGE(!known.contains(of + "-graph.meta"), "run ", of, " lost its checkpoints, not its meta");
         CHECK_NOTHROW(ckpt::verify_checkpoint(dir / name));
         return name;
     };
-    runs.push_back({std::make_unique<Manager>(dir.path(), "r", ckpt::EverySteps{1}, policy), 0, 0});
+    auto manager = [&](const char* prefix) {
+        return std::make_unique<Manager>(dir.path(), prefix, ckpt::EverySteps{1}, policy, ckpt::StepNaming{}, options);
+    };
+    runs.push_back({manager("r"), 0, 0});
     REQUIRE(runs[0].mgr->run_prefix() == "r");
     save(runs[0]);  // so that the next manager of "r" is a later run
-    runs.push_back({std::make_unique<Manager>(dir.path(), "r", ckpt::EverySteps{1}, policy), 1, 0});
+    runs.push_back({manager("r"), 1, 0});
     REQUIRE(runs[1].mgr->run_prefix() == "r_1");
-    runs.push_back({std::make_unique<Manager>(dir.path(), "rr", ckpt::EverySteps{1}, policy), 0, 0});
+    runs.push_back({manager("rr"), 0, 0});
     REQUIRE(runs[2].mgr->run_prefix() == "rr");
-    const std::map<std::string, std::int64_t> run_number{{"r", 0}, {"r_1", 1}, {"rr", 0}};
+    auto run_number = [](const std::string& run) -> std::int64_t {  // "r" and "rr": 0, "r_N": N
+        return run.starts_with("r_") ? std::stoll(run.substr(2)) : 0;
+    };
 
     // The newest valid checkpoint of a prefix, by (run, step) as latest() orders them.
     auto newest_valid = [&](const std::string& prefix) -> std::optional<std::string> {
         std::optional<std::string> best;
         std::pair<std::int64_t, std::int64_t> best_key{-1, -1};
         for (const auto& [name, k] : known) {
-            const bool ours = prefix == "rr" ? k.run == "rr" : (k.run == "r" || k.run == "r_1");
-            if (!ours || !k.checkpoint || k.condition != Known::valid) continue;
-            const std::pair key{run_number.at(k.run), k.step};
+            if (prefix_of(k.run) != prefix || !k.checkpoint || k.condition != Known::valid) continue;
+            const std::pair key{run_number(k.run), k.step};
             if (key > best_key) best_key = key, best = name;
         }
         return best;
@@ -975,6 +1025,12 @@ TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int
 
     for (int op = 0; op < operations; ++op) {
         ++figures.operations;
+        // With every run in scope, now and then a restart: a new run of r takes over from the
+        // latest one (it stops saving), as a job started again after a kill.
+        if (all_runs && pick(100) < 5) {
+            runs[1] = {manager("r"), 0, 0};
+            ++figures.restarts;
+        }
         const int what = static_cast<int>(pick(100));
         const std::string prefix = what >= 55 && what < 65 ? "rr" : "r";
         const auto newest_before = newest_valid(prefix);
@@ -982,7 +1038,7 @@ TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int
         if (what < 40) {
             written = save(runs[0]), done = "save by r";
         } else if (what < 55) {
-            written = save(runs[1]), done = "save by r_1";
+            written = save(runs[1]), done = "save by " + runs[1].mgr->run_prefix();
         } else if (what < 65) {
             written = save(runs[2]), done = "save by rr";
         } else {
@@ -1028,11 +1084,19 @@ TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int
         REQUIRE(present == expected);  // nothing else deleted, no temporary left
 
         // Each run keeps at most the policy's bound of readable checkpoints (the ones it
-        // counts; files whose header does not check are left alone).
-        for (const auto& [run, number] : run_number) {
-            const auto readable =
-                checkpoints([&](const Known& k) { return k.run == run && k.condition != Known::unreadable; });
-            CHECK_MESSAGE(readable.size() <= bound, "run ", run, " keeps ", readable.size(), " checkpoints");
+        // counts; files whose header does not check are left alone). With every run in scope
+        // the bound is the prefix's, plus the newest valid checkpoint when a save by run r
+        // sorts before run r_1's files.
+        std::set<std::string> runs_present;
+        for (const auto& [name, k] : known) runs_present.insert(k.run);
+        for (const auto& run : runs_present) {
+            const auto readable = checkpoints([&](const Known& k) {
+                const bool counted = all_runs ? prefix_of(k.run) == prefix_of(run) : k.run == run;
+                return counted && k.condition != Known::unreadable;
+            });
+            const std::size_t most = all_runs && prefix_of(run) == "r" ? bound + 1 : bound;
+            CHECK_MESSAGE(readable.size() <= most, (all_runs ? "prefix " : "run "), prefix_of(run), " keeps ",
+                          readable.size(), " checkpoints");
         }
         // latest() finds the newest valid checkpoint of each prefix, across runs
         for (const auto& [prefix, mgr] : {std::pair{std::string("r"), runs[0].mgr.get()}, {"rr", runs[2].mgr.get()}}) {
@@ -1099,5 +1163,253 @@ TEST_CASE("retention torture: KeepUnion under random saves, damage and other run
     const auto f = retention_torture(Union(ckpt::KeepLast{2}, ckpt::KeepOnePerMinutes{60}), 3, 300, 250);
     MESSAGE("KeepUnion<KeepLast{2}, KeepOnePerMinutes{60}>: " << describe(f));
     CHECK(f.retention_deletions > 0);
+}
+
+TEST_CASE("retention torture: every run in scope, KeepLast, KeepWithinBytes and KeepIntersection") {
+    constexpr auto all_runs = ckpt::RetentionScope::all_runs;
+    const auto size = torture_file_size();
+    std::vector<std::pair<std::string, TortureFigures>> results;
+    results.emplace_back("KeepLast{2}", retention_torture(ckpt::KeepLast{2}, 2, 400, 200, all_runs));
+    // files of one size: a budget of 3.5 files keeps 3
+    results.emplace_back("KeepWithinBytes{3.5 files}",
+                         retention_torture(ckpt::KeepWithinBytes{3 * size + size / 2}, 3, 500, 200, all_runs));
+    const ckpt::KeepIntersection last3_within(ckpt::KeepLast{3}, ckpt::KeepWithinBytes{2 * size + size / 2});
+    results.emplace_back("KeepIntersection<KeepLast{3}, KeepWithinBytes{2.5 files}>",
+                         retention_torture(last3_within, 2, 600, 200, all_runs));
+    for (const auto& [what, f] : results) {
+        MESSAGE(what << ", every run in scope: " << describe(f) << ", " << f.restarts << " restarts, "
+                     << f.meta_deletions << " meta files deleted");
+        CHECK(f.retention_deletions > 0);
+        CHECK(f.meta_deletions > 0);
+    }
+}
+}
+
+// ----------------------------------------------------------------------------------------
+// Retention across restarts: a real process saving a 5 MiB state, SIGKILLed at random moments
+// and started again each time, as a preempted job is. Every restart is a new run; with every
+// run in retention's scope the directory stays bounded by the policy.
+
+namespace {
+
+constexpr std::size_t restart_floats = (5u << 20) / sizeof(float);  // a 5 MiB state
+constexpr const char* restart_prefix = "grow";
+
+ckpt::ManagerOptions restart_options(bool async) {
+    ckpt::ManagerOptions o;
+    o.async_save = async;
+    return o;
+}
+
+/// The restarted child: resumes from the newest checkpoint, then saves every step for ever,
+/// reporting through `report_fd` each step of this life whose save and retention it knows
+/// done: with sync saves the one just made; with async saves (one buffer) the one before,
+/// since handing a save over waits until the previous one is written and pruned.
+template <ckpt::RetentionPolicy R>
+[[noreturn]] void restarted_child(const fs::path& dir, int report_fd, const R& policy, bool async) {
+    try {
+        ckpt::set_log_sink({});
+        std::vector<float> w(restart_floats, 0.0f);
+        ckpt::ParamDict state;
+        state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
+        ckpt::CheckpointManager<ckpt::EverySteps, R, ckpt::StepNaming> mgr(dir, restart_prefix, ckpt::EverySteps{1},
+                                                                           policy, {}, restart_options(async));
+        std::int64_t step = 0;
+        if (auto r = mgr.restore(state)) step = r->file.name.step;
+        const std::int64_t resumed = step;
+        for (;;) {
+            ++step;
+            std::fill(w.begin(), w.end(), static_cast<float>(step));
+            mgr.on_step(ckpt::Progress::at_iteration(step), state);
+            const std::int64_t done = async ? step - 1 : step;
+            if (done > resumed && ::write(report_fd, &done, sizeof done) != sizeof done) ::_exit(3);
+        }
+    } catch (...) {
+        ::_exit(2);
+    }
+}
+
+/// The last step reported after `reports` reports.
+std::int64_t await_reports(int fd, int reports) {
+    std::int64_t step = 0;
+    for (int seen = 0; seen < reports; ++seen) {
+        pollfd p{fd, POLLIN, 0};
+        REQUIRE_MESSAGE(::poll(&p, 1, 30'000) == 1, "the restarted child stopped reporting");
+        REQUIRE(::read(fd, &step, sizeof step) == sizeof step);
+    }
+    return step;
+}
+
+/// Floats a forked child does not inherit, so that the parent writes them between kills
+/// without a copy-on-write fault per page.
+class UnforkedFloats {
+public:
+    explicit UnforkedFloats(std::size_t n) : n_(n) {
+        void* p = ::mmap(nullptr, bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        ::madvise(p, bytes(), MADV_DONTFORK);
+        data_ = static_cast<float*>(p);
+    }
+    ~UnforkedFloats() { ::munmap(data_, bytes()); }
+    UnforkedFloats(const UnforkedFloats&) = delete;
+    UnforkedFloats& operator=(const UnforkedFloats&) = delete;
+    std::span<float> span() const { return {data_, n_}; }
+
+private:
+    std::size_t bytes() const { return n_ * sizeof(float); }
+    float* data_ = nullptr;
+    std::size_t n_;
+};
+
+struct RestartFigures {
+    int kills = 0, killed_mid_save = 0, max_checkpoints = 0;
+    std::int64_t newest = 0;
+    double save_ms = 0;  // one save, as measured before the kills
+};
+
+/// The runs (run prefixes) that have checkpoints in `dir`, and those that have a meta file.
+std::pair<std::set<std::string>, std::set<std::string>> runs_and_metas(const fs::path& dir) {
+    std::set<std::string> runs, metas;
+    for (const auto& f : ckpt::list_checkpoints(dir, restart_prefix, ckpt::StepNaming{}))
+        runs.insert(f.name.run_prefix);
+    for (const auto& name : test::names_in(dir))
+        if (name.ends_with("-graph.meta") && !ckpt::detail::temporary_owner(name))
+            metas.insert(name.substr(0, name.size() - std::string_view("-graph.meta").size()));
+    return {runs, metas};
+}
+
+/// Starts the child `kills` times, SIGKILLs it at a random moment each time, and checks what
+/// it leaves: at most the policy's `bound` of checkpoints plus those a kill can leave before
+/// their retention ran, meta files only for runs with checkpoints (and the killed one's), and
+/// a newest checkpoint that loads and is never older than a save reported done. A last life,
+/// not killed, restores with latest()'s rules and leaves the bound exactly.
+template <ckpt::RetentionPolicy R>
+RestartFigures restart_torture(const R& policy, std::size_t bound, bool async, int kills, unsigned seed) {
+    TempDir dir(scratch_base());
+    test::LogCapture quiet;
+    UnforkedFloats seen_memory(restart_floats);  // what the newest checkpoint holds, loaded after each kill
+    const std::span<float> seen = seen_memory.span();
+    ckpt::ParamDict seen_state;
+    seen_state.set("w", ckpt::Tensor::view(seen, {static_cast<std::int64_t>(seen.size())}));
+    // How long one save takes here, to spread the kills over a save's whole duration (the
+    // faster of two: the first also maps the memory in).
+    std::fill(seen.begin(), seen.end(), 0.0f);
+    auto save_us = std::chrono::microseconds::max();
+    for (int i = 0; i < 2; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ckpt::save_checkpoint(seen_state, dir / "probe.ckpt");
+        save_us = std::min(save_us, std::chrono::duration_cast<std::chrono::microseconds>(
+                                        std::chrono::steady_clock::now() - t0));
+    }
+    fs::remove(dir / "probe.ckpt");
+
+    RestartFigures figures;
+    figures.save_ms = static_cast<double>(save_us.count()) / 1000;
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> reports(0, 2);
+    std::uniform_int_distribution<long> delay_us(0, save_us.count() + 100);
+    // The checkpoints a kill may leave: once a life has reported a save, its retention left
+    // the bound, and one more save may have been committed before the kill; a life that
+    // reported none may have added one file to what was there.
+    std::size_t allowed = bound;
+    std::int64_t reported_before = 0;
+    for (int i = 0; i < kills; ++i) {
+        int fds[2];
+        REQUIRE(::pipe(fds) == 0);
+        const pid_t child = ::fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            ::close(fds[0]);
+            restarted_child(dir.path(), fds[1], policy, async);
+        }
+        ::close(fds[1]);
+        const int wanted = reports(rng);
+        const std::int64_t reported = wanted ? await_reports(fds[0], wanted) : 0;
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+        ::kill(child, SIGKILL);
+        int status = 0;
+        ::waitpid(child, &status, 0);
+        ::close(fds[0]);
+        REQUIRE_MESSAGE((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL), "the child failed, status ", status);
+        ++figures.kills;
+        allowed = wanted ? bound + 1 : allowed + 1;
+        reported_before = std::max(reported_before, reported);
+        INFO("life ", i, ": killed after ", wanted, " saves reported");
+
+        const auto names = test::names_in(dir.path());
+        const auto temporaries = std::count_if(names.begin(), names.end(), [](const std::string& n) {
+            return ckpt::detail::temporary_owner(n).has_value();
+        });
+        figures.killed_mid_save += temporaries > 0;
+        CHECK(temporaries <= 1);
+        const auto files = ckpt::list_checkpoints(dir.path(), restart_prefix, ckpt::StepNaming{});
+        figures.max_checkpoints = std::max(figures.max_checkpoints, static_cast<int>(files.size()));
+        CHECK_MESSAGE(files.size() <= allowed, files.size(), " checkpoints after ", i + 1, " kills, at most ", allowed,
+                      " expected");
+        const auto [runs, metas] = runs_and_metas(dir.path());
+        std::vector<std::string> stray;  // meta files of runs without checkpoints: the killed run's at most
+        std::set_difference(metas.begin(), metas.end(), runs.begin(), runs.end(), std::back_inserter(stray));
+        CHECK_MESSAGE(stray.size() <= 1, stray.size(), " meta files without checkpoints");
+
+        if (files.empty()) {
+            REQUIRE(reported_before == 0);
+            continue;
+        }
+        // Commits are atomic: the newest file by name is whole, and it is what latest() picks.
+        const auto& newest = files.back();
+        CHECK(newest.name.step >= reported_before);  // a save reported done is never lost
+        CHECK(newest.name.step >= figures.newest);   // and resuming never goes backwards
+        figures.newest = newest.name.step;
+        std::fill(seen.begin(), seen.end(), -1.0f);
+        CHECK_NOTHROW(ckpt::load_checkpoint_into(newest.path, seen_state, true));  // the checksum included
+        const float expected = static_cast<float>(newest.name.step);
+        CHECK(std::all_of(seen.begin(), seen.end(), [&](float v) { return v == expected; }));
+    }
+    // One more life that is not killed: after its save the policy's bound holds exactly, and
+    // every meta file left belongs to a run that still has checkpoints (this run among them).
+    {
+        std::vector<float> w(restart_floats, 0.0f);
+        ckpt::ParamDict state;
+        state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
+        ckpt::CheckpointManager<ckpt::EverySteps, R, ckpt::StepNaming> mgr(dir.path(), restart_prefix,
+                                                                           ckpt::EverySteps{1}, policy);
+        const auto restored = mgr.restore(state);
+        REQUIRE(restored);
+        CHECK(restored->file.name.step == figures.newest);
+        mgr.on_step(ckpt::Progress::at_iteration(figures.newest + 1), state);
+        const auto files = ckpt::list_checkpoints(dir.path(), restart_prefix, ckpt::StepNaming{});
+        CHECK(files.size() <= bound);
+        CHECK(files.back().name.run_prefix == mgr.run_prefix());
+        const auto [runs, metas] = runs_and_metas(dir.path());
+        CHECK(std::includes(runs.begin(), runs.end(), metas.begin(), metas.end()));
+        CHECK(metas.contains(mgr.run_prefix()));
+        for (const auto& name : test::names_in(dir.path())) CHECK_MESSAGE(!ckpt::detail::temporary_owner(name), name);
+    }
+    return figures;
+}
+
+std::string describe(const RestartFigures& f) {
+    std::ostringstream out;
+    out << f.kills << " kills, " << f.killed_mid_save << " of them during a save (of " << f.save_ms
+        << " ms); newest step " << f.newest << ", at most " << f.max_checkpoints << " checkpoints in the directory";
+    return out.str();
+}
+
+}  // namespace
+
+TEST_SUITE("torture") {
+
+TEST_CASE("retention torture: a process saving with KeepLast{2}, SIGKILLed and restarted 35 times, stays bounded") {
+    const auto f = restart_torture(ckpt::KeepLast{2}, 2, false, 35, 700);
+    MESSAGE("StepNaming, KeepLast{2}, synchronous saves: " << describe(f));
+    CHECK(f.newest >= 35 / 2);  // the children made progress between kills
+}
+
+TEST_CASE("retention torture: a process saving with KeepWithinBytes, SIGKILLed and restarted 25 times, stays bounded") {
+    // a budget of 2.5 checkpoints keeps 2
+    const std::uint64_t file = ckpt::header_size + restart_floats * sizeof(float);
+    const auto f = restart_torture(ckpt::KeepWithinBytes{file * 5 / 2}, 2, true, 25, 800);
+    MESSAGE("StepNaming, KeepWithinBytes{2.5 checkpoints}, async saves: " << describe(f));
+    CHECK(f.newest >= 25 / 2);
 }
 }

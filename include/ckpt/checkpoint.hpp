@@ -33,6 +33,7 @@
 #include "error.hpp"
 #include "format.hpp"
 #include "param_dict.hpp"
+#include "path.hpp"
 
 namespace ckpt {
 
@@ -343,7 +344,7 @@ inline void check_savable(const ParamDict& dict, ArchiveKind archive, const std:
 
 /// Writes `dict` to `file` atomically and durably (see detail/atomic_file.hpp). On any error
 /// the previous file at `file`, if any, is untouched and no temporary is left behind.
-inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const SaveOptions& opts = {}) {
+inline void save_checkpoint(const ParamDict& dict, const PathArg& file, const SaveOptions& opts = {}) {
     const std::string path = file.string();
     detail::check_savable(dict, opts.archive, path);
     detail::check_chain(opts.codecs, path);
@@ -409,7 +410,7 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
 }
 
 /// Reads and checks the header only (64 bytes): cheap, but says nothing about the body.
-inline FileHeader read_header(const fs::path& file) {
+inline FileHeader read_header(const PathArg& file) {
     return detail::open_checkpoint(file.string(), {}).header;
 }
 
@@ -417,7 +418,7 @@ inline FileHeader read_header(const fs::path& file) {
 /// any size. The body checksum is not checked (that needs every byte; verify_checkpoint).
 /// A body that passed through codecs is the exception: it is read, verified and decoded whole
 /// (an encrypted one needs opts.key).
-inline CheckpointContents read_contents(const fs::path& file, const LoadOptions& opts = {}) {
+inline CheckpointContents read_contents(const PathArg& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     CheckpointContents out{c.header, {}};
@@ -438,7 +439,7 @@ inline CheckpointContents read_contents(const fs::path& file, const LoadOptions&
 }
 
 /// Reads the whole file and checks header and body checksum; throws if anything is wrong.
-inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
+inline FileHeader verify_checkpoint(const PathArg& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     constexpr std::size_t chunk = 4u << 20;
@@ -460,7 +461,7 @@ inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opt
 
 /// Loads every entry into a new ParamDict. The body is verified before anything in it is
 /// parsed; binary payloads are not copied again after the read.
-inline ParamDict load_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
+inline ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     auto body = detail::read_decoded_body(c, path, opts);
@@ -509,7 +510,7 @@ LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false
 /// checked at the end: if it fails, ChecksumError is thrown and the target tensors may hold
 /// partial data, so reload them from another checkpoint. Strict mode checks names, dtypes
 /// and shapes against the file's table of contents before writing any payload.
-inline LoadReport load_checkpoint_into(const fs::path& file, ParamDict& target, bool strict = false,
+inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
                                        const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
@@ -564,7 +565,7 @@ inline LoadReport load_checkpoint_into(const fs::path& file, ParamDict& target, 
 }
 
 template <HasStateDict T>
-LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
+LoadReport load_checkpoint_into(const PathArg& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
     ParamDict views = net.state_dict();
     return load_checkpoint_into(file, views, strict, opts);
 }

@@ -37,6 +37,7 @@
 #include "detail/posix_io.hpp"
 #include "error.hpp"
 #include "format.hpp"
+#include "path.hpp"
 
 namespace ckpt {
 
@@ -65,7 +66,7 @@ public:
     }
 
     /// A key file holds the 32 key bytes, or 64 hexadecimal digits (a trailing newline allowed).
-    static Key from_file(const boost::filesystem::path& file) {
+    static Key from_file(const PathArg& file) {
         const std::string path = file.string();
         detail::Fd fd = detail::open_for_read(path);
         std::array<unsigned char, 2 * size + 3> buf{};

@@ -133,7 +133,7 @@ template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
 using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A, ConfiguredCodec>;
 
 template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
-ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, const CheckpointConfig& config,
+ConfiguredManager<N, A> make_manager(PathArg directory, std::string prefix, const CheckpointConfig& config,
                                      N naming = {}) {
     return ConfiguredManager<N, A>(std::move(directory), std::move(prefix), ConfiguredSave(config),
                                    ConfiguredRetention(config), std::move(naming), detail::manager_options(config),

@@ -52,6 +52,7 @@
 #include "format.hpp"
 #include "naming_policy.hpp"
 #include "param_dict.hpp"
+#include "path.hpp"
 #include "tensor.hpp"
 
 namespace ckpt {
@@ -134,7 +135,7 @@ inline void check_safetensors_name(const std::string& name, const std::string& p
 }  // namespace detail
 
 /// Writes `dict` as a safetensors file: tensors in dict order, other values in __metadata__.
-inline void save_safetensors(const ParamDict& dict, const fs::path& file) {
+inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
     const std::string path = file.string();
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
@@ -178,7 +179,7 @@ inline void save_safetensors(const ParamDict& dict, const fs::path& file) {
 
 /// Reads a safetensors file. Tensors come first, in buffer order, then the metadata entries.
 /// Tensors whose bytes sit aligned in the buffer share one block read in a single pass.
-inline ParamDict load_safetensors(const fs::path& file) {
+inline ParamDict load_safetensors(const PathArg& file) {
     const std::string path = file.string();
     auto fd = detail::open_for_read(path);
     const std::uint64_t size = detail::file_size(fd.get(), path);
@@ -640,7 +641,7 @@ private:
 
 /// Writes `dict` as an npz file: one "{name}.npy" per entry, stored (np.savez) or deflated
 /// (np.savez_compressed).
-inline void save_npz(const ParamDict& dict, const fs::path& file, bool compressed = false) {
+inline void save_npz(const ParamDict& dict, const PathArg& file, bool compressed = false) {
     const std::string path = file.string();
     detail::AtomicFile out(file);
     if (dict.empty()) {  // libzip writes no file for an empty archive: the bare end record
@@ -712,7 +713,7 @@ inline void save_npz(const ParamDict& dict, const fs::path& file, bool compresse
 
 /// Reads an npz file (np.savez or np.savez_compressed): one entry per "{name}.npy" member,
 /// in the archive's order.
-inline ParamDict load_npz(const fs::path& file) {
+inline ParamDict load_npz(const PathArg& file) {
     const std::string path = file.string();
     std::uint64_t file_bytes = 0;
     {

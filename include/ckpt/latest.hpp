@@ -17,6 +17,7 @@
 #include "error.hpp"
 #include "log.hpp"
 #include "naming_policy.hpp"
+#include "path.hpp"
 #include "retention_policy.hpp"
 
 namespace ckpt {
@@ -57,7 +58,7 @@ inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
 /// Every checkpoint of `prefix` (all runs) that `naming` recognises in `dir`, oldest first by
 /// (run, epoch, step). Headers are not read here: header fields are left default.
 template <NamingPolicy N = MindSporeNaming>
-std::vector<StoredCheckpoint> list_checkpoints(const fs::path& dir, std::string_view prefix, const N& naming = {},
+std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                                SaveKind kind = SaveKind::regular) {
     std::vector<StoredCheckpoint> out;
     for (const auto& name : detail::list_names(dir, naming.depth()))
@@ -89,7 +90,7 @@ inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
 /// exist). Newer files that fail verification are skipped, each with a warning and, when
 /// `skipped` is given, an entry saying why; older ones are tried in turn.
 template <NamingPolicy N = MindSporeNaming>
-std::optional<StoredCheckpoint> latest_checkpoint(const fs::path& dir, std::string_view prefix, const N& naming = {},
+std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                                   std::vector<SkippedCheckpoint>* skipped = nullptr) {
     auto files = list_checkpoints(dir, prefix, naming);
     for (auto it = files.rbegin(); it != files.rend(); ++it) {
@@ -105,7 +106,7 @@ std::optional<StoredCheckpoint> latest_checkpoint(const fs::path& dir, std::stri
 
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
 template <NamingPolicy N = MindSporeNaming>
-std::optional<fs::path> latest(const fs::path& dir, std::string_view prefix, const N& naming = {},
+std::optional<fs::path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                std::vector<SkippedCheckpoint>* skipped = nullptr) {
     if (auto c = latest_checkpoint(dir, prefix, naming, skipped)) return c->path;
     return std::nullopt;

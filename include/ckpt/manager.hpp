@@ -12,6 +12,12 @@
 //   ArchivePolicy A    body archive                  default BinaryArchive
 //   CodecPolicy C      compression, encryption       default NoCodec (codec.hpp)
 //
+// Retention runs after each save is durable, over the retention scope: the current run's
+// files or every run's of the prefix (ManagerOptions::retention_scope, by default the naming
+// policy's). It never deletes the file just written, the newest checkpoint that verifies, or
+// the file restore() loaded until a newer checkpoint is durable; a run's meta file goes with
+// its last checkpoint. Nothing is deleted when a save fails.
+//
 // A state is a ParamDict, a callable returning one (called only when saving), or an object
 // with `ParamDict state_dict()` returning views of its tensors.
 
@@ -21,9 +27,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -81,6 +89,10 @@ struct ManagerOptions {
     /// is saved (waiting for the save to be durable) and training stops with Preempted
     /// (nn::ModelCheckpoint acts on it).
     bool save_on_signal = false;
+    /// Which runs' files retention manages: the current run's, or every run's of the prefix
+    /// (a bound across restarts). Unset: the naming policy's default (MindSporeNaming: the
+    /// current run, StepNaming: every run).
+    std::optional<RetentionScope> retention_scope;
 };
 
 /// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
@@ -121,9 +133,12 @@ inline void write_text_file(const fs::path& file, const std::string& text) {
 
 }  // namespace detail
 
-template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
-          ArchivePolicy A = BinaryArchive, CodecPolicy C = NoCodec>
-class CheckpointManager {
+namespace detail {
+
+/// The manager itself. CheckpointManager holds it on the heap, so that background saves,
+/// which reach it through `this`, survive the manager being moved.
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+class ManagerCore {
 public:
     using save_policy = S;
     using retention_policy = R;
@@ -135,7 +150,7 @@ public:
     /// prefix, and picks this run's prefix (see the naming policy).
     /// `codec`'s chain is checked here (a missing key or codec fails now, not at the first save);
     /// its key, if any, also decrypts what restore() loads.
-    CheckpointManager(fs::path directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
+    ManagerCore(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
                       ManagerOptions options = {}, C codec = C{})
         : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
           retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)),
@@ -219,17 +234,29 @@ public:
     fs::path save(const Progress& p, State&& state) {
         background_.check();
         ParamDict dict = detail::collect_state(state);
-        if (options_.write_meta && !meta_written_) {
-            if (const auto meta = naming_.meta_name(run_prefix_); !meta.empty())
+        if (const auto meta = options_.write_meta ? naming_.meta_name(run_prefix_) : std::string(); !meta.empty()) {
+            auto write_meta = [&] {
                 detail::write_text_file(dir_ / meta, detail::describe_state(with_append_info(dict, p), run_prefix_));
-            meta_written_ = true;
+            };
+            if (!meta_written_) {
+                write_meta();
+                meta_written_ = true;
+            } else if (boost::system::error_code ec; !fs::exists(dir_ / meta, ec)) {
+                // A concurrent run of the prefix (every run in its retention scope) took it with
+                // this run's checkpoints. Only a description: a failure here fails no save.
+                try {
+                    write_meta();
+                } catch (const Error& e) {
+                    detail::log(LogLevel::warning, std::string("cannot write the meta file again: ") + e.what());
+                }
+            }
         }
         const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (options_.async_save) {
             const auto start = std::chrono::steady_clock::now();
-            const bool waited = background_.submit(dict, [this, file, p](const ParamDict& snapshot) {
-                write(file, p, snapshot);
-                apply_retention(file, p);
+            const bool waited = background_.submit(dict, [this, file, p, restored = restored_](const ParamDict& snap) {
+                write(file, p, snap);
+                apply_retention(file, p, restored);
             });
             const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             ++async_stats_.saves;
@@ -238,7 +265,7 @@ public:
             async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
             write(file, p, dict);
-            apply_retention(file, p);
+            apply_retention(file, p, restored_);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
         skipped_since_save_ = false;
@@ -254,7 +281,8 @@ public:
     /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
     /// state_dict()), falling back to older files when one turns out corrupt. Nothing when
     /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
-    /// throws LoadMismatch rather than resuming half a model.
+    /// throws LoadMismatch rather than resuming half a model. Retention keeps the file loaded
+    /// until this manager has saved a newer one.
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {
@@ -263,7 +291,9 @@ public:
             std::optional<std::string> why = checkpoint_problem(*it);
             if (!why) {
                 try {
-                    return Restored{*it, load_checkpoint_into(it->path, target, strict, load_options_)};
+                    Restored done{*it, load_checkpoint_into(it->path, target, strict, load_options_)};
+                    restored_ = *it;
+                    return done;
                 } catch (const FormatError& e) {  // changed between verification and load
                     why = e.what();
                 }
@@ -276,22 +306,19 @@ public:
 
     /// This run's checkpoints with readable headers, oldest first.
     std::vector<StoredCheckpoint> run_checkpoints(int rank = -1) const {
-        std::vector<StoredCheckpoint> mine;
-        for (auto& f : list_checkpoints(dir_, prefix_, naming_)) {
-            if (f.name.run_prefix != run_prefix_ || (f.name.rank >= 0 && rank >= 0 && f.name.rank != rank)) continue;
-            try {
-                f.header = read_header(f.path);
-            } catch (const Error& e) {
-                detail::log(LogLevel::warning, "retention leaves alone '" + f.path.string() + "': " + e.what());
-                continue;
-            }
-            mine.push_back(std::move(f));
-        }
-        std::stable_sort(mine.begin(), mine.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
-            return std::tie(a.name.global_step, a.name.epoch, a.name.step, a.header.save_time_ns) <
-                   std::tie(b.name.global_step, b.name.epoch, b.name.step, b.header.save_time_ns);
-        });
-        return mine;
+        return readable_checkpoints(RetentionScope::current_run, rank, list_checkpoints(dir_, prefix_, naming_));
+    }
+
+    /// Which runs' files retention manages (ManagerOptions::retention_scope, else the naming
+    /// policy's default).
+    RetentionScope retention_scope() const noexcept {
+        return options_.retention_scope.value_or(default_retention_scope<N>());
+    }
+
+    /// The checkpoints retention manages, with readable headers, oldest first by (run,
+    /// position): this run's, or every run's of the prefix (see retention_scope()).
+    std::vector<StoredCheckpoint> managed_checkpoints(int rank = -1) const {
+        return readable_checkpoints(retention_scope(), rank, list_checkpoints(dir_, prefix_, naming_));
     }
 
 private:
@@ -334,21 +361,103 @@ private:
         save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
     }
 
-    void apply_retention(const fs::path& just_written, const Progress& p) const {
-        auto files = run_checkpoints(p.rank);
-        // The file just written goes last whatever its name says; it is never deleted.
-        auto it = std::find_if(files.begin(), files.end(),
-                               [&](const StoredCheckpoint& f) { return f.path == just_written; });
+    /// The order of latest(): by run, then by position in the run.
+    static auto position(const NameParts& n) { return std::tie(n.run, n.global_step, n.epoch, n.step); }
+
+    /// Of `all` (the prefix's checkpoints), those in `scope` and of `rank` whose header reads.
+    std::vector<StoredCheckpoint> readable_checkpoints(RetentionScope scope, int rank,
+                                                       std::vector<StoredCheckpoint> all) const {
+        std::vector<StoredCheckpoint> out;
+        for (auto& f : all) {
+            if (scope == RetentionScope::current_run && f.name.run_prefix != run_prefix_) continue;
+            if (f.name.rank >= 0 && rank >= 0 && f.name.rank != rank) continue;  // another rank's to manage
+            try {
+                f.header = read_header(f.path);
+            } catch (const Error& e) {
+                detail::log(LogLevel::warning, "retention leaves alone '" + f.path.string() + "': " + e.what());
+                continue;
+            }
+            out.push_back(std::move(f));
+        }
+        std::stable_sort(out.begin(), out.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+            return std::tuple_cat(position(a.name), std::tie(a.header.save_time_ns)) <
+                   std::tuple_cat(position(b.name), std::tie(b.header.save_time_ns));
+        });
+        return out;
+    }
+
+    // Runs on the writer thread with async_save: besides its arguments it reads only members
+    // that do not change after construction. `restored` is what restore() had loaded when the
+    // save was asked for. Called only once `just_written` is durable.
+    void apply_retention(const fs::path& just_written, const Progress& p,
+                         const std::optional<StoredCheckpoint>& restored) const {
+        const auto all = list_checkpoints(dir_, prefix_, naming_);
+        auto files = readable_checkpoints(retention_scope(), p.rank, all);
+        const auto it = std::find_if(files.begin(), files.end(),
+                                     [&](const StoredCheckpoint& f) { return f.path == just_written; });
         if (it == files.end()) return;
-        std::rotate(it, it + 1, files.end());
-        for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files))) {
-            if (i + 1 >= files.size()) continue;
+        const auto w = static_cast<std::size_t>(it - files.begin());
+        std::vector<bool> keep(files.size(), false);
+        // The newest checkpoint that verifies: the file just written, unless files sort after
+        // it (a rollback, a concurrent later run); then the newest of those that verifies.
+        for (std::size_t j = files.size(); j-- > w + 1;)
+            if (!checkpoint_problem(files[j])) {
+                keep[j] = true;
+                break;
+            }
+        // The file restore() loaded, until the file just written is newer.
+        if (restored && position(files[w].name) <= position(restored->name))
+            for (std::size_t j = 0; j < files.size(); ++j) keep[j] = keep[j] || files[j].path == restored->path;
+        // The file just written goes last whatever its name says; it is never deleted.
+        std::rotate(files.begin() + static_cast<std::ptrdiff_t>(w), files.begin() + static_cast<std::ptrdiff_t>(w) + 1,
+                    files.end());
+        keep.erase(keep.begin() + static_cast<std::ptrdiff_t>(w));
+        keep.push_back(true);
+        std::vector<const StoredCheckpoint*> doomed;
+        for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files)))
+            if (i < files.size() && !keep[i]) {
+                keep[i] = true;  // a policy may name a file twice
+                doomed.push_back(&files[i]);
+            }
+        remove_meta_of_emptied_runs(doomed, all);
+        for (const StoredCheckpoint* f : doomed) {
             boost::system::error_code ec;
-            fs::remove(files[i].path, ec);
+            fs::remove(f->path, ec);
             if (ec)
-                detail::log(LogLevel::warning, "retention could not delete '" + files[i].path.string() + "': " + ec.message());
+                detail::log(LogLevel::warning,
+                            "retention could not delete '" + f->path.string() + "': " + ec.message());
             else
-                detail::log(LogLevel::info, "retention deleted '" + files[i].path.string() + "'");
+                detail::log(LogLevel::info, "retention deleted '" + f->path.string() + "'");
+        }
+    }
+
+    /// Deletes the meta file of each run (but the current one) whose every checkpoint in `all`
+    /// (readable or not, any rank) is in `doomed`. Before the checkpoints themselves, so that
+    /// a process killed in between leaves no meta file without checkpoints behind.
+    void remove_meta_of_emptied_runs(const std::vector<const StoredCheckpoint*>& doomed,
+                                     const std::vector<StoredCheckpoint>& all) const {
+        std::vector<std::string> runs;
+        for (const StoredCheckpoint* f : doomed)
+            if (f->name.run_prefix != run_prefix_) runs.push_back(f->name.run_prefix);
+        std::sort(runs.begin(), runs.end());
+        runs.erase(std::unique(runs.begin(), runs.end()), runs.end());
+        for (const auto& run : runs) {
+            const auto meta = naming_.meta_name(run);
+            auto is_doomed = [&](const StoredCheckpoint& f) {
+                return std::any_of(doomed.begin(), doomed.end(),
+                                   [&](const StoredCheckpoint* d) { return d->path == f.path; });
+            };
+            const bool left = std::any_of(all.begin(), all.end(), [&](const StoredCheckpoint& f) {
+                return f.name.run_prefix == run && !is_doomed(f);
+            });
+            if (meta.empty() || left) continue;
+            boost::system::error_code ec;
+            if (fs::remove(dir_ / meta, ec))
+                detail::log(LogLevel::info, "retention deleted '" + (dir_ / meta).string() +
+                                                "' with the last checkpoints of run " + run);
+            else if (ec)
+                detail::log(LogLevel::warning,
+                            "retention could not delete '" + (dir_ / meta).string() + "': " + ec.message());
         }
     }
 
@@ -364,9 +473,102 @@ private:
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;
     bool meta_written_ = false;
+    // What restore() last loaded; read on the training thread only (a save hands a copy to
+    // its retention).
+    mutable std::optional<StoredCheckpoint> restored_;
     bool skipped_since_save_ = false;  // a policy save dropped under WhenBusy::skip
     AsyncSaveStats async_stats_;
     detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
+};
+
+}  // namespace detail
+
+/// Periodic checkpoints from any loop (see the top of this file). Movable: it can be returned
+/// from a factory and kept in a std::optional or a std::vector; saves in flight carry on.
+/// A moved-from manager may only be destroyed or assigned to.
+template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
+          ArchivePolicy A = BinaryArchive, CodecPolicy C = NoCodec>
+class CheckpointManager {
+    using Core = detail::ManagerCore<S, R, N, A, C>;
+
+public:
+    using save_policy = S;
+    using retention_policy = R;
+    using naming_policy = N;
+    using archive_policy = A;
+    using codec_policy = C;
+
+    /// Creates `directory` if needed, removes temporaries that crashed writers left for this
+    /// prefix, and picks this run's prefix (see the naming policy). `codec`'s chain is checked
+    /// here (a missing key or codec fails now, not at the first save); its key, if any, also
+    /// decrypts what restore() loads.
+    CheckpointManager(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
+                      ManagerOptions options = {}, C codec = C{})
+        : core_(std::make_unique<Core>(std::move(directory), std::move(prefix), std::move(save), std::move(retention),
+                                       std::move(naming), std::move(options), std::move(codec))) {}
+    CheckpointManager(CheckpointManager&&) noexcept = default;
+    /// Waits for the saves in flight of the manager assigned over.
+    CheckpointManager& operator=(CheckpointManager&&) noexcept = default;
+
+    const fs::path& directory() const noexcept { return core_->directory(); }
+    const std::string& prefix() const noexcept { return core_->prefix(); }
+    /// The prefix this run's files use: the prefix, or "{prefix}_{N}" when earlier runs exist.
+    const std::string& run_prefix() const noexcept { return core_->run_prefix(); }
+    const ManagerOptions& options() const noexcept { return core_->options(); }
+    RetentionScope retention_scope() const noexcept { return core_->retention_scope(); }
+
+    /// Call after each step; saves when the save policy says so. Returns the file written.
+    template <class State>
+    std::optional<fs::path> on_step(Progress p, State&& state) {
+        return core_->on_step(p, std::forward<State>(state));
+    }
+    template <class State>
+    std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+        return core_->on_epoch_end(p, std::forward<State>(state));
+    }
+    /// Saves if the policy says so, or if a policy save was skipped since the last one (see
+    /// WhenBusy::skip), then waits for every background save to be durable.
+    template <class State>
+    std::optional<fs::path> on_train_end(Progress p, State&& state) {
+        return core_->on_train_end(p, std::forward<State>(state));
+    }
+    /// Blocks until every background save in flight is durable; rethrows the first error.
+    void wait() { core_->wait(); }
+    /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
+    AsyncSaveStats async_stats() const { return core_->async_stats(); }
+    /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
+    template <class State>
+    std::optional<fs::path> on_exception(const Progress& p, State&& state) {
+        return core_->on_exception(p, std::forward<State>(state));
+    }
+    /// Saves now, whatever the save policy says, then applies retention. With async_save the
+    /// file is written in the background: the returned path is where it will be once wait()
+    /// (or the next save) returns.
+    template <class State>
+    fs::path save(const Progress& p, State&& state) {
+        return core_->save(p, std::forward<State>(state));
+    }
+    /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
+    std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+        return core_->latest(skipped);
+    }
+    /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
+    /// state_dict()), falling back to older files when one turns out corrupt. Nothing when
+    /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
+    /// throws LoadMismatch rather than resuming half a model. Retention keeps the file loaded
+    /// until this manager has saved a newer one.
+    template <class Target>
+    std::optional<Restored> restore(Target& target, bool strict = true,
+                                    std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+        return core_->restore(target, strict, skipped);
+    }
+    /// This run's checkpoints with readable headers, oldest first.
+    std::vector<StoredCheckpoint> run_checkpoints(int rank = -1) const { return core_->run_checkpoints(rank); }
+    /// The checkpoints retention manages (its scope), with readable headers, oldest first.
+    std::vector<StoredCheckpoint> managed_checkpoints(int rank = -1) const { return core_->managed_checkpoints(rank); }
+
+private:
+    std::unique_ptr<Core> core_;
 };
 
 }  // namespace ckpt

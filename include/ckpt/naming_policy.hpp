@@ -11,9 +11,17 @@
 //   std::string meta_name(std::string_view run_prefix)
 //       the per-run description file, or "" for none;
 //   int depth() -- how many directory levels below the checkpoint directory its names use.
+// and may provide
+//   static constexpr RetentionScope retention_scope
+//       which runs' files retention manages by default (current_run when absent); a manager's
+//       ManagerOptions::retention_scope overrides it.
 //
 // Members: MindSporeNaming (the seed's), StepNaming, LastWordsNaming (the seed's last-words
 // layout) and SingleFileNaming (one file, replaced at every save: the do-nothing member).
+// Retention scope by default: MindSporeNaming the current run (the seed's tree, where every
+// run keeps its own files); StepNaming every run of the prefix (a bound on the disk that holds
+// across restarts, like Orbax's max_to_keep). LastWordsNaming and SingleFileNaming have a
+// single run, so both scopes are the same there.
 
 #include <charconv>
 #include <concepts>
@@ -28,6 +36,13 @@
 namespace ckpt {
 
 enum class SaveKind { regular, breakpoint };
+
+/// Which checkpoints retention manages (it deletes only regular checkpoints of the manager's
+/// prefix and, for per-rank names, of its own rank).
+enum class RetentionScope {
+    current_run,  ///< this run's files only: each restart's files are kept as that run left them
+    all_runs,     ///< every run of the prefix: the policy's bound holds across restarts
+};
 
 struct NameParts {
     std::string run_prefix;        ///< "lenet" for run 0, "lenet_3" for run 3
@@ -49,6 +64,15 @@ concept NamingPolicy = std::copy_constructible<N> &&
         { n.meta_name(prefix) } -> std::convertible_to<std::string>;
         { n.depth() } -> std::convertible_to<int>;
     };
+
+/// The retention scope `N` asks for: its `retention_scope` member, or current_run without one.
+template <class N>
+constexpr RetentionScope default_retention_scope() {
+    if constexpr (requires { { N::retention_scope } -> std::convertible_to<RetentionScope>; })
+        return N::retention_scope;
+    else
+        return RetentionScope::current_run;
+}
 
 namespace detail {
 
@@ -170,11 +194,18 @@ struct GlobalStepPosition {
 /// for exception saves, and "{prefix}-graph.meta". A second run with the same prefix in the
 /// same directory uses "{prefix}_1-…", then "{prefix}_2-…", as MindSpore's code does (its
 /// tutorial's tree shows "lenet-1-7_1875.ckpt", which the code never writes).
-struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {};
+/// Retention manages the current run's files only (the seed's tree keeps each run's files).
+struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {
+    static constexpr RetentionScope retention_scope = RetentionScope::current_run;
+};
 
 /// For loops without epochs: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
-/// saves), with MindSporeNaming's run rule and meta file.
-struct StepNaming : detail::RunNaming<detail::GlobalStepPosition> {};
+/// saves), with MindSporeNaming's run rule and meta file. Retention manages every run of the
+/// prefix, so a job restarted many times keeps as many files as its policy says, not that
+/// many per restart.
+struct StepNaming : detail::RunNaming<detail::GlobalStepPosition> {
+    static constexpr RetentionScope retention_scope = RetentionScope::all_runs;
+};
 
 /// The seed's last-words layout, relative to the last-words directory (ttp_checkpoints):
 /// "tft_saved_checkpoints-step_{global_step}/rank_{rank}/ttp_rank_{rank}-{epoch}_{step}.ckpt".

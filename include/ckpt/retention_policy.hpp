@@ -1,16 +1,26 @@
 #pragma once
-// RetentionPolicy: after each save, which of the run's older checkpoints to delete.
+// RetentionPolicy: after each save, which older checkpoints to delete.
 //
 // A RetentionPolicy R provides
 //   std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const
-//       `files` are this run's readable checkpoints, oldest first; the last one is the file
-//       just written. Returns indices into `files`, ascending.
+//       `files` are the readable checkpoints in the manager's retention scope, oldest first by
+//       (run, position); the last one is the file just written. Returns indices into `files`,
+//       ascending.
 //
-// The manager never deletes the file just written, whatever a policy returns, and only ever
-// shows a policy its own run's files.
+// The scope (RetentionScope, naming_policy.hpp) is the current run's files, or every run's of
+// the prefix; the naming policy picks the default (MindSporeNaming: the current run,
+// StepNaming: every run) and ManagerOptions::retention_scope overrides it. Either way the
+// policy sees only the manager's prefix and, for per-rank names, its own rank.
 //
-// Members: KeepAll (the do-nothing member), KeepLast, KeepOnePerMinutes, and KeepUnion<...>,
-// which keeps a file if any member keeps it.
+// Retention runs only once the save is durable. Whatever a policy returns, the manager never
+// deletes the file just written, the newest checkpoint that verifies, or the file restore()
+// loaded until the manager has saved a newer one; it leaves alone files whose header does not
+// read (with a warning); and with a run's last checkpoints it deletes that run's meta file
+// (never the current run's).
+//
+// Members: KeepAll (the do-nothing member), KeepLast, KeepOnePerMinutes, KeepWithinBytes,
+// KeepUnion<...> (keeps a file if any member keeps it) and KeepIntersection<...> (keeps a
+// file only if every member keeps it).
 
 #include <algorithm>
 #include <concepts>
@@ -18,6 +28,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <boost/filesystem/path.hpp>
@@ -33,6 +44,10 @@ struct StoredCheckpoint {
     boost::filesystem::path path;
     NameParts name;
     FileHeader header;
+
+    /// The file's size on disk, as its header says (a header that reads checked it against
+    /// the file's size).
+    std::uint64_t file_size() const noexcept { return header_size + header.body_length; }
 };
 
 template <class R>
@@ -83,6 +98,28 @@ struct KeepOnePerMinutes {
     }
 };
 
+/// Keeps the newest files whose sizes on disk add up to at most `bytes`: walking from the
+/// newest file to the oldest, the first one that would overflow the budget is deleted, and so
+/// is every older one. The newest file is always kept, even when it alone is over budget.
+struct KeepWithinBytes {
+    std::uint64_t bytes;
+    template <std::integral T>
+    explicit KeepWithinBytes(T n) : bytes(static_cast<std::uint64_t>(n)) {
+        if (std::cmp_less(n, 1))
+            throw ConfigError("KeepWithinBytes needs a budget of at least 1 byte, got " + std::to_string(n));
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        if (files.empty()) return {};
+        std::size_t kept = files.size() - 1;  // the oldest file kept so far
+        std::uint64_t total = files[kept].file_size();
+        while (kept > 0 && total <= bytes && files[kept - 1].file_size() <= bytes - total)
+            total += files[--kept].file_size();
+        std::vector<std::size_t> out(kept);
+        for (std::size_t i = 0; i < kept; ++i) out[i] = i;
+        return out;
+    }
+};
+
 /// Keeps a file when any member keeps it: deletes only what every member deletes.
 template <RetentionPolicy... Rs>
 struct KeepUnion {
@@ -102,6 +139,30 @@ private:
     static void count(const std::vector<std::size_t>& idx, std::vector<int>& votes) {
         for (auto i : idx)
             if (i < votes.size()) ++votes[i];
+    }
+};
+
+/// Keeps a file only when every member keeps it: deletes what any member deletes.
+/// KeepIntersection(KeepLast{5}, KeepWithinBytes{10LL << 30}) keeps the newest 5 files, fewer
+/// when those do not fit in 10 GiB.
+template <RetentionPolicy... Rs>
+struct KeepIntersection {
+    std::tuple<Rs...> members;
+    KeepIntersection() = default;
+    explicit KeepIntersection(Rs... rs) : members(std::move(rs)...) {}
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        std::vector<bool> doomed(files.size(), false);
+        std::apply([&](const auto&... m) { ((mark(m.to_delete(files), doomed)), ...); }, members);
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i < files.size(); ++i)
+            if (doomed[i]) out.push_back(i);
+        return out;
+    }
+
+private:
+    static void mark(const std::vector<std::size_t>& idx, std::vector<bool>& doomed) {
+        for (auto i : idx)
+            if (i < doomed.size()) doomed[i] = true;
     }
 };
 

@@ -49,7 +49,7 @@ struct CheckpointOffer {
 /// checkpoint of `prefix` in its own `dir` (each rank passes its own directory), and returns
 /// this rank's file of it. Every rank must call it; a collective.
 template <Communicator Comm, ckpt::NamingPolicy N = ckpt::MindSporeNaming>
-AgreedCheckpoint agree_on_checkpoint(Comm& comm, const boost::filesystem::path& dir, std::string_view prefix,
+AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::string_view prefix,
                                      const N& naming = {}) {
     using Key = std::pair<std::int64_t, std::int64_t>;
     // this rank's valid files, newest first; of two files of one step (runs before and after

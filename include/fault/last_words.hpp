@@ -202,7 +202,7 @@ struct LastWordsOutcome {
 template <ShrinkableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
-    LastWordsCheckpoint(Comm& comm, fs::path directory = "ttp_checkpoints", LastWordsOptions<Sel> options = {})
+    LastWordsCheckpoint(Comm& comm, ckpt::PathArg directory = "ttp_checkpoints", LastWordsOptions<Sel> options = {})
         : comm_(comm), dir_(std::move(directory)), options_(std::move(options)), job_size_(comm.size()) {
         options_.layout.require_replicas(comm.size(), "a last-words checkpoint");
         boost::system::error_code ec;
@@ -366,7 +366,7 @@ private:
 /// complete (every replica group of `layout` has a file there that verifies), the file of
 /// the rank that saved this rank's piece of the optimizer state. Nothing if no step is
 /// complete. All ranks get the same step.
-inline std::optional<fs::path> latest_last_words(const fs::path& dir, const ShardLayout& layout = {}, int rank = 0) {
+inline std::optional<fs::path> latest_last_words(const ckpt::PathArg& dir, const ShardLayout& layout = {}, int rank = 0) {
     if (!fs::is_directory(dir)) return std::nullopt;
     const auto files = ckpt::list_checkpoints(dir, "ttp", ckpt::LastWordsNaming{});
     for (auto it = files.rbegin(); it != files.rend(); ++it) {

@@ -28,6 +28,7 @@
 
 #include "../ckpt/dtype.hpp"
 #include "../ckpt/param_dict.hpp"
+#include "../ckpt/path.hpp"
 #include "core.hpp"
 
 namespace nn {
@@ -188,7 +189,7 @@ inline std::uint64_t bounded(std::mt19937_64& g, std::uint64_t n) {  // uniform 
 /// files, whichever exist.
 class MnistDataset {
 public:
-    explicit MnistDataset(const fs::path& dir, Usage usage = Usage::all, std::size_t num_classes = 10)
+    explicit MnistDataset(const ckpt::PathArg& dir, Usage usage = Usage::all, std::size_t num_classes = 10)
         : num_classes_(num_classes) {
         if (!fs::is_directory(dir)) throw DataError("data directory '" + dir.string() + "' does not exist");
         std::vector<std::string> stems;

@@ -30,7 +30,7 @@ class ModelCheckpoint {
 public:
     using Manager = ckpt::CheckpointManager<S, R, N, A, C>;
 
-    ModelCheckpoint(std::string prefix, boost::filesystem::path directory, ckpt::ManagerOptions options = {},
+    ModelCheckpoint(std::string prefix, ckpt::PathArg directory, ckpt::ManagerOptions options = {},
                     S save = S{}, R retention = R{}, N naming = N{}, C codec = C{})
         : manager_(std::move(directory), std::move(prefix), std::move(save), std::move(retention), std::move(naming),
                    std::move(options), std::move(codec)) {}
@@ -86,7 +86,7 @@ private:
 /// A ModelCheckpoint configured the seed's way, by a CheckpointConfig.
 template <ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive>
 ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec> make_model_checkpoint(
-    std::string prefix, boost::filesystem::path directory, const ckpt::CheckpointConfig& config, N naming = {}) {
+    std::string prefix, ckpt::PathArg directory, const ckpt::CheckpointConfig& config, N naming = {}) {
     return ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec>(
         std::move(prefix), std::move(directory), ckpt::detail::manager_options(config), ckpt::ConfiguredSave(config),
         ckpt::ConfiguredRetention(config), std::move(naming), ckpt::ConfiguredCodec(config));

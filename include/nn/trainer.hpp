@@ -186,7 +186,7 @@ public:
     /// Loads `file` (strictly: every parameter and optimizer tensor must be there, with its
     /// shape) and positions the trainer and `data` at the step after it. Nothing in memory
     /// changes when the file does not fit.
-    ResumePoint resume_from(const boost::filesystem::path& file, Data& data) {
+    ResumePoint resume_from(const ckpt::PathArg& file, Data& data) {
         ckpt::ParamDict dict = ckpt::load_checkpoint(file);
         ResumePoint rp;
         rp.file = file;
@@ -223,7 +223,7 @@ public:
     /// Resumes from the newest valid checkpoint of `prefix` in `dir` (corrupt files are
     /// skipped, with a warning), or starts fresh when there is none.
     template <ckpt::NamingPolicy N = ckpt::MindSporeNaming>
-    ResumePoint resume_or_start(const boost::filesystem::path& dir, std::string_view prefix, Data& data,
+    ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data,
                                 const N& naming = {}) {
         if (!boost::filesystem::is_directory(dir)) return {};
         if (auto latest = ckpt::latest(dir, prefix, naming)) return resume_from(*latest, data);

@@ -1098,6 +1098,37 @@ inline void random_bytes(void* data, std::size_t n) {
 }
 
 }  // namespace ckpt::detail
+// PathArg: what every ckpt function that takes a path accepts. A boost::filesystem::path (the
+// library's own path type, which it derives from), a std::filesystem::path, or a string.
+//
+//   ckpt::save_checkpoint(state, std::filesystem::path("ckpts") / "a.ckpt");
+//   ckpt::load_checkpoint("ckpts/a.ckpt");
+//
+// Paths are byte strings on POSIX: a std::filesystem::path converts through native(), so
+// no name is re-encoded.
+
+#include <boost/filesystem/path.hpp>
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace ckpt {
+
+class PathArg : public boost::filesystem::path {
+public:
+    PathArg(const boost::filesystem::path& p) : path(p) {}
+    PathArg(boost::filesystem::path&& p) noexcept : path(std::move(p)) {}
+    PathArg(const std::filesystem::path& p) : path(p.native()) {}
+    PathArg(const std::string& s) : path(s) {}
+    PathArg(std::string_view s) : path(std::string(s)) {}
+    PathArg(const char* s) : path(s) {}
+
+    /// The same path as a std::filesystem::path.
+    std::filesystem::path std_path() const { return std::filesystem::path(native()); }
+};
+
+}  // namespace ckpt
 
 namespace ckpt {
 
@@ -1126,7 +1157,7 @@ public:
     }
 
     /// A key file holds the 32 key bytes, or 64 hexadecimal digits (a trailing newline allowed).
-    static Key from_file(const boost::filesystem::path& file) {
+    static Key from_file(const PathArg& file) {
         const std::string path = file.string();
         detail::Fd fd = detail::open_for_read(path);
         std::array<unsigned char, 2 * size + 3> buf{};
@@ -2538,7 +2569,7 @@ inline void check_savable(const ParamDict& dict, ArchiveKind archive, const std:
 
 /// Writes `dict` to `file` atomically and durably (see detail/atomic_file.hpp). On any error
 /// the previous file at `file`, if any, is untouched and no temporary is left behind.
-inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const SaveOptions& opts = {}) {
+inline void save_checkpoint(const ParamDict& dict, const PathArg& file, const SaveOptions& opts = {}) {
     const std::string path = file.string();
     detail::check_savable(dict, opts.archive, path);
     detail::check_chain(opts.codecs, path);
@@ -2604,7 +2635,7 @@ inline void save_checkpoint(const ParamDict& dict, const fs::path& file, const S
 }
 
 /// Reads and checks the header only (64 bytes): cheap, but says nothing about the body.
-inline FileHeader read_header(const fs::path& file) {
+inline FileHeader read_header(const PathArg& file) {
     return detail::open_checkpoint(file.string(), {}).header;
 }
 
@@ -2612,7 +2643,7 @@ inline FileHeader read_header(const fs::path& file) {
 /// any size. The body checksum is not checked (that needs every byte; verify_checkpoint).
 /// A body that passed through codecs is the exception: it is read, verified and decoded whole
 /// (an encrypted one needs opts.key).
-inline CheckpointContents read_contents(const fs::path& file, const LoadOptions& opts = {}) {
+inline CheckpointContents read_contents(const PathArg& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     CheckpointContents out{c.header, {}};
@@ -2633,7 +2664,7 @@ inline CheckpointContents read_contents(const fs::path& file, const LoadOptions&
 }
 
 /// Reads the whole file and checks header and body checksum; throws if anything is wrong.
-inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
+inline FileHeader verify_checkpoint(const PathArg& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     constexpr std::size_t chunk = 4u << 20;
@@ -2655,7 +2686,7 @@ inline FileHeader verify_checkpoint(const fs::path& file, const LoadOptions& opt
 
 /// Loads every entry into a new ParamDict. The body is verified before anything in it is
 /// parsed; binary payloads are not copied again after the read.
-inline ParamDict load_checkpoint(const fs::path& file, const LoadOptions& opts = {}) {
+inline ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     auto body = detail::read_decoded_body(c, path, opts);
@@ -2704,7 +2735,7 @@ LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false
 /// checked at the end: if it fails, ChecksumError is thrown and the target tensors may hold
 /// partial data, so reload them from another checkpoint. Strict mode checks names, dtypes
 /// and shapes against the file's table of contents before writing any payload.
-inline LoadReport load_checkpoint_into(const fs::path& file, ParamDict& target, bool strict = false,
+inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
                                        const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
@@ -2759,7 +2790,7 @@ inline LoadReport load_checkpoint_into(const fs::path& file, ParamDict& target, 
 }
 
 template <HasStateDict T>
-LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
+LoadReport load_checkpoint_into(const PathArg& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
     ParamDict views = net.state_dict();
     return load_checkpoint_into(file, views, strict, opts);
 }
@@ -2798,6 +2829,12 @@ LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = fals
 //   ArchivePolicy A    body archive                  default BinaryArchive
 //   CodecPolicy C      compression, encryption       default NoCodec (codec.hpp)
 //
+// Retention runs after each save is durable, over the retention scope: the current run's
+// files or every run's of the prefix (ManagerOptions::retention_scope, by default the naming
+// policy's). It never deletes the file just written, the newest checkpoint that verifies, or
+// the file restore() loaded until a newer checkpoint is durable; a run's meta file goes with
+// its last checkpoint. Nothing is deleted when a save fails.
+//
 // A state is a ParamDict, a callable returning one (called only when saving), or an object
 // with `ParamDict state_dict()` returning views of its tensors.
 
@@ -2807,9 +2844,11 @@ LoadReport load_checkpoint_into(const fs::path& file, T& net, bool strict = fals
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -3052,9 +3091,17 @@ private:
 //   std::string meta_name(std::string_view run_prefix)
 //       the per-run description file, or "" for none;
 //   int depth() -- how many directory levels below the checkpoint directory its names use.
+// and may provide
+//   static constexpr RetentionScope retention_scope
+//       which runs' files retention manages by default (current_run when absent); a manager's
+//       ManagerOptions::retention_scope overrides it.
 //
 // Members: MindSporeNaming (the seed's), StepNaming, LastWordsNaming (the seed's last-words
 // layout) and SingleFileNaming (one file, replaced at every save: the do-nothing member).
+// Retention scope by default: MindSporeNaming the current run (the seed's tree, where every
+// run keeps its own files); StepNaming every run of the prefix (a bound on the disk that holds
+// across restarts, like Orbax's max_to_keep). LastWordsNaming and SingleFileNaming have a
+// single run, so both scopes are the same there.
 
 #include <charconv>
 #include <concepts>
@@ -3068,6 +3115,13 @@ private:
 namespace ckpt {
 
 enum class SaveKind { regular, breakpoint };
+
+/// Which checkpoints retention manages (it deletes only regular checkpoints of the manager's
+/// prefix and, for per-rank names, of its own rank).
+enum class RetentionScope {
+    current_run,  ///< this run's files only: each restart's files are kept as that run left them
+    all_runs,     ///< every run of the prefix: the policy's bound holds across restarts
+};
 
 struct NameParts {
     std::string run_prefix;        ///< "lenet" for run 0, "lenet_3" for run 3
@@ -3089,6 +3143,15 @@ concept NamingPolicy = std::copy_constructible<N> &&
         { n.meta_name(prefix) } -> std::convertible_to<std::string>;
         { n.depth() } -> std::convertible_to<int>;
     };
+
+/// The retention scope `N` asks for: its `retention_scope` member, or current_run without one.
+template <class N>
+constexpr RetentionScope default_retention_scope() {
+    if constexpr (requires { { N::retention_scope } -> std::convertible_to<RetentionScope>; })
+        return N::retention_scope;
+    else
+        return RetentionScope::current_run;
+}
 
 namespace detail {
 
@@ -3210,11 +3273,18 @@ struct GlobalStepPosition {
 /// for exception saves, and "{prefix}-graph.meta". A second run with the same prefix in the
 /// same directory uses "{prefix}_1-…", then "{prefix}_2-…", as MindSpore's code does (its
 /// tutorial's tree shows "lenet-1-7_1875.ckpt", which the code never writes).
-struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {};
+/// Retention manages the current run's files only (the seed's tree keeps each run's files).
+struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {
+    static constexpr RetentionScope retention_scope = RetentionScope::current_run;
+};
 
 /// For loops without epochs: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
-/// saves), with MindSporeNaming's run rule and meta file.
-struct StepNaming : detail::RunNaming<detail::GlobalStepPosition> {};
+/// saves), with MindSporeNaming's run rule and meta file. Retention manages every run of the
+/// prefix, so a job restarted many times keeps as many files as its policy says, not that
+/// many per restart.
+struct StepNaming : detail::RunNaming<detail::GlobalStepPosition> {
+    static constexpr RetentionScope retention_scope = RetentionScope::all_runs;
+};
 
 /// The seed's last-words layout, relative to the last-words directory (ttp_checkpoints):
 /// "tft_saved_checkpoints-step_{global_step}/rank_{rank}/ttp_rank_{rank}-{epoch}_{step}.ckpt".
@@ -3286,18 +3356,28 @@ struct SingleFileNaming {
 };
 
 }  // namespace ckpt
-// RetentionPolicy: after each save, which of the run's older checkpoints to delete.
+// RetentionPolicy: after each save, which older checkpoints to delete.
 //
 // A RetentionPolicy R provides
 //   std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const
-//       `files` are this run's readable checkpoints, oldest first; the last one is the file
-//       just written. Returns indices into `files`, ascending.
+//       `files` are the readable checkpoints in the manager's retention scope, oldest first by
+//       (run, position); the last one is the file just written. Returns indices into `files`,
+//       ascending.
 //
-// The manager never deletes the file just written, whatever a policy returns, and only ever
-// shows a policy its own run's files.
+// The scope (RetentionScope, naming_policy.hpp) is the current run's files, or every run's of
+// the prefix; the naming policy picks the default (MindSporeNaming: the current run,
+// StepNaming: every run) and ManagerOptions::retention_scope overrides it. Either way the
+// policy sees only the manager's prefix and, for per-rank names, its own rank.
 //
-// Members: KeepAll (the do-nothing member), KeepLast, KeepOnePerMinutes, and KeepUnion<...>,
-// which keeps a file if any member keeps it.
+// Retention runs only once the save is durable. Whatever a policy returns, the manager never
+// deletes the file just written, the newest checkpoint that verifies, or the file restore()
+// loaded until the manager has saved a newer one; it leaves alone files whose header does not
+// read (with a warning); and with a run's last checkpoints it deletes that run's meta file
+// (never the current run's).
+//
+// Members: KeepAll (the do-nothing member), KeepLast, KeepOnePerMinutes, KeepWithinBytes,
+// KeepUnion<...> (keeps a file if any member keeps it) and KeepIntersection<...> (keeps a
+// file only if every member keeps it).
 
 #include <algorithm>
 #include <concepts>
@@ -3305,6 +3385,7 @@ struct SingleFileNaming {
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <boost/filesystem/path.hpp>
@@ -3317,6 +3398,10 @@ struct StoredCheckpoint {
     boost::filesystem::path path;
     NameParts name;
     FileHeader header;
+
+    /// The file's size on disk, as its header says (a header that reads checked it against
+    /// the file's size).
+    std::uint64_t file_size() const noexcept { return header_size + header.body_length; }
 };
 
 template <class R>
@@ -3367,6 +3452,28 @@ struct KeepOnePerMinutes {
     }
 };
 
+/// Keeps the newest files whose sizes on disk add up to at most `bytes`: walking from the
+/// newest file to the oldest, the first one that would overflow the budget is deleted, and so
+/// is every older one. The newest file is always kept, even when it alone is over budget.
+struct KeepWithinBytes {
+    std::uint64_t bytes;
+    template <std::integral T>
+    explicit KeepWithinBytes(T n) : bytes(static_cast<std::uint64_t>(n)) {
+        if (std::cmp_less(n, 1))
+            throw ConfigError("KeepWithinBytes needs a budget of at least 1 byte, got " + std::to_string(n));
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        if (files.empty()) return {};
+        std::size_t kept = files.size() - 1;  // the oldest file kept so far
+        std::uint64_t total = files[kept].file_size();
+        while (kept > 0 && total <= bytes && files[kept - 1].file_size() <= bytes - total)
+            total += files[--kept].file_size();
+        std::vector<std::size_t> out(kept);
+        for (std::size_t i = 0; i < kept; ++i) out[i] = i;
+        return out;
+    }
+};
+
 /// Keeps a file when any member keeps it: deletes only what every member deletes.
 template <RetentionPolicy... Rs>
 struct KeepUnion {
@@ -3386,6 +3493,30 @@ private:
     static void count(const std::vector<std::size_t>& idx, std::vector<int>& votes) {
         for (auto i : idx)
             if (i < votes.size()) ++votes[i];
+    }
+};
+
+/// Keeps a file only when every member keeps it: deletes what any member deletes.
+/// KeepIntersection(KeepLast{5}, KeepWithinBytes{10LL << 30}) keeps the newest 5 files, fewer
+/// when those do not fit in 10 GiB.
+template <RetentionPolicy... Rs>
+struct KeepIntersection {
+    std::tuple<Rs...> members;
+    KeepIntersection() = default;
+    explicit KeepIntersection(Rs... rs) : members(std::move(rs)...) {}
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        std::vector<bool> doomed(files.size(), false);
+        std::apply([&](const auto&... m) { ((mark(m.to_delete(files), doomed)), ...); }, members);
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i < files.size(); ++i)
+            if (doomed[i]) out.push_back(i);
+        return out;
+    }
+
+private:
+    static void mark(const std::vector<std::size_t>& idx, std::vector<bool>& doomed) {
+        for (auto i : idx)
+            if (i < doomed.size()) doomed[i] = true;
     }
 };
 
@@ -3429,7 +3560,7 @@ inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
 /// Every checkpoint of `prefix` (all runs) that `naming` recognises in `dir`, oldest first by
 /// (run, epoch, step). Headers are not read here: header fields are left default.
 template <NamingPolicy N = MindSporeNaming>
-std::vector<StoredCheckpoint> list_checkpoints(const fs::path& dir, std::string_view prefix, const N& naming = {},
+std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                                SaveKind kind = SaveKind::regular) {
     std::vector<StoredCheckpoint> out;
     for (const auto& name : detail::list_names(dir, naming.depth()))
@@ -3461,7 +3592,7 @@ inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
 /// exist). Newer files that fail verification are skipped, each with a warning and, when
 /// `skipped` is given, an entry saying why; older ones are tried in turn.
 template <NamingPolicy N = MindSporeNaming>
-std::optional<StoredCheckpoint> latest_checkpoint(const fs::path& dir, std::string_view prefix, const N& naming = {},
+std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                                   std::vector<SkippedCheckpoint>* skipped = nullptr) {
     auto files = list_checkpoints(dir, prefix, naming);
     for (auto it = files.rbegin(); it != files.rend(); ++it) {
@@ -3477,7 +3608,7 @@ std::optional<StoredCheckpoint> latest_checkpoint(const fs::path& dir, std::stri
 
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
 template <NamingPolicy N = MindSporeNaming>
-std::optional<fs::path> latest(const fs::path& dir, std::string_view prefix, const N& naming = {},
+std::optional<fs::path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                std::vector<SkippedCheckpoint>* skipped = nullptr) {
     if (auto c = latest_checkpoint(dir, prefix, naming, skipped)) return c->path;
     return std::nullopt;
@@ -3612,6 +3743,10 @@ struct ManagerOptions {
     /// is saved (waiting for the save to be durable) and training stops with Preempted
     /// (nn::ModelCheckpoint acts on it).
     bool save_on_signal = false;
+    /// Which runs' files retention manages: the current run's, or every run's of the prefix
+    /// (a bound across restarts). Unset: the naming policy's default (MindSporeNaming: the
+    /// current run, StepNaming: every run).
+    std::optional<RetentionScope> retention_scope;
 };
 
 /// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
@@ -3652,9 +3787,12 @@ inline void write_text_file(const fs::path& file, const std::string& text) {
 
 }  // namespace detail
 
-template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
-          ArchivePolicy A = BinaryArchive, CodecPolicy C = NoCodec>
-class CheckpointManager {
+namespace detail {
+
+/// The manager itself. CheckpointManager holds it on the heap, so that background saves,
+/// which reach it through `this`, survive the manager being moved.
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+class ManagerCore {
 public:
     using save_policy = S;
     using retention_policy = R;
@@ -3666,7 +3804,7 @@ public:
     /// prefix, and picks this run's prefix (see the naming policy).
     /// `codec`'s chain is checked here (a missing key or codec fails now, not at the first save);
     /// its key, if any, also decrypts what restore() loads.
-    CheckpointManager(fs::path directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
+    ManagerCore(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
                       ManagerOptions options = {}, C codec = C{})
         : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
           retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)),
@@ -3750,17 +3888,29 @@ public:
     fs::path save(const Progress& p, State&& state) {
         background_.check();
         ParamDict dict = detail::collect_state(state);
-        if (options_.write_meta && !meta_written_) {
-            if (const auto meta = naming_.meta_name(run_prefix_); !meta.empty())
+        if (const auto meta = options_.write_meta ? naming_.meta_name(run_prefix_) : std::string(); !meta.empty()) {
+            auto write_meta = [&] {
                 detail::write_text_file(dir_ / meta, detail::describe_state(with_append_info(dict, p), run_prefix_));
-            meta_written_ = true;
+            };
+            if (!meta_written_) {
+                write_meta();
+                meta_written_ = true;
+            } else if (boost::system::error_code ec; !fs::exists(dir_ / meta, ec)) {
+                // A concurrent run of the prefix (every run in its retention scope) took it with
+                // this run's checkpoints. Only a description: a failure here fails no save.
+                try {
+                    write_meta();
+                } catch (const Error& e) {
+                    detail::log(LogLevel::warning, std::string("cannot write the meta file again: ") + e.what());
+                }
+            }
         }
         const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (options_.async_save) {
             const auto start = std::chrono::steady_clock::now();
-            const bool waited = background_.submit(dict, [this, file, p](const ParamDict& snapshot) {
-                write(file, p, snapshot);
-                apply_retention(file, p);
+            const bool waited = background_.submit(dict, [this, file, p, restored = restored_](const ParamDict& snap) {
+                write(file, p, snap);
+                apply_retention(file, p, restored);
             });
             const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             ++async_stats_.saves;
@@ -3769,7 +3919,7 @@ public:
             async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
             write(file, p, dict);
-            apply_retention(file, p);
+            apply_retention(file, p, restored_);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
         skipped_since_save_ = false;
@@ -3785,7 +3935,8 @@ public:
     /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
     /// state_dict()), falling back to older files when one turns out corrupt. Nothing when
     /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
-    /// throws LoadMismatch rather than resuming half a model.
+    /// throws LoadMismatch rather than resuming half a model. Retention keeps the file loaded
+    /// until this manager has saved a newer one.
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {
@@ -3794,7 +3945,9 @@ public:
             std::optional<std::string> why = checkpoint_problem(*it);
             if (!why) {
                 try {
-                    return Restored{*it, load_checkpoint_into(it->path, target, strict, load_options_)};
+                    Restored done{*it, load_checkpoint_into(it->path, target, strict, load_options_)};
+                    restored_ = *it;
+                    return done;
                 } catch (const FormatError& e) {  // changed between verification and load
                     why = e.what();
                 }
@@ -3807,22 +3960,19 @@ public:
 
     /// This run's checkpoints with readable headers, oldest first.
     std::vector<StoredCheckpoint> run_checkpoints(int rank = -1) const {
-        std::vector<StoredCheckpoint> mine;
-        for (auto& f : list_checkpoints(dir_, prefix_, naming_)) {
-            if (f.name.run_prefix != run_prefix_ || (f.name.rank >= 0 && rank >= 0 && f.name.rank != rank)) continue;
-            try {
-                f.header = read_header(f.path);
-            } catch (const Error& e) {
-                detail::log(LogLevel::warning, "retention leaves alone '" + f.path.string() + "': " + e.what());
-                continue;
-            }
-            mine.push_back(std::move(f));
-        }
-        std::stable_sort(mine.begin(), mine.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
-            return std::tie(a.name.global_step, a.name.epoch, a.name.step, a.header.save_time_ns) <
-                   std::tie(b.name.global_step, b.name.epoch, b.name.step, b.header.save_time_ns);
-        });
-        return mine;
+        return readable_checkpoints(RetentionScope::current_run, rank, list_checkpoints(dir_, prefix_, naming_));
+    }
+
+    /// Which runs' files retention manages (ManagerOptions::retention_scope, else the naming
+    /// policy's default).
+    RetentionScope retention_scope() const noexcept {
+        return options_.retention_scope.value_or(default_retention_scope<N>());
+    }
+
+    /// The checkpoints retention manages, with readable headers, oldest first by (run,
+    /// position): this run's, or every run's of the prefix (see retention_scope()).
+    std::vector<StoredCheckpoint> managed_checkpoints(int rank = -1) const {
+        return readable_checkpoints(retention_scope(), rank, list_checkpoints(dir_, prefix_, naming_));
     }
 
 private:
@@ -3865,21 +4015,103 @@ private:
         save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
     }
 
-    void apply_retention(const fs::path& just_written, const Progress& p) const {
-        auto files = run_checkpoints(p.rank);
-        // The file just written goes last whatever its name says; it is never deleted.
-        auto it = std::find_if(files.begin(), files.end(),
-                               [&](const StoredCheckpoint& f) { return f.path == just_written; });
+    /// The order of latest(): by run, then by position in the run.
+    static auto position(const NameParts& n) { return std::tie(n.run, n.global_step, n.epoch, n.step); }
+
+    /// Of `all` (the prefix's checkpoints), those in `scope` and of `rank` whose header reads.
+    std::vector<StoredCheckpoint> readable_checkpoints(RetentionScope scope, int rank,
+                                                       std::vector<StoredCheckpoint> all) const {
+        std::vector<StoredCheckpoint> out;
+        for (auto& f : all) {
+            if (scope == RetentionScope::current_run && f.name.run_prefix != run_prefix_) continue;
+            if (f.name.rank >= 0 && rank >= 0 && f.name.rank != rank) continue;  // another rank's to manage
+            try {
+                f.header = read_header(f.path);
+            } catch (const Error& e) {
+                detail::log(LogLevel::warning, "retention leaves alone '" + f.path.string() + "': " + e.what());
+                continue;
+            }
+            out.push_back(std::move(f));
+        }
+        std::stable_sort(out.begin(), out.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+            return std::tuple_cat(position(a.name), std::tie(a.header.save_time_ns)) <
+                   std::tuple_cat(position(b.name), std::tie(b.header.save_time_ns));
+        });
+        return out;
+    }
+
+    // Runs on the writer thread with async_save: besides its arguments it reads only members
+    // that do not change after construction. `restored` is what restore() had loaded when the
+    // save was asked for. Called only once `just_written` is durable.
+    void apply_retention(const fs::path& just_written, const Progress& p,
+                         const std::optional<StoredCheckpoint>& restored) const {
+        const auto all = list_checkpoints(dir_, prefix_, naming_);
+        auto files = readable_checkpoints(retention_scope(), p.rank, all);
+        const auto it = std::find_if(files.begin(), files.end(),
+                                     [&](const StoredCheckpoint& f) { return f.path == just_written; });
         if (it == files.end()) return;
-        std::rotate(it, it + 1, files.end());
-        for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files))) {
-            if (i + 1 >= files.size()) continue;
+        const auto w = static_cast<std::size_t>(it - files.begin());
+        std::vector<bool> keep(files.size(), false);
+        // The newest checkpoint that verifies: the file just written, unless files sort after
+        // it (a rollback, a concurrent later run); then the newest of those that verifies.
+        for (std::size_t j = files.size(); j-- > w + 1;)
+            if (!checkpoint_problem(files[j])) {
+                keep[j] = true;
+                break;
+            }
+        // The file restore() loaded, until the file just written is newer.
+        if (restored && position(files[w].name) <= position(restored->name))
+            for (std::size_t j = 0; j < files.size(); ++j) keep[j] = keep[j] || files[j].path == restored->path;
+        // The file just written goes last whatever its name says; it is never deleted.
+        std::rotate(files.begin() + static_cast<std::ptrdiff_t>(w), files.begin() + static_cast<std::ptrdiff_t>(w) + 1,
+                    files.end());
+        keep.erase(keep.begin() + static_cast<std::ptrdiff_t>(w));
+        keep.push_back(true);
+        std::vector<const StoredCheckpoint*> doomed;
+        for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files)))
+            if (i < files.size() && !keep[i]) {
+                keep[i] = true;  // a policy may name a file twice
+                doomed.push_back(&files[i]);
+            }
+        remove_meta_of_emptied_runs(doomed, all);
+        for (const StoredCheckpoint* f : doomed) {
             boost::system::error_code ec;
-            fs::remove(files[i].path, ec);
+            fs::remove(f->path, ec);
             if (ec)
-                detail::log(LogLevel::warning, "retention could not delete '" + files[i].path.string() + "': " + ec.message());
+                detail::log(LogLevel::warning,
+                            "retention could not delete '" + f->path.string() + "': " + ec.message());
             else
-                detail::log(LogLevel::info, "retention deleted '" + files[i].path.string() + "'");
+                detail::log(LogLevel::info, "retention deleted '" + f->path.string() + "'");
+        }
+    }
+
+    /// Deletes the meta file of each run (but the current one) whose every checkpoint in `all`
+    /// (readable or not, any rank) is in `doomed`. Before the checkpoints themselves, so that
+    /// a process killed in between leaves no meta file without checkpoints behind.
+    void remove_meta_of_emptied_runs(const std::vector<const StoredCheckpoint*>& doomed,
+                                     const std::vector<StoredCheckpoint>& all) const {
+        std::vector<std::string> runs;
+        for (const StoredCheckpoint* f : doomed)
+            if (f->name.run_prefix != run_prefix_) runs.push_back(f->name.run_prefix);
+        std::sort(runs.begin(), runs.end());
+        runs.erase(std::unique(runs.begin(), runs.end()), runs.end());
+        for (const auto& run : runs) {
+            const auto meta = naming_.meta_name(run);
+            auto is_doomed = [&](const StoredCheckpoint& f) {
+                return std::any_of(doomed.begin(), doomed.end(),
+                                   [&](const StoredCheckpoint* d) { return d->path == f.path; });
+            };
+            const bool left = std::any_of(all.begin(), all.end(), [&](const StoredCheckpoint& f) {
+                return f.name.run_prefix == run && !is_doomed(f);
+            });
+            if (meta.empty() || left) continue;
+            boost::system::error_code ec;
+            if (fs::remove(dir_ / meta, ec))
+                detail::log(LogLevel::info, "retention deleted '" + (dir_ / meta).string() +
+                                                "' with the last checkpoints of run " + run);
+            else if (ec)
+                detail::log(LogLevel::warning,
+                            "retention could not delete '" + (dir_ / meta).string() + "': " + ec.message());
         }
     }
 
@@ -3895,9 +4127,102 @@ private:
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;
     bool meta_written_ = false;
+    // What restore() last loaded; read on the training thread only (a save hands a copy to
+    // its retention).
+    mutable std::optional<StoredCheckpoint> restored_;
     bool skipped_since_save_ = false;  // a policy save dropped under WhenBusy::skip
     AsyncSaveStats async_stats_;
     detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
+};
+
+}  // namespace detail
+
+/// Periodic checkpoints from any loop (see the top of this file). Movable: it can be returned
+/// from a factory and kept in a std::optional or a std::vector; saves in flight carry on.
+/// A moved-from manager may only be destroyed or assigned to.
+template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
+          ArchivePolicy A = BinaryArchive, CodecPolicy C = NoCodec>
+class CheckpointManager {
+    using Core = detail::ManagerCore<S, R, N, A, C>;
+
+public:
+    using save_policy = S;
+    using retention_policy = R;
+    using naming_policy = N;
+    using archive_policy = A;
+    using codec_policy = C;
+
+    /// Creates `directory` if needed, removes temporaries that crashed writers left for this
+    /// prefix, and picks this run's prefix (see the naming policy). `codec`'s chain is checked
+    /// here (a missing key or codec fails now, not at the first save); its key, if any, also
+    /// decrypts what restore() loads.
+    CheckpointManager(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
+                      ManagerOptions options = {}, C codec = C{})
+        : core_(std::make_unique<Core>(std::move(directory), std::move(prefix), std::move(save), std::move(retention),
+                                       std::move(naming), std::move(options), std::move(codec))) {}
+    CheckpointManager(CheckpointManager&&) noexcept = default;
+    /// Waits for the saves in flight of the manager assigned over.
+    CheckpointManager& operator=(CheckpointManager&&) noexcept = default;
+
+    const fs::path& directory() const noexcept { return core_->directory(); }
+    const std::string& prefix() const noexcept { return core_->prefix(); }
+    /// The prefix this run's files use: the prefix, or "{prefix}_{N}" when earlier runs exist.
+    const std::string& run_prefix() const noexcept { return core_->run_prefix(); }
+    const ManagerOptions& options() const noexcept { return core_->options(); }
+    RetentionScope retention_scope() const noexcept { return core_->retention_scope(); }
+
+    /// Call after each step; saves when the save policy says so. Returns the file written.
+    template <class State>
+    std::optional<fs::path> on_step(Progress p, State&& state) {
+        return core_->on_step(p, std::forward<State>(state));
+    }
+    template <class State>
+    std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+        return core_->on_epoch_end(p, std::forward<State>(state));
+    }
+    /// Saves if the policy says so, or if a policy save was skipped since the last one (see
+    /// WhenBusy::skip), then waits for every background save to be durable.
+    template <class State>
+    std::optional<fs::path> on_train_end(Progress p, State&& state) {
+        return core_->on_train_end(p, std::forward<State>(state));
+    }
+    /// Blocks until every background save in flight is durable; rethrows the first error.
+    void wait() { core_->wait(); }
+    /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
+    AsyncSaveStats async_stats() const { return core_->async_stats(); }
+    /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
+    template <class State>
+    std::optional<fs::path> on_exception(const Progress& p, State&& state) {
+        return core_->on_exception(p, std::forward<State>(state));
+    }
+    /// Saves now, whatever the save policy says, then applies retention. With async_save the
+    /// file is written in the background: the returned path is where it will be once wait()
+    /// (or the next save) returns.
+    template <class State>
+    fs::path save(const Progress& p, State&& state) {
+        return core_->save(p, std::forward<State>(state));
+    }
+    /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
+    std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+        return core_->latest(skipped);
+    }
+    /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
+    /// state_dict()), falling back to older files when one turns out corrupt. Nothing when
+    /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
+    /// throws LoadMismatch rather than resuming half a model. Retention keeps the file loaded
+    /// until this manager has saved a newer one.
+    template <class Target>
+    std::optional<Restored> restore(Target& target, bool strict = true,
+                                    std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+        return core_->restore(target, strict, skipped);
+    }
+    /// This run's checkpoints with readable headers, oldest first.
+    std::vector<StoredCheckpoint> run_checkpoints(int rank = -1) const { return core_->run_checkpoints(rank); }
+    /// The checkpoints retention manages (its scope), with readable headers, oldest first.
+    std::vector<StoredCheckpoint> managed_checkpoints(int rank = -1) const { return core_->managed_checkpoints(rank); }
+
+private:
+    std::unique_ptr<Core> core_;
 };
 
 }  // namespace ckpt
@@ -4009,7 +4334,7 @@ template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
 using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A, ConfiguredCodec>;
 
 template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
-ConfiguredManager<N, A> make_manager(fs::path directory, std::string prefix, const CheckpointConfig& config,
+ConfiguredManager<N, A> make_manager(PathArg directory, std::string prefix, const CheckpointConfig& config,
                                      N naming = {}) {
     return ConfiguredManager<N, A>(std::move(directory), std::move(prefix), ConfiguredSave(config),
                                    ConfiguredRetention(config), std::move(naming), detail::manager_options(config),

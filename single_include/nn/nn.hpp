@@ -396,7 +396,7 @@ inline std::uint64_t bounded(std::mt19937_64& g, std::uint64_t n) {  // uniform 
 /// files, whichever exist.
 class MnistDataset {
 public:
-    explicit MnistDataset(const fs::path& dir, Usage usage = Usage::all, std::size_t num_classes = 10)
+    explicit MnistDataset(const ckpt::PathArg& dir, Usage usage = Usage::all, std::size_t num_classes = 10)
         : num_classes_(num_classes) {
         if (!fs::is_directory(dir)) throw DataError("data directory '" + dir.string() + "' does not exist");
         std::vector<std::string> stems;
@@ -1575,7 +1575,7 @@ class ModelCheckpoint {
 public:
     using Manager = ckpt::CheckpointManager<S, R, N, A, C>;
 
-    ModelCheckpoint(std::string prefix, boost::filesystem::path directory, ckpt::ManagerOptions options = {},
+    ModelCheckpoint(std::string prefix, ckpt::PathArg directory, ckpt::ManagerOptions options = {},
                     S save = S{}, R retention = R{}, N naming = N{}, C codec = C{})
         : manager_(std::move(directory), std::move(prefix), std::move(save), std::move(retention), std::move(naming),
                    std::move(options), std::move(codec)) {}
@@ -1631,7 +1631,7 @@ private:
 /// A ModelCheckpoint configured the seed's way, by a CheckpointConfig.
 template <ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive>
 ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec> make_model_checkpoint(
-    std::string prefix, boost::filesystem::path directory, const ckpt::CheckpointConfig& config, N naming = {}) {
+    std::string prefix, ckpt::PathArg directory, const ckpt::CheckpointConfig& config, N naming = {}) {
     return ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec>(
         std::move(prefix), std::move(directory), ckpt::detail::manager_options(config), ckpt::ConfiguredSave(config),
         ckpt::ConfiguredRetention(config), std::move(naming), ckpt::ConfiguredCodec(config));
@@ -2062,7 +2062,7 @@ public:
     /// Loads `file` (strictly: every parameter and optimizer tensor must be there, with its
     /// shape) and positions the trainer and `data` at the step after it. Nothing in memory
     /// changes when the file does not fit.
-    ResumePoint resume_from(const boost::filesystem::path& file, Data& data) {
+    ResumePoint resume_from(const ckpt::PathArg& file, Data& data) {
         ckpt::ParamDict dict = ckpt::load_checkpoint(file);
         ResumePoint rp;
         rp.file = file;
@@ -2099,7 +2099,7 @@ public:
     /// Resumes from the newest valid checkpoint of `prefix` in `dir` (corrupt files are
     /// skipped, with a warning), or starts fresh when there is none.
     template <ckpt::NamingPolicy N = ckpt::MindSporeNaming>
-    ResumePoint resume_or_start(const boost::filesystem::path& dir, std::string_view prefix, Data& data,
+    ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data,
                                 const N& naming = {}) {
         if (!boost::filesystem::is_directory(dir)) return {};
         if (auto latest = ckpt::latest(dir, prefix, naming)) return resume_from(*latest, data);

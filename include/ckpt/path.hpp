@@ -1,0 +1,32 @@
+#pragma once
+// PathArg: what every ckpt function that takes a path accepts. A boost::filesystem::path (the
+// library's own path type, which it derives from), a std::filesystem::path, or a string.
+//
+//   ckpt::save_checkpoint(state, std::filesystem::path("ckpts") / "a.ckpt");
+//   ckpt::load_checkpoint("ckpts/a.ckpt");
+//
+// Paths are byte strings on POSIX: a std::filesystem::path converts through native(), so
+// no name is re-encoded.
+
+#include <boost/filesystem/path.hpp>
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace ckpt {
+
+class PathArg : public boost::filesystem::path {
+public:
+    PathArg(const boost::filesystem::path& p) : path(p) {}
+    PathArg(boost::filesystem::path&& p) noexcept : path(std::move(p)) {}
+    PathArg(const std::filesystem::path& p) : path(p.native()) {}
+    PathArg(const std::string& s) : path(s) {}
+    PathArg(std::string_view s) : path(std::string(s)) {}
+    PathArg(const char* s) : path(s) {}
+
+    /// The same path as a std::filesystem::path.
+    std::filesystem::path std_path() const { return std::filesystem::path(native()); }
+};
+
+}  // namespace ckpt
