@@ -8,9 +8,13 @@
 // to the newest step all ranks hold a valid checkpoint of, the data rolls back with it, and
 // training goes on. No worker but the dead one restarts its process.
 //
+// The whole job killed and started again with the same command resumes the same way, from
+// the newest step every rank holds.
+//
 //   ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- \
 //       cluster_recover --dir ./ckpt [--epochs N] [--limit N] [--save-every N] [--keep N]
 //                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]
+//                       [--fresh] [--help]
 //
 // --address is this host's address toward the other hosts (default 127.0.0.1: one host).
 //
@@ -20,6 +24,7 @@
 #include <fault/fault.hpp>
 #include <fault/gloo_comm.hpp>
 #include "../common/cli.hpp"
+#include "../common/fresh.hpp"
 #include "../common/params_hash.hpp"
 #include "../common/seed_data.hpp"
 
@@ -27,7 +32,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <optional>
 #include <string>
 
@@ -45,35 +49,58 @@ struct Options {
     std::int64_t cooldown_ms = 30000;  // the seed's 30 s
     std::int64_t timeout_ms = 60000;
     std::string address = "127.0.0.1";  // this host's address toward the others
+    bool fresh = false;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-    std::cerr << "cluster_recover: " << why << "\n"
-              << "usage: cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
-              << "                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n";
-    std::exit(2);
-}
+constexpr const char* usage_text =
+    "cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
+    "                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n"
+    "                       [--fresh] [--help]";
+constexpr const char* options_text =
+    "One worker of a data-parallel job started by ckpt-run (or any launcher setting RANK,\n"
+    "WORLD_SIZE and CKPT_STORE), e.g.\n"
+    "  ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- cluster_recover --dir ./ckpt\n"
+    "Each worker saves its checkpoints in DIR/rank_<r>/. When a worker dies and is started again,\n"
+    "every worker rolls back to the newest step all ranks hold and training goes on; the whole\n"
+    "job started again with the same command resumes the same way (rank 0 says from which file,\n"
+    "epoch and step). Every rank ends with \"rank R: final_params_xxh64=<hash>\".\n"
+    "\n"
+    "  --dir DIR          checkpoint directory (default ./cluster_checkpoints)\n"
+    "  --epochs N         epochs (default 2)\n"
+    "  --limit N          the first N training images (default 5120)\n"
+    "  --save-every N     save every N global steps (default 5)\n"
+    "  --keep N           checkpoints kept per rank and run, at least 2 (default 3)\n"
+    "  --cooldown-ms MS   before a dead worker's node id is claimed again (default 30000)\n"
+    "  --timeout-ms MS    communication timeout (default 60000)\n"
+    "  --data DIR         MNIST-format data (default /usr/share/datasets/fashion-mnist)\n"
+    "  --address IP       this host's address toward the other hosts (default 127.0.0.1)\n"
+    "  --fresh            train from the start: at its first start each worker renames its\n"
+    "                     DIR/rank_<r> to DIR/rank_<r>.old-N (nothing is deleted)\n"
+    "  --help             this text\n"
+    "\n"
+    "Exit status: 0 trained to the end, 1 an error, 2 a usage error.\n";
 
 Options parse(int argc, char** argv) {
     Options o;
-    auto number = [&](int& i) { return examples::count_after(argc, argv, i, usage); };
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--epochs") o.epochs = number(i);
-        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i));
-        else if (a == "--save-every") o.save_every = number(i);
-        else if (a == "--keep") o.keep = number(i);
-        else if (a == "--cooldown-ms") o.cooldown_ms = number(i);
-        else if (a == "--timeout-ms") o.timeout_ms = number(i);
-        else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
-        else if (a == "--data" && i + 1 < argc) o.data = argv[++i];
-        else if (a == "--address" && i + 1 < argc) o.address = argv[++i];
-        else usage("unknown option '" + a + "'");
+    examples::Cli cli(argc, argv, usage_text, options_text);
+    while (const auto a = cli.next()) {
+        if (*a == "--epochs") o.epochs = cli.count();
+        else if (*a == "--limit") o.limit = static_cast<std::size_t>(cli.count());
+        else if (*a == "--save-every") o.save_every = cli.count();
+        else if (*a == "--keep") o.keep = cli.count();
+        else if (*a == "--cooldown-ms") o.cooldown_ms = cli.count();
+        else if (*a == "--timeout-ms") o.timeout_ms = cli.count();
+        else if (*a == "--dir") o.dir = cli.value();
+        else if (*a == "--data") o.data = cli.value();
+        else if (*a == "--address") o.address = cli.value();
+        else if (*a == "--fresh") o.fresh = true;
+        else cli.unknown();
     }
-    if (o.epochs < 1) usage("--epochs must be at least 1");
-    if (o.save_every < 1) usage("--save-every must be at least 1");
-    if (o.keep < 2) usage("--keep must be at least 2: a rollback needs an older step when the newest is torn");
-    if (o.timeout_ms < 1) usage("--timeout-ms must be positive");
+    if (o.epochs < 1) cli.fail("--epochs must be at least 1");
+    if (o.save_every < 1) cli.fail("--save-every must be at least 1");
+    if (o.keep < 2) cli.fail("--keep must be at least 2: a rollback needs an older step when the newest is torn");
+    if (o.timeout_ms < 1) cli.fail("--timeout-ms must be positive");
+    if (fault::launch_env().store.empty()) cli.fail("no store: start it with ckpt-run, or set RANK, WORLD_SIZE and CKPT_STORE");
     return o;
 }
 
@@ -96,9 +123,12 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
         dp.set_completed_steps(rp.global_step);
         initial_epoch = rp.initial_epoch;
         if (comm.rank() == 0)
-            std::printf("generation %d: every rank resumes at global step %lld (epoch %lld, step %lld)\n",
+            std::printf("generation %d: every rank resumes at global step %lld (epoch %lld, step %lld) from its "
+                        "checkpoint of epoch %lld, step %lld; rank 0 from %s\n",
                         comm.generation().number, static_cast<long long>(rp.global_step + 1),
-                        static_cast<long long>(rp.initial_epoch + 1), static_cast<long long>(rp.initial_step + 1));
+                        static_cast<long long>(rp.initial_epoch + 1), static_cast<long long>(rp.initial_step + 1),
+                        static_cast<long long>(agreed.epoch), static_cast<long long>(agreed.step),
+                        agreed.file->string().c_str());
     } else if (comm.rank() == 0) {
         std::printf("generation %d: no step saved by every rank; training from the start\n", comm.generation().number);
     }
@@ -120,8 +150,10 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
 
 int run(const Options& o) {
     const auto env = fault::launch_env();
-    if (env.store.empty()) usage("no store: start it with ckpt-run, or set RANK, WORLD_SIZE and CKPT_STORE");
     const fs::path mine = o.dir / ("rank_" + std::to_string(env.rank));
+    if (o.fresh && env.restarts == 0)  // a worker restarted within the job keeps its checkpoints
+        if (const auto aside = examples::move_aside(mine))
+            std::printf("rank %d: --fresh: moved its old checkpoints aside to %s\n", env.rank, aside->string().c_str());
     auto store = fault::open_store(env.store, std::chrono::milliseconds(o.timeout_ms));
     std::printf("rank %d: pid %d, start %d\n", env.rank, static_cast<int>(::getpid()), env.restarts + 1);
     std::fflush(stdout);

@@ -3,17 +3,24 @@
 // resume to epoch 10. The resumed run ends with the same parameters, bit for bit, as a run
 // that never failed: compare the last line with that of --no-fault.
 //
+// Killed (SIGKILL, out of memory, preemption) and started again with the same command, it
+// resumes from the newest valid checkpoint in --dir and ends as a run that was never killed.
+// With --save-steps N it also saves every N steps, and resumes from the middle of an epoch.
+//
 //   fault_recover [--data DIR] [--dir DIR] [--epochs N] [--fail-at-epoch K] [--no-fault]
-//                 [--limit N] [--threads N] [--seed N] [--quiet]
+//                 [--save-steps N] [--fresh] [--limit N] [--test-limit N] [--shuffle SEED]
+//                 [--threads N] [--seed N] [--quiet] [--help]
 
 #include <nn/nn.hpp>
 #include "../common/cli.hpp"
 #include "../common/params_hash.hpp"
+#include "../common/resume.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,39 +34,73 @@ struct Options {
     std::int64_t epochs = 10;
     std::int64_t fail_at_epoch = 6;
     bool fault = true;
+    std::int64_t save_steps = 0;
+    bool fresh = false;
     std::size_t limit = 0;
+    std::size_t test_limit = 0;
+    std::optional<std::uint64_t> shuffle;
     int threads = 1;
     std::uint64_t seed = 1;
     bool quiet = false;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-    std::cerr << "fault_recover: " << why << "\n"
-              << "usage: fault_recover [--data DIR] [--dir DIR] [--epochs N] [--fail-at-epoch K] [--no-fault]\n"
-              << "                     [--limit N] [--threads N] [--seed N] [--quiet]\n";
-    std::exit(2);
-}
+constexpr const char* usage_text =
+    "fault_recover [--data DIR] [--dir DIR] [--epochs N] [--fail-at-epoch K] [--no-fault]\n"
+    "                     [--save-steps N] [--fresh] [--limit N] [--test-limit N] [--shuffle SEED]\n"
+    "                     [--threads N] [--seed N] [--quiet] [--help]";
+constexpr const char* options_text =
+    "Trains LeNet5 on Fashion-MNIST with a checkpoint per epoch in DIR (lenet-{epoch}_{step}.ckpt,\n"
+    "the newest 5 of each run kept) and ends with final_params_xxh64=<hash of the parameters>.\n"
+    "Started again after being killed, the same command resumes from the newest valid checkpoint\n"
+    "in DIR (it says which, and at which epoch and step) and ends with the same hash as a run that\n"
+    "never stopped. A run that resumes writes its files under the next run prefix (lenet_1-…).\n"
+    "\n"
+    "  --data DIR         MNIST-format data (default /usr/share/datasets/fashion-mnist)\n"
+    "  --dir DIR          checkpoint directory (default ./lenet)\n"
+    "  --epochs N         epochs to train (default 10)\n"
+    "  --fail-at-epoch K  the scripted failure: an exception at the end of epoch K (default 6),\n"
+    "                     after which the program finds the latest checkpoint, loads it and\n"
+    "                     resumes; a run resuming from past epoch K does not fail again\n"
+    "  --no-fault         no scripted failure\n"
+    "  --save-steps N     also save every N global steps (printed: \"saved FILE\"), so a killed\n"
+    "                     run loses at most N steps and resumes in the middle of an epoch\n"
+    "  --fresh            train from the start, ignoring the checkpoints in DIR; they are kept\n"
+    "                     (nothing is deleted) and this run writes under the next run prefix,\n"
+    "                     which later runs resume from\n"
+    "  --limit N          train on the first N training images (default: all)\n"
+    "  --test-limit N     test on the first N test images (default: all)\n"
+    "  --shuffle SEED     a new order of the training images each epoch, drawn from SEED and\n"
+    "                     the epoch (default: the seed's fixed order)\n"
+    "  --threads N        BLAS threads (default 1; the hash is reproducible for a given count)\n"
+    "  --seed N           seed of the initial weights (default 1)\n"
+    "  --quiet            no loss and time lines per epoch\n"
+    "  --help             this text\n"
+    "\n"
+    "Exit status: 0 trained (or found nothing left to train), 1 an error, 2 a usage error.\n";
 
 Options parse(int argc, char** argv) {
     Options o;
-    auto number = [&](int& i) { return examples::count_after(argc, argv, i, usage); };
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--data" && i + 1 < argc) o.data = argv[++i];
-        else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
-        else if (a == "--epochs") o.epochs = number(i);
-        else if (a == "--fail-at-epoch") o.fail_at_epoch = number(i);
-        else if (a == "--no-fault") o.fault = false;
-        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i));
-        else if (a == "--threads") o.threads = static_cast<int>(number(i));
-        else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number(i));
-        else if (a == "--quiet") o.quiet = true;
-        else usage("unknown option '" + a + "'");
+    examples::Cli cli(argc, argv, usage_text, options_text);
+    while (const auto a = cli.next()) {
+        if (*a == "--data") o.data = cli.value();
+        else if (*a == "--dir") o.dir = cli.value();
+        else if (*a == "--epochs") o.epochs = cli.count();
+        else if (*a == "--fail-at-epoch") o.fail_at_epoch = cli.count();
+        else if (*a == "--no-fault") o.fault = false;
+        else if (*a == "--save-steps") o.save_steps = cli.count();
+        else if (*a == "--fresh") o.fresh = true;
+        else if (*a == "--limit") o.limit = static_cast<std::size_t>(cli.count());
+        else if (*a == "--test-limit") o.test_limit = static_cast<std::size_t>(cli.count());
+        else if (*a == "--shuffle") o.shuffle = static_cast<std::uint64_t>(cli.count());
+        else if (*a == "--threads") o.threads = static_cast<int>(cli.count());
+        else if (*a == "--seed") o.seed = static_cast<std::uint64_t>(cli.count());
+        else if (*a == "--quiet") o.quiet = true;
+        else cli.unknown();
     }
-    if (o.epochs < 1) usage("--epochs must be at least 1");
+    if (o.epochs < 1) cli.fail("--epochs must be at least 1");
     if (o.fault && (o.fail_at_epoch < 1 || o.fail_at_epoch >= o.epochs))
-        usage("--fail-at-epoch must be between 1 and epochs - 1");
-    if (o.threads < 1) usage("--threads must be at least 1");
+        cli.fail("--fail-at-epoch must be between 1 and epochs - 1");
+    if (o.threads < 1) cli.fail("--threads must be at least 1");
     return o;
 }
 
@@ -73,7 +114,6 @@ nn::MnistDataset create_dataset(const fs::path& dir, nn::Usage usage, std::size_
     ds.batch(32, drop_remainder);
     return ds;
 }
-
 
 // The checkpoint directory as the seed shows it: each run's meta file, then its checkpoints
 // by epoch and step, runs in order; other files last.
@@ -111,7 +151,32 @@ struct TestAccuracy {
     }
 };
 
-using Checkpoints = nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast>;
+// A checkpoint at every epoch end, and every `steps` global steps when steps > 0.
+struct EpochsAndSteps {
+    std::int64_t steps = 0;
+    bool should_save(const ckpt::Progress& p) const {
+        return ckpt::EveryEpochs(1).should_save(p) || (steps > 0 && ckpt::EverySteps(steps).should_save(p));
+    }
+    void saved(const ckpt::Progress&) const {}
+};
+
+using Checkpoints = nn::ModelCheckpoint<EpochsAndSteps, ckpt::KeepLast>;
+
+// Prints "saved FILE" for each checkpoint written (--save-steps); runs after Checkpoints.
+struct SaveReport {
+    const Checkpoints* checkpoints;
+    bool enabled;
+    std::optional<fs::path> shown;
+    void report() {
+        const auto& file = checkpoints->last_saved();
+        if (!enabled || !file || file == shown) return;
+        shown = file;
+        std::printf("saved %s\n", file->filename().string().c_str());
+        std::fflush(stdout);
+    }
+    void on_step_end(nn::RunContext&) { report(); }
+    void on_epoch_end(nn::RunContext&) { report(); }
+};
 
 ckpt::ManagerOptions checkpoint_options() {
     ckpt::ManagerOptions o;
@@ -120,31 +185,42 @@ ckpt::ManagerOptions checkpoint_options() {
 }
 
 // One training session: a fresh process' worth of objects, resumed from `from` if given.
-// Returns the final parameter hash, or nothing when the injected fault ended it.
+// Returns the final parameter hash, or nothing when the injected fault ended it; the fault
+// is injected only when `inject` and the session starts before the end of its epoch.
 std::optional<std::string> session(const Options& o, const std::optional<fs::path>& from, bool inject) {
     auto train = create_dataset(o.data, nn::Usage::train, o.limit, true);
-    auto test = create_dataset(o.data, nn::Usage::test, 0, false);
+    if (o.shuffle) train.shuffle(*o.shuffle);  // the order is saved with each checkpoint
+    auto test = create_dataset(o.data, nn::Usage::test, o.test_limit, false);
     nn::LeNet5 net(10, 1, o.seed);                     // the model
     nn::Momentum opt(net.parameters(), 0.01, 0.9);     // the optimizer
     nn::Trainer trainer(net, opt);                     // Model(net, loss_fn, optimizer)
+    TestAccuracy accuracy{&trainer, &test};
     std::int64_t initial_epoch = 0;
     if (from) {
         const nn::ResumePoint rp = trainer.resume_from(*from, train);
-        std::printf("loaded %s: epoch_num=%lld step_num=%lld lr=%g momentum=%g; resuming at epoch %lld\n",
-                    from->filename().string().c_str(), static_cast<long long>(rp.rest.get<std::int64_t>("epoch_num")),
-                    static_cast<long long>(rp.rest.get<std::int64_t>("step_num")), rp.rest.get<double>("lr"),
-                    rp.rest.get<double>("momentum"), static_cast<long long>(rp.initial_epoch + 1));
+        std::printf("%s\n", examples::resume_message(rp, train.steps_per_epoch(), o.epochs).c_str());
+        if (rp.rest.contains("epoch_num"))  // the seed's append_info, as saved
+            std::printf("  append_info: epoch_num=%lld step_num=%lld lr=%g momentum=%g\n",
+                        static_cast<long long>(rp.rest.get<std::int64_t>("epoch_num")),
+                        static_cast<long long>(rp.rest.get<std::int64_t>("step_num")), rp.rest.get<double>("lr"),
+                        rp.rest.get<double>("momentum"));
+        std::fflush(stdout);
         initial_epoch = rp.initial_epoch;
+        if (initial_epoch >= o.epochs) {  // killed after the last save: the result is in the file
+            accuracy.last = trainer.evaluate(test);
+            std::printf("final test accuracy: %.4f\n", accuracy.last);
+            return examples::params_xxh64(net.parameters());
+        }
     }
-    Checkpoints ckpt_cb("lenet", o.dir, checkpoint_options(), ckpt::EveryEpochs(1), ckpt::KeepLast(5));
+    Checkpoints ckpt_cb("lenet", o.dir, checkpoint_options(), EpochsAndSteps{o.save_steps}, ckpt::KeepLast(5));
+    SaveReport saves{&ckpt_cb, o.save_steps > 0, std::nullopt};
     std::ostream discard(nullptr);  // --quiet: a stream without a buffer prints nothing
     std::ostream& log = o.quiet ? discard : std::cout;
     nn::LossMonitor loss_cb(train.steps_per_epoch(), log);
     nn::TimeMonitor time_cb(log);
-    TestAccuracy accuracy{&trainer, &test};
-    nn::FailAtEpochEnd crash(inject ? o.fail_at_epoch : -1);
+    nn::FailAtEpochEnd crash(inject && initial_epoch < o.fail_at_epoch ? o.fail_at_epoch : -1);
     try {
-        trainer.train(o.epochs, train, nn::callbacks(ckpt_cb, loss_cb, time_cb, accuracy, crash), initial_epoch);
+        trainer.train(o.epochs, train, nn::callbacks(ckpt_cb, saves, loss_cb, time_cb, accuracy, crash), initial_epoch);
     } catch (const nn::InjectedFault& e) {
         std::printf("Some errors happen. (%s)\n", e.what());
         return std::nullopt;
@@ -159,9 +235,18 @@ int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     nn::set_blas_threads(o.threads);
     try {
-        if (fs::exists(o.dir) && !fs::is_empty(o.dir))
-            std::printf("note: '%s' already holds files; this run's files get a new prefix\n", o.dir.string().c_str());
-        std::optional<std::string> hash = session(o, std::nullopt, o.fault);
+        std::optional<fs::path> from;  // the run goes on from the newest valid checkpoint, if any
+        const std::size_t present =
+            fs::is_directory(o.dir) ? ckpt::list_checkpoints(o.dir, "lenet", ckpt::MindSporeNaming{}).size() : 0;
+        if (!o.fresh && present) from = ckpt::latest(o.dir, "lenet");
+        if (o.fresh && present)
+            std::printf("--fresh: training from the start; the %zu checkpoints in '%s' stay, this run writes under a "
+                        "new run prefix\n",
+                        present, o.dir.string().c_str());
+        else if (!from)
+            std::printf("no valid checkpoint of 'lenet' in '%s': training from the start\n", o.dir.string().c_str());
+        std::fflush(stdout);
+        std::optional<std::string> hash = session(o, from, o.fault);
         if (!hash) {
             std::printf("\nafter the failure:\n");
             print_tree(o.dir, "lenet");
@@ -176,6 +261,10 @@ int main(int argc, char** argv) {
         std::printf("\nafter training:\n");
         print_tree(o.dir, "lenet");
         std::printf("final_params_xxh64=%s\n", hash->c_str());
+    } catch (const ckpt::LoadMismatch& e) {
+        std::fprintf(stderr, "fault_recover: %s\n(the checkpoints in '%s' are of other options; --fresh starts over)\n",
+                     e.what(), o.dir.string().c_str());
+        return 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "fault_recover: %s\n", e.what());
         return 1;

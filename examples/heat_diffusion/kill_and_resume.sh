@@ -26,7 +26,7 @@ ls -1 "$work/killed" | sed 's/^/  /'
 
 echo "== restarted run"
 "$bin" --dir "$work/killed" "$@" | tee "$work/resumed.log"
-grep -q '^resumed from ' "$work/resumed.log" || { echo "the restarted run did not resume" >&2; exit 1; }
+grep -q '^resuming from ' "$work/resumed.log" || { echo "the restarted run did not resume" >&2; exit 1; }
 
 straight=$(grep '^final_grid_xxh3=' "$work/straight.log")
 resumed=$(grep '^final_grid_xxh3=' "$work/resumed.log")

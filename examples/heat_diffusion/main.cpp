@@ -1,8 +1,10 @@
 // A 2-D heat-equation solver that survives being killed: it checkpoints its grid every N
-// iterations with a CheckpointManager and, when started again, resumes from the newest valid
-// checkpoint. The final grid is bit-identical to an uninterrupted run's.
+// iterations with a CheckpointManager and, when started again with the same command,
+// resumes from the newest valid checkpoint. The final grid is bit-identical to an
+// uninterrupted run's.
 //
 //   heat_diffusion [--dir DIR] [--size N] [--iters N] [--every N] [--keep N] [--kill-at I]
+//                  [--fresh] [--help]
 //
 // --kill-at I sends SIGKILL to itself right after iteration I (before any save at I), the
 // way an out-of-memory killer or a lost node would end it.
@@ -10,6 +12,8 @@
 #include <ckpt/ckpt.hpp>
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xview.hpp>
+#include "../common/cli.hpp"
+#include "../common/fresh.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -28,40 +32,45 @@ struct Options {
     std::int64_t every = 250;
     std::int64_t keep = 3;
     std::int64_t kill_at = -1;
+    bool fresh = false;
 };
 
-[[noreturn]] void usage(const char* why) {
-    std::fprintf(stderr,
-                 "heat_diffusion: %s\nusage: heat_diffusion [--dir DIR] [--size N] [--iters N] [--every N] "
-                 "[--keep N] [--kill-at I]\n",
-                 why);
-    std::exit(2);
-}
+constexpr const char* usage_text =
+    "heat_diffusion [--dir DIR] [--size N] [--iters N] [--every N] [--keep N] [--kill-at I]\n"
+    "                      [--fresh] [--help]";
+constexpr const char* options_text =
+    "Solves the 2-D heat equation on an N x N grid, a checkpoint every --every iterations in DIR\n"
+    "(heat-{iteration}.ckpt), and ends with final_grid_xxh3=<hash of the grid>. Started again\n"
+    "after being killed, the same command resumes from the newest valid checkpoint in DIR (it\n"
+    "says which, and at which iteration) and ends with the same hash as a run that never stopped.\n"
+    "\n"
+    "  --dir DIR      checkpoint directory (default heat_checkpoints)\n"
+    "  --size N       grid size (default 192)\n"
+    "  --iters N      iterations to run (default 3000)\n"
+    "  --every N      save every N iterations (default 250)\n"
+    "  --keep N       checkpoints kept (default 3)\n"
+    "  --kill-at I    SIGKILL itself right after iteration I, before its save\n"
+    "  --fresh        start from iteration 0; an existing DIR is renamed DIR.old-N first\n"
+    "                 (nothing is deleted)\n"
+    "  --help         this text\n"
+    "\n"
+    "Exit status: 0 done, 1 an error, 2 a usage error.\n";
 
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) usage(("missing value for " + a).c_str());
-            return argv[++i];
-        };
-        auto number = [&]() -> std::int64_t {
-            const std::string v = value();
-            char* end = nullptr;
-            const long long n = std::strtoll(v.c_str(), &end, 10);
-            if (v.empty() || *end != '\0') usage(("not a number for " + a + ": " + v).c_str());
-            return n;
-        };
-        if (a == "--dir") o.dir = value();
-        else if (a == "--size") o.size = static_cast<std::size_t>(number());
-        else if (a == "--iters") o.iters = number();
-        else if (a == "--every") o.every = number();
-        else if (a == "--keep") o.keep = number();
-        else if (a == "--kill-at") o.kill_at = number();
-        else usage(("unknown option " + a).c_str());
+    examples::Cli cli(argc, argv, usage_text, options_text);
+    while (const auto a = cli.next()) {
+        if (*a == "--dir") o.dir = cli.value();
+        else if (*a == "--size") o.size = static_cast<std::size_t>(cli.count());
+        else if (*a == "--iters") o.iters = cli.count();
+        else if (*a == "--every") o.every = cli.count();
+        else if (*a == "--keep") o.keep = cli.count();
+        else if (*a == "--kill-at") o.kill_at = cli.count();
+        else if (*a == "--fresh") o.fresh = true;
+        else cli.unknown();
     }
-    if (o.size < 3 || o.iters < 1 || o.every < 1 || o.keep < 1) usage("sizes and counts must be positive");
+    if (o.size < 3 || o.iters < 1 || o.every < 1 || o.keep < 1)
+        cli.fail("--size must be at least 3, --iters, --every and --keep at least 1");
     return o;
 }
 
@@ -112,13 +121,17 @@ int main(int argc, char** argv) {
     const Options opt = parse(argc, argv);
     Solver solver(opt.size);
     try {
+        if (opt.fresh)
+            if (const auto aside = examples::move_aside(opt.dir))
+                std::printf("--fresh: moved the old checkpoints aside to %s\n", aside->string().c_str());
         ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> manager(
             opt.dir, "heat", ckpt::EverySteps{opt.every}, ckpt::KeepLast{opt.keep});
         if (auto restored = manager.restore(solver)) {
-            std::printf("resumed from %s at iteration %lld\n", restored->file.path.string().c_str(),
-                        static_cast<long long>(solver.iteration));
+            std::printf("resuming from %s: saved at iteration %lld; going on at iteration %lld\n",
+                        restored->file.path.string().c_str(), static_cast<long long>(solver.iteration),
+                        static_cast<long long>(solver.iteration + 1));
         } else {
-            std::printf("no checkpoint in %s: starting from iteration 0\n", opt.dir.c_str());
+            std::printf("no valid checkpoint of 'heat' in %s: starting from iteration 0\n", opt.dir.c_str());
         }
         while (solver.iteration < opt.iters) {
             solver.step();
@@ -134,7 +147,7 @@ int main(int argc, char** argv) {
         std::printf("checkpoints kept:");
         for (const auto& f : manager.run_checkpoints()) std::printf(" %s", f.path.filename().string().c_str());
         std::printf("\n");
-    } catch (const ckpt::Error& e) {
+    } catch (const std::exception& e) {
         std::fprintf(stderr, "heat_diffusion: %s\n", e.what());
         return 1;
     }

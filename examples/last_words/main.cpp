@@ -1,11 +1,13 @@
 // The seed's last-words tutorial: data-parallel training on N ranks (threads of this
 // process, talking through fault::ThreadComm) with the seed's 5-layer network. When a rank
 // fails mid-training, the survivors save the newest consistent step from a healthy replica
-// into the seed's layout; --recover resumes from it at the next step. The recovered run
-// ends with the same parameters, bit for bit, as a run that never failed (--no-fault).
+// into the seed's layout. Run again with the same command, the job resumes from those last
+// words at the next step (the failure, at a step already behind it, does not recur) and ends
+// with the same parameters, bit for bit, as a run that never failed (--no-fault).
 //
 //   last_words [--ranks N] [--shard-size S] [--fail-rank R] [--fail-step S] [--no-fault]
-//              [--recover] [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]
+//              [--recover] [--fresh] [--epochs N] [--limit N] [--small] [--data DIR]
+//              [--dir DIR] [--help]
 //
 // --shard-size S shards the optimizer state S ways (the seed's optimizer_weight_shard_size):
 // the last words then hold one file per replica group, and each rank resumes from its own.
@@ -26,7 +28,9 @@
 #include <fault/fault.hpp>
 #include <fault/gloo_comm.hpp>
 #include "../common/cli.hpp"
+#include "../common/fresh.hpp"
 #include "../common/params_hash.hpp"
+#include "../common/resume.hpp"
 #include "../common/seed_data.hpp"
 
 #include <algorithm>
@@ -48,7 +52,8 @@ struct Options {
     int fail_rank = 1;
     std::int64_t fail_step = 12;
     bool fault = true;
-    bool recover = false;
+    bool recover = false;  // resuming is required: no last words is an error
+    bool fresh = false;
     std::int64_t epochs = 1;
     std::size_t limit = 2560;  // 20 global steps of 4 x 32: the full network is large for a CPU
     bool small = false;
@@ -56,39 +61,64 @@ struct Options {
     fs::path dir = "./ttp_checkpoints";
 };
 
-[[noreturn]] void usage(const std::string& why) {
-    std::cerr << "last_words: " << why << "\n"
-              << "usage: last_words [--ranks N] [--shard-size S] [--fail-rank R] [--fail-step S] [--no-fault]\n"
-              << "                  [--recover] [--epochs N] [--limit N] [--small] [--data DIR] [--dir DIR]\n";
-    std::exit(2);
-}
+constexpr const char* usage_text =
+    "last_words [--ranks N] [--shard-size S] [--fail-rank R] [--fail-step S] [--no-fault]\n"
+    "                  [--recover] [--fresh] [--epochs N] [--limit N] [--small] [--data DIR]\n"
+    "                  [--dir DIR] [--help]";
+constexpr const char* options_text =
+    "Trains the seed's network data parallel on N ranks (threads; or processes started by\n"
+    "ckpt-run) and ends with final_params_xxh64=<hash of the parameters>. When a rank fails,\n"
+    "the survivors save the last words in DIR\n"
+    "(tft_saved_checkpoints-step_{g}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt) and the job exits\n"
+    "3. Run again with the same command, it resumes from the newest complete last words in DIR\n"
+    "(it says which, and at which epoch and step) and ends with the same hash as a run without\n"
+    "the failure.\n"
+    "\n"
+    "  --ranks N        ranks (threads; default 4; processes: WORLD_SIZE)\n"
+    "  --shard-size S   optimizer state sharded S ways (default 1)\n"
+    "  --fail-rank R    the rank that fails (default 1)\n"
+    "  --fail-step S    at the end of global step S (default 12); a run resuming past S does\n"
+    "                   not fail\n"
+    "  --no-fault       no failure\n"
+    "  --recover        resume, and fail when DIR holds no complete last words\n"
+    "  --fresh          train from the start: an existing DIR is renamed DIR.old-N first\n"
+    "                   (nothing is deleted)\n"
+    "  --epochs N       epochs (default 1)\n"
+    "  --limit N        the first N training images (default 2560)\n"
+    "  --small          the 784-512-512-10 network instead of the seed's 5 layers\n"
+    "  --data DIR       MNIST-format data (default /usr/share/datasets/fashion-mnist)\n"
+    "  --dir DIR        last-words directory (default ./ttp_checkpoints)\n"
+    "  --help           this text\n"
+    "\n"
+    "Exit status: 0 trained to the end; 3 a rank failed and the last words were saved; 143\n"
+    "stopped by SIGTERM or SIGINT, last words saved; 1 an error; 2 a usage error.\n";
 
 Options parse(int argc, char** argv) {
     Options o;
-    auto number = [&](int& i) { return examples::count_after(argc, argv, i, usage); };
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--ranks") o.ranks = static_cast<int>(number(i));
-        else if (a == "--shard-size") o.shard_size = static_cast<int>(number(i));
-        else if (a == "--fail-rank") o.fail_rank = static_cast<int>(number(i));
-        else if (a == "--fail-step") o.fail_step = number(i);
-        else if (a == "--no-fault") o.fault = false;
-        else if (a == "--recover") o.recover = true;
-        else if (a == "--epochs") o.epochs = number(i);
-        else if (a == "--limit") o.limit = static_cast<std::size_t>(number(i));
-        else if (a == "--small") o.small = true;
-        else if (a == "--data" && i + 1 < argc) o.data = argv[++i];
-        else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
-        else usage("unknown option '" + a + "'");
+    examples::Cli cli(argc, argv, usage_text, options_text);
+    while (const auto a = cli.next()) {
+        if (*a == "--ranks") o.ranks = static_cast<int>(cli.count());
+        else if (*a == "--shard-size") o.shard_size = static_cast<int>(cli.count());
+        else if (*a == "--fail-rank") o.fail_rank = static_cast<int>(cli.count());
+        else if (*a == "--fail-step") o.fail_step = cli.count();
+        else if (*a == "--no-fault") o.fault = false;
+        else if (*a == "--recover") o.recover = true;
+        else if (*a == "--fresh") o.fresh = true;
+        else if (*a == "--epochs") o.epochs = cli.count();
+        else if (*a == "--limit") o.limit = static_cast<std::size_t>(cli.count());
+        else if (*a == "--small") o.small = true;
+        else if (*a == "--data") o.data = cli.value();
+        else if (*a == "--dir") o.dir = cli.value();
+        else cli.unknown();
     }
     if (const auto env = fault::launch_env(); !env.store.empty()) o.ranks = env.world_size;  // one rank per process
-    if (o.ranks < 2) usage("--ranks must be at least 2: the last words come from a replica");
-    if (o.fault && o.fail_rank >= o.ranks) usage("--fail-rank must be below --ranks");
-    if (o.epochs < 1) usage("--epochs must be at least 1");
+    if (o.ranks < 2) cli.fail("--ranks must be at least 2: the last words come from a replica");
+    if (o.fault && o.fail_rank >= o.ranks) cli.fail("--fail-rank must be below --ranks");
+    if (o.epochs < 1) cli.fail("--epochs must be at least 1");
+    if (o.recover && o.fresh) cli.fail("--recover and --fresh exclude each other");
     if (o.recover) o.fault = false;
     return o;
 }
-
 
 // The last-words directory as the seed shows it, entries in name order.
 void print_tree(const fs::path& dir, const std::string& indent = "") {
@@ -132,14 +162,20 @@ void train_rank(Comm& comm, const Options& o, const fs::path& from, Failure fail
     Opt opt(dp, o.fail_step, comm.rank(), false);
     nn::Trainer<Net, Opt> trainer(net, opt, {}, comm.rank());
     std::int64_t initial_epoch = 0;
-    if (o.recover) {
+    if (!from.empty()) {
         const auto rp = trainer.resume_from(from, data);
         dp.set_completed_steps(rp.global_step);
         opt.set_completed_steps(rp.global_step);
         initial_epoch = rp.initial_epoch;
-        if (comm.rank() == 0)
-            std::printf("resuming at global step %lld (epoch %lld, step %lld)\n", static_cast<long long>(rp.global_step + 1),
-                        static_cast<long long>(rp.initial_epoch + 1), static_cast<long long>(rp.initial_step + 1));
+        if (comm.rank() == 0) {
+            std::lock_guard lock(out);
+            std::printf("%s\n", examples::resume_message(rp, data.steps_per_epoch(), o.epochs).c_str());
+            std::fflush(stdout);
+        }
+        if (initial_epoch >= o.epochs) {  // the last words hold the last step: nothing to train
+            result.hash = examples::params_xxh64(net.parameters());
+            return;
+        }
     }
     fault::LastWordsCheckpoint last_words(comm, o.dir, {.layout = layout, .watch_signals = true});
     struct Progress {
@@ -161,11 +197,26 @@ void train_rank(Comm& comm, const Options& o, const fs::path& from, Failure fail
     result.hash = examples::params_xxh64(net.parameters());
 }
 
-// This rank's file of the newest complete last words, or nothing (with a message).
-std::optional<fs::path> recovery_file(const Options& o, int rank) {
+// This rank's file of the newest complete last words in --dir (printed), an empty path
+// when there are none or with --fresh (which moves an old --dir aside, on rank 0), or
+// nothing when --recover finds none (with a message).
+std::optional<fs::path> recovery_file(const Options& o, int rank, bool first_start = true, bool announce = true) {
+    if (o.fresh) {
+        if (rank == 0 && first_start)
+            if (const auto aside = examples::move_aside(o.dir))
+                std::printf("--fresh: moved the old last words aside to %s\n", aside->string().c_str());
+        return fs::path();
+    }
     const auto file = fault::latest_last_words(o.dir, fault::ShardLayout{o.shard_size}, rank);
-    if (!file) std::fprintf(stderr, "last_words: no complete last-words checkpoint in '%s'\n", o.dir.string().c_str());
-    else std::printf("rank %d recovers from %s\n", rank, fs::relative(*file, o.dir).string().c_str());
+    if (!file) {
+        if (o.recover) {
+            std::fprintf(stderr, "last_words: no complete last-words checkpoint in '%s'\n", o.dir.string().c_str());
+            return std::nullopt;
+        }
+        if (rank == 0) std::printf("no complete last words in '%s': training from the start\n", o.dir.string().c_str());
+        return fs::path();
+    }
+    if (announce) std::printf("rank %d resumes from %s\n", rank, fs::relative(*file, o.dir).string().c_str());
     return file;
 }
 
@@ -195,12 +246,15 @@ int run_threads(const Options& o) {
     std::mutex out;
     std::vector<RankResult> results(static_cast<std::size_t>(o.ranks));
     std::vector<fs::path> from(static_cast<std::size_t>(o.ranks));  // each rank's file: its piece of the state
-    if (o.recover)
-        for (int r = 0; r < o.ranks; ++r) {
-            const auto file = recovery_file(o, r);
-            if (!file) return 1;
-            from[static_cast<std::size_t>(r)] = *file;
-        }
+    for (int r = 0; r < o.ranks; ++r) {
+        const auto file = recovery_file(o, r, true, false);
+        if (!file) return 1;
+        from[static_cast<std::size_t>(r)] = *file;
+    }
+    if (std::any_of(from.begin(), from.end(), [&](const fs::path& f) { return f != from[0]; }))
+        for (int r = 0; r < o.ranks; ++r)  // sharded: each rank resumes from its piece
+            std::printf("rank %d resumes from %s\n", r,
+                        fs::relative(from[static_cast<std::size_t>(r)], o.dir).string().c_str());
     const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         train_rank<Net>(comm, o, from[r], nn::FailAtStep(o.fault ? o.fail_step : 0, o.fail_rank), results[r], out);
@@ -243,17 +297,13 @@ int run_process(const Options& o, const fault::LaunchEnv& env) {
     fault::ShardLayout{o.shard_size}.require_replicas(o.ranks, "a last-words checkpoint");
     fault::TerminationSignals signals;
     std::mutex out;
-    fs::path from;
-    if (o.recover) {
-        const auto file = recovery_file(o, env.rank);
-        if (!file) return 1;
-        from = *file;
-    }
+    const auto from = recovery_file(o, env.rank, env.restarts == 0);
+    if (!from) return 1;
     auto store = fault::open_store(env.store);
     fault::GlooComm comm(*store, env.rank, env.world_size, {.timeout = std::chrono::seconds(60)});
     RankResult result;
     try {
-        train_rank<Net>(comm, o, from, KillAtStep{o.fault ? o.fail_step : 0, o.fail_rank}, result, out);
+        train_rank<Net>(comm, o, *from, KillAtStep{o.fault ? o.fail_step : 0, o.fail_rank}, result, out);
     } catch (const fault::Preempted& p) {
         std::printf("rank %d: %s\n", env.rank, p.what());
         return fault::preempted_exit_status;
