@@ -328,4 +328,18 @@ TEST_CASE("CheckpointConfig's enc_key and zstd_level configure the same codecs")
     CHECK_THROWS_WITH_AS(ckpt::make_manager(dir.path(), "cfg", config), doctest::Contains("AES-CBC"), ckpt::ConfigError);
 }
 
+TEST_CASE("LoadOptions::max_decoded_bytes refuses a compressed body that would decode to more, before decoding it") {
+    test::TempDir dir;
+    ckpt::ParamDict zeros;
+    zeros.set("z", ckpt::Tensor::from(std::vector<float>(4u << 20, 0.0f), {4 << 20}));  // 16 MiB, a few KiB stored
+    const auto file = dir / "zeros.ckpt";
+    ckpt::save_checkpoint(zeros, file, {.codecs = ckpt::Zstd{3}.codecs()});
+    CHECK(ckpt::read_header(file).body_length < (64u << 10));
+    ckpt::LoadOptions capped;
+    capped.max_decoded_bytes = 8u << 20;
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(file, capped), doctest::Contains("max_decoded_bytes"), ckpt::FormatError);
+    capped.max_decoded_bytes = 17u << 20;
+    CHECK(ckpt::load_checkpoint(file, capped) == zeros);
+}
+
 }  // TEST_SUITE

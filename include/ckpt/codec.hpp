@@ -180,6 +180,7 @@ struct DecodeContext {
     std::string path;
     std::array<std::byte, 56> associated_data{};
     Key key;
+    std::uint64_t max_decoded_bytes = UINT64_MAX;  ///< LoadOptions::max_decoded_bytes
 };
 
 /// A codec's implementation, registered by its header (zstd.hpp, aes_gcm.hpp).

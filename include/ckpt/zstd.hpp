@@ -53,6 +53,7 @@ public:
         if (!cctx_) throw std::bad_alloc();
         check(ZSTD_CCtx_setParameter(cctx_.get(), ZSTD_c_compressionLevel, c.level));
         check(ZSTD_CCtx_setParameter(cctx_.get(), ZSTD_c_checksumFlag, 0));  // the body checksum covers it
+        check(ZSTD_CCtx_setParameter(cctx_.get(), ZSTD_c_contentSizeFlag, 1));  // readers check it
         block_.reserve(zstd_block_size);
     }
 
@@ -125,8 +126,8 @@ inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {
                                std::to_string(at) + ")",
                            ctx.path);
     };
-    // First the block headers alone: the decoded size, bounded by the blocks really present,
-    // is known before anything is allocated.
+    // First the block and frame headers alone: the decoded size, bounded by the frames really
+    // present, is known before anything is allocated.
     std::uint64_t total = 0;
     for (std::uint64_t at = 0; at < n;) {
         if (n - at < zstd_block_header) throw malformed(at, "a block header is cut off");
@@ -135,7 +136,15 @@ inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {
             throw malformed(at, "a block of " + std::to_string(plain) + " bytes (1 .. " + std::to_string(zstd_block_size) + ")");
         if (kept > plain) throw malformed(at, "a block stores more bytes than it decodes to");
         if (n - at - zstd_block_header < kept) throw malformed(at, "the block is cut off");
+        // A compressed block's frame must declare the block's length in its own header: a
+        // claim backed by a frame, not by eight bytes.
+        if (kept < plain && ZSTD_getFrameContentSize(p + at + zstd_block_header, kept) != plain)
+            throw malformed(at, "its zstd frame does not declare the block's " + std::to_string(plain) + " bytes");
         total += plain;
+        if (total > ctx.max_decoded_bytes)
+            throw FormatError("checkpoint '" + ctx.path + "' decodes to more than " + std::to_string(ctx.max_decoded_bytes) +
+                                  " bytes (LoadOptions::max_decoded_bytes)",
+                              ctx.path);
         at += zstd_block_header + kept;
     }
     BodyBytes out{allocate_aligned(static_cast<std::size_t>(total)), total};

@@ -1271,6 +1271,7 @@ struct DecodeContext {
     std::string path;
     std::array<std::byte, 56> associated_data{};
     Key key;
+    std::uint64_t max_decoded_bytes = UINT64_MAX;  ///< LoadOptions::max_decoded_bytes
 };
 
 /// A codec's implementation, registered by its header (zstd.hpp, aes_gcm.hpp).
@@ -2275,6 +2276,9 @@ struct SaveOptions {
 struct LoadOptions {
     std::optional<ArchiveKind> archive;  ///< when set, a file of another archive kind is an error
     Key key{};                           ///< for encrypted checkpoints
+    /// A compressed body larger than this once decoded is refused before it is decoded. zstd
+    /// frames can expand thousands of times: a reader of files from elsewhere should set it.
+    std::uint64_t max_decoded_bytes = UINT64_MAX;
 };
 
 /// What a load into existing tensors did, in the seed's terms.
@@ -2355,7 +2359,8 @@ inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const 
 inline BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts) {
     BodyBytes body{read_verified_body(c, path), c.header.body_length};
     if (!c.header.encoded()) return body;
-    return decode_body(c.header, std::move(body), DecodeContext{path, header_associated_data(c.header), opts.key});
+    return decode_body(c.header, std::move(body),
+                       DecodeContext{path, header_associated_data(c.header), opts.key, opts.max_decoded_bytes});
 }
 
 template <class F>
