@@ -1,15 +1,17 @@
 // Writes the fuzzer's seed corpus as inputs of each mode of reader_input.hpp: real
 // checkpoints of small dictionaries in every archive kind (a whole file; a body under a
-// header), safetensors files (whole; header text and buffer), npz files (stored and
-// deflated) and single .npy members of every dtype, byte order and layout the reader takes.
+// header), binary bodies through the codecs (compressed; encrypted with the fuzz key;
+// compressed for the harness to encrypt), safetensors files (whole; header text and buffer),
+// npz files (stored and deflated) and single .npy members of every dtype, byte order and
+// layout the reader takes.
 //   make_seeds DIR
-#include <ckpt/ckpt.hpp>
-#include <ckpt/interop.hpp>
+#include "reader_input.hpp"
 
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,34 @@ int main(int argc, char** argv) {
                 << static_cast<char>(1 + static_cast<int>(kind)) << file.substr(ckpt::header_size);
             ++n;
         }
+
+    // Binary bodies through the codecs: mode 8 compressed, mode 9 encrypted with the fuzz key
+    // under the header the harness builds, mode 10 compressed for the harness to encrypt.
+    // Beyond the small dictionaries: 48 KiB of noise (a zstd block stored as is) and 2.5 MiB
+    // of a ramp that compresses well (several zstd blocks in a small input).
+    std::vector<ckpt::ParamDict> coded(dicts.begin(), dicts.end());
+    std::vector<std::uint8_t> noise(48u << 10);
+    std::mt19937 rng(8);
+    for (auto& v : noise) v = static_cast<std::uint8_t>(rng());
+    coded.emplace_back().set("w", ckpt::Tensor::from(noise, {static_cast<std::int64_t>(noise.size())}));
+    std::vector<float> ramp(640u << 10);
+    for (std::size_t i = 0; i < ramp.size(); ++i) ramp[i] = static_cast<float>(i % 64);
+    coded.emplace_back().set("w", ckpt::Tensor::from(ramp, {static_cast<std::int64_t>(ramp.size())}));
+    n = 0;
+    for (const auto& d : coded) {
+        const auto tmp = dir / "tmp.ckpt";
+        ckpt::save_checkpoint(d, tmp);
+        const std::string body = read_file(tmp).substr(ckpt::header_size);
+        boost::filesystem::remove(tmp);
+        const std::string zstd = fuzz::encode(ckpt::Zstd{3}.codecs(), fuzz::codec_header({ckpt::CodecId::zstd}), body);
+        write_seed(dir, "zstd-" + std::to_string(n), fuzz::zstd_body, zstd);
+        if (body.size() < (60u << 10))  // the fuzzer's inputs stop at 64 KiB
+            write_seed(dir, "aes-" + std::to_string(n), fuzz::aes_body,
+                       fuzz::encode(ckpt::AesGcm{fuzz::fuzz_key()}.codecs(),
+                                    fuzz::codec_header({ckpt::CodecId::aes_256_gcm}), body));
+        write_seed(dir, "zstd-in-aes-" + std::to_string(n), fuzz::zstd_in_aes, zstd);
+        ++n;
+    }
 
     // safetensors (mode 4: the whole file; mode 5: the header text, a NUL, the buffer) and
     // npz (mode 6: the whole file, stored and deflated).

@@ -3,7 +3,7 @@
 // (fuzz/checkpoint_reader.cpp) and the regression test that replays every input it ever
 // crashed on (tests/test_fuzz_regressions.cpp).
 //
-// The first byte, modulo 8, picks what the rest is:
+// The first byte, modulo 11, picks what the rest is:
 //   0      a whole checkpoint file, as it is: the header check and the checksum stand in front
 //   1 2 3  a checkpoint body (binary, text, xml archive) under a valid header with its true
 //          checksum, so that the archive parser itself is exercised
@@ -15,32 +15,95 @@
 //   7      one .npy member: it is wrapped here in a zip ("w.npy", stored, with its true
 //          CRC-32 and the comment "ckpt:scalar"), so that the npy header parser and the
 //          values past libzip's CRC check are reached
-// Checkpoints are loaded into a fresh dictionary and into a target with a tensor "w";
-// safetensors with load_safetensors, npz with load_npz. The only acceptable failure is a
-// ckpt::Error (format, checksum, version, mismatch, I/O).
+//   8      a zstd stored body (docs/FORMAT.md 9.2) of a binary archive, under a valid
+//          version-2 header listing zstd, with its true checksum: zstd_decode, then the parser
+//   9      an aes-256-gcm stored body (prefix and segments) of a binary archive, under a valid
+//          header listing aes-256-gcm, with its true checksum; read with fuzz_key()
+//   10     a zstd stored body of a binary archive that the harness encrypts here with
+//          fuzz_key(), under a header listing zstd then aes-256-gcm: authentication passes
+//          whatever the bytes, so that mutations reach zstd decoding behind decryption
+// Checkpoints are loaded, with fuzz_key() and max_decoded_bytes at 64 MiB (as a reader of files
+// from elsewhere should: valid zstd frames expand thousands of times), into a fresh dictionary
+// and into a target with a tensor "w"; safetensors with load_safetensors, npz with load_npz.
+// The only acceptable failure is a ckpt::Error (format, checksum, version, key,
+// authentication, mismatch, I/O).
 //
-// Why modulo 8: the byte was taken modulo 4 until the safetensors and npz modes came. Values
-// 0 to 3 mean what they meant, and the inputs kept in tests/fuzz_regressions/ before then all
-// start with 2 or 3, so they replay as before. Values 4 to 255 used to fold onto modes 0 to 3;
-// only throwaway libFuzzer corpora (build-fuzz/corpus) hold such inputs, and they merely
-// become inputs of other modes. 8 divides 256: every mode gets 32 byte values.
+// Why modulo 11: the byte was taken modulo 4 until the safetensors and npz modes came, then
+// modulo 8 until the codec modes came. Values 0 to 7 mean what they meant, and the inputs kept
+// in tests/fuzz_regressions/ all start with 2, 3 or 6, so they replay as before. Values 8 to
+// 255 used to fold onto modes 0 to 7; only throwaway libFuzzer corpora (build-fuzz/corpus) hold
+// such inputs, and they merely become inputs of other modes. 11 does not divide 256: modes 0
+// to 2 get 24 byte values, the others 23.
 
+#include <ckpt/aes_gcm.hpp>
 #include <ckpt/ckpt.hpp>
 #include <ckpt/interop.hpp>
+#include <ckpt/zstd.hpp>
 
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace fuzz {
 
-inline constexpr int mode_count = 8;
-enum Mode : int { checkpoint_file = 0, safetensors_file = 4, safetensors_json = 5, npz_file = 6, npy_member = 7 };
+inline constexpr int mode_count = 11;
+enum Mode : int {
+    checkpoint_file = 0,
+    safetensors_file = 4,
+    safetensors_json = 5,
+    npz_file = 6,
+    npy_member = 7,
+    zstd_body = 8,
+    aes_body = 9,
+    zstd_in_aes = 10
+};
 
 inline int mode_of(const std::uint8_t* data, std::size_t size) { return size == 0 ? -1 : data[0] % mode_count; }
+
+/// The key of every encrypted fuzz input (and of the seeds of modes 9 and 10).
+inline const ckpt::Key& fuzz_key() {
+    static const ckpt::Key key = [] {
+        std::array<unsigned char, ckpt::Key::size> raw{};
+        for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<unsigned char>(0xf0 ^ (i * 29));
+        return ckpt::Key::from_bytes(raw);
+    }();
+    return key;
+}
+
+/// The header of a binary body stored through `codecs`: format version 2, epoch, step and save
+/// time 0, so that the associated data aes-256-gcm authenticates is the same for every input.
+inline ckpt::FileHeader codec_header(std::initializer_list<ckpt::CodecId> codecs) {
+    ckpt::FileHeader h;
+    h.version = ckpt::format_version;
+    std::size_t i = 0;
+    for (const auto c : codecs) h.codecs[i++] = c;
+    return h;
+}
+
+/// `plain` through the library's encoders, as save_checkpoint stores a body under `h`.
+inline std::string encode(const ckpt::CodecChain& chain, const ckpt::FileHeader& h, std::string_view plain) {
+    struct StringSink final : ckpt::ByteSink {
+        std::string out;
+        void put(const std::byte* data, std::size_t n) override { out.append(reinterpret_cast<const char*>(data), n); }
+        void finish() override {}
+    } sink;
+    ckpt::detail::EncoderChain encoders(chain, sink, ckpt::EncodeContext{"fuzz input", ckpt::header_associated_data(h)});
+    encoders.head().put(reinterpret_cast<const std::byte*>(plain.data()), plain.size());
+    encoders.head().finish();
+    return std::move(sink.out);
+}
+
+/// A whole file: `h` with the length and true checksum of `stored`, then `stored`.
+inline std::string with_header(ckpt::FileHeader h, std::string_view stored) {
+    h.body_length = stored.size();
+    h.body_hash = ckpt::detail::xxh3(stored.data(), stored.size());
+    const auto header = ckpt::encode_header(h);
+    return std::string(reinterpret_cast<const char*>(header.data()), header.size()) + std::string(stored);
+}
 
 /// CRC-32 (the zip polynomial), bit by bit: inputs are at most 64 KiB.
 inline std::uint32_t crc32(std::string_view s) {
@@ -100,10 +163,13 @@ inline std::string file_bytes(const std::uint8_t* data, std::size_t size) {
         case 3: {
             ckpt::FileHeader h;
             h.archive = static_cast<ckpt::ArchiveKind>(mode - 1);
-            h.body_length = rest.size();
-            h.body_hash = ckpt::detail::xxh3(rest.data(), rest.size());
-            const auto header = ckpt::encode_header(h);
-            return std::string(reinterpret_cast<const char*>(header.data()), header.size()) + std::string(rest);
+            return with_header(h, rest);
+        }
+        case zstd_body: return with_header(codec_header({ckpt::CodecId::zstd}), rest);
+        case aes_body: return with_header(codec_header({ckpt::CodecId::aes_256_gcm}), rest);
+        case zstd_in_aes: {
+            const auto h = codec_header({ckpt::CodecId::zstd, ckpt::CodecId::aes_256_gcm});
+            return with_header(h, encode(ckpt::AesGcm{fuzz_key()}.codecs(), h, rest));
         }
         case safetensors_json: {
             const auto nul = rest.find('\0');
@@ -154,14 +220,17 @@ inline void read_input(const std::uint8_t* data, std::size_t size, const std::st
         }
         return;
     }
+    ckpt::LoadOptions opts;
+    opts.key = fuzz_key();
+    opts.max_decoded_bytes = 64u << 20;  // scripts/fuzz.sh's allocation limit
     try {
-        touch(ckpt::load_checkpoint(path));
+        touch(ckpt::load_checkpoint(path, opts));
     } catch (const ckpt::Error&) {
     }
     try {
         ckpt::ParamDict target;
         target.set("w", ckpt::Tensor::from(std::vector<float>(6, 0.0f), {2, 3}));
-        ckpt::load_checkpoint_into(path, target);
+        ckpt::load_checkpoint_into(path, target, false, opts);
     } catch (const ckpt::Error&) {
     }
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Fuzzes the readers (checkpoints; safetensors and npz from ckpt/interop.hpp) with libFuzzer
-# (Debian clang-14), AddressSanitizer and UndefinedBehaviorSanitizer, for a bounded time, from
-# a seed corpus of real files; one target, whose input's first byte picks the reader
-# (fuzz/reader_input.hpp).
+# Fuzzes the readers (checkpoints, their zstd and aes-256-gcm body codecs included; safetensors
+# and npz from ckpt/interop.hpp) with libFuzzer (Debian clang-14), AddressSanitizer and
+# UndefinedBehaviorSanitizer, for a bounded time, from a seed corpus of real files; one target,
+# whose input's first byte picks the reader (fuzz/reader_input.hpp).
 # Inputs are capped at 64 KiB and a single allocation at 64 MiB: reading a file must never
 # need more memory than its size suggests. A crash is saved under build-fuzz/ and fails
 # the run; put the input in tests/fuzz_regressions/ so the test suite replays it for good.
@@ -10,11 +10,11 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
-bash "$root/scripts/deps.sh" clang-14 libclang-rt-14-dev nlohmann-json3-dev libzip-dev
+bash "$root/scripts/deps.sh" clang-14 libclang-rt-14-dev nlohmann-json3-dev libzip-dev libzstd-dev libssl-dev
 out=$root/build-fuzz
 mkdir -p "$out/corpus" "$out/crashes"
 flags=(-std=c++20 -I"$root/include" -DNDEBUG)
-libs=(-lboost_serialization -lboost_filesystem -lxxhash -lzip)
+libs=(-lboost_serialization -lboost_filesystem -lxxhash -lzip -lzstd -lcrypto)
 g++ -O1 "${flags[@]}" "$root/fuzz/make_seeds.cpp" -o "$out/make_seeds" "${libs[@]}"
 "$out/make_seeds" "$out/seeds"
 clang++-14 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined "${flags[@]}" \

@@ -81,4 +81,41 @@ TEST_CASE("the fuzz harness frames safetensors header text and wraps npy members
     CHECK(got.at("w") == ckpt::Value(std::int64_t{7}));
 }
 
+TEST_CASE("the fuzz harness puts codec bodies under headers that let the reader decode them") {
+    // Otherwise modes 8 to 10 would stop at the checksum or the tag, never reaching zstd and
+    // the parser.
+    test::TempDir tmp;
+    ckpt::ParamDict d;
+    d.set("w", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}));
+    d.set("note", std::string("codec"));
+    ckpt::save_checkpoint(d, tmp / "plain.ckpt");
+    const auto plain = test::read_bytes(tmp / "plain.ckpt");
+    const std::string body(plain.begin() + ckpt::header_size, plain.end());
+    const std::string zstd = fuzz::encode(ckpt::Zstd{3}.codecs(), fuzz::codec_header({ckpt::CodecId::zstd}), body);
+    const std::string aes = fuzz::encode(ckpt::AesGcm{fuzz::fuzz_key()}.codecs(),
+                                         fuzz::codec_header({ckpt::CodecId::aes_256_gcm}), body);
+    CHECK(zstd.size() < body.size());
+    CHECK(aes.size() == 64 + body.size() + 16);
+    const struct {
+        int mode;
+        const std::string& rest;
+        const char* codecs;
+    } cases[] = {{fuzz::zstd_body, zstd, "zstd"},
+                 {fuzz::aes_body, aes, "aes-256-gcm"},
+                 {fuzz::zstd_in_aes, zstd, "zstd+aes-256-gcm"}};
+    ckpt::LoadOptions with_key;
+    with_key.key = fuzz::fuzz_key();
+    for (const auto& c : cases) {
+        CAPTURE(c.codecs);
+        const std::string input = char(c.mode) + c.rest;
+        REQUIRE(fuzz::mode_of(reinterpret_cast<const std::uint8_t*>(input.data()), input.size()) == c.mode);
+        std::ofstream((tmp / "c.ckpt").string(), std::ios::binary)
+            << fuzz::file_bytes(reinterpret_cast<const std::uint8_t*>(input.data()), input.size());
+        const ckpt::FileHeader h = ckpt::read_header(tmp / "c.ckpt");
+        CHECK(h.version == 2);
+        CHECK(h.codec_names() == c.codecs);
+        CHECK(ckpt::load_checkpoint(tmp / "c.ckpt", with_key) == d);
+    }
+}
+
 }  // TEST_SUITE

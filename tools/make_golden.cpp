@@ -1,49 +1,74 @@
-// Writes the golden checkpoint files of tests/golden/: one per archive kind, all holding the
-// same entries (golden_state(), tests/golden_state.hpp), for tests/test_golden.cpp and docs/FORMAT.md.
+// Writes the golden checkpoint files of tests/golden/, all holding the same entries
+// (golden_state(), tests/golden_state.hpp), for tests/test_golden.cpp and docs/FORMAT.md:
+// for format version 1 one file per archive kind, for format version 2 one file per codec
+// chain (each in another archive kind), encrypted with the test key tests/golden/v2.key.
 //
 // Golden files are never regenerated for an existing format version. The files of format
-// version 1 (tests/golden/v1-*.ckpt) were written once, by this program, and are checked in:
-// every later version of ckpt must still read them, byte for byte as they are. When a new
-// format version is introduced, add its files next to the old ones (v2-*.ckpt, written by
-// the code of that version: change the names in main() below) and keep the old ones. This program refuses to replace an
-// existing file.
+// version 1 (tests/golden/v1-*.ckpt) and of version 2 (tests/golden/v2-*.ckpt) were written
+// once, by this program, and are checked in: every later version of ckpt must still read them,
+// byte for byte as they are. When a new format version is introduced, add its files to the
+// list in main() below (v3-*.ckpt, written by the code of that version) and keep the old
+// ones. This program never replaces a file: one that exists is kept as it is and only the
+// missing ones are written. (Encrypted files could not be written again anyway: their salt is
+// fresh random bytes every time.)
 //
-// Build and run from the source tree (no CMake target):
+// Build and run from the source tree (a CMake target outside `all`):
 //
-//   g++ -std=c++20 -O1 -Iinclude tools/make_golden.cpp -o /tmp/make_golden -lboost_serialization -lboost_filesystem -lxxhash
-//   /tmp/make_golden tests/golden
+//   cmake --build build --target make_golden && build/make_golden tests/golden
 //
 // The values are a fixed function of nothing (no clock, no randomness), so the test
 // recomputes them: both take golden_state() from tests/golden_state.hpp. The save time in
-// each header is the only field that depends on when the files were written.
+// each header, and the salt of an encrypted body, are the only bytes that depend on when the
+// files were written.
 
+#include <ckpt/aes_gcm.hpp>
 #include <ckpt/checkpoint.hpp>
+#include <ckpt/zstd.hpp>
 
 #include "../tests/golden_state.hpp"
+
+#include <boost/filesystem/operations.hpp>
 
 #include <cstdio>
 #include <string>
 
 int main(int argc, char** argv) {
     if (argc != 2) {
-        std::fprintf(stderr, "usage: %s OUTPUT_DIR   (e.g. tests/golden)\n", argv[0]);
+        std::fprintf(stderr, "usage: %s OUTPUT_DIR   (e.g. tests/golden, which holds the test key v2.key)\n", argv[0]);
         return 2;
     }
     const std::string dir = argv[1];
     const ckpt::ParamDict state = test::golden_state();
-    struct File {
-        const char* name;
-        ckpt::ArchiveKind archive;
-        std::int64_t epoch, step;
-    };
-    const File files[] = {{"v1-binary.ckpt", ckpt::ArchiveKind::binary, 3, 1200},
-                          {"v1-text.ckpt", ckpt::ArchiveKind::text, 4, 1600},
-                          {"v1-xml.ckpt", ckpt::ArchiveKind::xml, 5, 2000}};
     try {
+        // A test key, published with the files: it protects nothing.
+        const ckpt::Key key = ckpt::Key::from_file(dir + "/v2.key");
+        struct File {
+            const char* name;
+            ckpt::ArchiveKind archive;
+            std::int64_t epoch, step;
+            ckpt::CodecChain codecs;
+        };
+        const File files[] = {
+            {"v1-binary.ckpt", ckpt::ArchiveKind::binary, 3, 1200, {}},
+            {"v1-text.ckpt", ckpt::ArchiveKind::text, 4, 1600, {}},
+            {"v1-xml.ckpt", ckpt::ArchiveKind::xml, 5, 2000, {}},
+            {"v2-zstd.ckpt", ckpt::ArchiveKind::binary, 6, 2400, ckpt::Zstd{3}.codecs()},
+            {"v2-aes-256-gcm.ckpt", ckpt::ArchiveKind::text, 7, 2800, ckpt::AesGcm{key}.codecs()},
+            {"v2-zstd-aes-256-gcm.ckpt", ckpt::ArchiveKind::xml, 8, 3200,
+             ckpt::Chain<ckpt::Zstd, ckpt::AesGcm>{ckpt::Zstd{19}, ckpt::AesGcm{key}}.codecs()},
+        };
         for (const File& f : files) {
             const std::string path = dir + "/" + f.name;
-            ckpt::save_checkpoint(state, path, {.archive = f.archive, .epoch = f.epoch, .step = f.step, .overwrite = false});
-            if (!(ckpt::load_checkpoint(path) == state)) {
+            if (boost::filesystem::exists(path)) {
+                std::printf("kept  %s\n", path.c_str());
+                continue;
+            }
+            ckpt::save_checkpoint(
+                state, path,
+                {.archive = f.archive, .epoch = f.epoch, .step = f.step, .overwrite = false, .codecs = f.codecs});
+            ckpt::LoadOptions with_key;
+            with_key.key = key;
+            if (!(ckpt::load_checkpoint(path, with_key) == state)) {
                 std::fprintf(stderr, "%s does not read back as written\n", path.c_str());
                 return 1;
             }

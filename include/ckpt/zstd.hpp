@@ -147,7 +147,14 @@ inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {
                               ctx.path);
         at += zstd_block_header + kept;
     }
-    BodyBytes out{allocate_aligned(static_cast<std::size_t>(total)), total};
+    BodyBytes out{nullptr, total};
+    try {
+        out.data = allocate_aligned(static_cast<std::size_t>(total));
+    } catch (const std::bad_alloc&) {
+        throw FormatError("checkpoint '" + ctx.path + "' claims to decode to " + std::to_string(total) +
+                              " bytes, which cannot be allocated (LoadOptions::max_decoded_bytes bounds the claim)",
+                          ctx.path);
+    }
     std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(), &ZSTD_freeDCtx);
     if (!dctx) throw std::bad_alloc();
     std::byte* dst = out.data.get();
