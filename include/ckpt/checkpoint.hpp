@@ -362,9 +362,12 @@ inline void save_checkpoint(const ParamDict& dict, const PathArg& file, const Sa
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
     detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
-    detail::FileSink stored(out.fd(), path);
+    std::optional<detail::FileSink> stored;  // with codecs: where the chain's output is hashed and written
     std::optional<detail::EncoderChain> encoders;
-    if (!opts.codecs.empty()) encoders.emplace(opts.codecs, stored, EncodeContext{path, header_associated_data(h)});
+    if (!opts.codecs.empty()) {
+        stored.emplace(out.fd(), path);
+        encoders.emplace(opts.codecs, *stored, EncodeContext{path, header_associated_data(h)});
+    }
     detail::BodyWriter writer(out.fd(), path, encoders ? &encoders->head() : nullptr);
     try {
         auto position = [&] { return writer.position(); };
@@ -402,8 +405,8 @@ inline void save_checkpoint(const ParamDict& dict, const PathArg& file, const Sa
     writer.finish();
     if (encoders) {
         encoders->head().finish();
-        h.body_length = stored.written();
-        h.body_hash = stored.digest();
+        h.body_length = stored->written();
+        h.body_hash = stored->digest();
     } else {
         h.body_length = writer.position();
         h.body_hash = writer.digest();

@@ -140,18 +140,8 @@ namespace detail {
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 class ManagerCore {
 public:
-    using save_policy = S;
-    using retention_policy = R;
-    using naming_policy = N;
-    using archive_policy = A;
-    using codec_policy = C;
-
-    /// Creates `directory` if needed, removes temporaries that crashed writers left for this
-    /// prefix, and picks this run's prefix (see the naming policy).
-    /// `codec`'s chain is checked here (a missing key or codec fails now, not at the first save);
-    /// its key, if any, also decrypts what restore() loads.
-    ManagerCore(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
-                      ManagerOptions options = {}, C codec = C{})
+    /// See CheckpointManager's constructor.
+    ManagerCore(PathArg directory, std::string prefix, S save, R retention, N naming, ManagerOptions options, C codec)
         : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
           retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)),
           codecs_(codec.codecs()) {

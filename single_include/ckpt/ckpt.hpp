@@ -2588,9 +2588,12 @@ inline void save_checkpoint(const ParamDict& dict, const PathArg& file, const Sa
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
     detail::write_all(out.fd(), placeholder.data(), placeholder.size(), path);
-    detail::FileSink stored(out.fd(), path);
+    std::optional<detail::FileSink> stored;  // with codecs: where the chain's output is hashed and written
     std::optional<detail::EncoderChain> encoders;
-    if (!opts.codecs.empty()) encoders.emplace(opts.codecs, stored, EncodeContext{path, header_associated_data(h)});
+    if (!opts.codecs.empty()) {
+        stored.emplace(out.fd(), path);
+        encoders.emplace(opts.codecs, *stored, EncodeContext{path, header_associated_data(h)});
+    }
     detail::BodyWriter writer(out.fd(), path, encoders ? &encoders->head() : nullptr);
     try {
         auto position = [&] { return writer.position(); };
@@ -2628,8 +2631,8 @@ inline void save_checkpoint(const ParamDict& dict, const PathArg& file, const Sa
     writer.finish();
     if (encoders) {
         encoders->head().finish();
-        h.body_length = stored.written();
-        h.body_hash = stored.digest();
+        h.body_length = stored->written();
+        h.body_hash = stored->digest();
     } else {
         h.body_length = writer.position();
         h.body_hash = writer.digest();
@@ -3799,18 +3802,8 @@ namespace detail {
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 class ManagerCore {
 public:
-    using save_policy = S;
-    using retention_policy = R;
-    using naming_policy = N;
-    using archive_policy = A;
-    using codec_policy = C;
-
-    /// Creates `directory` if needed, removes temporaries that crashed writers left for this
-    /// prefix, and picks this run's prefix (see the naming policy).
-    /// `codec`'s chain is checked here (a missing key or codec fails now, not at the first save);
-    /// its key, if any, also decrypts what restore() loads.
-    ManagerCore(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
-                      ManagerOptions options = {}, C codec = C{})
+    /// See CheckpointManager's constructor.
+    ManagerCore(PathArg directory, std::string prefix, S save, R retention, N naming, ManagerOptions options, C codec)
         : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
           retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)),
           codecs_(codec.codecs()) {
