@@ -4,6 +4,7 @@
 #   asan   AddressSanitizer + UndefinedBehaviorSanitizer (leaks included) over the unit
 #          suite, every test case in its own process (build-asan)
 #   tsan   ThreadSanitizer over the parts that run threads (build-tsan): the async saver, the
+#          codecs (their encoding pipeline and two-thread decryption), the
 #          parallel verified read, ThreadComm and all built on it (data parallelism, last
 #          words, UCE repair, cluster agreement, membership heartbeats), the preemption
 #          signal in the trainer. Not test_gloo or test_launch (GlooComm over processes):
@@ -59,7 +60,7 @@ tsan() {
     local selections=(
         "-sf=*test_last_words.cpp"
         "-sf=*test_data_parallel.cpp,*test_uce.cpp,*test_comm.cpp,*test_cluster.cpp"
-        "-ts=async save"
+        "-ts=async save,codec"
         "-tc=large bodies are read by two threads*"
         "-sf=*test_trainer.cpp|-tc=a termination signal*"
     )

@@ -825,7 +825,10 @@ TEST_CASE("today's writer stores codec stages as FORMAT.md says") {
         if (c.codecs.front().id == ckpt::CodecId::zstd) {
             CHECK(blocks.raw >= 1);
             CHECK(blocks.compressed >= 1);
-            CHECK(blocks.raw + blocks.compressed == static_cast<int>((plain.size() + (1u << 20) - 1) >> 20));
+            // Blocks of at most 1 MiB; the writer may end one early where a payload begins.
+            const auto at_least = static_cast<int>((plain.size() + (1u << 20) - 1) >> 20);
+            CHECK(blocks.raw + blocks.compressed >= at_least);
+            CHECK(blocks.raw + blocks.compressed <= at_least + static_cast<int>(state.size()));
         }
         if (c.codecs.back().id == ckpt::CodecId::aes_256_gcm) {
             CHECK(segments >= 2);

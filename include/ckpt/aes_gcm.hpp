@@ -24,12 +24,14 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "codec.hpp"
+#include "detail/block_pipeline.hpp"
 #include "error.hpp"
 #include "tensor.hpp"
 
@@ -159,6 +161,45 @@ inline std::vector<unsigned char> aes_associated_data(const std::array<std::byte
     return aad;
 }
 
+static_assert(aes_segment_size == BlockPipeline::block_size);
+
+/// Seals the body as 1 MiB segments through a BlockPipeline (one GCM context per thread).
+class AesGcmEncoder final : public ByteSink {
+public:
+    AesGcmEncoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) : next_(next), path_(ctx.path) {
+        AesPrefix p;
+        p.key_id = aes_key_id(c.key, path_);
+        random_bytes(p.salt.data(), p.salt.size());
+        std::memcpy(prefix_.data(), p.key_id.data(), 8);
+        std::memcpy(prefix_.data() + 8, p.salt.data(), 16);
+        put_le<std::uint32_t>(prefix_.data() + 24, p.segment_size);
+        file_key_ = std::make_unique<FileKey>(c.key, p.salt, path_);
+        next_.put(prefix_.data(), prefix_.size());
+        const auto aad = aes_associated_data(ctx.associated_data, prefix_.data());
+        pipeline_.emplace(next_, BlockPipeline::Options{aes_segment_size + aes_tag_size, false, false},
+                          [this](std::uint64_t index, const std::byte* in, std::size_t n, bool last, std::byte* out,
+                                 unsigned worker) {
+                              gcm_[worker]->run(index, last, in, n, out, reinterpret_cast<unsigned char*>(out + n));
+                              return BlockPipeline::Encoded{n + aes_tag_size};
+                          });
+        gcm_.resize(pipeline_->threads());
+        for (auto& g : gcm_) g = std::make_unique<GcmSegments>(*file_key_, aad, true, path_);
+    }
+    ~AesGcmEncoder() override { pipeline_.reset(); }  // its threads use gcm_
+
+    void put(const std::byte* data, std::size_t n) override { pipeline_->put(data, n); }
+    void put_lasting(const std::byte* data, std::size_t n) override { pipeline_->put(data, n, true); }
+    void finish() override { pipeline_->finish(); }
+
+private:
+    ByteSink& next_;
+    std::string path_;
+    std::array<std::byte, aes_prefix_size> prefix_{};
+    std::unique_ptr<FileKey> file_key_;
+    std::vector<std::unique_ptr<GcmSegments>> gcm_;  // one per pipeline thread
+    std::optional<BlockPipeline> pipeline_;
+};
+
 /// Runs f(0, n/2) on a second thread and f(n/2, n) here when `n` pieces are worth splitting
 /// (segments are independent); rethrows the first failure after both are done.
 template <class F>
@@ -185,81 +226,6 @@ void on_two_threads(std::uint64_t n, F&& f) {
     second.join();
     if (failed) std::rethrow_exception(failed);
 }
-
-/// Seals segments a batch at a time, the batch split over two threads; a batch that arrives
-/// whole in one put() (a large payload) is sealed from the caller's memory, without a copy.
-class AesGcmEncoder final : public ByteSink {
-public:
-    static constexpr std::size_t batch_segments = 8;
-    static constexpr std::size_t batch_bytes = batch_segments * aes_segment_size;
-
-    AesGcmEncoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) : next_(next), path_(ctx.path) {
-        AesPrefix p;
-        p.key_id = aes_key_id(c.key, path_);
-        random_bytes(p.salt.data(), p.salt.size());
-        std::memcpy(prefix_.data(), p.key_id.data(), 8);
-        std::memcpy(prefix_.data() + 8, p.salt.data(), 16);
-        put_le<std::uint32_t>(prefix_.data() + 24, p.segment_size);
-        file_key_ = std::make_unique<FileKey>(c.key, p.salt, path_);
-        const auto aad = aes_associated_data(ctx.associated_data, prefix_.data());
-        for (auto& g : gcm_) g = std::make_unique<GcmSegments>(*file_key_, aad, true, path_);
-        plain_.reset(new std::byte[batch_bytes]);
-        sealed_.reset(new std::byte[batch_segments * (aes_segment_size + aes_tag_size)]);
-        next_.put(prefix_.data(), prefix_.size());
-    }
-    ~AesGcmEncoder() override { ::explicit_bzero(plain_.get(), filled_); }
-
-    void put(const std::byte* data, std::size_t n) override {
-        while (n > 0) {
-            if (filled_ == batch_bytes) {  // more follows: none of the batch is the last segment
-                seal(plain_.get(), filled_, false);
-                filled_ = 0;
-            }
-            if (filled_ == 0 && n > batch_bytes) {
-                seal(data, batch_bytes, false);
-                data += batch_bytes;
-                n -= batch_bytes;
-                continue;
-            }
-            const std::size_t take = std::min(n, batch_bytes - filled_);
-            std::memcpy(plain_.get() + filled_, data, take);
-            filled_ += take;
-            data += take;
-            n -= take;
-        }
-    }
-    void finish() override {
-        seal(plain_.get(), filled_, true);
-        ::explicit_bzero(plain_.get(), filled_);
-        filled_ = 0;
-        next_.finish();
-    }
-
-private:
-    /// Seals `n` bytes as whole segments (the last may be short, or empty when it ends the body).
-    void seal(const std::byte* in, std::size_t n, bool ends_body) {
-        const std::uint64_t count = std::max<std::uint64_t>(1, (n + aes_segment_size - 1) / aes_segment_size);
-        on_two_threads(count, [&](std::uint64_t first, std::uint64_t end, int worker) {
-            for (std::uint64_t k = first; k < end; ++k) {
-                const std::size_t len = std::min<std::size_t>(aes_segment_size, n - k * aes_segment_size);
-                std::byte* out = sealed_.get() + k * (aes_segment_size + aes_tag_size);
-                gcm_[worker]->run(segment_ + k, ends_body && k + 1 == count, in + k * aes_segment_size, len, out,
-                                  reinterpret_cast<unsigned char*>(out + len));
-            }
-        });
-        segment_ += count;
-        next_.put(sealed_.get(), n + count * aes_tag_size);
-    }
-
-    ByteSink& next_;
-    std::string path_;
-    std::array<std::byte, aes_prefix_size> prefix_{};
-    std::unique_ptr<FileKey> file_key_;
-    std::array<std::unique_ptr<GcmSegments>, 2> gcm_;  // one per thread
-    std::unique_ptr<std::byte[]> plain_, sealed_;
-    std::size_t filled_ = 0;
-    std::uint64_t segment_ = 0;
-};
 
 inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
     const std::byte* p = stored.data.get();

@@ -365,10 +365,12 @@ inline void save_checkpoint(const ParamDict& dict, const PathArg& file, const Sa
     std::optional<detail::FileSink> stored;  // with codecs: where the chain's output is hashed and written
     std::optional<detail::EncoderChain> encoders;
     if (!opts.codecs.empty()) {
-        stored.emplace(out.fd(), path);
+        stored.emplace(out.fd(), path, header_size);
         encoders.emplace(opts.codecs, *stored, EncodeContext{path, header_associated_data(h)});
     }
-    detail::BodyWriter writer(out.fd(), path, encoders ? &encoders->head() : nullptr);
+    // Binary archives pass payloads and long strings of `dict` straight through (save_binary).
+    detail::BodyWriter writer(out.fd(), path, encoders ? &encoders->head() : nullptr,
+                              opts.archive == ArchiveKind::binary);
     try {
         auto position = [&] { return writer.position(); };
         switch (opts.archive) {

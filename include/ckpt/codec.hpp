@@ -160,6 +160,9 @@ class ByteSink {
 public:
     virtual ~ByteSink() = default;
     virtual void put(const std::byte* data, std::size_t n) = 0;
+    /// As put(), for memory that stays valid and unchanged until finish() returns (a tensor's
+    /// payload while it is saved): a stage may then keep working on it after this returns.
+    virtual void put_lasting(const std::byte* data, std::size_t n) { put(data, n); }
     virtual void finish() = 0;  ///< no more input: flush everything downstream
 };
 
@@ -241,10 +244,10 @@ inline void check_chain(const CodecChain& chain, const std::string& path) {
 /// The end of the chain: hashes the stored bytes and writes them to the file.
 class FileSink final : public ByteSink {
 public:
-    FileSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+    FileSink(int fd, std::string path, std::uint64_t offset) : file_(fd, std::move(path), offset) {}
     void put(const std::byte* data, std::size_t n) override {
         hash_.update(data, n);
-        write_all(fd_, data, n, path_);
+        file_.write(data, n);
         written_ += n;
     }
     void finish() override {}
@@ -252,8 +255,7 @@ public:
     std::uint64_t digest() const { return hash_.digest(); }
 
 private:
-    int fd_;
-    std::string path_;
+    AppendingWriter file_;
     Xxh3 hash_;
     std::uint64_t written_ = 0;
 };

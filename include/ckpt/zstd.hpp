@@ -16,10 +16,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "codec.hpp"
+#include "detail/block_pipeline.hpp"
 #include "error.hpp"
 #include "tensor.hpp"
 
@@ -39,71 +42,87 @@ struct Zstd {
 
 namespace detail {
 
-inline constexpr std::size_t zstd_block_size = 1u << 20;
+inline constexpr std::size_t zstd_block_size = BlockPipeline::block_size;
 inline constexpr std::size_t zstd_probe_size = 64u << 10;
 inline constexpr std::size_t zstd_block_header = 8;
 
 inline std::string zstd_error(size_t code) { return ZSTD_getErrorName(code); }
 
-class ZstdEncoder final : public ByteSink {
+/// Compression contexts kept between saves: a context allocates its tables on first use,
+/// and a save should not pay for that (nor for the page faults) every time.
+class ZstdContextPool {
 public:
-    ZstdEncoder(const Codec& c, ByteSink& next, const EncodeContext& ctx)
-        : next_(next), path_(ctx.path), cctx_(ZSTD_createCCtx(), &ZSTD_freeCCtx),
-          out_(new std::byte[zstd_block_header + ZSTD_compressBound(zstd_block_size)]) {
-        if (!cctx_) throw std::bad_alloc();
-        check(ZSTD_CCtx_setParameter(cctx_.get(), ZSTD_c_compressionLevel, c.level));
-        check(ZSTD_CCtx_setParameter(cctx_.get(), ZSTD_c_checksumFlag, 0));  // the body checksum covers it
-        check(ZSTD_CCtx_setParameter(cctx_.get(), ZSTD_c_contentSizeFlag, 1));  // readers check it
-        block_.reserve(zstd_block_size);
+    using Context = std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)>;
+    static ZstdContextPool& instance() {
+        static ZstdContextPool pool;
+        return pool;
     }
-
-    void put(const std::byte* data, std::size_t n) override {
-        while (n > 0) {
-            if (block_.empty() && n >= zstd_block_size) {  // a whole block straight from the caller
-                emit(data, zstd_block_size);
-                data += zstd_block_size;
-                n -= zstd_block_size;
-                continue;
+    Context take() {
+        {
+            std::lock_guard lock(mutex_);
+            if (!free_.empty()) {
+                Context c = std::move(free_.back());
+                free_.pop_back();
+                return c;
             }
-            const std::size_t take = std::min(n, zstd_block_size - block_.size());
-            block_.insert(block_.end(), data, data + take);
-            data += take;
-            n -= take;
-            if (block_.size() == zstd_block_size) flush();
         }
+        Context c(ZSTD_createCCtx(), &ZSTD_freeCCtx);
+        if (!c) throw std::bad_alloc();
+        return c;
     }
-    void finish() override {
-        flush();
-        next_.finish();
+    void give_back(Context c) {
+        ZSTD_CCtx_reset(c.get(), ZSTD_reset_session_and_parameters);
+        std::lock_guard lock(mutex_);
+        if (free_.size() < 8) free_.push_back(std::move(c));
     }
 
 private:
-    void flush() {
-        if (block_.empty()) return;
-        emit(block_.data(), block_.size());
-        block_.clear();
+    std::mutex mutex_;
+    std::vector<Context> free_;
+};
+
+/// Compresses 1 MiB blocks through a BlockPipeline, one context per thread.
+class ZstdEncoder final : public ByteSink {
+public:
+    ZstdEncoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) : path_(ctx.path) {
+        pipeline_.emplace(next, BlockPipeline::Options{zstd_block_header + ZSTD_compressBound(zstd_block_size), true, true},
+                          [this](std::uint64_t, const std::byte* in, std::size_t n, bool, std::byte* out, unsigned worker) {
+                              return encode(in, n, out, contexts_[worker].get());
+                          });
+        for (unsigned i = 0; i < pipeline_->threads(); ++i) {
+            contexts_.push_back(ZstdContextPool::instance().take());
+            ZSTD_CCtx* cctx = contexts_.back().get();
+            check(ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, c.level));
+            check(ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 0));     // the body checksum covers it
+            check(ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1));  // readers check it
+        }
     }
-    void emit(const std::byte* in, std::size_t n) {
-        std::byte* out = out_.get() + zstd_block_header;
+    ~ZstdEncoder() override {
+        pipeline_.reset();  // its threads use the contexts
+        for (auto& c : contexts_) ZstdContextPool::instance().give_back(std::move(c));
+    }
+
+    void put(const std::byte* data, std::size_t n) override { pipeline_->put(data, n); }
+    void put_lasting(const std::byte* data, std::size_t n) override { pipeline_->put(data, n, true); }
+    void finish() override { pipeline_->finish(); }
+
+private:
+    BlockPipeline::Encoded encode(const std::byte* in, std::size_t n, std::byte* out, ZSTD_CCtx* cctx) const {
+        if (n == 0) return {};  // the body ended with a block
         std::size_t stored = n;
-        if (worth_compressing(in, n)) {
-            const std::size_t got = ZSTD_compress2(cctx_.get(), out, ZSTD_compressBound(n), in, n);
+        if (worth_compressing(in, n, out + zstd_block_header, cctx)) {
+            const std::size_t got = ZSTD_compress2(cctx, out + zstd_block_header, ZSTD_compressBound(n), in, n);
             check(got);
             if (got < n) stored = got;
         }
-        put_le<std::uint32_t>(out_.get(), static_cast<std::uint32_t>(n));
-        put_le<std::uint32_t>(out_.get() + 4, static_cast<std::uint32_t>(stored));
-        if (stored == n) {  // as is: header, then the input itself
-            next_.put(out_.get(), zstd_block_header);
-            next_.put(in, n);
-        } else {
-            next_.put(out_.get(), zstd_block_header + stored);
-        }
+        put_le<std::uint32_t>(out, static_cast<std::uint32_t>(n));
+        put_le<std::uint32_t>(out + 4, static_cast<std::uint32_t>(stored));
+        if (stored == n) return {zstd_block_header, in, n};  // as is: header, then the input itself
+        return {zstd_block_header + stored};
     }
-    bool worth_compressing(const std::byte* in, std::size_t n) {
+    bool worth_compressing(const std::byte* in, std::size_t n, std::byte* scratch, ZSTD_CCtx* cctx) const {
         if (n < 2 * zstd_probe_size) return true;
-        const std::size_t got = ZSTD_compress2(cctx_.get(), out_.get() + zstd_block_header,
-                                               ZSTD_compressBound(zstd_probe_size), in, zstd_probe_size);
+        const std::size_t got = ZSTD_compress2(cctx, scratch, ZSTD_compressBound(zstd_probe_size), in, zstd_probe_size);
         check(got);
         return got < zstd_probe_size - zstd_probe_size / 50;
     }
@@ -111,11 +130,9 @@ private:
         if (ZSTD_isError(code)) throw Error("zstd failed compressing '" + path_ + "': " + zstd_error(code));
     }
 
-    ByteSink& next_;
     std::string path_;
-    std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx_;
-    std::unique_ptr<std::byte[]> out_;
-    std::vector<std::byte> block_;
+    std::vector<ZstdContextPool::Context> contexts_;  // one per pipeline thread
+    std::optional<BlockPipeline> pipeline_;
 };
 
 inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {

@@ -1038,6 +1038,32 @@ inline void write_all(int fd, const void* data, std::size_t n, const std::string
     }
 }
 
+/// Appends to a file being saved and starts the disk writing what is complete, every
+/// `step` bytes (Linux: sync_file_range). Without it the kernel holds a fresh checkpoint in
+/// the page cache until the final fsync, which then waits for every byte; with it the disk
+/// works while the rest is encoded and copied, and fsync waits for the tail only.
+/// Durability still rests on that fsync: a failed start is ignored, fsync reports errors.
+class AppendingWriter {
+public:
+    static constexpr std::uint64_t step = 8u << 20;
+    AppendingWriter(int fd, std::string path, std::uint64_t offset) : fd_(fd), path_(std::move(path)), end_(offset), started_(offset) {}
+    void write(const void* data, std::size_t n) {
+        write_all(fd_, data, n, path_);
+        end_ += n;
+#ifdef __linux__
+        if (end_ - started_ >= step) {
+            ::sync_file_range(fd_, static_cast<off_t>(started_), static_cast<off_t>(end_ - started_), SYNC_FILE_RANGE_WRITE);
+            started_ = end_;
+        }
+#endif
+    }
+
+private:
+    int fd_;
+    std::string path_;
+    std::uint64_t end_, started_;
+};
+
 inline void pwrite_all(int fd, const void* data, std::size_t n, std::uint64_t offset, const std::string& path) {
     auto* p = static_cast<const char*>(data);
     while (n > 0) {
@@ -1251,6 +1277,9 @@ class ByteSink {
 public:
     virtual ~ByteSink() = default;
     virtual void put(const std::byte* data, std::size_t n) = 0;
+    /// As put(), for memory that stays valid and unchanged until finish() returns (a tensor's
+    /// payload while it is saved): a stage may then keep working on it after this returns.
+    virtual void put_lasting(const std::byte* data, std::size_t n) { put(data, n); }
     virtual void finish() = 0;  ///< no more input: flush everything downstream
 };
 
@@ -1332,10 +1361,10 @@ inline void check_chain(const CodecChain& chain, const std::string& path) {
 /// The end of the chain: hashes the stored bytes and writes them to the file.
 class FileSink final : public ByteSink {
 public:
-    FileSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+    FileSink(int fd, std::string path, std::uint64_t offset) : file_(fd, std::move(path), offset) {}
     void put(const std::byte* data, std::size_t n) override {
         hash_.update(data, n);
-        write_all(fd_, data, n, path_);
+        file_.write(data, n);
         written_ += n;
     }
     void finish() override {}
@@ -1343,8 +1372,7 @@ public:
     std::uint64_t digest() const { return hash_.digest(); }
 
 private:
-    int fd_;
-    std::string path_;
+    AppendingWriter file_;
     Xxh3 hash_;
     std::uint64_t written_ = 0;
 };
@@ -2064,8 +2092,11 @@ inline constexpr std::size_t stream_buffer_size = 64 * 1024;
 /// hashes and writes what is stored.
 class BodyWriter final : public std::streambuf {
 public:
-    BodyWriter(int fd, std::string path, ByteSink* encoder = nullptr)
-        : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]), encoder_(encoder) {
+    /// `large_writes_last`: every write larger than the buffer comes from memory that stays
+    /// valid until the save ends (binary archives: tensor payloads and strings of the dict).
+    BodyWriter(int fd, std::string path, ByteSink* encoder = nullptr, bool large_writes_last = false)
+        : file_(fd, std::move(path), header_size), buf_(new char[stream_buffer_size]), encoder_(encoder),
+          lasting_(large_writes_last) {
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
 
@@ -2103,7 +2134,7 @@ protected:
         // Large block (a tensor payload): hashed and written straight from the caller's memory.
         const bool ok = guard([&] {
             flush_buffer();
-            emit(s, count);
+            emit(s, count, lasting_);
         });
         return ok ? n : 0;
     }
@@ -2117,12 +2148,15 @@ private:
         emit(pbase(), n);
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
-    void emit(const char* data, std::size_t n) {
+    void emit(const char* data, std::size_t n, bool lasting = false) {
         if (encoder_) {
-            encoder_->put(reinterpret_cast<const std::byte*>(data), n);
+            if (lasting)
+                encoder_->put_lasting(reinterpret_cast<const std::byte*>(data), n);
+            else
+                encoder_->put(reinterpret_cast<const std::byte*>(data), n);
         } else {
             hash_.update(data, n);
-            write_all(fd_, data, n, path_);
+            file_.write(data, n);
         }
         flushed_ += n;
     }
@@ -2138,10 +2172,10 @@ private:
         }
     }
 
-    int fd_;
-    std::string path_;
+    AppendingWriter file_;
     std::unique_ptr<char[]> buf_;
     ByteSink* encoder_;
+    bool lasting_;
     std::uint64_t flushed_ = 0;
     Xxh3 hash_;
     std::exception_ptr error_;
@@ -2591,10 +2625,12 @@ inline void save_checkpoint(const ParamDict& dict, const PathArg& file, const Sa
     std::optional<detail::FileSink> stored;  // with codecs: where the chain's output is hashed and written
     std::optional<detail::EncoderChain> encoders;
     if (!opts.codecs.empty()) {
-        stored.emplace(out.fd(), path);
+        stored.emplace(out.fd(), path, header_size);
         encoders.emplace(opts.codecs, *stored, EncodeContext{path, header_associated_data(h)});
     }
-    detail::BodyWriter writer(out.fd(), path, encoders ? &encoders->head() : nullptr);
+    // Binary archives pass payloads and long strings of `dict` straight through (save_binary).
+    detail::BodyWriter writer(out.fd(), path, encoders ? &encoders->head() : nullptr,
+                              opts.archive == ArchiveKind::binary);
     try {
         auto position = [&] { return writer.position(); };
         switch (opts.archive) {

@@ -82,6 +82,32 @@ inline void write_all(int fd, const void* data, std::size_t n, const std::string
     }
 }
 
+/// Appends to a file being saved and starts the disk writing what is complete, every
+/// `step` bytes (Linux: sync_file_range). Without it the kernel holds a fresh checkpoint in
+/// the page cache until the final fsync, which then waits for every byte; with it the disk
+/// works while the rest is encoded and copied, and fsync waits for the tail only.
+/// Durability still rests on that fsync: a failed start is ignored, fsync reports errors.
+class AppendingWriter {
+public:
+    static constexpr std::uint64_t step = 8u << 20;
+    AppendingWriter(int fd, std::string path, std::uint64_t offset) : fd_(fd), path_(std::move(path)), end_(offset), started_(offset) {}
+    void write(const void* data, std::size_t n) {
+        write_all(fd_, data, n, path_);
+        end_ += n;
+#ifdef __linux__
+        if (end_ - started_ >= step) {
+            ::sync_file_range(fd_, static_cast<off_t>(started_), static_cast<off_t>(end_ - started_), SYNC_FILE_RANGE_WRITE);
+            started_ = end_;
+        }
+#endif
+    }
+
+private:
+    int fd_;
+    std::string path_;
+    std::uint64_t end_, started_;
+};
+
 inline void pwrite_all(int fd, const void* data, std::size_t n, std::uint64_t offset, const std::string& path) {
     auto* p = static_cast<const char*>(data);
     while (n > 0) {

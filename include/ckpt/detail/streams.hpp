@@ -30,8 +30,11 @@ inline constexpr std::size_t stream_buffer_size = 64 * 1024;
 /// hashes and writes what is stored.
 class BodyWriter final : public std::streambuf {
 public:
-    BodyWriter(int fd, std::string path, ByteSink* encoder = nullptr)
-        : fd_(fd), path_(std::move(path)), buf_(new char[stream_buffer_size]), encoder_(encoder) {
+    /// `large_writes_last`: every write larger than the buffer comes from memory that stays
+    /// valid until the save ends (binary archives: tensor payloads and strings of the dict).
+    BodyWriter(int fd, std::string path, ByteSink* encoder = nullptr, bool large_writes_last = false)
+        : file_(fd, std::move(path), header_size), buf_(new char[stream_buffer_size]), encoder_(encoder),
+          lasting_(large_writes_last) {
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
 
@@ -69,7 +72,7 @@ protected:
         // Large block (a tensor payload): hashed and written straight from the caller's memory.
         const bool ok = guard([&] {
             flush_buffer();
-            emit(s, count);
+            emit(s, count, lasting_);
         });
         return ok ? n : 0;
     }
@@ -83,12 +86,15 @@ private:
         emit(pbase(), n);
         setp(buf_.get(), buf_.get() + stream_buffer_size);
     }
-    void emit(const char* data, std::size_t n) {
+    void emit(const char* data, std::size_t n, bool lasting = false) {
         if (encoder_) {
-            encoder_->put(reinterpret_cast<const std::byte*>(data), n);
+            if (lasting)
+                encoder_->put_lasting(reinterpret_cast<const std::byte*>(data), n);
+            else
+                encoder_->put(reinterpret_cast<const std::byte*>(data), n);
         } else {
             hash_.update(data, n);
-            write_all(fd_, data, n, path_);
+            file_.write(data, n);
         }
         flushed_ += n;
     }
@@ -104,10 +110,10 @@ private:
         }
     }
 
-    int fd_;
-    std::string path_;
+    AppendingWriter file_;
     std::unique_ptr<char[]> buf_;
     ByteSink* encoder_;
+    bool lasting_;
     std::uint64_t flushed_ = 0;
     Xxh3 hash_;
     std::exception_ptr error_;

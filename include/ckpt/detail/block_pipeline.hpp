@@ -1,0 +1,257 @@
+#pragma once
+// The engine of the block codecs (zstd, AES-256-GCM): the body is cut into blocks of at most
+// 1 MiB, helper threads encode them, and the calling thread hands the encoded blocks to the
+// next stage in order (the last stage hashes and write()s them). On two cores the encoding
+// overlaps the write() copy into the page cache instead of adding to it. When encoding is the
+// slower part (compression), a caller that would wait encodes a queued block itself; when it
+// is not (AES-GCM runs faster than write()), the caller leaves it to the helpers, as time it
+// spends encoding is time it does not write.
+//
+// A block that arrives whole in one put() (most of a large payload) is encoded straight from
+// the caller's memory. That memory is the caller's only until put() returns, so put() hands on
+// every such block before it returns; put_lasting() (a tensor's payload, valid until the save
+// ends) lets them go on while the caller passes the next payload. Smaller pieces gather in a
+// staging buffer.
+
+#include <string.h>  // explicit_bzero
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "../codec.hpp"
+#include "../tensor.hpp"
+
+namespace ckpt::detail {
+
+class BlockPipeline {
+public:
+    static constexpr std::size_t block_size = 1u << 20;
+
+    /// What a block became: `head` bytes at the start of its output buffer, then `tail_size`
+    /// bytes at `tail` (which may point into the input: a block stored as is).
+    struct Encoded {
+        std::size_t head = 0;
+        const std::byte* tail = nullptr;
+        std::size_t tail_size = 0;
+    };
+    /// Encodes block `index` (`last`: it ends the body, and may then be empty) into `out`
+    /// (`out_capacity` bytes). `worker` (0 .. threads() - 1) picks per-thread state; calls
+    /// with different workers run at the same time.
+    using Encode = std::function<Encoded(std::uint64_t index, const std::byte* in, std::size_t n, bool last,
+                                         std::byte* out, unsigned worker)>;
+
+    struct Options {
+        std::size_t out_capacity = 0;  ///< the output buffer of a block
+        bool short_blocks = false;     ///< a block may end where a large put() begins (zstd), rather
+                                       ///< than all but the last holding block_size bytes (AES)
+        bool caller_encodes = false;   ///< a waiting caller encodes queued blocks
+    };
+
+    BlockPipeline(ByteSink& next, Options opts, Encode encode)
+        : next_(next), encode_(std::move(encode)), helpers_(helper_count()), depth_(2 * (helpers_ + 1)),
+          out_capacity_(round_up(opts.out_capacity)), short_blocks_(opts.short_blocks),
+          caller_encodes_(opts.caller_encodes || helpers_ == 0), slots_(depth_) {
+        // One block for every buffer: large enough for huge pages, so a save does not pay a
+        // page fault per 4 KiB of scratch space.
+        memory_ = allocate_aligned(depth_ * (out_capacity_ + block_size));
+        for (std::size_t i = 0; i < depth_; ++i) {
+            slots_[i].out = memory_.get() + i * (out_capacity_ + block_size);
+            slots_[i].staging = slots_[i].out + out_capacity_;
+        }
+        for (unsigned w = 0; w < helpers_; ++w) threads_.emplace_back([this, w] { work(w + 1); });
+    }
+    ~BlockPipeline() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        work_ready_.notify_all();
+        for (auto& t : threads_) t.join();  // a block being encoded is finished first: it uses our memory
+        ::explicit_bzero(memory_.get(), depth_ * (out_capacity_ + block_size));  // may hold plaintext
+    }
+    BlockPipeline(const BlockPipeline&) = delete;
+    BlockPipeline& operator=(const BlockPipeline&) = delete;
+
+    /// The threads that encode: the caller (worker 0) and the helpers.
+    unsigned threads() const noexcept { return helpers_ + 1; }
+
+    void put(const std::byte* data, std::size_t n, bool lasting = false) {
+        bool from_caller = false;
+        while (n > 0) {
+            if (filled_ > 0 && short_blocks_ && n >= block_size) submit_staged(false);
+            if (filled_ == 0 && n >= block_size) {
+                submit(data, block_size, false);
+                from_caller = !lasting;
+                data += block_size;
+                n -= block_size;
+                continue;
+            }
+            if (filled_ == 0) staged_slot_ = &free_slot();
+            const std::size_t take = std::min(n, block_size - filled_);
+            std::memcpy(staged_slot_->staging + filled_, data, take);
+            filled_ += take;
+            data += take;
+            n -= take;
+            if (filled_ == block_size) submit_staged(false);
+        }
+        if (from_caller) hand_on(submitted_);  // the caller's memory is ours only until we return
+    }
+
+    /// Encodes what is left as the last block (empty if nothing is) and hands on everything.
+    void finish() {
+        if (filled_ == 0) staged_slot_ = &free_slot();
+        submit_staged(true);
+        hand_on(submitted_);
+        next_.finish();
+    }
+
+private:
+    enum class State { free, queued, running, done };
+    struct Slot {
+        std::byte* out = nullptr;
+        std::byte* staging = nullptr;
+        const std::byte* in = nullptr;
+        std::size_t n = 0;
+        bool last = false;
+        std::uint64_t index = 0;
+        State state = State::free;
+        Encoded result;
+        std::exception_ptr error;
+    };
+
+    static unsigned helper_count() {
+        const unsigned hw = std::thread::hardware_concurrency();
+        return hw < 2 ? 0 : std::min(hw - 1, 3u);
+    }
+    static std::size_t round_up(std::size_t n) { return (n + tensor_alignment - 1) / tensor_alignment * tensor_alignment; }
+
+    /// The slot the next block goes to, once the block that used it last is handed on.
+    Slot& free_slot() {
+        if (submitted_ - handed_on_ == depth_) hand_on(handed_on_ + 1);
+        return slots_[submitted_ % depth_];
+    }
+
+    void submit_staged(bool last) {
+        Slot& s = *staged_slot_;
+        const std::size_t n = filled_;
+        filled_ = 0;
+        submit(s.staging, n, last);
+    }
+
+    void submit(const std::byte* in, std::size_t n, bool last) {
+        Slot& s = free_slot();
+        s.in = in;
+        s.n = n;
+        s.last = last;
+        s.index = submitted_;
+        s.error = nullptr;
+        {
+            std::lock_guard lock(mutex_);
+            s.state = State::queued;
+            ++submitted_;
+        }
+        if (helpers_ > 0) {
+            work_ready_.notify_one();
+            return;
+        }
+        {
+            std::lock_guard lock(mutex_);
+            take_queued();
+        }
+        run(s, 0);
+    }
+
+    /// Hands on blocks in order until `count` blocks have been; waits for each, encoding
+    /// queued blocks meanwhile.
+    void hand_on(std::uint64_t count) {
+        while (handed_on_ < count) {
+            Slot& s = slots_[handed_on_ % depth_];
+            {
+                std::unique_lock lock(mutex_);
+                for (;;) {
+                    if (s.state == State::done) break;
+                    // Rather than wait, encode one.
+                    if (Slot* q = caller_encodes_ ? take_queued() : nullptr) {
+                        lock.unlock();
+                        run(*q, 0);
+                        lock.lock();
+                        continue;
+                    }
+                    // Encoding a block is bounded CPU work on a helper that is running it.
+                    block_done_.wait(lock);
+                }
+                s.state = State::free;
+            }
+            ++handed_on_;
+            if (s.error) std::rethrow_exception(s.error);
+            next_.put(s.out, s.result.head);
+            if (s.result.tail_size) next_.put(s.result.tail, s.result.tail_size);
+        }
+    }
+
+    /// The oldest queued block, marked running (with mutex_ held).
+    Slot* take_queued() {
+        while (next_to_run_ < submitted_) {
+            Slot& q = slots_[next_to_run_++ % depth_];
+            if (q.state == State::queued) {
+                q.state = State::running;
+                return &q;
+            }
+        }
+        return nullptr;
+    }
+
+    void run(Slot& s, unsigned worker) {
+        try {
+            s.result = encode_(s.index, s.in, s.n, s.last, s.out, worker);
+        } catch (...) {
+            s.error = std::current_exception();
+        }
+        {
+            std::lock_guard lock(mutex_);
+            s.state = State::done;
+        }
+        block_done_.notify_all();
+    }
+
+    void work(unsigned worker) {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            if (stopping_) return;  // blocks still queued are dropped: their input may be gone
+            Slot* s = take_queued();
+            if (!s) {
+                work_ready_.wait(lock);
+                continue;
+            }
+            lock.unlock();
+            run(*s, worker);
+            lock.lock();
+        }
+    }
+
+    ByteSink& next_;
+    Encode encode_;
+    unsigned helpers_;
+    std::size_t depth_, out_capacity_;
+    bool short_blocks_, caller_encodes_;
+    std::shared_ptr<std::byte> memory_;
+    std::vector<Slot> slots_;
+    Slot* staged_slot_ = nullptr;
+    std::size_t filled_ = 0;
+    std::uint64_t submitted_ = 0, handed_on_ = 0, next_to_run_ = 0;
+    std::mutex mutex_;
+    std::condition_variable work_ready_, block_done_;
+    bool stopping_ = false;
+    std::vector<std::thread> threads_;
+};
+
+}  // namespace ckpt::detail
