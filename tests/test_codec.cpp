@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "support.hpp"
@@ -108,6 +109,11 @@ TEST_CASE("large bodies cross zstd block and AES segment boundaries intact, and 
         const auto file = dir / (std::string(chain.name) + ".ckpt");
         ckpt::save_checkpoint(state, file, {.codecs = chain.codecs});
         CHECK(ckpt::load_checkpoint(file, with_key(key)) == state);
+        ckpt::ParamDict into = large_state();
+        for (auto& [name, value] : into)
+            if (auto* t = value.get_if<ckpt::Tensor>()) std::memset(t->data(), 0, t->nbytes());
+        CHECK(ckpt::load_checkpoint_into(file, into, true, with_key(key)).complete());
+        CHECK(into == state);
         const auto stored = ckpt::read_header(file).body_length;
         const std::uint64_t blocks = plain / (1u << 20) + 1, segments = plain / (1u << 20) + 1;
         if (chain.codecs.empty()) continue;
@@ -200,6 +206,11 @@ TEST_CASE("damaged compressed and encrypted bodies are corruption, altered ones 
                 CHECK_NOTHROW(ckpt::verify_checkpoint(file));
                 CHECK_THROWS_AS(ckpt::load_checkpoint(file, with_key(key)), ckpt::AuthenticationError);
             }
+            // Deep in a large body: the segment is named, whichever way the body was read.
+            fresh();
+            rewrite_body(file, [](std::vector<char>& b) { b[64 + 3 * ((1u << 20) + 16) + 5] ^= 1; });
+            CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(file, with_key(key)), doctest::Contains("segment 3 of"),
+                                 ckpt::AuthenticationError);
             // The header is authenticated too: another step, with the header check recomputed.
             fresh();
             auto b = test::read_bytes(file);

@@ -129,12 +129,25 @@ inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const 
     return body;
 }
 
-/// The verified body with its codecs undone: what the archive wrote.
+/// The verified body with its codecs undone: what the archive wrote. An outermost stage that
+/// can decode while the body is read (aes-256-gcm) does; a damaged body is still a
+/// ChecksumError before it is any codec's error.
 inline BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts) {
-    BodyBytes body{read_verified_body(c, path), c.header.body_length};
-    if (!c.header.encoded()) return body;
-    return decode_body(c.header, std::move(body),
-                       DecodeContext{path, header_associated_data(c.header), opts.key, opts.max_decoded_bytes});
+    const FileHeader& h = c.header;
+    if (!h.encoded()) return {read_verified_body(c, path), h.body_length};
+    const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
+    require_key(h, ctx);
+    std::size_t outer = max_codec_stages;
+    while (h.codecs[outer - 1] == CodecId::none) --outer;
+    if (const auto read_decode = codec_impl(h.codecs[outer - 1], path, "reading").read_decode) {
+        StreamDecoded got = read_decode(c.fd.get(), header_size, h.body_length, ctx);
+        if (got.body.data) {
+            if (got.stored_digest != h.body_hash) throw body_checksum_error(path, h.body_hash, got.stored_digest);
+            if (got.failure) std::rethrow_exception(got.failure);
+            return decode_body(h, std::move(got.body), ctx, outer - 1);
+        }
+    }
+    return decode_body(h, {read_verified_body(c, path), h.body_length}, ctx);
 }
 
 template <class F>

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -186,10 +187,20 @@ struct DecodeContext {
     std::uint64_t max_decoded_bytes = UINT64_MAX;  ///< LoadOptions::max_decoded_bytes
 };
 
+/// What a codec made of a body it read from the file itself (CodecImpl::read_decode).
+struct StreamDecoded {
+    BodyBytes body;                   ///< null data: the codec declined; read the body whole instead
+    std::uint64_t stored_digest = 0;  ///< xxh3 of the stored bytes, checked before anything else
+    std::exception_ptr failure;       ///< a decoding failure, reported if the checksum matches
+};
+
 /// A codec's implementation, registered by its header (zstd.hpp, aes_gcm.hpp).
 struct CodecImpl {
     std::unique_ptr<ByteSink> (*make_encoder)(const Codec&, ByteSink& next, const EncodeContext&) = nullptr;
     BodyBytes (*decode)(BodyBytes stored, const DecodeContext&) = nullptr;
+    /// Optional, for the outermost stage: reads the stored body (`length` bytes at `offset`
+    /// of `fd`), hashing it, and decodes it as it arrives rather than after.
+    StreamDecoded (*read_decode)(int fd, std::uint64_t offset, std::uint64_t length, const DecodeContext&) = nullptr;
 };
 
 namespace detail {
@@ -278,13 +289,19 @@ private:
     ByteSink* head_ = nullptr;
 };
 
-/// Undoes a verified stored body's codecs, last applied first.
-inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeContext& ctx) {
+inline void require_key(const FileHeader& h, const DecodeContext& ctx) {
     if (h.encrypted() && ctx.key.empty())
         throw KeyError("checkpoint '" + ctx.path + "' is encrypted (" + h.codec_names() +
                            "): reading it needs its key (LoadOptions::key, or --key-file for the ckpt tool)",
                        ctx.path);
-    for (std::size_t i = max_codec_stages; i-- > 0;) {
+}
+
+/// Undoes a verified stored body's codecs, last applied first, from stage `stages` - 1 down
+/// (all of them by default).
+inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeContext& ctx,
+                             std::size_t stages = max_codec_stages) {
+    require_key(h, ctx);
+    for (std::size_t i = stages; i-- > 0;) {
         if (h.codecs[i] == CodecId::none) continue;
         body = codec_impl(h.codecs[i], ctx.path, "reading").decode(std::move(body), ctx);
     }

@@ -946,6 +946,7 @@ struct XmlArchive {
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -1303,10 +1304,20 @@ struct DecodeContext {
     std::uint64_t max_decoded_bytes = UINT64_MAX;  ///< LoadOptions::max_decoded_bytes
 };
 
+/// What a codec made of a body it read from the file itself (CodecImpl::read_decode).
+struct StreamDecoded {
+    BodyBytes body;                   ///< null data: the codec declined; read the body whole instead
+    std::uint64_t stored_digest = 0;  ///< xxh3 of the stored bytes, checked before anything else
+    std::exception_ptr failure;       ///< a decoding failure, reported if the checksum matches
+};
+
 /// A codec's implementation, registered by its header (zstd.hpp, aes_gcm.hpp).
 struct CodecImpl {
     std::unique_ptr<ByteSink> (*make_encoder)(const Codec&, ByteSink& next, const EncodeContext&) = nullptr;
     BodyBytes (*decode)(BodyBytes stored, const DecodeContext&) = nullptr;
+    /// Optional, for the outermost stage: reads the stored body (`length` bytes at `offset`
+    /// of `fd`), hashing it, and decodes it as it arrives rather than after.
+    StreamDecoded (*read_decode)(int fd, std::uint64_t offset, std::uint64_t length, const DecodeContext&) = nullptr;
 };
 
 namespace detail {
@@ -1395,13 +1406,19 @@ private:
     ByteSink* head_ = nullptr;
 };
 
-/// Undoes a verified stored body's codecs, last applied first.
-inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeContext& ctx) {
+inline void require_key(const FileHeader& h, const DecodeContext& ctx) {
     if (h.encrypted() && ctx.key.empty())
         throw KeyError("checkpoint '" + ctx.path + "' is encrypted (" + h.codec_names() +
                            "): reading it needs its key (LoadOptions::key, or --key-file for the ckpt tool)",
                        ctx.path);
-    for (std::size_t i = max_codec_stages; i-- > 0;) {
+}
+
+/// Undoes a verified stored body's codecs, last applied first, from stage `stages` - 1 down
+/// (all of them by default).
+inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeContext& ctx,
+                             std::size_t stages = max_codec_stages) {
+    require_key(h, ctx);
+    for (std::size_t i = stages; i-- > 0;) {
         if (h.codecs[i] == CodecId::none) continue;
         body = codec_impl(h.codecs[i], ctx.path, "reading").decode(std::move(body), ctx);
     }
@@ -2389,12 +2406,25 @@ inline std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const 
     return body;
 }
 
-/// The verified body with its codecs undone: what the archive wrote.
+/// The verified body with its codecs undone: what the archive wrote. An outermost stage that
+/// can decode while the body is read (aes-256-gcm) does; a damaged body is still a
+/// ChecksumError before it is any codec's error.
 inline BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts) {
-    BodyBytes body{read_verified_body(c, path), c.header.body_length};
-    if (!c.header.encoded()) return body;
-    return decode_body(c.header, std::move(body),
-                       DecodeContext{path, header_associated_data(c.header), opts.key, opts.max_decoded_bytes});
+    const FileHeader& h = c.header;
+    if (!h.encoded()) return {read_verified_body(c, path), h.body_length};
+    const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
+    require_key(h, ctx);
+    std::size_t outer = max_codec_stages;
+    while (h.codecs[outer - 1] == CodecId::none) --outer;
+    if (const auto read_decode = codec_impl(h.codecs[outer - 1], path, "reading").read_decode) {
+        StreamDecoded got = read_decode(c.fd.get(), header_size, h.body_length, ctx);
+        if (got.body.data) {
+            if (got.stored_digest != h.body_hash) throw body_checksum_error(path, h.body_hash, got.stored_digest);
+            if (got.failure) std::rethrow_exception(got.failure);
+            return decode_body(h, std::move(got.body), ctx, outer - 1);
+        }
+    }
+    return decode_body(h, {read_verified_body(c, path), h.body_length}, ctx);
 }
 
 template <class F>
