@@ -86,18 +86,6 @@ bool reset_peak_rss() {
 // ---------------------------------------------------------------------------------------------
 // Data and the baseline
 
-/// Non-trivial, deterministic, incompressible floats in [-1, 1): splitmix64 per element.
-void fill(float* p, std::size_t n, std::uint64_t seed) {
-    std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
-    for (std::size_t i = 0; i < n; ++i) {
-        std::uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
-        p[i] = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
-    }
-}
-
 /// 64 buffers of 4 MiB, 64-byte aligned and touched, allocated the way an application would
 /// (plain aligned_alloc, not the library's allocator), so both contenders use the same memory.
 struct Buffers {
@@ -278,7 +266,7 @@ int run(const Args& args, const std::string& dir) {
     Buffers source;
     ckpt::ParamDict dict;
     for (int i = 0; i < tensor_count; ++i) {
-        fill(reinterpret_cast<float*>(source[i]), static_cast<std::size_t>(rows * cols), static_cast<std::uint64_t>(i));
+        fill_random_floats(reinterpret_cast<float*>(source[i]), static_cast<std::size_t>(rows * cols), static_cast<std::uint64_t>(i));
         dict.set(tensor_name(i), ckpt::Tensor::view(ckpt::DType::float32, {rows, cols}, source[i]));
     }
     // Load destinations: preallocated and touched, shared by load_inplace and the read() baseline.

@@ -101,18 +101,6 @@ using namespace bench;
 constexpr int random_tensors = 64;
 constexpr std::int64_t random_rows = 1024, random_cols = 1024;
 
-/// Non-trivial, deterministic, incompressible floats in [-1, 1): splitmix64 per element (as ckpt_io).
-void fill(float* p, std::size_t n, std::uint64_t seed) {
-    std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
-    for (std::size_t i = 0; i < n; ++i) {
-        std::uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
-        p[i] = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
-    }
-}
-
 /// Pseudo-random bytes, every bit of them (splitmix64 output as is): incompressible.
 void fill_bits(std::byte* p, std::size_t n, std::uint64_t seed) {
     std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 7;
@@ -508,7 +496,7 @@ ckpt::ParamDict random_state(bool bits) {
         ckpt::Tensor t = ckpt::Tensor::uninitialized(bits ? ckpt::DType::int32 : ckpt::DType::float32,
                                                      {random_rows, random_cols});
         if (bits) fill_bits(t.data(), t.nbytes(), static_cast<std::uint64_t>(i));
-        else fill(reinterpret_cast<float*>(t.data()), static_cast<std::size_t>(random_rows * random_cols),
+        else fill_random_floats(reinterpret_cast<float*>(t.data()), static_cast<std::size_t>(random_rows * random_cols),
                   static_cast<std::uint64_t>(i));
         char name[32];
         std::snprintf(name, sizeof name, "layer%02d.weight", i);

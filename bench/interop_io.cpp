@@ -77,18 +77,6 @@ constexpr std::size_t total_bytes = tensor_bytes * tensor_count;
 // ---------------------------------------------------------------------------------------------
 // Data and the baselines
 
-/// Non-trivial, deterministic, incompressible floats in [-1, 1): splitmix64 per element.
-void fill(float* p, std::size_t n, std::uint64_t seed) {
-    std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
-    for (std::size_t i = 0; i < n; ++i) {
-        std::uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
-        p[i] = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
-    }
-}
-
 using Block = std::unique_ptr<std::byte, decltype(&std::free)>;
 
 /// `n` bytes, 64-byte aligned, every page touched.
@@ -228,7 +216,7 @@ int run(const Args& args, const std::string& dir) {
     for (int i = 0; i < tensor_count; ++i) {
         source_blocks.push_back(touched_block(tensor_bytes));
         source.push_back(source_blocks.back().get());
-        fill(reinterpret_cast<float*>(source.back()), static_cast<std::size_t>(rows * cols), static_cast<std::uint64_t>(i));
+        fill_random_floats(reinterpret_cast<float*>(source.back()), static_cast<std::size_t>(rows * cols), static_cast<std::uint64_t>(i));
         dict.set(tensor_name(i), ckpt::Tensor::view(ckpt::DType::float32, {rows, cols}, source.back()));
     }
 

@@ -239,42 +239,59 @@ inline AuthenticationError aes_authentication_error(const std::string& path, std
                                path);
 }
 
-inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
-    const std::byte* p = stored.data.get();
-    const std::uint64_t n = stored.size;
+/// Where a stored body's segments are, from its prefix and length.
+struct AesLayout {
+    std::array<unsigned char, 16> salt{};
+    std::uint32_t segment = 0;  ///< plaintext bytes per segment
+    std::uint64_t sealed = 0, per = 0, segments = 0, plain = 0;
+    std::size_t length(std::uint64_t i) const {  ///< plaintext bytes of segment i
+        return i + 1 == segments ? static_cast<std::size_t>(sealed - i * per - aes_tag_size) : std::size_t{segment};
+    }
+};
+
+/// Checks the prefix (`p`, the first aes_prefix_size of `n` stored bytes) against the body's
+/// length and the key: FormatError if malformed, KeyError if sealed under another key.
+inline AesLayout aes_layout(const std::byte* p, std::uint64_t n, const DecodeContext& ctx) {
     auto malformed = [&](const std::string& what) {
         return FormatError("checkpoint '" + ctx.path + "' has a malformed aes-256-gcm body: " + what, ctx.path);
     };
     if (n < aes_prefix_size + aes_tag_size) throw malformed("it is " + std::to_string(n) + " bytes, shorter than prefix and tag");
     for (std::size_t i = 28; i < aes_prefix_size; ++i)
         if (p[i] != std::byte{0}) throw malformed("reserved prefix bytes are not zero");
-    const auto segment = get_le<std::uint32_t>(p + 24);
-    if (segment == 0 || segment > (1u << 30)) throw malformed("segment size " + std::to_string(segment));
+    AesLayout l;
+    l.segment = get_le<std::uint32_t>(p + 24);
+    if (l.segment == 0 || l.segment > (1u << 30)) throw malformed("segment size " + std::to_string(l.segment));
     const auto want = aes_key_id(ctx.key, ctx.path);
     if (std::memcmp(want.data(), p, 8) != 0)
         throw KeyError("checkpoint '" + ctx.path + "' was encrypted with another key (key id " +
                            hex_bytes(reinterpret_cast<const unsigned char*>(p), 8) + "; the key given has id " +
                            hex_bytes(want.data(), 8) + ")",
                        ctx.path);
-    AesPrefix prefix;
-    std::memcpy(prefix.salt.data(), p + 8, 16);
-    const std::uint64_t sealed = n - aes_prefix_size, per = std::uint64_t{segment} + aes_tag_size;
-    const std::uint64_t segments = sealed / per + (sealed % per != 0);
-    if (sealed % per != 0 && sealed % per < aes_tag_size) throw malformed("the last segment is shorter than its tag");
-    const std::uint64_t plain = sealed - segments * aes_tag_size;
-    BodyBytes out{allocate_aligned(static_cast<std::size_t>(plain)), plain};
-    const FileKey file_key(ctx.key, prefix.salt, ctx.path);
+    std::memcpy(l.salt.data(), p + 8, 16);
+    l.sealed = n - aes_prefix_size;
+    l.per = std::uint64_t{l.segment} + aes_tag_size;
+    l.segments = l.sealed / l.per + (l.sealed % l.per != 0);
+    if (l.sealed % l.per != 0 && l.sealed % l.per < aes_tag_size) throw malformed("the last segment is shorter than its tag");
+    l.plain = l.sealed - l.segments * aes_tag_size;
+    return l;
+}
+
+inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
+    const std::byte* p = stored.data.get();
+    const AesLayout l = aes_layout(p, stored.size, ctx);
+    BodyBytes out{allocate_aligned(static_cast<std::size_t>(l.plain)), l.plain};
+    const FileKey file_key(ctx.key, l.salt, ctx.path);
     const auto aad = aes_associated_data(ctx.associated_data, p);
     // Segments are independent: two threads halve the time of a large body.
-    on_two_threads(segments, [&](std::uint64_t first, std::uint64_t end, int) {
+    on_two_threads(l.segments, [&](std::uint64_t first, std::uint64_t end, int) {
         GcmSegments gcm(file_key, aad, false, ctx.path);
         for (std::uint64_t i = first; i < end; ++i) {
-            const std::byte* in = p + aes_prefix_size + i * per;
-            const std::size_t len = i + 1 == segments ? static_cast<std::size_t>(sealed - i * per - aes_tag_size) : segment;
+            const std::byte* in = p + aes_prefix_size + i * l.per;
+            const std::size_t len = l.length(i);
             unsigned char tag[aes_tag_size];
             std::memcpy(tag, in + len, aes_tag_size);
-            if (!gcm.run(i, i + 1 == segments, in, len, out.data.get() + i * segment, tag))
-                throw aes_authentication_error(ctx.path, i, segments);
+            if (!gcm.run(i, i + 1 == l.segments, in, len, out.data.get() + i * l.segment, tag))
+                throw aes_authentication_error(ctx.path, i, l.segments);
         }
     });
     return out;
@@ -290,32 +307,24 @@ inline StreamDecoded aes_gcm_read_decode(int fd, std::uint64_t offset, std::uint
     if (n < parallel_read_threshold) return {};
     std::array<std::byte, aes_prefix_size> prefix{};
     pread_exact(fd, reinterpret_cast<char*>(prefix.data()), prefix.size(), offset, ctx.path);
-    for (std::size_t i = 28; i < aes_prefix_size; ++i)
-        if (prefix[i] != std::byte{0}) return {};
-    const auto segment = get_le<std::uint32_t>(prefix.data() + 24);
-    if (segment == 0 || segment > (1u << 30)) return {};
-    if (const auto want = aes_key_id(ctx.key, ctx.path); std::memcmp(want.data(), prefix.data(), 8) != 0) return {};
-    const std::uint64_t sealed = n - aes_prefix_size, per = std::uint64_t{segment} + aes_tag_size;
-    const std::uint64_t segments = sealed / per + (sealed % per != 0);
-    if (sealed % per != 0 && sealed % per < aes_tag_size) return {};
-    const std::uint64_t plain = sealed - segments * aes_tag_size;
-    auto segment_length = [&](std::uint64_t i) {
-        return i + 1 == segments ? static_cast<std::size_t>(sealed - i * per - aes_tag_size) : std::size_t{segment};
-    };
+    AesLayout l;
+    try {
+        l = aes_layout(prefix.data(), n, ctx);
+    } catch (const Error&) {  // a damaged prefix or another key: the whole-body path tells which
+        return {};
+    }
 
     StreamDecoded result;
-    result.body = {allocate_aligned(static_cast<std::size_t>(plain)), plain};
+    result.body = {allocate_aligned(static_cast<std::size_t>(l.plain)), l.plain};
     std::byte* const out = result.body.data.get();
-    std::vector<unsigned char> tags(static_cast<std::size_t>(segments) * aes_tag_size);
-    AesPrefix p;
-    std::memcpy(p.salt.data(), prefix.data() + 8, 16);
-    const FileKey file_key(ctx.key, p.salt, ctx.path);
+    std::vector<unsigned char> tags(static_cast<std::size_t>(l.segments) * aes_tag_size);
+    const FileKey file_key(ctx.key, l.salt, ctx.path);
     const auto aad = aes_associated_data(ctx.associated_data, prefix.data());
 
     VerifiedReader reader(fd, ctx.path, offset, n);
     reader.read(reinterpret_cast<char*>(prefix.data()), prefix.size());  // hashed with the rest
     constexpr std::uint64_t per_chunk = 4;  // segments handed to decryption at a time
-    const std::uint64_t chunks = (segments + per_chunk - 1) / per_chunk;
+    const std::uint64_t chunks = (l.segments + per_chunk - 1) / per_chunk;
     std::vector<std::uint64_t> tickets(static_cast<std::size_t>(chunks));
     std::mutex mutex;
     std::condition_variable issued_cv;
@@ -337,10 +346,10 @@ inline StreamDecoded aes_gcm_read_decode(int fd, std::uint64_t offset, std::uint
                 ticket = tickets[static_cast<std::size_t>(j)];
             }
             reader.wait(ticket);  // hashed: the ciphertext may now be overwritten
-            for (std::uint64_t i = j * per_chunk; i < std::min(segments, (j + 1) * per_chunk); ++i) {
+            for (std::uint64_t i = j * per_chunk; i < std::min(l.segments, (j + 1) * per_chunk); ++i) {
                 if (failed_segment.load() != UINT64_MAX) return;
-                std::byte* at = out + i * segment;
-                if (!gcm.run(i, i + 1 == segments, at, segment_length(i), at, tags.data() + i * aes_tag_size)) {
+                std::byte* at = out + i * l.segment;
+                if (!gcm.run(i, i + 1 == l.segments, at, l.length(i), at, tags.data() + i * aes_tag_size)) {
                     std::uint64_t seen = failed_segment.load();
                     while (i < seen && !failed_segment.compare_exchange_weak(seen, i)) {
                     }
@@ -362,8 +371,8 @@ inline StreamDecoded aes_gcm_read_decode(int fd, std::uint64_t offset, std::uint
     try {
         for (std::uint64_t j = 0; j < chunks; ++j) {
             std::uint64_t ticket = 0;
-            for (std::uint64_t i = j * per_chunk; i < std::min(segments, (j + 1) * per_chunk); ++i) {
-                reader.read(reinterpret_cast<char*>(out + i * segment), segment_length(i));
+            for (std::uint64_t i = j * per_chunk; i < std::min(l.segments, (j + 1) * per_chunk); ++i) {
+                reader.read(reinterpret_cast<char*>(out + i * l.segment), l.length(i));
                 ticket = reader.read(reinterpret_cast<char*>(tags.data() + i * aes_tag_size), aes_tag_size);
             }
             {
@@ -389,7 +398,7 @@ inline StreamDecoded aes_gcm_read_decode(int fd, std::uint64_t offset, std::uint
     if (helper_error) {
         result.failure = helper_error;
     } else if (const auto bad = failed_segment.load(); bad != UINT64_MAX) {
-        result.failure = std::make_exception_ptr(aes_authentication_error(ctx.path, bad, segments));
+        result.failure = std::make_exception_ptr(aes_authentication_error(ctx.path, bad, l.segments));
     }
     return result;
 }

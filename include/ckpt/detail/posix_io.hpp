@@ -84,13 +84,15 @@ inline void write_all(int fd, const void* data, std::size_t n, const std::string
 
 /// Appends to a file being saved and starts the disk writing what is complete, every
 /// `step` bytes (Linux: sync_file_range). Without it the kernel holds a fresh checkpoint in
-/// the page cache until the final fsync, which then waits for every byte; with it the disk
-/// works while the rest is encoded and copied, and fsync waits for the tail only.
-/// Durability still rests on that fsync: a failed start is ignored, fsync reports errors.
+/// the page cache until the final fsync; with it the device can work while the rest is
+/// encoded and copied (how much fsync is left to wait for depends on the device: a virtual
+/// disk whose host flushes at fsync gains little). Durability still rests on that fsync: a
+/// failed start is ignored, fsync reports errors.
 class AppendingWriter {
 public:
     static constexpr std::uint64_t step = 8u << 20;
-    AppendingWriter(int fd, std::string path, std::uint64_t offset) : fd_(fd), path_(std::move(path)), end_(offset), started_(offset) {}
+    AppendingWriter(int fd, std::string path, std::uint64_t offset)
+        : fd_(fd), path_(std::move(path)), end_(offset), started_(offset) {}
     void write(const void* data, std::size_t n) {
         write_all(fd_, data, n, path_);
         end_ += n;

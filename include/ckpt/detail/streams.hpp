@@ -88,10 +88,8 @@ private:
     }
     void emit(const char* data, std::size_t n, bool lasting = false) {
         if (encoder_) {
-            if (lasting)
-                encoder_->put_lasting(reinterpret_cast<const std::byte*>(data), n);
-            else
-                encoder_->put(reinterpret_cast<const std::byte*>(data), n);
+            const auto* bytes = reinterpret_cast<const std::byte*>(data);
+            lasting ? encoder_->put_lasting(bytes, n) : encoder_->put(bytes, n);
         } else {
             hash_.update(data, n);
             file_.write(data, n);
