@@ -147,6 +147,62 @@ TEST_CASE("large bodies cross zstd block and AES segment boundaries intact, and 
         CHECK(std::search(file.begin(), file.end(), noise_bytes + at, noise_bytes + at + 4096) != file.end());
 }
 
+TEST_CASE("an encrypted body that ends on a segment boundary ends with an empty segment every reader authenticates") {
+    test::TempDir dir;
+    const auto key = test_key(6);
+    constexpr std::uint64_t segment = 1u << 20;
+    // A last tensor of bytes, grown until the plaintext body is whole segments; sizes below
+    // and above the two-thread threshold (8 MiB).
+    for (std::size_t big : {std::size_t{1} << 20, std::size_t{3} << 20}) {
+        CAPTURE(big);
+        const ckpt::ParamDict state = big > (std::size_t{1} << 20) ? large_state() : test::sample_state();
+        auto with_tail = [&](std::uint64_t n) {  // tensors shared with `state`
+            ckpt::ParamDict d = state;
+            d.set("tail", ckpt::Tensor(ckpt::DType::uint8, {static_cast<std::int64_t>(n)}));
+            return d;
+        };
+        ckpt::save_checkpoint(with_tail(1), dir / "plain.ckpt");
+        const auto first = ckpt::read_header(dir / "plain.ckpt").body_length;
+        const std::uint64_t tail = 1 + (segment - first % segment) % segment + big;
+        const ckpt::ParamDict whole = with_tail(tail);
+        ckpt::save_checkpoint(whole, dir / "plain.ckpt");
+        const auto plain = ckpt::read_header(dir / "plain.ckpt").body_length;
+        REQUIRE(plain % segment == 0);
+        const auto file = dir / "e.ckpt";
+        ckpt::save_checkpoint(whole, file, {.codecs = ckpt::AesGcm{key}.codecs()});
+        CHECK(ckpt::read_header(file).body_length == 64 + plain + 16 * (plain / segment + 1));  // the empty one
+        auto load_into = [&] {
+            ckpt::ParamDict into;
+            for (const auto& [name, value] : whole) {
+                if (const auto* t = value.get_if<ckpt::Tensor>()) {
+                    ckpt::Tensor copy = t->clone();
+                    std::memset(copy.data(), 0x5a, copy.nbytes());
+                    into.set(name, std::move(copy));
+                } else {
+                    into.set(name, value);
+                }
+            }
+            const bool complete = ckpt::load_checkpoint_into(file, into, true, with_key(key)).complete();
+            return complete && into == whole;
+        };
+        CHECK(ckpt::load_checkpoint(file, with_key(key)) == whole);
+        CHECK(load_into());
+        // Its tag altered, or the segment dropped: the end of the body no longer authenticates.
+        for (bool drop : {false, true}) {
+            CAPTURE(drop);
+            ckpt::save_checkpoint(whole, file, {.codecs = ckpt::AesGcm{key}.codecs()});
+            rewrite_body(file, [&](std::vector<char>& b) {
+                if (drop)
+                    b.resize(b.size() - 16);
+                else
+                    b.back() ^= 1;
+            });
+            CHECK_THROWS_AS(ckpt::load_checkpoint(file, with_key(key)), ckpt::AuthenticationError);
+            CHECK_THROWS_AS(load_into(), ckpt::AuthenticationError);
+        }
+    }
+}
+
 TEST_CASE("an encoded save that fails while its blocks are being encoded leaves the old file and no temporary") {
     // The write fails with blocks still queued for the helper threads: they are dropped, not
     // run on memory that is gone (AddressSanitizer checks this in the sanitizer pass).
@@ -223,6 +279,9 @@ TEST_CASE("damaged compressed and encrypted bodies are corruption, altered ones 
             test::flip_bit(file, ckpt::header_size + at, 2);
             CHECK_THROWS_AS(ckpt::verify_checkpoint(file), ckpt::ChecksumError);
             CHECK_THROWS_AS(ckpt::load_checkpoint(file, with_key(key)), ckpt::ChecksumError);
+            ckpt::ParamDict into = large_state();
+            CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(file, into, true, with_key(key)), doctest::Contains("corrupt"),
+                                 ckpt::ChecksumError);
         }
         if (encrypted) {
             // Altered, then resealed: the ciphertext, a tag, the prefix, or whole segments dropped.
@@ -235,12 +294,18 @@ TEST_CASE("damaged compressed and encrypted bodies are corruption, altered ones 
                 rewrite_body(file, edit);
                 CHECK_NOTHROW(ckpt::verify_checkpoint(file));
                 CHECK_THROWS_AS(ckpt::load_checkpoint(file, with_key(key)), ckpt::AuthenticationError);
+                ckpt::ParamDict into = large_state();
+                CHECK_THROWS_AS(ckpt::load_checkpoint_into(file, into, true, with_key(key)), ckpt::AuthenticationError);
             }
-            // Deep in a large body: the segment is named, whichever way the body was read.
+            // Deep in a large body: the segment is named, whichever way the body was read (into
+            // existing tensors, segment 3 is decrypted in the background).
             fresh();
             rewrite_body(file, [](std::vector<char>& b) { b[64 + 3 * ((1u << 20) + 16) + 5] ^= 1; });
             CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(file, with_key(key)), doctest::Contains("segment 3 of"),
                                  ckpt::AuthenticationError);
+            ckpt::ParamDict into = large_state();
+            CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(file, into, true, with_key(key)),
+                                 doctest::Contains("segment 3 of"), ckpt::AuthenticationError);
             // The header is authenticated too: another step, with the header check recomputed.
             fresh();
             auto b = test::read_bytes(file);

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "codec.hpp"
@@ -297,110 +299,266 @@ inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
     return out;
 }
 
-/// Reads a large aes-256-gcm body straight into its plaintext block: each segment's
-/// ciphertext is read to where its plaintext goes (its tag aside), hashed there by the
-/// VerifiedReader, then decrypted in place, by a second thread while the reads go on and by
-/// the caller once it has issued them all. One new block and one pass instead of two blocks
-/// and three passes, and decryption overlaps reading. Anything unexpected in the prefix (a
-/// damaged file, another key) declines, so that the whole-body path names the problem.
+/// The GCM state a body's readers share: the file key and the associated data.
+struct AesOpening {
+    AesLayout layout;
+    FileKey file_key;
+    std::vector<unsigned char> aad;
+    AesOpening(const AesLayout& l, const std::byte* prefix, const DecodeContext& ctx)
+        : layout(l), file_key(ctx.key, l.salt, ctx.path), aad(aes_associated_data(ctx.associated_data, prefix)) {}
+};
+
+/// Reads the prefix of the stored body at `offset`; nothing when it does not open under the
+/// key (a damaged prefix or another key: the whole-body path tells which).
+inline std::optional<std::pair<std::array<std::byte, aes_prefix_size>, AesLayout>> aes_read_prefix(
+    int fd, std::uint64_t offset, std::uint64_t n, const DecodeContext& ctx) {
+    std::array<std::byte, aes_prefix_size> prefix{};
+    if (n < aes_prefix_size) return std::nullopt;
+    pread_exact(fd, reinterpret_cast<char*>(prefix.data()), prefix.size(), offset, ctx.path);
+    try {
+        return std::pair{prefix, aes_layout(prefix.data(), n, ctx)};
+    } catch (const Error&) {
+        return std::nullopt;
+    }
+}
+
+/// The plaintext of an aes-256-gcm body as a stream. The segments that a read covers whole are
+/// read straight into its destination and decrypted there in the background (on a second
+/// thread, and by the caller in settle()), so decryption overlaps the parsing and reading of
+/// what follows; the segment a read ends inside goes through one segment-sized buffer and is
+/// decrypted at once, as the parser needs its bytes. A segment that fails authentication
+/// throws its AuthenticationError, or, found in the background, is kept for failure(); the
+/// caller checks the checksum first (drain_and_digest).
+class AesGcmBodyStream final : public PlainBodyStream {
+public:
+    AesGcmBodyStream(int fd, std::uint64_t offset, std::uint64_t n, const DecodeContext& ctx,
+                     std::array<std::byte, aes_prefix_size> prefix, const AesLayout& layout)
+        : path_(ctx.path), opening_(layout, prefix.data(), ctx), gcm_(opening_.file_key, opening_.aad, false, ctx.path),
+          buffer_(allocate_aligned(buffer_size(layout))),
+          tags_(static_cast<std::size_t>(layout.segments) * aes_tag_size), reader_(fd, ctx.path, offset, n) {
+        setg(nullptr, nullptr, nullptr);
+        reader_.wait(reader_.read(reinterpret_cast<char*>(prefix.data()), prefix.size()));  // hashed before it goes
+        if (n >= parallel_read_threshold && std::thread::hardware_concurrency() >= 2)
+            helper_ = std::thread([this] { decrypt_in_background(); });
+    }
+    ~AesGcmBodyStream() override {
+        if (!helper_.joinable()) return;
+        {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+        }
+        changed_.notify_all();
+        helper_.join();  // it may be decrypting into caller memory: finish first
+    }
+
+    std::uint64_t position() const noexcept override {
+        return handed_ - static_cast<std::uint64_t>(egptr() - gptr());
+    }
+    std::uint64_t length() const noexcept override { return opening_.layout.plain; }
+
+    void settle() noexcept override {
+        decrypt_queued();  // the caller decrypts too rather than wait
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return queue_.empty() && busy_ == 0; });
+    }
+
+    std::uint64_t drain_and_digest() override {
+        const AesLayout& l = opening_.layout;
+        settle();
+        setg(nullptr, nullptr, nullptr);
+        // A body that ends on a segment boundary ends with an empty segment the parser never
+        // asks for: it still has to authenticate (it marks the end).
+        if (!failure_ && next_ + 1 == l.segments && l.length(next_) == 0) {
+            try {
+                open_into_buffer();
+            } catch (const AuthenticationError&) {  // kept in failure_
+            }
+        }
+        next_ = l.segments;
+        std::byte* scratch = buffer_.get();
+        while (reader_.remaining() > 0) {
+            const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(buffer_size(l), reader_.remaining()));
+            reader_.wait(reader_.read(reinterpret_cast<char*>(scratch), len));
+        }
+        if (const auto bad = failed_.load(); !failure_ && bad != UINT64_MAX)
+            failure_ = std::make_exception_ptr(aes_authentication_error(path_, bad, l.segments));
+        return reader_.digest();
+    }
+    std::exception_ptr failure() const override { return failure_; }
+
+protected:
+    int_type underflow() override {
+        if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+        while (next_ < opening_.layout.segments) {  // skips the empty last segment
+            open_into_buffer();
+            if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+        }
+        return traits_type::eof();
+    }
+
+    std::streamsize xsgetn(char* s, std::streamsize count) override {
+        const AesLayout& l = opening_.layout;
+        const auto want = static_cast<std::size_t>(count);
+        std::size_t got = std::min(want, static_cast<std::size_t>(egptr() - gptr()));
+        std::memcpy(s, gptr(), got);
+        gbump(static_cast<int>(got));
+        while (got < want && next_ < l.segments) {
+            const std::size_t len = l.length(next_);
+            if (len > want - got || len == 0) {  // ends inside this segment (or it is the empty last)
+                open_into_buffer();
+                const std::size_t take = std::min(want - got, static_cast<std::size_t>(egptr() - gptr()));
+                std::memcpy(s + got, gptr(), take);
+                gbump(static_cast<int>(take));
+                got += take;
+                continue;
+            }
+            const Pending p{next_, reinterpret_cast<std::byte*>(s + got), read_segment(s + got, len)};
+            ++next_;
+            handed_ += len;
+            got += len;
+            if (helper_.joinable()) {
+                {
+                    std::lock_guard lock(mutex_);
+                    queue_.push_back(p);
+                }
+                changed_.notify_all();
+            } else {
+                open_in_place(gcm_, p);
+            }
+        }
+        return static_cast<std::streamsize>(got);
+    }
+
+private:
+    struct Pending {
+        std::uint64_t segment;
+        std::byte* at;           // ciphertext read there, decrypted in place
+        std::uint64_t ticket;    // the reader's, for its tag
+    };
+
+    // One segment and its tag; no more than the body holds.
+    static std::size_t buffer_size(const AesLayout& l) {
+        return static_cast<std::size_t>(std::min<std::uint64_t>(l.segment, l.plain)) + aes_tag_size;
+    }
+
+    // Issues the reads of segment next_ (to `at`) and its tag; returns the tag's ticket.
+    std::uint64_t read_segment(char* at, std::size_t len) {
+        reader_.read(at, len);
+        return reader_.read(reinterpret_cast<char*>(tags_.data() + next_ * aes_tag_size), aes_tag_size);
+    }
+
+    // Decrypts a segment once it is hashed; a failure goes to failed_ (the first one counts).
+    void open_in_place(GcmSegments& gcm, const Pending& p) {
+        const AesLayout& l = opening_.layout;
+        reader_.wait(p.ticket);
+        bool ok = failed_.load() != UINT64_MAX ||  // one failure is enough: skip the rest
+                  gcm.run(p.segment, p.segment + 1 == l.segments, p.at, l.length(p.segment), p.at,
+                          tags_.data() + p.segment * aes_tag_size);
+        if (!ok) {
+            std::uint64_t seen = failed_.load();
+            while (p.segment < seen && !failed_.compare_exchange_weak(seen, p.segment)) {
+            }
+        }
+    }
+
+    // Decrypts what is queued on the calling thread, until nothing is.
+    void decrypt_queued() noexcept {
+        for (;;) {
+            std::unique_lock lock(mutex_);
+            if (queue_.empty()) return;
+            const Pending p = queue_.front();
+            queue_.pop_front();
+            lock.unlock();
+            try {
+                open_in_place(gcm_, p);
+            } catch (...) {  // an I/O error: the checksum or the next read reports it
+            }
+        }
+    }
+
+    void decrypt_in_background() {
+        try {
+            GcmSegments gcm(opening_.file_key, opening_.aad, false, path_);
+            std::unique_lock lock(mutex_);
+            for (;;) {
+                changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+                if (stop_) return;
+                const Pending p = queue_.front();
+                queue_.pop_front();
+                ++busy_;
+                lock.unlock();
+                try {
+                    open_in_place(gcm, p);
+                } catch (...) {  // an I/O error: the caller's reads report it
+                }
+                lock.lock();
+                --busy_;
+                changed_.notify_all();
+            }
+        } catch (...) {  // no GCM context: the caller decrypts everything in settle()
+        }
+    }
+
+    // Reads, authenticates and decrypts segment next_ into the buffer, which becomes the get area.
+    void open_into_buffer() {
+        const AesLayout& l = opening_.layout;
+        const std::size_t len = l.length(next_);
+        std::byte* at = buffer_.get();
+        reader_.read(reinterpret_cast<char*>(at), len);
+        reader_.wait(reader_.read(reinterpret_cast<char*>(at + len), aes_tag_size));
+        if (!gcm_.run(next_, next_ + 1 == l.segments, at, len, at, reinterpret_cast<unsigned char*>(at + len))) fail(next_);
+        ++next_;
+        handed_ += len;
+        setg(reinterpret_cast<char*>(at), reinterpret_cast<char*>(at), reinterpret_cast<char*>(at + len));
+    }
+
+    [[noreturn]] void fail(std::uint64_t segment) {
+        setg(nullptr, nullptr, nullptr);
+        failure_ = std::make_exception_ptr(aes_authentication_error(path_, segment, opening_.layout.segments));
+        std::rethrow_exception(failure_);
+    }
+
+    std::string path_;
+    AesOpening opening_;
+    GcmSegments gcm_;                    // the caller's
+    std::shared_ptr<std::byte> buffer_;  // one segment and its tag
+    std::vector<unsigned char> tags_;    // every segment's, where the reader puts them
+    VerifiedReader reader_;              // after what it reads into: stopped before they go
+    std::uint64_t next_ = 0;             // the next segment to read
+    std::uint64_t handed_ = 0;           // plaintext bytes put in the buffer or handed out directly
+    std::exception_ptr failure_;         // the caller's
+    std::atomic<std::uint64_t> failed_{UINT64_MAX};  // the first segment found failing in open_in_place
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::deque<Pending> queue_;  // read, waiting to be decrypted
+    unsigned busy_ = 0;          // segments the helper is decrypting
+    bool stop_ = false;
+    std::thread helper_;  // last: started after everything it uses
+};
+
+/// Reads a large aes-256-gcm body straight into its plaintext block through the stream: one
+/// new block and one pass instead of two blocks and three passes, decryption overlapping reading.
 inline StreamDecoded aes_gcm_read_decode(int fd, std::uint64_t offset, std::uint64_t n, const DecodeContext& ctx) {
     if (n < parallel_read_threshold) return {};
-    std::array<std::byte, aes_prefix_size> prefix{};
-    pread_exact(fd, reinterpret_cast<char*>(prefix.data()), prefix.size(), offset, ctx.path);
-    AesLayout l;
-    try {
-        l = aes_layout(prefix.data(), n, ctx);
-    } catch (const Error&) {  // a damaged prefix or another key: the whole-body path tells which
-        return {};
-    }
-
+    auto opened = aes_read_prefix(fd, offset, n, ctx);
+    if (!opened) return {};
     StreamDecoded result;
-    result.body = {allocate_aligned(static_cast<std::size_t>(l.plain)), l.plain};
-    std::byte* const out = result.body.data.get();
-    std::vector<unsigned char> tags(static_cast<std::size_t>(l.segments) * aes_tag_size);
-    const FileKey file_key(ctx.key, l.salt, ctx.path);
-    const auto aad = aes_associated_data(ctx.associated_data, prefix.data());
-
-    VerifiedReader reader(fd, ctx.path, offset, n);
-    reader.read(reinterpret_cast<char*>(prefix.data()), prefix.size());  // hashed with the rest
-    constexpr std::uint64_t per_chunk = 4;  // segments handed to decryption at a time
-    const std::uint64_t chunks = (l.segments + per_chunk - 1) / per_chunk;
-    std::vector<std::uint64_t> tickets(static_cast<std::size_t>(chunks));
-    std::mutex mutex;
-    std::condition_variable issued_cv;
-    std::uint64_t issued = 0;
-    bool abandoned = false;
-    std::atomic<std::uint64_t> next_chunk{0}, failed_segment{UINT64_MAX};
-    std::exception_ptr helper_error;
-
-    auto decrypt_chunks = [&](GcmSegments& gcm) {
-        for (;;) {
-            const std::uint64_t j = next_chunk.fetch_add(1);
-            if (j >= chunks) return;
-            std::uint64_t ticket = 0;
-            {
-                std::unique_lock lock(mutex);
-                // Bounded: the caller issues reads without waiting on anyone, or gives up.
-                issued_cv.wait(lock, [&] { return issued > j || abandoned; });
-                if (issued <= j) return;
-                ticket = tickets[static_cast<std::size_t>(j)];
-            }
-            reader.wait(ticket);  // hashed: the ciphertext may now be overwritten
-            for (std::uint64_t i = j * per_chunk; i < std::min(l.segments, (j + 1) * per_chunk); ++i) {
-                if (failed_segment.load() != UINT64_MAX) return;
-                std::byte* at = out + i * l.segment;
-                if (!gcm.run(i, i + 1 == l.segments, at, l.length(i), at, tags.data() + i * aes_tag_size)) {
-                    std::uint64_t seen = failed_segment.load();
-                    while (i < seen && !failed_segment.compare_exchange_weak(seen, i)) {
-                    }
-                    return;
-                }
-            }
-        }
-    };
-    std::thread helper;
-    if (std::thread::hardware_concurrency() >= 2)
-        helper = std::thread([&] {
-            try {
-                GcmSegments gcm(file_key, aad, false, ctx.path);
-                decrypt_chunks(gcm);
-            } catch (...) {
-                helper_error = std::current_exception();
-            }
-        });
+    result.body = {allocate_aligned(static_cast<std::size_t>(opened->second.plain)), opened->second.plain};
+    AesGcmBodyStream stream(fd, offset, n, ctx, opened->first, opened->second);
     try {
-        for (std::uint64_t j = 0; j < chunks; ++j) {
-            std::uint64_t ticket = 0;
-            for (std::uint64_t i = j * per_chunk; i < std::min(l.segments, (j + 1) * per_chunk); ++i) {
-                reader.read(reinterpret_cast<char*>(out + i * l.segment), l.length(i));
-                ticket = reader.read(reinterpret_cast<char*>(tags.data() + i * aes_tag_size), aes_tag_size);
-            }
-            {
-                std::lock_guard lock(mutex);
-                tickets[static_cast<std::size_t>(j)] = ticket;
-                issued = j + 1;
-            }
-            issued_cv.notify_all();
-        }
-        GcmSegments gcm(file_key, aad, false, ctx.path);
-        decrypt_chunks(gcm);
-    } catch (...) {
-        {
-            std::lock_guard lock(mutex);
-            abandoned = true;
-        }
-        issued_cv.notify_all();
-        if (helper.joinable()) helper.join();  // it uses the reader and the block
-        throw;
+        stream.sgetn(reinterpret_cast<char*>(result.body.data.get()), static_cast<std::streamsize>(result.body.size));
+    } catch (const AuthenticationError&) {  // kept in failure(), reported after the checksum
     }
-    if (helper.joinable()) helper.join();
-    result.stored_digest = reader.digest();
-    if (helper_error) {
-        result.failure = helper_error;
-    } else if (const auto bad = failed_segment.load(); bad != UINT64_MAX) {
-        result.failure = std::make_exception_ptr(aes_authentication_error(ctx.path, bad, l.segments));
-    }
+    result.stored_digest = stream.drain_and_digest();
+    result.failure = stream.failure();
     return result;
+}
+
+inline std::unique_ptr<PlainBodyStream> aes_gcm_open_stream(int fd, std::uint64_t offset, std::uint64_t n,
+                                                            const DecodeContext& ctx) {
+    auto opened = aes_read_prefix(fd, offset, n, ctx);
+    if (!opened) return nullptr;
+    return std::make_unique<AesGcmBodyStream>(fd, offset, n, ctx, opened->first, opened->second);
 }
 
 inline std::unique_ptr<ByteSink> make_aes_gcm_encoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) {
@@ -408,7 +566,8 @@ inline std::unique_ptr<ByteSink> make_aes_gcm_encoder(const Codec& c, ByteSink& 
 }
 
 inline const bool aes_gcm_registered =
-    register_codec(CodecId::aes_256_gcm, {&make_aes_gcm_encoder, &aes_gcm_decode, &aes_gcm_read_decode});
+    register_codec(CodecId::aes_256_gcm,
+                   {&make_aes_gcm_encoder, &aes_gcm_decode, &aes_gcm_read_decode, &aes_gcm_open_stream});
 
 }  // namespace detail
 }  // namespace ckpt

@@ -26,6 +26,7 @@
 #include <exception>
 #include <memory>
 #include <span>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -194,6 +195,23 @@ struct StreamDecoded {
     std::exception_ptr failure;       ///< a decoding failure, reported if the checksum matches
 };
 
+/// The plaintext of a stored body, read from its file as a parser asks for it (for loading
+/// straight into existing tensors): large reads go to their destination with no block between.
+class PlainBodyStream : public std::streambuf {
+public:
+    virtual std::uint64_t position() const noexcept = 0;  ///< plaintext bytes handed out
+    virtual std::uint64_t length() const noexcept = 0;    ///< plaintext bytes in all
+    /// Reads and hashes whatever stored bytes the parser left, then returns the xxh3 of them
+    /// all; decoding failures found meanwhile go to failure().
+    virtual std::uint64_t drain_and_digest() = 0;
+    /// A decoding failure found by a read or by drain_and_digest(), reported if the checksum
+    /// matches.
+    virtual std::exception_ptr failure() const { return nullptr; }
+    /// Returns once nothing more is written into memory the stream handed out (reads and
+    /// decoding may go on in the background), before that memory may go.
+    virtual void settle() noexcept {}
+};
+
 /// A codec's implementation, registered by its header (zstd.hpp, aes_gcm.hpp).
 struct CodecImpl {
     std::unique_ptr<ByteSink> (*make_encoder)(const Codec&, ByteSink& next, const EncodeContext&) = nullptr;
@@ -201,6 +219,10 @@ struct CodecImpl {
     /// Optional, for the outermost stage: reads the stored body (`length` bytes at `offset`
     /// of `fd`), hashing it, and decodes it as it arrives rather than after.
     StreamDecoded (*read_decode)(int fd, std::uint64_t offset, std::uint64_t length, const DecodeContext&) = nullptr;
+    /// Optional, for a body with this one stage: its plaintext as a stream, hashing the stored
+    /// bytes as they are read. Null: declined; decode the body whole instead.
+    std::unique_ptr<PlainBodyStream> (*open_stream)(int fd, std::uint64_t offset, std::uint64_t length,
+                                                    const DecodeContext&) = nullptr;
 };
 
 namespace detail {

@@ -80,7 +80,10 @@ struct FileHeader {
     std::string codec_names() const {
         std::string s;
         for (auto c : codecs)
-            if (c != CodecId::none) s += (s.empty() ? "" : "+") + std::string(codec_name(c));
+            if (c != CodecId::none) {
+                if (!s.empty()) s += '+';
+                s += codec_name(c);
+            }
         return s.empty() ? "none" : s;
     }
 };

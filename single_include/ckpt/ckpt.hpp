@@ -784,7 +784,10 @@ struct FileHeader {
     std::string codec_names() const {
         std::string s;
         for (auto c : codecs)
-            if (c != CodecId::none) s += (s.empty() ? "" : "+") + std::string(codec_name(c));
+            if (c != CodecId::none) {
+                if (!s.empty()) s += '+';
+                s += codec_name(c);
+            }
         return s.empty() ? "none" : s;
     }
 };
@@ -919,6 +922,7 @@ struct XmlArchive {
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <vector>
 
@@ -949,6 +953,7 @@ struct XmlArchive {
 #include <exception>
 #include <memory>
 #include <span>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -1313,6 +1318,23 @@ struct StreamDecoded {
     std::exception_ptr failure;       ///< a decoding failure, reported if the checksum matches
 };
 
+/// The plaintext of a stored body, read from its file as a parser asks for it (for loading
+/// straight into existing tensors): large reads go to their destination with no block between.
+class PlainBodyStream : public std::streambuf {
+public:
+    virtual std::uint64_t position() const noexcept = 0;  ///< plaintext bytes handed out
+    virtual std::uint64_t length() const noexcept = 0;    ///< plaintext bytes in all
+    /// Reads and hashes whatever stored bytes the parser left, then returns the xxh3 of them
+    /// all; decoding failures found meanwhile go to failure().
+    virtual std::uint64_t drain_and_digest() = 0;
+    /// A decoding failure found by a read or by drain_and_digest(), reported if the checksum
+    /// matches.
+    virtual std::exception_ptr failure() const { return nullptr; }
+    /// Returns once nothing more is written into memory the stream handed out (reads and
+    /// decoding may go on in the background), before that memory may go.
+    virtual void settle() noexcept {}
+};
+
 /// A codec's implementation, registered by its header (zstd.hpp, aes_gcm.hpp).
 struct CodecImpl {
     std::unique_ptr<ByteSink> (*make_encoder)(const Codec&, ByteSink& next, const EncodeContext&) = nullptr;
@@ -1320,6 +1342,10 @@ struct CodecImpl {
     /// Optional, for the outermost stage: reads the stored body (`length` bytes at `offset`
     /// of `fd`), hashing it, and decodes it as it arrives rather than after.
     StreamDecoded (*read_decode)(int fd, std::uint64_t offset, std::uint64_t length, const DecodeContext&) = nullptr;
+    /// Optional, for a body with this one stage: its plaintext as a stream, hashing the stored
+    /// bytes as they are read. Null: declined; decode the body whole instead.
+    std::unique_ptr<PlainBodyStream> (*open_stream)(int fd, std::uint64_t offset, std::uint64_t length,
+                                                    const DecodeContext&) = nullptr;
 };
 
 namespace detail {
@@ -2212,6 +2238,14 @@ public:
     }
     std::uint64_t length() const noexcept { return length_; }
 
+    /// Returns once the reader no longer touches memory handed out (it may still be hashing it).
+    void settle() noexcept {
+        try {
+            reader_.digest();
+        } catch (...) {  // a read failed: the reader stopped
+        }
+    }
+
     /// Reads and hashes whatever the parser left, then returns the digest of the whole body.
     std::uint64_t drain_and_digest() {
         setg(buf_.get(), buf_.get(), buf_.get());
@@ -2803,39 +2837,33 @@ LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false
     return load_param_into_net(views, src, strict);
 }
 
-/// Loads straight into the memory of `target`'s tensors (binary archives stream from the
-/// file into them; text and xml, and bodies that passed through codecs, go through a verified
-/// in-memory copy). The body checksum is
-/// checked at the end: if it fails, ChecksumError is thrown and the target tensors may hold
-/// partial data, so reload them from another checkpoint. Strict mode checks names, dtypes
-/// and shapes against the file's table of contents before writing any payload.
-inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
-                                       const LoadOptions& opts = {}) {
-    const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, opts);
-    if (c.header.archive != ArchiveKind::binary || c.header.encoded()) {
-        auto body = detail::read_decoded_body(c, path, opts);
-        return load_param_into_net(target, detail::parse_body(c.header.archive, std::move(body.data), body.size, path),
-                                   strict);
-    }
-    detail::BodyReader src(c.fd.get(), path, c.header.body_length);
-    // A parse error in a body whose checksum also fails is reported as the corruption it is.
+namespace detail {
+
+/// Parses a binary body from `src` (BodyReader, or a codec's PlainBodyStream) straight into
+/// `target`'s tensors, then checks the stored bytes' checksum and any decoding failure.
+template <class Source>
+LoadReport load_binary_into(Source& src, const FileHeader& header, const std::string& path, ParamDict& target,
+                            bool strict) {
+    // A parse or decoding error in a body whose checksum also fails is reported as the
+    // corruption it is.
     auto corruption_instead = [&](const char* extra) -> std::optional<ChecksumError> {
         const std::uint64_t got = src.drain_and_digest();
-        if (got != c.header.body_hash) return detail::body_checksum_error(path, c.header.body_hash, got, extra);
+        if (got != header.body_hash) return body_checksum_error(path, header.body_hash, got, extra);
         return std::nullopt;
     };
-    LoadReport report;
+    // Out here, the tensors made for entries the target lacks outlive the reads into them.
+    std::vector<EntryMeta> toc;
+    LoadPlan plan;
     try {
-        detail::translating_archive_errors(path, [&] {
+        translating_archive_errors(path, [&] {
             boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-            detail::BodyParser parser(ar, src, path);
-            auto toc = parser.read_toc();
-            detail::reject_duplicates(toc, path);
-            auto plan = detail::plan_load(target, toc);
+            BodyParser parser(ar, src, path);
+            toc = parser.read_toc();
+            reject_duplicates(toc, path);
+            plan = plan_load(target, toc);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
-                throw detail::strict_failure("'" + path + "'", plan);
+                throw strict_failure("'" + path + "'", plan);
             }
             for (std::size_t i = 0; i < toc.size(); ++i) {
                 auto& e = toc[i];
@@ -2853,14 +2881,47 @@ inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, b
                 }
             }
             if (parser.remaining() != 0) parser.fail(std::to_string(parser.remaining()) + " bytes after the last entry");
-            report = std::move(plan.report);
         });
     } catch (const FormatError&) {
         if (auto e = corruption_instead("; the target tensors may hold partial data")) throw *e;
         throw;
+    } catch (...) {
+        src.settle();
+        throw;
     }
     if (auto e = corruption_instead("; the target tensors may hold partial data")) throw *e;
-    return report;
+    if constexpr (std::is_base_of_v<PlainBodyStream, Source>)
+        if (auto failed = src.failure()) std::rethrow_exception(failed);
+    return std::move(plan.report);
+}
+
+}  // namespace detail
+
+/// Loads straight into the memory of `target`'s tensors. Binary archives stream from the file
+/// into them, an aes-256-gcm body too (each segment decrypted in place there); text and xml,
+/// and bodies that passed through other codecs, go through a verified in-memory copy. The
+/// body checksum is checked at the end: if it fails (ChecksumError), or an encrypted segment
+/// fails authentication (AuthenticationError), the target tensors may hold partial data, so
+/// reload them from another checkpoint. Strict mode checks names, dtypes and shapes against
+/// the file's table of contents before writing any payload.
+inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
+                                       const LoadOptions& opts = {}) {
+    const std::string path = file.string();
+    auto c = detail::open_checkpoint(path, opts);
+    const FileHeader& h = c.header;
+    if (h.archive == ArchiveKind::binary && !h.encoded()) {
+        detail::BodyReader src(c.fd.get(), path, h.body_length);
+        return detail::load_binary_into(src, h, path, target, strict);
+    }
+    if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
+        const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
+        detail::require_key(h, ctx);
+        if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
+            if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
+                return detail::load_binary_into(*src, h, path, target, strict);
+    }
+    auto body = detail::read_decoded_body(c, path, opts);
+    return load_param_into_net(target, detail::parse_body(h.archive, std::move(body.data), body.size, path), strict);
 }
 
 template <HasStateDict T>

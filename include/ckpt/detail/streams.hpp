@@ -131,6 +131,14 @@ public:
     }
     std::uint64_t length() const noexcept { return length_; }
 
+    /// Returns once the reader no longer touches memory handed out (it may still be hashing it).
+    void settle() noexcept {
+        try {
+            reader_.digest();
+        } catch (...) {  // a read failed: the reader stopped
+        }
+    }
+
     /// Reads and hashes whatever the parser left, then returns the digest of the whole body.
     std::uint64_t drain_and_digest() {
         setg(buf_.get(), buf_.get(), buf_.get());
