@@ -400,7 +400,7 @@ protected:
         const AesLayout& l = opening_.layout;
         const auto want = static_cast<std::size_t>(count);
         std::size_t got = std::min(want, static_cast<std::size_t>(egptr() - gptr()));
-        std::memcpy(s, gptr(), got);
+        if (got > 0) std::memcpy(s, gptr(), got);  // no get area yet: gptr() is null
         gbump(static_cast<int>(got));
         while (got < want && next_ < l.segments) {
             const std::size_t len = l.length(next_);
