@@ -13,6 +13,15 @@
 
 #include "alloc_tracker.hpp"
 
+// ThreadSanitizer: g++ says so with __SANITIZE_THREAD__, clang with __has_feature.
+#if defined(__SANITIZE_THREAD__)
+#define CKPT_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CKPT_TEST_TSAN 1
+#endif
+#endif
+
 namespace test::alloc_state {
 std::atomic<bool> watching{false};
 std::atomic<std::size_t> largest_new{0};
@@ -20,6 +29,10 @@ std::atomic<std::size_t> largest_mapping{0};
 std::atomic<std::size_t> refuse_above{SIZE_MAX};
 }  // namespace test::alloc_state
 
+// None of it under ThreadSanitizer: its runtime maps memory before dlsym can work, clang's
+// defines operator new and delete itself, and the TSan pass does not run the allocation
+// checks (allocations and mappings then go unseen and pass).
+#ifndef CKPT_TEST_TSAN
 namespace {
 
 void note(std::atomic<std::size_t>& largest, std::size_t n) {
@@ -85,9 +98,6 @@ void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcep
 
 // Large tensors and bodies are mapped, not allocated (ckpt::detail::allocate_huge). Calls
 // go on to the next mmap in line, a sanitizer's when there is one, else the C library's.
-// Not under ThreadSanitizer: its runtime maps memory before dlsym can work, and the TSan
-// pass does not run the allocation checks (mappings then go unseen and pass).
-#ifndef __SANITIZE_THREAD__
 extern "C" void* mmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t offset) noexcept {
     if ((flags & MAP_ANONYMOUS) && !admit(test::alloc_state::largest_mapping, len)) {
         errno = ENOMEM;

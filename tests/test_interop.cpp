@@ -16,7 +16,9 @@ namespace {
 /// Same entries (by name, in any order), same kinds, same bytes.
 void require_same_entries(const ckpt::ParamDict& got, const ckpt::ParamDict& want) {
     CHECK(got.size() == want.size());
-    for (const auto& [name, value] : want) {
+    for (const auto& entry : want) {
+        const std::string& name = entry.name;  // not a structured binding: CAPTURE's lambda takes it
+        const ckpt::Value& value = entry.value;
         CAPTURE(name);
         const ckpt::Value* v = got.find(name);
         REQUIRE(v != nullptr);
@@ -133,10 +135,10 @@ TEST_CASE("files written by np.savez, np.savez_compressed and a Python safetenso
     for (const char* file : {"numpy.npz", "numpy_compressed.npz"}) {
         CAPTURE(file);
         const auto got = ckpt::load_npz(dir / file);
-        for (const auto& [name, value] : want) {
-            CAPTURE(name);
-            REQUIRE(got.contains(name));
-            if (value.is_tensor()) CHECK(got.at(name) == value);
+        for (const auto& entry : want) {
+            CAPTURE(entry.name);
+            REQUIRE(got.contains(entry.name));
+            if (entry.value.is_tensor()) CHECK(got.at(entry.name) == entry.value);
         }
         // NumPy's scalars are 0-d arrays; without ckpt's mark they stay 0-d tensors, strings strings.
         CHECK(got.tensor("epoch_num") == ckpt::Tensor::from(std::vector<std::int64_t>{6}, ckpt::Shape{}));
@@ -148,11 +150,11 @@ TEST_CASE("files written by np.savez, np.savez_compressed and a Python safetenso
         CHECK(got.at("bigendian") == ckpt::Value(test::pattern_tensor(ckpt::DType::int32, {2, 3})));
     }
     const auto got = ckpt::load_safetensors(dir / "python.safetensors");
-    for (const auto& [name, value] : want)
-        if (value.is_tensor()) {
-            CAPTURE(name);
-            REQUIRE(got.contains(name));
-            CHECK(got.at(name) == value);
+    for (const auto& entry : want)
+        if (entry.value.is_tensor()) {
+            CAPTURE(entry.name);
+            REQUIRE(got.contains(entry.name));
+            CHECK(got.at(entry.name) == entry.value);
         }
     CHECK(got.get<std::string>("format") == "pt");
     CHECK(got.get<std::string>("note") == want.get<std::string>("note"));

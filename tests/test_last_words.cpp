@@ -39,7 +39,13 @@ struct Run {
     std::vector<std::exception_ptr> errors;
 
     Params run() {
-        const auto& [ranks, epochs, fail_ranks, fail_step, last_words_dir, recover, when, shard_size] = job;
+        // references, not a structured binding: the rank lambda below captures them
+        const int ranks = job.ranks, shard_size = job.shard_size;
+        const std::int64_t epochs = job.epochs, fail_step = job.fail_step;
+        const auto& fail_ranks = job.fail_ranks;
+        const auto& last_words_dir = job.last_words_dir;
+        const bool recover = job.recover;
+        const When when = job.when;
         fault::ThreadGroup group(ranks, std::chrono::seconds(20));
         Params params(static_cast<std::size_t>(ranks));
         outcomes.assign(static_cast<std::size_t>(ranks), {});

@@ -360,7 +360,10 @@ public:
         const std::string reader_names[] = {"load_checkpoint", "load_checkpoint_into", "verify_checkpoint"};
         for (int r = 0; r < 3; ++r) {
             const Verdict expected = sealed && r == 2 ? Verdict::loaded : want;
-            auto [got, message, largest_new, largest_map] = attempt(readers[r]);
+            const Attempt result = attempt(readers[r]);
+            const Verdict got = result.verdict;  // named, not bound: the lambdas below capture them
+            const std::string& message = result.message;
+            const std::size_t largest_new = result.largest_new, largest_map = result.largest_mapping;
             INFO(s.name, ": ", reader_names[r], " on a ", size, "-byte file: ", std::string(verdict_name(got)), " ",
                  message);
             bool ok = got == expected;
@@ -1099,9 +1102,10 @@ TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int
                           readable.size(), " checkpoints");
         }
         // latest() finds the newest valid checkpoint of each prefix, across runs
-        for (const auto& [prefix, mgr] : {std::pair{std::string("r"), runs[0].mgr.get()}, {"rr", runs[2].mgr.get()}}) {
+        for (const auto& prefix_and_manager : {std::pair{std::string("r"), runs[0].mgr.get()}, {"rr", runs[2].mgr.get()}}) {
+            const std::string& prefix = prefix_and_manager.first;
             const auto want = newest_valid(prefix);
-            const auto got = mgr->latest();
+            const auto got = prefix_and_manager.second->latest();
             CHECK_MESSAGE(got.has_value() == want.has_value(), "prefix ", prefix);
             if (got && want) CHECK(got->path.filename().string() == *want);
         }
@@ -1111,7 +1115,9 @@ TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int
             CHECK_MESSAGE((known.contains(*newest_before) || newest_valid(prefix) == written),
                           "the newest valid checkpoint ", *newest_before, " was deleted");
         // the test's picture of every file is right
-        for (const auto& [name, k] : known) {
+        for (const auto& entry : known) {
+            const std::string& name = entry.first;
+            const Known& k = entry.second;
             if (!k.checkpoint) continue;
             Known::Condition actual = Known::valid;
             try {

@@ -76,13 +76,14 @@ AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::
     }
     const auto offers = detail::allgather_records(comm, mine);
     // the newest of this rank's steps that every offer holds (each rank computes the same)
-    for (const auto& [key, path] : valid) {
+    for (const auto& candidate : valid) {
+        const auto& key = candidate.first;  // a name, not a structured binding: lambdas capture it everywhere
         const bool everyone = std::all_of(offers.begin(), offers.end(), [&](const detail::CheckpointOffer& o) {
             for (std::size_t i = 0; i < detail::CheckpointOffer::slots; ++i)
                 if (o.epoch[i] == key.first && o.step[i] == key.second) return true;
             return false;
         });
-        if (everyone) return {path, key.first, key.second};
+        if (everyone) return {candidate.second, key.first, key.second};
     }
     return {};
 }

@@ -3830,8 +3830,10 @@ struct AnyOf {
     AnyOf() = default;
     explicit AnyOf(Ps... ps) : members(std::move(ps)...) {}
     bool should_save(const Progress& p) {
-        // every member is asked, so timers in all of them see every event
-        return std::apply([&](auto&... m) { return (false | ... | static_cast<bool>(m.should_save(p))); }, members);
+        // every member is asked (no short-circuit), so timers in all of them see every event
+        bool any = false;
+        std::apply([&](auto&... m) { ((any = m.should_save(p) || any), ...); }, members);
+        return any;
     }
     void saved(const Progress& p) {
         std::apply([&](auto&... m) { (m.saved(p), ...); }, members);
