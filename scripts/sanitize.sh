@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Runs the tests under the sanitizers, each pass in a build directory of its own that holds
 # only what its tests need: ckpt_tests and the programs they start (gloo_worker, ckpt-run).
+# Built with clang (Debian clang-14, which the fuzzer needs anyway) as unity builds of five
+# sources each: the test sources instantiate the same templates, and compiling them together
+# takes a third of the time of compiling them one by one with g++. The main build compiles
+# every source alone with g++, so each still has to stand on its own.
 #   asan   AddressSanitizer + UndefinedBehaviorSanitizer (leaks included) over the unit
 #          suite, every test case in its own process (build-asan)
 #   tsan   ThreadSanitizer over the parts that run threads (build-tsan): the async saver, the
@@ -18,7 +22,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 which=${1:-all}
 case "$which" in asan | tsan | all) ;; *) echo "usage: $0 [asan|tsan|all]" >&2; exit 2 ;; esac
-bash scripts/deps.sh
+bash scripts/deps.sh clang-14 libclang-rt-14-dev
 [ -n "${HOME:-}" ] || export CCACHE_DIR=${CCACHE_DIR:-/var/tmp/ckpt-ccache}
 jobs=$(nproc)
 generator=()
@@ -27,8 +31,14 @@ command -v ninja > /dev/null && generator=(-G Ninja)
 # -O1: optimized enough for the training tests to stay quick, little enough to keep stacks
 # readable; -g1: line numbers in reports; assertions stay on.
 build() {  # build dir, -fsanitize= list
+    # A directory configured for another compiler (older versions of this script) starts over.
+    if [ -f "$1/CMakeCache.txt" ] && ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++-14$' "$1/CMakeCache.txt"; then
+        rm -rf "$1"
+    fi
     if [ ! -f "$1/CMakeCache.txt" ]; then
-        cmake -S . -B "$1" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+        cmake -S . -B "$1" "${generator[@]}" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+            -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=5 \
+            -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
             -DCKPT_SANITIZE="$2" -DCKPT_BUILD_EXAMPLES=OFF -DCKPT_BUILD_BENCH=OFF > /dev/null
     else
         cmake -S . -B "$1" > /dev/null
