@@ -206,33 +206,6 @@ private:
     std::optional<BlockPipeline> pipeline_;
 };
 
-/// Runs f(0, n/2) on a second thread and f(n/2, n) here when `n` pieces are worth splitting
-/// (segments are independent); rethrows the first failure after both are done.
-template <class F>
-void on_two_threads(std::uint64_t n, F&& f) {
-    if (n < 2 || std::thread::hardware_concurrency() < 2) {
-        f(0, n, 0);
-        return;
-    }
-    const std::uint64_t split = n / 2;
-    std::exception_ptr failed;
-    std::thread second([&] {
-        try {
-            f(split, n, 1);
-        } catch (...) {
-            failed = std::current_exception();
-        }
-    });
-    try {
-        f(0, split, 0);
-    } catch (...) {
-        second.join();
-        throw;
-    }
-    second.join();
-    if (failed) std::rethrow_exception(failed);
-}
-
 inline AuthenticationError aes_authentication_error(const std::string& path, std::uint64_t segment,
                                                     std::uint64_t segments) {
     return AuthenticationError("checkpoint '" + path + "' fails authentication in segment " + std::to_string(segment) +
@@ -285,7 +258,7 @@ inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
     const FileKey file_key(ctx.key, l.salt, ctx.path);
     const auto aad = aes_associated_data(ctx.associated_data, p);
     // Segments are independent: two threads halve the time of a large body.
-    on_two_threads(l.segments, [&](std::uint64_t first, std::uint64_t end, int) {
+    on_two_threads(l.segments, 2, [&](std::uint64_t first, std::uint64_t end) {
         GcmSegments gcm(file_key, aad, false, ctx.path);
         for (std::uint64_t i = first; i < end; ++i) {
             const std::byte* in = p + aes_prefix_size + i * l.per;
@@ -298,15 +271,6 @@ inline BodyBytes aes_gcm_decode(BodyBytes stored, const DecodeContext& ctx) {
     });
     return out;
 }
-
-/// The GCM state a body's readers share: the file key and the associated data.
-struct AesOpening {
-    AesLayout layout;
-    FileKey file_key;
-    std::vector<unsigned char> aad;
-    AesOpening(const AesLayout& l, const std::byte* prefix, const DecodeContext& ctx)
-        : layout(l), file_key(ctx.key, l.salt, ctx.path), aad(aes_associated_data(ctx.associated_data, prefix)) {}
-};
 
 /// Reads the prefix of the stored body at `offset`; nothing when it does not open under the
 /// key (a damaged prefix or another key: the whole-body path tells which).
@@ -333,7 +297,8 @@ class AesGcmBodyStream final : public PlainBodyStream {
 public:
     AesGcmBodyStream(int fd, std::uint64_t offset, std::uint64_t n, const DecodeContext& ctx,
                      std::array<std::byte, aes_prefix_size> prefix, const AesLayout& layout)
-        : path_(ctx.path), opening_(layout, prefix.data(), ctx), gcm_(opening_.file_key, opening_.aad, false, ctx.path),
+        : path_(ctx.path), layout_(layout), file_key_(ctx.key, layout.salt, ctx.path),
+          aad_(aes_associated_data(ctx.associated_data, prefix.data())), gcm_(file_key_, aad_, false, ctx.path),
           buffer_(allocate_aligned(buffer_size(layout))),
           tags_(static_cast<std::size_t>(layout.segments) * aes_tag_size), reader_(fd, ctx.path, offset, n) {
         setg(nullptr, nullptr, nullptr);
@@ -354,7 +319,7 @@ public:
     std::uint64_t position() const noexcept override {
         return handed_ - static_cast<std::uint64_t>(egptr() - gptr());
     }
-    std::uint64_t length() const noexcept override { return opening_.layout.plain; }
+    std::uint64_t length() const noexcept override { return layout_.plain; }
 
     void settle() noexcept override {
         decrypt_queued();  // the caller decrypts too rather than wait
@@ -363,7 +328,7 @@ public:
     }
 
     std::uint64_t drain_and_digest() override {
-        const AesLayout& l = opening_.layout;
+        const AesLayout& l = layout_;
         settle();
         setg(nullptr, nullptr, nullptr);
         // A body that ends on a segment boundary ends with an empty segment the parser never
@@ -389,7 +354,7 @@ public:
 protected:
     int_type underflow() override {
         if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
-        while (next_ < opening_.layout.segments) {  // skips the empty last segment
+        while (next_ < layout_.segments) {  // skips the empty last segment
             open_into_buffer();
             if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
         }
@@ -397,7 +362,7 @@ protected:
     }
 
     std::streamsize xsgetn(char* s, std::streamsize count) override {
-        const AesLayout& l = opening_.layout;
+        const AesLayout& l = layout_;
         const auto want = static_cast<std::size_t>(count);
         std::size_t got = std::min(want, static_cast<std::size_t>(egptr() - gptr()));
         if (got > 0) std::memcpy(s, gptr(), got);  // no get area yet: gptr() is null
@@ -449,7 +414,7 @@ private:
 
     // Decrypts a segment once it is hashed; a failure goes to failed_ (the first one counts).
     void open_in_place(GcmSegments& gcm, const Pending& p) {
-        const AesLayout& l = opening_.layout;
+        const AesLayout& l = layout_;
         reader_.wait(p.ticket);
         bool ok = failed_.load() != UINT64_MAX ||  // one failure is enough: skip the rest
                   gcm.run(p.segment, p.segment + 1 == l.segments, p.at, l.length(p.segment), p.at,
@@ -478,7 +443,7 @@ private:
 
     void decrypt_in_background() {
         try {
-            GcmSegments gcm(opening_.file_key, opening_.aad, false, path_);
+            GcmSegments gcm(file_key_, aad_, false, path_);
             std::unique_lock lock(mutex_);
             for (;;) {
                 changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -501,7 +466,7 @@ private:
 
     // Reads, authenticates and decrypts segment next_ into the buffer, which becomes the get area.
     void open_into_buffer() {
-        const AesLayout& l = opening_.layout;
+        const AesLayout& l = layout_;
         const std::size_t len = l.length(next_);
         std::byte* at = buffer_.get();
         reader_.read(reinterpret_cast<char*>(at), len);
@@ -514,12 +479,14 @@ private:
 
     [[noreturn]] void fail(std::uint64_t segment) {
         setg(nullptr, nullptr, nullptr);
-        failure_ = std::make_exception_ptr(aes_authentication_error(path_, segment, opening_.layout.segments));
+        failure_ = std::make_exception_ptr(aes_authentication_error(path_, segment, layout_.segments));
         std::rethrow_exception(failure_);
     }
 
     std::string path_;
-    AesOpening opening_;
+    AesLayout layout_;
+    FileKey file_key_;
+    std::vector<unsigned char> aad_;
     GcmSegments gcm_;                    // the caller's
     std::shared_ptr<std::byte> buffer_;  // one segment and its tag
     std::vector<unsigned char> tags_;    // every segment's, where the reader puts them

@@ -15,12 +15,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -183,11 +181,11 @@ inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {
         to += get_le<std::uint32_t>(p + at);
         at += zstd_block_header + get_le<std::uint32_t>(p + at + 4);
     }
-    auto decode_blocks = [&](std::size_t first, std::size_t end) {
+    on_two_threads(blocks.size(), 8, [&](std::uint64_t first, std::uint64_t end) {
         std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(), &ZSTD_freeDCtx);
         if (!dctx) throw std::bad_alloc();
-        for (std::size_t b = first; b < end; ++b) {
-            const auto [at, to] = blocks[b];
+        for (std::uint64_t b = first; b < end; ++b) {
+            const auto [at, to] = blocks[static_cast<std::size_t>(b)];
             const auto plain = get_le<std::uint32_t>(p + at), kept = get_le<std::uint32_t>(p + at + 4);
             const std::byte* src = p + at + zstd_block_header;
             std::byte* dst = out.data.get() + to;
@@ -200,26 +198,7 @@ inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {
             if (got != plain)
                 throw malformed(at, "it decodes to " + std::to_string(got) + " bytes, its header says " + std::to_string(plain));
         }
-    };
-    const std::size_t split = blocks.size() >= 8 && std::thread::hardware_concurrency() >= 2 ? blocks.size() / 2 : 0;
-    std::exception_ptr second_failed;
-    std::thread second;
-    if (split > 0)
-        second = std::thread([&] {
-            try {
-                decode_blocks(split, blocks.size());
-            } catch (...) {
-                second_failed = std::current_exception();
-            }
-        });
-    try {
-        decode_blocks(0, split > 0 ? split : blocks.size());
-    } catch (...) {
-        if (second.joinable()) second.join();
-        throw;
-    }
-    if (second.joinable()) second.join();
-    if (second_failed) std::rethrow_exception(second_failed);
+    });
     return out;
 }
 

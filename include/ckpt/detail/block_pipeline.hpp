@@ -254,4 +254,32 @@ private:
     std::vector<std::thread> threads_;
 };
 
+/// Runs f(0, n/2) here and f(n/2, n) on a second thread when there are at least `min_pieces`
+/// of the `n` independent pieces (segments, blocks) and a second core; otherwise f(0, n).
+/// Rethrows the first failure once both are done.
+template <class F>
+void on_two_threads(std::uint64_t n, std::uint64_t min_pieces, F&& f) {
+    if (n < std::max<std::uint64_t>(2, min_pieces) || std::thread::hardware_concurrency() < 2) {
+        f(0, n);
+        return;
+    }
+    const std::uint64_t split = n / 2;
+    std::exception_ptr failed;
+    std::thread second([&] {
+        try {
+            f(split, n);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    });
+    try {
+        f(0, split);
+    } catch (...) {
+        second.join();
+        throw;
+    }
+    second.join();
+    if (failed) std::rethrow_exception(failed);
+}
+
 }  // namespace ckpt::detail
