@@ -147,6 +147,26 @@ TEST_CASE("large bodies cross zstd block and AES segment boundaries intact, and 
         CHECK(std::search(file.begin(), file.end(), noise_bytes + at, noise_bytes + at + 4096) != file.end());
 }
 
+TEST_CASE("a short writev resumes with the first byte the kernel did not take") {
+    // Blocks reach the file as gathered writes (headers and payloads); a write the kernel cut
+    // short must continue exactly where it stopped, across and within pieces.
+    char a[8], b[100], c[50];
+    auto fresh = [&] { return std::vector<iovec>{{a, sizeof a}, {b, sizeof b}, {nullptr, 0}, {c, sizeof c}}; };
+    auto v = fresh();
+    CHECK(ckpt::detail::drop_written(v, 0, 3) == 0);
+    CHECK(v[0].iov_base == a + 3);
+    CHECK(v[0].iov_len == 5);
+    CHECK(ckpt::detail::drop_written(v, 0, 5 + 40) == 1);
+    CHECK(v[1].iov_base == b + 40);
+    CHECK(v[1].iov_len == 60);
+    v = fresh();
+    CHECK(ckpt::detail::drop_written(v, 0, 108) == 2);  // all of a and b: the empty piece is next
+    CHECK(ckpt::detail::drop_written(v, 2, 10) == 3);   // the empty piece is passed over
+    CHECK(v[3].iov_base == c + 10);
+    CHECK(v[3].iov_len == 40);
+    CHECK(ckpt::detail::drop_written(v, 3, 40) == 4);
+}
+
 TEST_CASE("an encrypted body that ends on a segment boundary ends with an empty segment every reader authenticates") {
     test::TempDir dir;
     const auto key = test_key(6);

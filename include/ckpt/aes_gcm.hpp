@@ -182,7 +182,7 @@ public:
         file_key_ = std::make_unique<FileKey>(c.key, p.salt, path_);
         next_.put(prefix_.data(), prefix_.size());
         const auto aad = aes_associated_data(ctx.associated_data, prefix_.data());
-        pipeline_.emplace(next_, BlockPipeline::Options{aes_segment_size + aes_tag_size, false, false},
+        pipeline_.emplace(next_, BlockPipeline::Options{aes_segment_size + aes_tag_size, false, false, {}},
                           [this](std::uint64_t index, const std::byte* in, std::size_t n, bool last, std::byte* out,
                                  unsigned worker) {
                               gcm_[worker]->run(index, last, in, n, out, reinterpret_cast<unsigned char*>(out + n));

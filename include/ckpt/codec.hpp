@@ -158,6 +158,11 @@ private:
 };
 
 /// Where a stage sends its output: the next stage, or the file.
+struct ConstBytes {
+    const std::byte* data = nullptr;
+    std::size_t size = 0;
+};
+
 class ByteSink {
 public:
     virtual ~ByteSink() = default;
@@ -165,6 +170,10 @@ public:
     /// As put(), for memory that stays valid and unchanged until finish() returns (a tensor's
     /// payload while it is saved): a stage may then keep working on it after this returns.
     virtual void put_lasting(const std::byte* data, std::size_t n) { put(data, n); }
+    /// put() of each piece in turn, which a file takes in one writev (blocks and their headers).
+    virtual void put_pieces(std::span<const ConstBytes> pieces) {
+        for (const ConstBytes& p : pieces) put(p.data, p.size);
+    }
     virtual void finish() = 0;  ///< no more input: flush everything downstream
 };
 
@@ -282,6 +291,13 @@ public:
         hash_.update(data, n);
         file_.write(data, n);
         written_ += n;
+    }
+    void put_pieces(std::span<const ConstBytes> pieces) override {
+        for (const ConstBytes& p : pieces) {
+            hash_.update(p.data, p.size);
+            written_ += p.size;
+        }
+        file_.write_pieces(pieces);
     }
     void finish() override {}
     std::uint64_t written() const noexcept { return written_; }

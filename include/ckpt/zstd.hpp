@@ -6,8 +6,9 @@
 //   u32 input length (1 .. 1 MiB), u32 stored length, then the stored bytes:
 //   stored length == input length: the input as is (it did not shrink);
 //   stored length <  input length: one zstd frame that decompresses to exactly the input.
-// A block whose first 64 KiB do not shrink by 2% is stored as is without compressing the rest:
-// random-looking tensors (and already compressed or encrypted data) cost a probe, not a pass.
+// A block of 32 KiB or more whose first 16 KiB do not shrink by 2% is stored as is without
+// compressing the rest: random-looking tensors (and already compressed or encrypted data) cost
+// a probe, not a pass.
 
 #include <zstd.h>
 
@@ -44,7 +45,7 @@ struct Zstd {
 namespace detail {
 
 inline constexpr std::size_t zstd_block_size = BlockPipeline::block_size;
-inline constexpr std::size_t zstd_probe_size = 64u << 10;
+inline constexpr std::size_t zstd_probe_size = 16u << 10;
 inline constexpr std::size_t zstd_block_header = 8;
 
 inline std::string zstd_error(size_t code) { return ZSTD_getErrorName(code); }
@@ -86,7 +87,19 @@ private:
 class ZstdEncoder final : public ByteSink {
 public:
     ZstdEncoder(const Codec& c, ByteSink& next, const EncodeContext& ctx) : path_(ctx.path) {
-        pipeline_.emplace(next, BlockPipeline::Options{zstd_block_header + ZSTD_compressBound(zstd_block_size), true, true},
+        BlockPipeline::Options opts{zstd_block_header + ZSTD_compressBound(zstd_block_size), true, true, {}};
+        // On the caller: small blocks (the table of contents, a payload's padding) are compressed
+        // there and then, and large ones probed; only those worth compressing go to a helper.
+        opts.screen = [this](const std::byte* in, std::size_t n, std::byte* out, BlockPipeline::Encoded& result) {
+            if (n < 2 * zstd_probe_size)
+                result = encode(in, n, out, contexts_[0].get());
+            else if (worth_compressing(in, out + zstd_block_header, contexts_[0].get()))
+                return false;
+            else
+                result = stored_as_is(in, n, out);
+            return true;
+        };
+        pipeline_.emplace(next, std::move(opts),
                           [this](std::uint64_t, const std::byte* in, std::size_t n, bool, std::byte* out, unsigned worker) {
                               return encode(in, n, out, contexts_[worker].get());
                           });
@@ -108,21 +121,24 @@ public:
     void finish() override { pipeline_->finish(); }
 
 private:
+    /// Compresses a block (stored as is if that does not shrink it).
     BlockPipeline::Encoded encode(const std::byte* in, std::size_t n, std::byte* out, ZSTD_CCtx* cctx) const {
         if (n == 0) return {};  // the body ended with a block
-        std::size_t stored = n;
-        if (worth_compressing(in, n, out + zstd_block_header, cctx)) {
-            const std::size_t got = ZSTD_compress2(cctx, out + zstd_block_header, ZSTD_compressBound(n), in, n);
-            check(got);
-            if (got < n) stored = got;
-        }
+        const std::size_t got = ZSTD_compress2(cctx, out + zstd_block_header, ZSTD_compressBound(n), in, n);
+        check(got);
+        if (got >= n) return stored_as_is(in, n, out);
         put_le<std::uint32_t>(out, static_cast<std::uint32_t>(n));
-        put_le<std::uint32_t>(out + 4, static_cast<std::uint32_t>(stored));
-        if (stored == n) return {zstd_block_header, in, n};  // as is: header, then the input itself
-        return {zstd_block_header + stored};
+        put_le<std::uint32_t>(out + 4, static_cast<std::uint32_t>(got));
+        return {zstd_block_header + got};
     }
-    bool worth_compressing(const std::byte* in, std::size_t n, std::byte* scratch, ZSTD_CCtx* cctx) const {
-        if (n < 2 * zstd_probe_size) return true;
+    /// The block's header, then the input itself.
+    static BlockPipeline::Encoded stored_as_is(const std::byte* in, std::size_t n, std::byte* out) {
+        put_le<std::uint32_t>(out, static_cast<std::uint32_t>(n));
+        put_le<std::uint32_t>(out + 4, static_cast<std::uint32_t>(n));
+        return {zstd_block_header, in, n};
+    }
+    /// Whether the block's first zstd_probe_size bytes shrink by 2%.
+    bool worth_compressing(const std::byte* in, std::byte* scratch, ZSTD_CCtx* cctx) const {
         const std::size_t got = ZSTD_compress2(cctx, scratch, ZSTD_compressBound(zstd_probe_size), in, zstd_probe_size);
         check(got);
         return got < zstd_probe_size - zstd_probe_size / 50;

@@ -49,15 +49,22 @@ public:
     using Encode = std::function<Encoded(std::uint64_t index, const std::byte* in, std::size_t n, bool last,
                                          std::byte* out, unsigned worker)>;
 
+    /// A quick test the caller runs on a block before queuing it (zstd: a probe that finds it
+    /// does not shrink). Returning true, it has encoded the block into `out` and `result`, and
+    /// no thread is woken for it: on a virtual machine a wake-up costs more than the probe.
+    using Screen = std::function<bool(const std::byte* in, std::size_t n, std::byte* out, Encoded& result)>;
+
     struct Options {
         std::size_t out_capacity = 0;  ///< the output buffer of a block
         bool short_blocks = false;     ///< a block may end where a large put() begins (zstd), rather
                                        ///< than all but the last holding block_size bytes (AES)
         bool caller_encodes = false;   ///< a waiting caller encodes queued blocks
+        Screen screen;                 ///< optional
     };
 
     BlockPipeline(ByteSink& next, Options opts, Encode encode)
-        : next_(next), encode_(std::move(encode)), helpers_(helper_count()), depth_(2 * (helpers_ + 1)),
+        : next_(next), encode_(std::move(encode)), screen_(std::move(opts.screen)), helpers_(helper_count()),
+          depth_(2 * (helpers_ + 1)),
           out_capacity_(round_up(opts.out_capacity)), short_blocks_(opts.short_blocks),
           caller_encodes_(opts.caller_encodes || helpers_ == 0), slots_(depth_) {
         // One block for every buffer: large enough for huge pages, so a save does not pay a
@@ -154,11 +161,13 @@ private:
         s.last = last;
         s.index = submitted_;
         s.error = nullptr;
+        const bool settled = screen_ && screen_(in, n, s.out, s.result);
         {
             std::lock_guard lock(mutex_);
-            s.state = State::queued;
+            s.state = settled ? State::done : State::queued;
             ++submitted_;
         }
+        if (settled) return;
         if (helpers_ > 0) {
             work_ready_.notify_one();
             return;
@@ -171,10 +180,12 @@ private:
     }
 
     /// Hands on blocks in order until `count` blocks have been; waits for each, encoding
-    /// queued blocks meanwhile.
+    /// queued blocks meanwhile. Blocks already done after the one waited for go along with it,
+    /// in one put_pieces(): a file takes them in one writev.
     void hand_on(std::uint64_t count) {
         while (handed_on_ < count) {
             Slot& s = slots_[handed_on_ % depth_];
+            std::uint64_t end = handed_on_ + 1;
             {
                 std::unique_lock lock(mutex_);
                 for (;;) {
@@ -189,12 +200,22 @@ private:
                     // Encoding a block is bounded CPU work on a helper that is running it.
                     block_done_.wait(lock);
                 }
-                s.state = State::free;
+                if (!s.error)
+                    while (end < submitted_ && slots_[end % depth_].state == State::done && !slots_[end % depth_].error) ++end;
+                for (std::uint64_t i = handed_on_; i < end; ++i) slots_[i % depth_].state = State::free;
             }
-            ++handed_on_;
-            if (s.error) std::rethrow_exception(s.error);
-            next_.put(s.out, s.result.head);
-            if (s.result.tail_size) next_.put(s.result.tail, s.result.tail_size);
+            pieces_.clear();
+            for (std::uint64_t i = handed_on_; i < end; ++i) {
+                Slot& b = slots_[i % depth_];
+                if (b.error) {
+                    handed_on_ = end;
+                    std::rethrow_exception(b.error);
+                }
+                pieces_.push_back({b.out, b.result.head});
+                if (b.result.tail_size) pieces_.push_back({b.result.tail, b.result.tail_size});
+            }
+            handed_on_ = end;
+            next_.put_pieces(pieces_);
         }
     }
 
@@ -240,6 +261,7 @@ private:
 
     ByteSink& next_;
     Encode encode_;
+    Screen screen_;
     unsigned helpers_;
     std::size_t depth_, out_capacity_;
     bool short_blocks_, caller_encodes_;
@@ -248,6 +270,7 @@ private:
     Slot* staged_slot_ = nullptr;
     std::size_t filled_ = 0;
     std::uint64_t submitted_ = 0, handed_on_ = 0, next_to_run_ = 0;
+    std::vector<ConstBytes> pieces_;  // what hand_on() passes on
     std::mutex mutex_;
     std::condition_variable work_ready_, block_done_;
     bool stopping_ = false;

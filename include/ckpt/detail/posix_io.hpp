@@ -5,14 +5,19 @@
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "../error.hpp"
 
@@ -82,6 +87,19 @@ inline void write_all(int fd, const void* data, std::size_t n, const std::string
     }
 }
 
+/// After a writev() of v[first..] that wrote `done` bytes: drops them from the front of those
+/// pieces and returns the index of the first piece with bytes left (a short write resumes there).
+inline std::size_t drop_written(std::vector<iovec>& v, std::size_t first, std::size_t done) {
+    while (done > 0) {
+        const std::size_t take = std::min(done, v[first].iov_len);
+        v[first].iov_base = static_cast<char*>(v[first].iov_base) + take;
+        v[first].iov_len -= take;
+        done -= take;
+        if (v[first].iov_len == 0) ++first;
+    }
+    return first;
+}
+
 /// Appends to a file being saved and starts the disk writing what is complete, every
 /// `step` bytes (Linux: sync_file_range). Without it the kernel holds a fresh checkpoint in
 /// the page cache until the final fsync; with it the device can work while the rest is
@@ -95,6 +113,32 @@ public:
         : fd_(fd), path_(std::move(path)), end_(offset), started_(offset) {}
     void write(const void* data, std::size_t n) {
         write_all(fd_, data, n, path_);
+        advance(n);
+    }
+    /// The pieces (each with `data` and `size`) in as few system calls as the kernel allows.
+    template <class Piece>
+    void write_pieces(std::span<const Piece> pieces) {
+        std::vector<iovec> v;
+        v.reserve(pieces.size());
+        std::size_t total = 0;
+        for (const Piece& p : pieces) {
+            v.push_back({const_cast<std::byte*>(p.data), p.size});
+            total += p.size;
+        }
+        for (std::size_t first = 0, left = total; left > 0;) {
+            const ssize_t w = ::writev(fd_, v.data() + first, static_cast<int>(std::min<std::size_t>(v.size() - first, IOV_MAX)));
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                throw_io("write", path_);
+            }
+            left -= static_cast<std::size_t>(w);
+            first = drop_written(v, first, static_cast<std::size_t>(w));
+        }
+        advance(total);
+    }
+
+private:
+    void advance(std::size_t n) {
         end_ += n;
 #ifdef __linux__
         if (end_ - started_ >= step) {
@@ -104,7 +148,6 @@ public:
 #endif
     }
 
-private:
     int fd_;
     std::string path_;
     std::uint64_t end_, started_;
