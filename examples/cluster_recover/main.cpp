@@ -8,12 +8,17 @@
 // to the newest step all ranks hold a valid checkpoint of, the data rolls back with it, and
 // training goes on. No worker but the dead one restarts its process.
 //
+// With --memory-every K, every K steps each worker also keeps its state in its own memory
+// and in its partner's (the next rank's): a restarted worker then gets its state from its
+// partner, the others roll back to the same step from their own memory, and no file is read.
+// When a worker and its partner are both lost, recovery falls back to the files.
+//
 // The whole job killed and started again with the same command resumes the same way, from
 // the newest step every rank holds.
 //
 //   ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- \
 //       cluster_recover --dir ./ckpt [--epochs N] [--limit N] [--save-every N] [--keep N]
-//                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]
+//                       [--memory-every K] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]
 //                       [--fresh] [--help]
 //
 // --address is this host's address toward the other hosts (default 127.0.0.1: one host).
@@ -46,6 +51,7 @@ struct Options {
     std::size_t limit = 5120;  // 40 global steps of 4 x 32 an epoch
     std::int64_t save_every = 5;
     std::int64_t keep = 3;
+    std::int64_t memory_every = 0;  // 0: no memory level
     std::int64_t cooldown_ms = 30000;  // the seed's 30 s
     std::int64_t timeout_ms = 60000;
     std::string address = "127.0.0.1";  // this host's address toward the others
@@ -54,7 +60,7 @@ struct Options {
 
 constexpr const char* usage_text =
     "cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
-    "                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n"
+    "                       [--memory-every K] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n"
     "                       [--fresh] [--help]";
 constexpr const char* options_text =
     "One worker of a data-parallel job started by ckpt-run (or any launcher setting RANK,\n"
@@ -70,6 +76,8 @@ constexpr const char* options_text =
     "  --limit N          the first N training images (default 5120)\n"
     "  --save-every N     save every N global steps (default 5)\n"
     "  --keep N           checkpoints kept per rank and run, at least 2 (default 3)\n"
+    "  --memory-every K   every K global steps also keep each worker's state in its memory and\n"
+    "                     its partner's; a restarted worker recovers from there (default: off)\n"
     "  --cooldown-ms MS   before a dead worker's node id is claimed again (default 30000)\n"
     "  --timeout-ms MS    communication timeout (default 60000)\n"
     "  --data DIR         MNIST-format data (default /usr/share/datasets/fashion-mnist)\n"
@@ -88,6 +96,7 @@ Options parse(int argc, char** argv) {
         else if (*a == "--limit") o.limit = static_cast<std::size_t>(cli.count());
         else if (*a == "--save-every") o.save_every = cli.count();
         else if (*a == "--keep") o.keep = cli.count();
+        else if (*a == "--memory-every") o.memory_every = cli.count();
         else if (*a == "--cooldown-ms") o.cooldown_ms = cli.count();
         else if (*a == "--timeout-ms") o.timeout_ms = cli.count();
         else if (*a == "--dir") o.dir = cli.value();
@@ -99,6 +108,7 @@ Options parse(int argc, char** argv) {
     if (o.epochs < 1) cli.fail("--epochs must be at least 1");
     if (o.save_every < 1) cli.fail("--save-every must be at least 1");
     if (o.keep < 2) cli.fail("--keep must be at least 2: a rollback needs an older step when the newest is torn");
+    if (o.memory_every < 0) cli.fail("--memory-every must be at least 1 (or 0: off)");
     if (o.timeout_ms < 1) cli.fail("--timeout-ms must be positive");
     if (fault::launch_env().store.empty()) cli.fail("no store: start it with ckpt-run, or set RANK, WORLD_SIZE and CKPT_STORE");
     return o;
@@ -108,32 +118,55 @@ using Net = nn::UceNet;  // 784 -> 512 -> 512 -> 10
 using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::GlooComm>;
 using Checkpoints = nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast>;
 
+// The memory level's snapshots, for the callbacks of one generation (none when it is off).
+struct MemorySnapshots {
+    std::optional<fault::MemoryCheckpoint<fault::GlooComm>> every_k;
+    void on_step_end(nn::RunContext& c) {
+        if (every_k) every_k->on_step_end(c);
+    }
+};
+
 // Trains from the agreed step to the end in generation `comm`; throws PeerFailure when a
 // worker dies meanwhile. Returns the final parameters' hash.
-std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine, std::int64_t& done) {
-    const auto agreed = fault::agree_on_checkpoint(comm, mine, "net");
+std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine, fault::MemoryLevel& memory,
+                  std::int64_t& done) {
     auto data = examples::seed_dp_dataset(o.data, o.limit, comm.size(), comm.rank());
     Net net;  // the same seed on every rank: a fresh start is the same everywhere
     nn::SGD sgd(net.parameters(), 1e-2);
     DpOpt dp(sgd, comm);
     nn::Trainer<Net, DpOpt> trainer(net, dp, {}, comm.rank());
     std::int64_t initial_epoch = 0;
-    if (agreed.file) {
-        const auto rp = trainer.resume_from(*agreed.file, data);
+    auto say_resumed = [&](const nn::ResumePoint& rp, const std::string& from) {
         dp.set_completed_steps(rp.global_step);
         initial_epoch = rp.initial_epoch;
         if (comm.rank() == 0)
-            std::printf("generation %d: every rank resumes at global step %lld (epoch %lld, step %lld) from its "
-                        "checkpoint of epoch %lld, step %lld; rank 0 from %s\n",
+            std::printf("generation %d: every rank resumes at global step %lld (epoch %lld, step %lld) %s\n",
                         comm.generation().number, static_cast<long long>(rp.global_step + 1),
                         static_cast<long long>(rp.initial_epoch + 1), static_cast<long long>(rp.initial_step + 1),
-                        static_cast<long long>(agreed.epoch), static_cast<long long>(agreed.step),
-                        agreed.file->string().c_str());
+                        from.c_str());
+    };
+    // the memory level first: nothing to read when every rank's state is in some rank's memory
+    std::optional<fault::MemoryRecovery> recovered;
+    if (o.memory_every) recovered = memory.recover(comm);
+    if (recovered) {
+        const std::string where = "the memory level's state of global step " + std::to_string(recovered->step);
+        say_resumed(trainer.resume_from_state(recovered->state, where, data),
+                    "from memory, the state of global step " + std::to_string(recovered->step) + " (" +
+                        std::to_string(recovered->restored_from_partners) + " rank(s) from a partner's memory)");
+        if (recovered->source != "its own memory")
+            std::printf("rank %d: state of global step %lld from %s\n", comm.rank(),
+                        static_cast<long long>(recovered->step), recovered->source.c_str());
+    } else if (const auto agreed = fault::agree_on_checkpoint(comm, mine, "net"); agreed.file) {
+        say_resumed(trainer.resume_from(*agreed.file, data),
+                    "from its checkpoint of epoch " + std::to_string(agreed.epoch) + ", step " +
+                        std::to_string(agreed.step) + "; rank 0 from " + agreed.file->string());
     } else if (comm.rank() == 0) {
         std::printf("generation %d: no step saved by every rank; training from the start\n", comm.generation().number);
     }
     std::fflush(stdout);
     Checkpoints checkpoints("net", mine, {}, ckpt::EverySteps{o.save_every}, ckpt::KeepLast{o.keep});
+    MemorySnapshots snapshots;
+    if (o.memory_every) snapshots.every_k.emplace(comm, memory, o.memory_every);
     struct Progress {
         std::int64_t* done;
         void on_step_end(nn::RunContext& c) {
@@ -144,7 +177,7 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
             }
         }
     } progress{&done};
-    trainer.train(o.epochs, data, nn::callbacks(progress, checkpoints), initial_epoch);
+    trainer.train(o.epochs, data, nn::callbacks(progress, snapshots, checkpoints), initial_epoch);
     return examples::params_xxh64(net.parameters());
 }
 
@@ -163,9 +196,10 @@ int run(const Options& o) {
                                     .address = o.address,
                                     .cooldown = std::chrono::milliseconds(o.cooldown_ms)});
     std::int64_t done = 0;  // the last global step this worker completed
+    fault::MemoryLevel memory;  // outlives the generations
     for (;;) {
         try {
-            const std::string hash = train(*comm, o, mine, done);
+            const std::string hash = train(*comm, o, mine, memory, done);
             std::printf("rank %d: final_params_xxh64=%s\n", env.rank, hash.c_str());
             return 0;
         } catch (const fault::PeerFailure& e) {

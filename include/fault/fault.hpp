@@ -16,6 +16,7 @@
 //   membership     Membership (node ids, liveness, cooldown), Generation  membership.hpp
 //   launching      LaunchEnv, launch_env (RANK, WORLD_SIZE, CKPT_STORE, MS_* aliases)  launch.hpp
 //   cluster        agree_on_checkpoint (the newest step every rank holds)  cluster_recovery.hpp
+//   memory level   MemoryLevel, MemoryCheckpoint, PackedState (copies in partners' RAM)  memory_level.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -30,6 +31,7 @@
 #include "data_parallel.hpp"
 #include "last_words.hpp"
 #include "launch.hpp"
+#include "memory_level.hpp"
 #include "membership.hpp"
 #include "replica_selector.hpp"
 #include "store.hpp"

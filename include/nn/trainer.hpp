@@ -187,10 +187,15 @@ public:
     /// shape) and positions the trainer and `data` at the step after it. Nothing in memory
     /// changes when the file does not fit.
     ResumePoint resume_from(const ckpt::PathArg& file, Data& data) {
-        ckpt::ParamDict dict = ckpt::load_checkpoint(file);
-        ResumePoint rp;
+        ResumePoint rp = resume_from_state(ckpt::load_checkpoint(file), "checkpoint '" + file.string() + "'", data);
         rp.file = file;
-        const std::string where = "checkpoint '" + file.string() + "'";
+        return rp;
+    }
+
+    /// As resume_from, from a state already in memory (a checkpoint's entries: the memory
+    /// level's snapshot, say); `where` names it in errors.
+    ResumePoint resume_from_state(const ckpt::ParamDict& dict, const std::string& where, Data& data) {
+        ResumePoint rp;
         if (dict.contains("trainer.epoch")) {
             const auto epoch = dict.get<std::int64_t>("trainer.epoch");
             const auto step = dict.get<std::int64_t>("trainer.step");

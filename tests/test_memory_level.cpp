@@ -1,0 +1,167 @@
+// The memory level: packed states, copies in a partner's memory, recovery from them.
+
+#include <doctest/doctest.h>
+
+#include <fault/fault.hpp>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+/// Rank r's state at global step s: different on every rank and at every step.
+ckpt::ParamDict state_of(int r, std::int64_t s) {
+    ckpt::ParamDict d;
+    std::vector<float> w(1000 + 10 * static_cast<std::size_t>(r));  // ranks' sizes differ (a sharded optimizer)
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(r) * 1000.0f + static_cast<float>(s) + 0.001f * float(i);
+    d.set("net.w", ckpt::Tensor::from(w, {static_cast<std::int64_t>(w.size())}));
+    d.set("data.order", ckpt::Tensor::from(std::vector<std::int64_t>{s, r, 3}, {3}));
+    d.set("trainer.global_step", s);
+    d.set("lr", 0.01 * double(s));
+    d.set("shuffled", r % 2 == 0);
+    d.set("name", "rank " + std::to_string(r));
+    return d;
+}
+
+/// Every rank of a `levels.size()`-rank group runs fn(comm, its level); no rank may fail.
+void on_ranks(std::vector<fault::MemoryLevel>& levels, const std::function<void(fault::ThreadComm&, fault::MemoryLevel&)>& fn) {
+    fault::ThreadGroup group(static_cast<int>(levels.size()), std::chrono::seconds(10));
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        fn(comm, levels[static_cast<std::size_t>(comm.rank())]);
+    });
+    for (const auto& e : errors) REQUIRE_FALSE(e);
+}
+
+std::vector<std::optional<fault::MemoryRecovery>> recover_all(std::vector<fault::MemoryLevel>& levels) {
+    std::vector<std::optional<fault::MemoryRecovery>> out(levels.size());
+    on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+        out[static_cast<std::size_t>(comm.rank())] = level.recover(comm);
+    });
+    return out;
+}
+
+void save_steps(std::vector<fault::MemoryLevel>& levels, std::initializer_list<std::int64_t> steps) {
+    on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+        for (const auto s : steps) level.save(comm, state_of(comm.rank(), s), s);
+    });
+}
+
+}  // namespace
+
+TEST_CASE("a packed state unpacks to the entries it was packed from, and a damaged one is refused") {
+    fault::PackedState p;
+    CHECK(p.step() == -1);
+    const ckpt::ParamDict d = state_of(3, 17);
+    p.pack(d, 17);
+    CHECK(p.step() == 17);
+    CHECK(p.intact());
+    const ckpt::ParamDict back = p.unpack("test state");
+    REQUIRE(back.size() == d.size());
+    for (const auto& [name, value] : d) CHECK_MESSAGE(back.at(name) == value, name);
+
+    // one bit of a payload flipped: the checksum says so, naming the state
+    fault::PackedState damaged = p;
+    auto words = damaged.receive_buffer(damaged.bytes());
+    words[words.size() / 2] = -words[words.size() / 2];
+    CHECK_FALSE(damaged.intact());
+    CHECK_THROWS_WITH_AS(damaged.unpack("rank 3's copy"), doctest::Contains("rank 3's copy: not a whole packed state"),
+                         fault::CorruptState);
+    // cut short (a transfer that did not finish)
+    fault::PackedState torn = p;
+    torn.receive_buffer(p.bytes() - 8);
+    CHECK_THROWS_AS(torn.unpack("torn"), fault::CorruptState);
+
+    // packing a smaller state again reuses the block and forgets the old entries
+    ckpt::ParamDict small;
+    small.set("x", std::int64_t{5});
+    p.pack(small, 18);
+    const ckpt::ParamDict again = p.unpack("small");
+    CHECK(again.size() == 1);
+    CHECK(again.get<std::int64_t>("x") == 5);
+}
+
+TEST_CASE("a restarted rank gets its state from its partner's memory, and every rank rolls back to the same step") {
+    for (int lost = 0; lost < 4; ++lost) {
+        CAPTURE(lost);
+        std::vector<fault::MemoryLevel> levels(4);
+        save_steps(levels, {2, 4, 6});
+        levels[static_cast<std::size_t>(lost)] = fault::MemoryLevel{};  // its process died: its memory is gone
+        const auto got = recover_all(levels);
+        for (int r = 0; r < 4; ++r) {
+            CAPTURE(r);
+            REQUIRE(got[r]);
+            CHECK(got[r]->step == 6);
+            CHECK(got[r]->restored_from_partners == 1);
+            CHECK(got[r]->source == (r == lost ? "rank " + std::to_string((lost + 1) % 4) + "'s memory" : "its own memory"));
+            const ckpt::ParamDict want = state_of(r, 6);
+            for (const auto& [name, value] : want) CHECK_MESSAGE(got[r]->state.at(name) == value, name);
+        }
+        // the restarted rank holds its state again, so the next recovery finds it too
+        CHECK(levels[static_cast<std::size_t>(lost)].newest_step() == 6);
+    }
+}
+
+TEST_CASE("a copy cut off mid-transfer is never used: recovery takes the previous whole one") {
+    std::vector<fault::MemoryLevel> levels(4);
+    save_steps(levels, {2, 4});
+    {
+        // step 6: rank 1 dies after sending its copy's length, before the copy itself
+        fault::ThreadGroup group(4, std::chrono::seconds(10));
+        const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            if (comm.rank() == 1) {
+                const auto head = fault::detail::to_floats(std::uint64_t{4096});
+                comm.send(std::span<const float>(head), 2, fault::MemoryLevel::tag);
+                throw std::runtime_error("rank 1 killed in the middle of a transfer");
+            }
+            levels[static_cast<std::size_t>(comm.rank())].save(comm, state_of(comm.rank(), 6), 6);
+        });
+        CHECK(fault::detail::holds<fault::PeerFailure>(errors[2]));
+    }
+    levels[1] = fault::MemoryLevel{};
+    const auto got = recover_all(levels);
+    for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        REQUIRE(got[r]);
+        CHECK(got[r]->step == 4);  // rank 2 holds rank 1's state at 4 only
+        const ckpt::ParamDict want = state_of(r, 4);
+        for (const auto& [name, value] : want) CHECK_MESSAGE(got[r]->state.at(name) == value, name);
+    }
+    CHECK(got[1]->source == "rank 2's memory");
+}
+
+TEST_CASE("a rank lost with its partner: nothing is recovered from memory, on every rank alike") {
+    std::vector<fault::MemoryLevel> levels(4);
+    save_steps(levels, {3, 6});
+    levels[1] = fault::MemoryLevel{};
+    levels[2] = fault::MemoryLevel{};  // rank 1's only partner
+    for (const auto& g : recover_all(levels)) CHECK_FALSE(g);
+
+    SUBCASE("with two replicas, the next partner has it") {
+        std::vector<fault::MemoryLevel> two;
+        for (int r = 0; r < 4; ++r) two.emplace_back(2);
+        save_steps(two, {3, 6});
+        two[1] = fault::MemoryLevel{2};
+        two[2] = fault::MemoryLevel{2};
+        const auto got = recover_all(two);
+        for (int r = 0; r < 4; ++r) {
+            CAPTURE(r);
+            REQUIRE(got[r]);
+            CHECK(got[r]->step == 6);
+            CHECK(got[r]->state.at("net.w") == state_of(r, 6).at("net.w"));
+        }
+        CHECK(got[1]->source == "rank 3's memory");  // 1 + 2
+        CHECK(got[2]->source == "rank 3's memory");
+    }
+}
+
+TEST_CASE("the memory level holds nothing for a world of another size, nor before its first save") {
+    std::vector<fault::MemoryLevel> none(3);
+    for (const auto& g : recover_all(none)) CHECK_FALSE(g);
+
+    std::vector<fault::MemoryLevel> levels(4);
+    save_steps(levels, {5});
+    std::vector<fault::MemoryLevel> three(levels.begin(), levels.begin() + 3);
+    for (const auto& g : recover_all(three)) CHECK_FALSE(g);
+    CHECK_THROWS_AS(fault::MemoryLevel(0), ckpt::ConfigError);
+    CHECK_THROWS_AS(fault::MemoryLevel(5), ckpt::ConfigError);
+}
