@@ -63,6 +63,7 @@ TEST_CASE("a packed state unpacks to the entries it was packed from, and a damag
     fault::PackedState damaged = p;
     auto words = damaged.receive_buffer(damaged.bytes());
     words[words.size() / 2] = -words[words.size() / 2];
+    damaged.received();
     CHECK_FALSE(damaged.intact());
     CHECK_THROWS_WITH_AS(damaged.unpack("rank 3's copy"), doctest::Contains("rank 3's copy: not a whole packed state"),
                          fault::CorruptState);
@@ -70,6 +71,13 @@ TEST_CASE("a packed state unpacks to the entries it was packed from, and a damag
     fault::PackedState torn = p;
     torn.receive_buffer(p.bytes() - 8);
     CHECK_THROWS_AS(torn.unpack("torn"), fault::CorruptState);
+    torn.received();
+    CHECK_THROWS_AS(torn.unpack("torn"), fault::CorruptState);
+    // received into, but not to the end: never whole
+    fault::PackedState half = p;
+    half.receive_buffer(p.bytes());
+    CHECK(half.empty());
+    CHECK(half.step() == -1);
 
     // packing a smaller state again reuses the block and forgets the old entries
     ckpt::ParamDict small;
@@ -127,6 +135,26 @@ TEST_CASE("a copy cut off mid-transfer is never used: recovery takes the previou
         for (const auto& [name, value] : want) CHECK_MESSAGE(got[r]->state.at(name) == value, name);
     }
     CHECK(got[1]->source == "rank 2's memory");
+}
+
+TEST_CASE("a damaged copy is dropped when recovery checks it, and the ranks agree on an older step") {
+    std::vector<fault::MemoryLevel> levels(4);
+    save_steps(levels, {2, 4, 6});
+    fault::PackedState* copy = levels[2].copy(1, 6);  // rank 2's copy of rank 1 at step 6
+    REQUIRE(copy);
+    auto words = copy->receive_buffer(copy->bytes());
+    words[words.size() - 1] += 1.0f;  // a bit flipped in memory since it arrived
+    copy->received();
+    levels[1] = fault::MemoryLevel{};
+    const auto got = recover_all(levels);
+    for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        REQUIRE(got[r]);
+        CHECK(got[r]->step == 4);
+        CHECK(got[r]->state.at("net.w") == state_of(r, 4).at("net.w"));
+    }
+    CHECK(got[1]->source == "rank 2's memory");
+    CHECK_FALSE(levels[2].copy(1, 6));  // dropped
 }
 
 TEST_CASE("a rank lost with its partner: nothing is recovered from memory, on every rank alike") {

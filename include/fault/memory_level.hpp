@@ -31,6 +31,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -60,20 +61,39 @@ public:
     static constexpr std::uint64_t magic = 0x314d454d54504b43ull;  // "CKPTMEM1"
     static constexpr std::size_t header_bytes = 32;
 
-    bool empty() const noexcept { return words_.empty(); }
+    /// Nothing whole in it: never packed, cleared, or being received.
+    bool empty() const noexcept { return !whole_; }
     /// The global step of the packed state (-1 when empty).
     std::int64_t step() const noexcept { return empty() ? -1 : read<std::int64_t>(8); }
-    std::size_t bytes() const noexcept { return words_.size() * sizeof(float); }
-    std::span<const float> words() const noexcept { return words_; }
-    void clear() noexcept { words_.clear(); }
+    std::size_t bytes() const noexcept { return size_; }
+    std::span<const float> words() const noexcept {
+        return {reinterpret_cast<const float*>(block_.get()), size_ / sizeof(float)};
+    }
+
+    PackedState() = default;
+    PackedState(PackedState&&) noexcept = default;
+    PackedState& operator=(PackedState&&) noexcept = default;
+    PackedState(const PackedState& o) : whole_(o.whole_) {
+        resize(o.size_);
+        if (size_) std::memcpy(data(), o.data(), size_);
+    }
+    PackedState& operator=(const PackedState& o) {
+        if (this != &o) *this = PackedState(o);
+        return *this;
+    }
+    void clear() noexcept { whole_ = false; }  // keeps the memory for the next use
 
     /// Packs `dict` (tensors copied) as the state at global step `step`.
     void pack(const ckpt::ParamDict& dict, std::int64_t step) {
+        whole_ = false;
         std::size_t n = header_bytes + 8;
         for (const auto& [name, value] : dict) n += entry_bytes(name, value);
-        words_.resize(n / sizeof(float));
+        resize(n);
         std::byte* base = data();
         std::size_t at = header_bytes;
+        ckpt::detail::Xxh3 hash;
+        hash_ = &hash;
+        hashed_ = header_bytes;
         put<std::uint64_t>(at, dict.size());
         for (const auto& [name, value] : dict) {
             put<std::uint32_t>(at, static_cast<std::uint32_t>(name.size()));
@@ -101,22 +121,28 @@ public:
                 put_bytes(at, s.data(), s.size());
             }
         }
+        hash_up_to(n);
         std::size_t h = 0;
         put<std::uint64_t>(h, magic);
         put<std::int64_t>(h, step);
         put<std::uint64_t>(h, n - header_bytes);
-        put<std::uint64_t>(h, ckpt::detail::xxh3(base + header_bytes, n - header_bytes));
+        put<std::uint64_t>(h, hash.digest());
+        hash_ = nullptr;
+        whole_ = true;
     }
 
-    /// Makes room for a packed state of `bytes` bytes arriving from another rank.
+    /// Makes room for a packed state of `bytes` bytes arriving from another rank; it counts
+    /// once received() says all of it is there.
     std::span<float> receive_buffer(std::size_t bytes) {
-        words_.resize(bytes / sizeof(float));
-        return words_;
+        whole_ = false;
+        resize(bytes / sizeof(float) * sizeof(float));
+        return {reinterpret_cast<float*>(block_.get()), size_ / sizeof(float)};
     }
+    void received() noexcept { whole_ = true; }
 
     /// Whether the block is a whole packed state: magic, length and checksum.
     bool intact() const noexcept {
-        if (bytes() < header_bytes + 8 || bytes() % 8 || read<std::uint64_t>(0) != magic) return false;
+        if (!whole_ || bytes() < header_bytes + 8 || bytes() % 8 || read<std::uint64_t>(0) != magic) return false;
         if (read<std::uint64_t>(16) != bytes() - header_bytes) return false;
         return ckpt::detail::xxh3(data() + header_bytes, bytes() - header_bytes) == read<std::uint64_t>(24);
     }
@@ -201,17 +227,37 @@ private:
         if (const auto* s = value.get_if<std::string>()) return n + 8 + padded(s->size());
         return n + 8;
     }
-    std::byte* data() noexcept { return reinterpret_cast<std::byte*>(words_.data()); }
-    const std::byte* data() const noexcept { return reinterpret_cast<const std::byte*>(words_.data()); }
+    std::byte* data() noexcept { return block_.get(); }
+    const std::byte* data() const noexcept { return block_.get(); }
+    /// A block from allocate_aligned (huge pages when large: a state of hundreds of MiB is
+    /// first touched in 2 MiB pages, not 4 KiB ones), kept when the size shrinks.
+    void resize(std::size_t n) {
+        if (n > capacity_) {
+            block_ = ckpt::detail::allocate_aligned(n);
+            capacity_ = n;
+        }
+        size_ = n;
+    }
     template <class T>
     void put(std::size_t& at, T v) {
         std::memcpy(data() + at, &v, sizeof v);
         at += sizeof v;
     }
+    /// Copies in pieces that stay in cache until they are hashed: one pass over memory, not two.
     void put_bytes(std::size_t& at, const void* p, std::size_t n) {
-        if (n) std::memcpy(data() + at, p, n);
+        constexpr std::size_t piece = 128u << 10;
+        const auto* from = static_cast<const std::byte*>(p);
+        for (std::size_t done = 0; done < n; done += piece) {
+            const std::size_t len = std::min(piece, n - done);
+            std::memcpy(data() + at + done, from + done, len);
+            if (n > piece) hash_up_to(at + done + len);
+        }
         std::memset(data() + at + n, 0, padded(n) - n);
         at += padded(n);
+    }
+    void hash_up_to(std::size_t end) {
+        hash_->update(data() + hashed_, end - hashed_);
+        hashed_ = end;
     }
     template <class T>
     T read(std::size_t at) const noexcept {
@@ -220,7 +266,11 @@ private:
         return v;
     }
 
-    std::vector<float> words_;
+    std::shared_ptr<std::byte> block_;  // owned alone: copies copy it
+    std::size_t size_ = 0, capacity_ = 0;
+    bool whole_ = false;
+    ckpt::detail::Xxh3* hash_ = nullptr;  // while packing: of the bytes [header_bytes, hashed_)
+    std::size_t hashed_ = 0;
 };
 
 /// What recover() gives a rank: its state at the agreed step.
@@ -267,6 +317,14 @@ public:
     }
 
     int replicas() const noexcept { return replicas_; }
+    /// The copy this rank holds of the state at `step` of the rank `distance` places before
+    /// it in the ring (1 … replicas()); null when it holds none.
+    PackedState* copy(int distance, std::int64_t step) {
+        if (distance < 1 || distance > replicas_) return nullptr;
+        for (auto& b : copies_[distance - 1])
+            if (b.step() == step) return &b;
+        return nullptr;
+    }
     /// The step of this rank's newest snapshot (-1: none).
     std::int64_t newest_step() const noexcept { return std::max(own_[0].step(), own_[1].step()); }
     /// Bytes of memory the level holds (own snapshots and partners' copies).
@@ -278,7 +336,8 @@ public:
 
     /// Snapshots `state` as global step `step` and exchanges copies with the partners; a
     /// collective of every rank of `comm`. Throws PeerFailure when a rank is lost meanwhile:
-    /// the copies then held stay usable.
+    /// the copies then held stay usable. A copy is not checked when it arrives (a transfer
+    /// either completes or throws) but when recovery uses it.
     template <Communicator Comm>
     void save(Comm& comm, const ckpt::ParamDict& state, std::int64_t step) {
         bind(comm.size());
@@ -288,15 +347,8 @@ public:
         for (int d = 1; d <= partners; ++d) {
             const int to = (me + d) % n, from = (me - d + n) % n;
             PackedState& into = older(copies_[d - 1]);
-            const std::int64_t before = into.step();
             auto send = [&] { send_state(comm, mine, to); };
-            auto receive = [&] {
-                into.clear();  // torn until whole: never offered
-                receive_state(comm, into, from);
-                if (!into.intact())
-                    throw CorruptState("memory level: the copy of rank " + std::to_string(from) + "'s state at step " +
-                                       std::to_string(step) + " arrived damaged (was at step " + std::to_string(before) + ")");
-            };
+            auto receive = [&] { receive_state(comm, into, from); };  // torn until it returns: never offered
             if (detail::sends_first(me, d, n)) {
                 send();
                 receive();
@@ -311,25 +363,58 @@ public:
     /// on the newest step whose state every rank can have, moves each restarted rank's state
     /// to it from a partner, and returns this rank's state at that step. Empty, on every rank
     /// alike, when there is no such step (nothing saved yet, the world size changed, or a
-    /// rank and all its partners were lost); then the reason is logged. A collective.
+    /// rank and all its partners were lost); then the reason is logged. Every block a rank
+    /// is to use or send is checked first; a damaged one is dropped, logged, and the ranks
+    /// agree again without it. A collective.
     template <Communicator Comm>
     std::optional<MemoryRecovery> recover(Comm& comm) {
         const int n = comm.size(), me = comm.rank();
-        detail::MemoryOffer mine{};
-        mine.world = world_;
-        for (int i = 0; i < 2; ++i) mine.own[i] = world_ == n ? own_[i].step() : -1;
-        std::fill(std::begin(mine.copy_owner), std::end(mine.copy_owner), -1);
-        std::fill(std::begin(mine.copy_step), std::end(mine.copy_step), -1);
+        for (;;) {
+            const auto offers = detail::allgather_records(comm, offer(me, n));
+            const auto plan = agree(offers, n);
+            if (!plan) return std::nullopt;
+            const auto& [s, source] = *plan;
+            // check what this rank uses and sends; any damage, and every rank agrees again
+            std::int64_t damaged = 0;
+            auto check = [&](PackedState* b, const std::string& what) {
+                if (b && b->intact()) return;
+                ckpt::detail::log(ckpt::LogLevel::warning, "memory level: rank " + std::to_string(me) + "'s " + what +
+                                                               " at step " + std::to_string(s) +
+                                                               " is damaged: dropped, agreeing again without it");
+                if (b) b->clear();
+                damaged = 1;
+            };
+            if (source[me] == -1) check(own_at(s), "own snapshot");
+            for (int q = 0; q < n; ++q)
+                if (source[q] == me) check(copy_of(q, me, s, n), "copy of rank " + std::to_string(q) + "'s state");
+            const auto verdicts = detail::allgather_records(comm, damaged);
+            if (std::any_of(verdicts.begin(), verdicts.end(), [](std::int64_t v) { return v != 0; })) continue;
+            return take(comm, s, source);
+        }
+    }
+
+private:
+    /// What this rank holds, for the others (nothing when its blocks are of another world size).
+    detail::MemoryOffer offer(int me, int n) const {
+        detail::MemoryOffer o{};
+        o.world = world_;
+        for (int i = 0; i < 2; ++i) o.own[i] = world_ == n ? own_[i].step() : -1;
+        std::fill(std::begin(o.copy_owner), std::end(o.copy_owner), -1);
+        std::fill(std::begin(o.copy_step), std::end(o.copy_step), -1);
         if (world_ == n)
             for (int d = 1; d <= replicas_; ++d)
                 for (int i = 0; i < 2; ++i) {
-                    mine.copy_owner[2 * (d - 1) + i] = copies_[d - 1][i].empty() ? -1 : (me - d + n) % n;
-                    mine.copy_step[2 * (d - 1) + i] = copies_[d - 1][i].step();
+                    o.copy_owner[2 * (d - 1) + i] = copies_[d - 1][i].empty() ? -1 : (me - d + n) % n;
+                    o.copy_step[2 * (d - 1) + i] = copies_[d - 1][i].step();
                 }
-        const auto offers = detail::allgather_records(comm, mine);
+        return o;
+    }
 
-        // candidate steps: any rank's own snapshots, newest first
-        std::vector<std::int64_t> steps;
+    /// The newest step every rank's state is held at, and who gives each rank its state
+    /// then: itself (-1) or a partner. Every rank computes the same from the same offers.
+    std::optional<std::pair<std::int64_t, std::vector<int>>> agree(const std::vector<detail::MemoryOffer>& offers,
+                                                                    int n) const {
+        std::vector<std::int64_t> steps;  // any rank's own snapshots, newest first
         for (const auto& o : offers)
             for (const auto s : o.own)
                 if (s >= 0) steps.push_back(s);
@@ -343,9 +428,8 @@ public:
                                                                std::to_string(n) + "; falling back to files");
             return std::nullopt;
         }
-        // who gives each rank its state at step s: itself (-1), a partner, or nobody (-2)
-        auto plan_for = [&](std::int64_t s) {
-            std::vector<int> source(n, -2);
+        auto sources_at = [&](std::int64_t s) {  // -2: nobody holds the rank's state at s
+            std::vector<int> source(static_cast<std::size_t>(n), -2);
             for (int q = 0; q < n; ++q) {
                 if (offers[q].own[0] == s || offers[q].own[1] == s) {
                     source[q] = -1;
@@ -359,28 +443,25 @@ public:
             }
             return source;
         };
-        std::optional<std::int64_t> agreed;
-        std::vector<int> source;
-        for (const auto s : steps) {
-            source = plan_for(s);
-            if (std::none_of(source.begin(), source.end(), [](int v) { return v == -2; })) {
-                agreed = s;
-                break;
-            }
-        }
-        if (!agreed) {
-            source = plan_for(steps.front());
-            std::string lost;
-            for (int q = 0; q < n; ++q)
-                if (source[q] == -2) lost += (lost.empty() ? "" : ", ") + std::to_string(q);
-            ckpt::detail::log(ckpt::LogLevel::warning,
-                              "memory level: no step has every rank's state in memory: rank(s) " + lost +
-                                  " lost their state together with every partner keeping a copy (newest step " +
-                                  std::to_string(steps.front()) + "); falling back to files");
-            return std::nullopt;
-        }
-        const std::int64_t s = *agreed;
-        // transfers in rank order: each involves two ranks, both walking the same list
+        for (const auto s : steps)
+            if (auto source = sources_at(s); std::none_of(source.begin(), source.end(), [](int v) { return v == -2; }))
+                return std::pair{s, std::move(source)};
+        const auto source = sources_at(steps.front());
+        std::string lost;
+        for (int q = 0; q < n; ++q)
+            if (source[q] == -2) lost += (lost.empty() ? "" : ", ") + std::to_string(q);
+        ckpt::detail::log(ckpt::LogLevel::warning,
+                          "memory level: no step has every rank's state in memory: rank(s) " + lost +
+                              " lost their state together with every partner keeping a copy (newest step " +
+                              std::to_string(steps.front()) + "); falling back to files");
+        return std::nullopt;
+    }
+
+    /// Moves the states of the ranks that lost theirs from their partners (in rank order:
+    /// each transfer involves two ranks, both walking the same list) and returns this rank's.
+    template <Communicator Comm>
+    MemoryRecovery take(Comm& comm, std::int64_t s, const std::vector<int>& source) {
+        const int n = comm.size(), me = comm.rank();
         PackedState received;
         for (int q = 0; q < n; ++q) {
             const int p = source[q];
@@ -403,34 +484,32 @@ public:
         MemoryRecovery out;
         out.step = s;
         out.restored_from_partners = static_cast<int>(std::count_if(source.begin(), source.end(), [](int v) { return v >= 0; }));
+        const std::string what = "memory level: rank " + std::to_string(me) + "'s state at step " + std::to_string(s);
         if (source[me] >= 0) {
             PackedState& slot = older(own_);
             slot = std::move(received);  // this rank's state again, as if it had taken it
             out.source = "rank " + std::to_string(source[me]) + "'s memory";
-            out.state = slot.unpack("memory level: rank " + std::to_string(me) + "'s state at step " + std::to_string(s));
+            out.state = slot.unpack(what);
         } else {
-            const PackedState& slot = own_[0].step() == s ? own_[0] : own_[1];
             out.source = "its own memory";
-            out.state = slot.unpack("memory level: rank " + std::to_string(me) + "'s state at step " + std::to_string(s));
+            out.state = own_at(s)->unpack(what);
         }
         return out;
     }
 
-private:
     /// Of two blocks, the one to write next: an empty one, else the older.
     static PackedState& older(std::array<PackedState, 2>& pair) {
         if (pair[0].empty()) return pair[0];
         if (pair[1].empty()) return pair[1];
         return pair[0].step() <= pair[1].step() ? pair[0] : pair[1];
     }
-    /// The copy of rank q's state at step s that this rank holds.
-    const PackedState* copy_of(int q, int me, std::int64_t s, int n) const {
-        const int d = (me - q + n) % n;
-        if (d < 1 || d > replicas_) return nullptr;
-        for (const auto& b : copies_[d - 1])
+    PackedState* own_at(std::int64_t s) {
+        for (auto& b : own_)
             if (b.step() == s) return &b;
         return nullptr;
     }
+    /// The copy of rank q's state at step s that this rank holds.
+    PackedState* copy_of(int q, int me, std::int64_t s, int n) { return copy((me - q + n) % n, s); }
     /// The blocks belong to one world size; another one starts them afresh.
     void bind(int n) {
         if (world_ == n) return;
@@ -445,12 +524,14 @@ private:
         comm.send(std::span<const float>(head), to, tag);
         comm.send(s.words(), to, tag);
     }
+    /// Leaves `into` whole only once every byte has arrived.
     template <Communicator Comm>
     static void receive_state(Comm& comm, PackedState& into, int from) {
         std::vector<float> head(sizeof(std::uint64_t) / sizeof(float));
         comm.recv(std::span<float>(head), from, tag);
         const auto bytes = detail::from_floats<std::uint64_t>(head).at(0);
         comm.recv(into.receive_buffer(static_cast<std::size_t>(bytes)), from, tag);
+        into.received();
     }
 
     int replicas_;
