@@ -10,12 +10,21 @@
 # Rounds alternate the two. Last line:
 #   cluster_recovery recovery_s=X rolled_back_steps=Y save_every=Z recovery/fresh_start=R
 #
-#   bench/cluster_recovery.sh <cluster_recover> <ckpt-run> [rounds] [save_every]
+# With a fifth argument K, every round runs the job twice, in alternating order: recovering
+# from the files as above, and with --memory-every K (recovering from the memory level);
+# last line then:
+#   cluster_recovery recovery_s=X memory_recovery_s=M rolled_back_steps=Y memory_rolled_back_steps=Z
+#       save_every=S memory_every=K memory/files=R restore_ms files=A memory=B recovery/fresh_start=F
+# (restore: from the generation's start to the state loaded, the slowest of rank 0 and, from
+# memory, the restarted rank)
+#
+#   bench/cluster_recovery.sh <cluster_recover> <ckpt-run> [rounds] [save_every] [memory_every]
 set -euo pipefail
 program=$1
 launcher=$2
 rounds=${3:-3}
 save_every=${4:-5}
+memory_every=${5:-}
 work=$(mktemp -d /tmp/ckpt-bench-cluster-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OPENBLAS_NUM_THREADS=1
@@ -25,13 +34,15 @@ seen_at() {
     until grep -q "$2" "$1" 2>/dev/null; do sleep 0.005; done
     now
 }
-recoveries=() rolled=() starts=()
-for round in $(seq 1 "$rounds"); do
-    dir="$work/round$round"
+recoveries=() rolled=() starts=() restores=() mem_recoveries=() mem_rolled=() mem_restores=()
+# run_job <dir> <options…>: one job, rank 2 killed after step 30; sets recovery, back, start
+run_job() {
+    local dir=$1 t0 t1 tk tr job pid resumed last
+    shift
     mkdir -p "$dir"
     t0=$(now)
     "$launcher" --nproc 4 --store "file://$dir/store" --max-restarts 1 -- "$program" --dir "$dir/ckpt" \
-        --epochs 3 --save-every "$save_every" --cooldown-ms 0 > "$dir/job.log" 2>&1 &
+        --epochs 3 --save-every "$save_every" --cooldown-ms 0 "$@" > "$dir/job.log" 2>&1 &
     job=$!
     t1=$(seen_at "$dir/job.log" "^generation 1:")
     seen_at "$dir/job.log" "^step 30:" > /dev/null
@@ -45,11 +56,41 @@ for round in $(seq 1 "$rounds"); do
     recovery=$(awk -v a="$tr" -v b="$tk" 'BEGIN { printf "%.3f", a - b }')
     start=$(awk -v a="$t1" -v b="$t0" 'BEGIN { printf "%.3f", a - b }')
     back=$((last - (resumed - 1)))
-    printf 'round %d: recovery %.3f s (resumed at step %d, survivors had done %d: %d done again), fresh start %.3f s\n' \
-        "$round" "$recovery" "$resumed" "$last" "$back" "$start"
-    recoveries+=("$recovery") rolled+=("$back") starts+=("$start")
+    from=$(sed -n 's/^generation 2: every rank resumes at global step [0-9]* ([^)]*) from \([a-z]*\).*/\1/p' "$dir/job.log")
+    # the slowest of rank 0's restore and (from memory) the restarted rank's
+    restore=$( (sed -n 's/^generation 2: .*state restored in \([0-9.]*\) ms$/\1/p' "$dir/job.log"
+                sed -n "s/^rank 2: state of global step [0-9]* from .* in \([0-9.]*\) ms$/\1/p" "$dir/job.log") | sort -g | tail -1)
+}
+for round in $(seq 1 "$rounds"); do
+    modes=(files)
+    if [ -n "$memory_every" ]; then
+        if [ $((round % 2)) -eq 1 ]; then modes=(files memory); else modes=(memory files); fi
+    fi
+    for mode in "${modes[@]}"; do
+        if [ "$mode" = files ]; then
+            run_job "$work/round$round-files"
+            [ "$from" = its ] || { echo "round $round: the files run did not recover from its files" >&2; exit 1; }
+            printf 'round %d: recovery from files %.3f s (state restored in %s ms; %d steps done again), fresh start %.3f s\n' \
+                "$round" "$recovery" "$restore" "$back" "$start"
+            recoveries+=("$recovery") rolled+=("$back") starts+=("$start") restores+=("$restore")
+        else
+            run_job "$work/round$round-memory" --memory-every "$memory_every"
+            [ "$from" = memory ] || { echo "round $round: the memory run did not recover from memory" >&2; exit 1; }
+            printf 'round %d: recovery from memory %.3f s (state restored in %s ms; %d steps done again)\n' \
+                "$round" "$recovery" "$restore" "$back"
+            mem_recoveries+=("$recovery") mem_rolled+=("$back") mem_restores+=("$restore")
+        fi
+    done
 done
 median() { printf '%s\n' "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
 r=$(median "${recoveries[@]}") b=$(median "${rolled[@]}") s=$(median "${starts[@]}")
-printf 'cluster_recovery recovery_s=%.3f rolled_back_steps=%d save_every=%d recovery/fresh_start=%.2f\n' \
-    "$r" "$b" "$save_every" "$(awk -v a="$r" -v b="$s" 'BEGIN { print a / b }')"
+if [ -z "$memory_every" ]; then
+    printf 'cluster_recovery recovery_s=%.3f rolled_back_steps=%d save_every=%d recovery/fresh_start=%.2f\n' \
+        "$r" "$b" "$save_every" "$(awk -v a="$r" -v b="$s" 'BEGIN { print a / b }')"
+else
+    m=$(median "${mem_recoveries[@]}") mb=$(median "${mem_rolled[@]}")
+    fr=$(median "${restores[@]}") mr=$(median "${mem_restores[@]}")
+    printf 'cluster_recovery recovery_s=%.3f memory_recovery_s=%.3f rolled_back_steps=%d memory_rolled_back_steps=%d save_every=%d memory_every=%d memory/files=%.2f restore_ms files=%s memory=%s recovery/fresh_start=%.2f\n' \
+        "$r" "$m" "$b" "$mb" "$save_every" "$memory_every" "$(awk -v a="$m" -v b="$r" 'BEGIN { print a / b }')" \
+        "$fr" "$mr" "$(awk -v a="$r" -v b="$s" 'BEGIN { print a / b }')"
+fi

@@ -192,7 +192,10 @@ TEST_CASE("GlooComm: after a SIGKILL the survivors shrink into the next generati
         workers[static_cast<std::size_t>(victim)]->kill(SIGKILL);
         std::string members;
         for (int q = 0; q < 4; ++q)
-            if (q != victim) members += (members.empty() ? "" : ",") + std::to_string(q);
+            if (q != victim) {
+                if (!members.empty()) members += ',';
+                members += std::to_string(q);
+            }
         const int sum = 0 + 1 + 2 + 3 - victim;
         for (int r = 0; r < 4; ++r) {
             if (r == victim) continue;

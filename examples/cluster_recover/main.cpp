@@ -35,6 +35,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -136,28 +137,38 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
     DpOpt dp(sgd, comm);
     nn::Trainer<Net, DpOpt> trainer(net, dp, {}, comm.rank());
     std::int64_t initial_epoch = 0;
+    // what restoring the state took on this rank once the ranks agreed where it comes from
+    double restore_ms = 0;
+    auto timed = [&restore_ms](auto&& restore) {
+        const auto began = std::chrono::steady_clock::now();
+        auto rp = restore();
+        restore_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+        return rp;
+    };
     auto say_resumed = [&](const nn::ResumePoint& rp, const std::string& from) {
         dp.set_completed_steps(rp.global_step);
         initial_epoch = rp.initial_epoch;
         if (comm.rank() == 0)
-            std::printf("generation %d: every rank resumes at global step %lld (epoch %lld, step %lld) %s\n",
+            std::printf("generation %d: every rank resumes at global step %lld (epoch %lld, step %lld) %s; rank 0's "
+                        "state restored in %.1f ms\n",
                         comm.generation().number, static_cast<long long>(rp.global_step + 1),
                         static_cast<long long>(rp.initial_epoch + 1), static_cast<long long>(rp.initial_step + 1),
-                        from.c_str());
+                        from.c_str(), restore_ms);
     };
     // the memory level first: nothing to read when every rank's state is in some rank's memory
     std::optional<fault::MemoryRecovery> recovered;
     if (o.memory_every) recovered = memory.recover(comm);
     if (recovered) {
         const std::string where = "the memory level's state of global step " + std::to_string(recovered->step);
-        say_resumed(trainer.resume_from_state(recovered->state, where, data),
+        restore_ms = 1e3 * recovered->seconds;
+        say_resumed(timed([&] { return trainer.resume_from_state(recovered->state, where, data); }),
                     "from memory, the state of global step " + std::to_string(recovered->step) + " (" +
                         std::to_string(recovered->restored_from_partners) + " rank(s) from a partner's memory)");
         if (recovered->source != "its own memory")
-            std::printf("rank %d: state of global step %lld from %s\n", comm.rank(),
-                        static_cast<long long>(recovered->step), recovered->source.c_str());
+            std::printf("rank %d: state of global step %lld from %s in %.1f ms\n", comm.rank(),
+                        static_cast<long long>(recovered->step), recovered->source.c_str(), restore_ms);
     } else if (const auto agreed = fault::agree_on_checkpoint(comm, mine, "net"); agreed.file) {
-        say_resumed(trainer.resume_from(*agreed.file, data),
+        say_resumed(timed([&] { return trainer.resume_from(*agreed.file, data); }),
                     "from its checkpoint of epoch " + std::to_string(agreed.epoch) + ", step " +
                         std::to_string(agreed.step) + "; rank 0 from " + agreed.file->string());
     } else if (comm.rank() == 0) {

@@ -339,7 +339,7 @@ private:
     }
 
     // The members of this generation that are gone: declared failed, or not alive (see
-    // Membership::alive). A killed process closes its sockets before it is seen dead, so
+    // Membership::alive_in: a member whose node id a restarted worker holds already is gone). A killed process closes its sockets before it is seen dead, so
     // the survivors ask again until the lease ends; members that said they survived are not
     // counted, even if they have exited since.
     std::vector<int> dead_nodes() {
@@ -350,7 +350,7 @@ private:
             for (int q : gen_.members) {
                 if (q == job_rank() || std::find(dead.begin(), dead.end(), q) != dead.end()) continue;
                 if (job_->scoped.get(gen_.prefix() + "survivor/" + std::to_string(q))) continue;
-                if (m.declared_failed(gen_.number, q) || !m.alive(q)) dead.push_back(q);
+                if (m.declared_failed(gen_.number, q) || !m.alive_in(gen_.number, q)) dead.push_back(q);
             }
         };
         for (scan(); dead.empty() && std::chrono::steady_clock::now() < deadline; scan())

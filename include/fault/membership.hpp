@@ -169,6 +169,16 @@ public:
         return beating(id);
     }
 
+    /// Whether the process that joined generation `number` as node `id` still runs. One
+    /// whose node id another process has taken over since is dead: a restarted worker that
+    /// registered at once does not make its predecessor look alive to the survivors.
+    bool alive_in(int number, int id) {
+        if (id == id_) return true;
+        const auto joined = store_.get(detail::generation_prefix(number) + "join/" + std::to_string(id));
+        if (joined && store_.get(node_key(id)) != joined) return false;
+        return alive(id);
+    }
+
     /// The newest generation formed (0 before the first).
     int latest() {
         const auto v = store_.get("latest");

@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -279,6 +280,7 @@ struct MemoryRecovery {
     std::int64_t step = 0;  ///< the global step every rank rolled back to
     std::string source;     ///< "its own memory" or "rank R's memory", for messages
     int restored_from_partners = 0;  ///< ranks that got their state from a partner
+    double seconds = 0;              ///< moving the states once every rank agreed (transfers, unpacking)
 };
 
 namespace detail {
@@ -389,7 +391,10 @@ public:
                 if (source[q] == me) check(copy_of(q, me, s, n), "copy of rank " + std::to_string(q) + "'s state");
             const auto verdicts = detail::allgather_records(comm, damaged);
             if (std::any_of(verdicts.begin(), verdicts.end(), [](std::int64_t v) { return v != 0; })) continue;
-            return take(comm, s, source);
+            const auto began = std::chrono::steady_clock::now();
+            MemoryRecovery out = take(comm, s, source);
+            out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+            return out;
         }
     }
 
@@ -449,7 +454,10 @@ private:
         const auto source = sources_at(steps.front());
         std::string lost;
         for (int q = 0; q < n; ++q)
-            if (source[q] == -2) lost += (lost.empty() ? "" : ", ") + std::to_string(q);
+            if (source[q] == -2) {
+                if (!lost.empty()) lost += ", ";
+                lost += std::to_string(q);
+            }
         ckpt::detail::log(ckpt::LogLevel::warning,
                           "memory level: no step has every rank's state in memory: rank(s) " + lost +
                               " lost their state together with every partner keeping a copy (newest step " +
