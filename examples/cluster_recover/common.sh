@@ -55,3 +55,16 @@ same_as_straight() {
     fi
     echo "every rank ends bit-identical to the run without a failure: $recovered"
 }
+
+# memory_if_asked <job log> <options…>: with --memory-every among the options, the rollback
+# must have come from the memory level.
+memory_if_asked() {
+    local log=$1
+    shift
+    case " $* " in
+        *" --memory-every "*)
+            grep -q "every rank resumes at global step [0-9]* (.*) from memory" "$log" ||
+                { echo "--memory-every was given, yet the rollback did not come from memory" >&2; exit 1; }
+            echo "the rollback came from the memory level" ;;
+    esac
+}

@@ -74,5 +74,6 @@ cat "$work/a.log" "$work/b.log"
 [ "$a_status" -eq 0 ] && [ "$b_status" -eq 0 ] || { echo "host A ended with $a_status, host B with $b_status" >&2; exit 1; }
 grep -q "^rank 3: pid [0-9]*, start 2$" "$work/b.log" || { echo "rank 3 was not started again" >&2; exit 1; }
 grep -q "every rank resumes at global step" "$work/a.log" || { echo "no rollback happened" >&2; exit 1; }
+memory_if_asked "$work/a.log" "$@"
 cat "$work/a.log" "$work/b.log" > "$work/job.log"
 same_as_straight "$work/job.log" "$launcher" "$program" "$work" "$@"

@@ -52,4 +52,5 @@ elif grep -q "registered it again" "$work/job.log"; then
     exit 1
 fi
 grep -q "every rank resumes at global step" "$work/job.log" || { echo "no rollback happened" >&2; exit 1; }
+memory_if_asked "$work/job.log" "$@"
 same_as_straight "$work/job.log" "$launcher" "$program" "$work" "$@"
