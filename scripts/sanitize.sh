@@ -10,7 +10,8 @@
 #   tsan   ThreadSanitizer over the parts that run threads (build-tsan): the async saver, the
 #          codecs (their encoding pipeline and two-thread decryption), the
 #          parallel verified read, ThreadComm and all built on it (data parallelism, last
-#          words, UCE repair, cluster agreement, membership heartbeats), the preemption
+#          words, UCE repair, cluster agreement, the memory level and its background
+#          transfers, membership heartbeats), the preemption
 #          signal in the trainer. Not test_gloo or test_launch (GlooComm over processes):
 #          they passed once and failed once under TSan (a regroup after a SIGKILL missed
 #          its 30 s waits), the cause not yet found.
@@ -69,7 +70,7 @@ tsan() {
     # the selections, doctest's arguments separated by '|'; two at a time, the heavy one first
     local selections=(
         "-sf=*test_last_words.cpp"
-        "-sf=*test_data_parallel.cpp,*test_uce.cpp,*test_comm.cpp,*test_cluster.cpp"
+        "-sf=*test_data_parallel.cpp,*test_uce.cpp,*test_comm.cpp,*test_cluster.cpp,*test_memory_level.cpp"
         "-ts=async save,codec"
         "-tc=large bodies are read by two threads*"
         "-sf=*test_trainer.cpp|-tc=a termination signal*"

@@ -4,6 +4,9 @@
 
 #include <fault/fault.hpp>
 
+#include "dp_support.hpp"
+
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +60,7 @@ TEST_CASE("a packed state unpacks to the entries it was packed from, and a damag
     CHECK(p.intact());
     const ckpt::ParamDict back = p.unpack("test state");
     REQUIRE(back.size() == d.size());
-    for (const auto& [name, value] : d) CHECK_MESSAGE(back.at(name) == value, name);
+    for (const auto& e : d) CHECK_MESSAGE(back.at(e.name) == e.value, e.name);
 
     // one bit of a payload flipped: the checksum says so, naming the state
     fault::PackedState damaged = p;
@@ -102,7 +105,7 @@ TEST_CASE("a restarted rank gets its state from its partner's memory, and every 
             CHECK(got[r]->restored_from_partners == 1);
             CHECK(got[r]->source == (r == lost ? "rank " + std::to_string((lost + 1) % 4) + "'s memory" : "its own memory"));
             const ckpt::ParamDict want = state_of(r, 6);
-            for (const auto& [name, value] : want) CHECK_MESSAGE(got[r]->state.at(name) == value, name);
+            for (const auto& e : want) CHECK_MESSAGE(got[r]->state.at(e.name) == e.value, e.name);
         }
         // the restarted rank holds its state again, so the next recovery finds it too
         CHECK(levels[static_cast<std::size_t>(lost)].newest_step() == 6);
@@ -132,7 +135,7 @@ TEST_CASE("a copy cut off mid-transfer is never used: recovery takes the previou
         REQUIRE(got[r]);
         CHECK(got[r]->step == 4);  // rank 2 holds rank 1's state at 4 only
         const ckpt::ParamDict want = state_of(r, 4);
-        for (const auto& [name, value] : want) CHECK_MESSAGE(got[r]->state.at(name) == value, name);
+        for (const auto& e : want) CHECK_MESSAGE(got[r]->state.at(e.name) == e.value, e.name);
     }
     CHECK(got[1]->source == "rank 2's memory");
 }
@@ -192,4 +195,44 @@ TEST_CASE("the memory level holds nothing for a world of another size, nor befor
     for (const auto& g : recover_all(three)) CHECK_FALSE(g);
     CHECK_THROWS_AS(fault::MemoryLevel(0), ckpt::ConfigError);
     CHECK_THROWS_AS(fault::MemoryLevel(5), ckpt::ConfigError);
+}
+
+TEST_CASE("training resumed from the memory level ends bit-identical to training without a failure") {
+    constexpr int ranks = 4;
+    auto train = [&](fault::ThreadComm& comm, fault::MemoryLevel& level, std::int64_t epochs,
+                     const std::optional<fault::MemoryRecovery>& from, bool background) {
+        auto data = test::shard_of(ranks, comm.rank());
+        nn::UceNet net(7);
+        test::DpStack stack(net, comm, 1);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+        std::int64_t initial_epoch = 0;
+        if (from) {
+            const auto rp = trainer.resume_from_state(from->state, "memory, step " + std::to_string(from->step), data);
+            stack.opt().set_completed_steps(rp.global_step);
+            initial_epoch = rp.initial_epoch;
+        }
+        fault::MemoryCheckpoint<fault::ThreadComm> every_3(comm, level, 3, {.background = background});
+        trainer.train(epochs, data, every_3, initial_epoch);
+        return test::flat(net.parameters());
+    };
+    std::vector<fault::MemoryLevel> straight_levels(ranks);
+    test::Params straight(ranks);
+    on_ranks(straight_levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+        straight[static_cast<std::size_t>(comm.rank())] = train(comm, level, 2, std::nullopt, true);
+    });
+    for (const bool background : {true, false}) {
+        CAPTURE(background);
+        // one epoch (8 steps: snapshots at 3 and 6), then rank 2's process is lost
+        std::vector<fault::MemoryLevel> levels(ranks);
+        on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) { train(comm, level, 1, std::nullopt, background); });
+        levels[2] = fault::MemoryLevel{};
+        test::Params resumed(ranks);
+        on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+            const auto got = level.recover(comm);
+            REQUIRE(got);
+            CHECK(got->step == 6);
+            resumed[static_cast<std::size_t>(comm.rank())] = train(comm, level, 2, got, background);
+        });
+        for (int r = 0; r < ranks; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == straight[static_cast<std::size_t>(r)]);
+    }
 }

@@ -56,6 +56,11 @@ same_as_straight() {
     echo "every rank ends bit-identical to the run without a failure: $recovered"
 }
 
+# memory_every <options…>: the K of --memory-every K among the options (empty without it).
+memory_every() {
+    echo "$@" | sed -n 's/.*--memory-every \([0-9]*\).*/\1/p'
+}
+
 # memory_if_asked <job log> <options…>: with --memory-every among the options, the rollback
 # must have come from the memory level.
 memory_if_asked() {

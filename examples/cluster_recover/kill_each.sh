@@ -14,7 +14,7 @@ export OPENBLAS_NUM_THREADS=1
 rm -rf "$work"
 mkdir -p "$work"
 source "$(dirname "$0")/common.sh"
-every=$(echo "$@" | sed -n 's/.*--memory-every \([0-9]*\).*/\1/p')
+every=$(memory_every "$@")
 [ -n "$every" ] || { echo "kill_each.sh needs --memory-every K" >&2; exit 2; }
 
 "$launcher" --nproc 4 --store "file://$work/store" --max-restarts 1 -- \

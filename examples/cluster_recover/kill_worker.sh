@@ -52,7 +52,7 @@ case "$expect" in
                 { echo "rank $rank did not get its state from a partner's memory" >&2; exit 1; }
         done
         # steps redone: from the last step completed before the kill to the one resumed at
-        every=$(echo "$@" | sed -n 's/.*--memory-every \([0-9]*\).*/\1/p')
+        every=$(memory_every "$@")
         done_before=$(sed -n "s/^rank [0-9]*: after global step \([0-9]*\):.*/\1/p" "$work/job.log" | sort -n | tail -1)
         resumed=$(sed -n 's/.*every rank resumes at global step \([0-9]*\) .*/\1/p' "$work/job.log" | tail -1)
         redone=$((done_before - resumed + 1))

@@ -26,6 +26,7 @@
 // Every rank ends with "rank R: final_params_xxh64=<16 hex digits>", the same on every rank
 // and the same as a run in which no worker died. Exit status 0, or 1 on an error.
 
+#include <fault/die_in_transfer.hpp>
 #include <fault/fault.hpp>
 #include <fault/gloo_comm.hpp>
 #include "../common/cli.hpp"
@@ -53,6 +54,8 @@ struct Options {
     std::int64_t save_every = 5;
     std::int64_t keep = 3;
     std::int64_t memory_every = 0;  // 0: no memory level
+    std::int64_t die_in_transfer = 0;  // 0: no fault injected
+    int die_rank = 1;
     std::int64_t cooldown_ms = 30000;  // the seed's 30 s
     std::int64_t timeout_ms = 60000;
     std::string address = "127.0.0.1";  // this host's address toward the others
@@ -61,7 +64,7 @@ struct Options {
 
 constexpr const char* usage_text =
     "cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
-    "                       [--memory-every K] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n"
+    "                       [--memory-every K] [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n"
     "                       [--fresh] [--help]";
 constexpr const char* options_text =
     "One worker of a data-parallel job started by ckpt-run (or any launcher setting RANK,\n"
@@ -79,6 +82,9 @@ constexpr const char* options_text =
     "  --keep N           checkpoints kept per rank and run, at least 2 (default 3)\n"
     "  --memory-every K   every K global steps also keep each worker's state in its memory and\n"
     "                     its partner's; a restarted worker recovers from there (default: off)\n"
+    "  --die-in-transfer N  (tests) at its first start, rank R kills itself with SIGKILL in the\n"
+    "                     middle of sending its N-th memory copy (default: off)\n"
+    "  --die-rank R       the rank --die-in-transfer kills (default 1)\n"
     "  --cooldown-ms MS   before a dead worker's node id is claimed again (default 30000)\n"
     "  --timeout-ms MS    communication timeout (default 60000)\n"
     "  --data DIR         MNIST-format data (default /usr/share/datasets/fashion-mnist)\n"
@@ -98,6 +104,8 @@ Options parse(int argc, char** argv) {
         else if (*a == "--save-every") o.save_every = cli.count();
         else if (*a == "--keep") o.keep = cli.count();
         else if (*a == "--memory-every") o.memory_every = cli.count();
+        else if (*a == "--die-in-transfer") o.die_in_transfer = cli.count();
+        else if (*a == "--die-rank") o.die_rank = static_cast<int>(cli.count());
         else if (*a == "--cooldown-ms") o.cooldown_ms = cli.count();
         else if (*a == "--timeout-ms") o.timeout_ms = cli.count();
         else if (*a == "--dir") o.dir = cli.value();
@@ -110,6 +118,7 @@ Options parse(int argc, char** argv) {
     if (o.save_every < 1) cli.fail("--save-every must be at least 1");
     if (o.keep < 2) cli.fail("--keep must be at least 2: a rollback needs an older step when the newest is torn");
     if (o.memory_every < 0) cli.fail("--memory-every must be at least 1 (or 0: off)");
+    if (o.die_in_transfer && !o.memory_every) cli.fail("--die-in-transfer needs --memory-every");
     if (o.timeout_ms < 1) cli.fail("--timeout-ms must be positive");
     if (fault::launch_env().store.empty()) cli.fail("no store: start it with ckpt-run, or set RANK, WORLD_SIZE and CKPT_STORE");
     return o;
@@ -120,10 +129,20 @@ using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::GlooComm>;
 using Checkpoints = nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast>;
 
 // The memory level's snapshots, for the callbacks of one generation (none when it is off).
+// With --die-in-transfer, the copies go through a communicator that kills this process
+// in the middle of one.
 struct MemorySnapshots {
+    using Dying = fault::DieInTransfer<fault::GlooComm>;
     std::optional<fault::MemoryCheckpoint<fault::GlooComm>> every_k;
+    std::optional<Dying> dying;
+    std::optional<fault::MemoryCheckpoint<Dying>> every_k_dying;
     void on_step_end(nn::RunContext& c) {
         if (every_k) every_k->on_step_end(c);
+        if (every_k_dying) every_k_dying->on_step_end(c);
+    }
+    void on_train_end(nn::RunContext& c) {
+        if (every_k) every_k->on_train_end(c);
+        if (every_k_dying) every_k_dying->on_train_end(c);
     }
 };
 
@@ -177,7 +196,12 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
     std::fflush(stdout);
     Checkpoints checkpoints("net", mine, {}, ckpt::EverySteps{o.save_every}, ckpt::KeepLast{o.keep});
     MemorySnapshots snapshots;
-    if (o.memory_every) snapshots.every_k.emplace(comm, memory, o.memory_every);
+    if (o.die_in_transfer && comm.job_rank() == o.die_rank && fault::launch_env().restarts == 0) {
+        snapshots.dying.emplace(comm, fault::MemoryLevel::tag, o.die_in_transfer);
+        snapshots.every_k_dying.emplace(*snapshots.dying, memory, o.memory_every);
+    } else if (o.memory_every) {
+        snapshots.every_k.emplace(comm, memory, o.memory_every);
+    }
     struct Progress {
         std::int64_t* done;
         void on_step_end(nn::RunContext& c) {

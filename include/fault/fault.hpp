@@ -17,6 +17,7 @@
 //   launching      LaunchEnv, launch_env (RANK, WORLD_SIZE, CKPT_STORE, MS_* aliases)  launch.hpp
 //   cluster        agree_on_checkpoint (the newest step every rank holds)  cluster_recovery.hpp
 //   memory level   MemoryLevel, MemoryCheckpoint, PackedState (copies in partners' RAM)  memory_level.hpp
+//                  DieInTransfer (a rank killed mid-transfer, for tests)  die_in_transfer.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -29,10 +30,11 @@
 #include "cluster_recovery.hpp"
 #include "communicator.hpp"
 #include "data_parallel.hpp"
+#include "die_in_transfer.hpp"
 #include "last_words.hpp"
 #include "launch.hpp"
-#include "memory_level.hpp"
 #include "membership.hpp"
+#include "memory_level.hpp"
 #include "replica_selector.hpp"
 #include "store.hpp"
 #include "termination.hpp"

@@ -38,8 +38,10 @@
 #include <gloo/types.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -139,7 +141,7 @@ public:
     /// The generation this communicator trains in: its number and its members' node ids.
     const Generation& generation() const noexcept { return gen_; }
     /// The node ids found dead when a call failed (empty before).
-    const std::vector<int>& failed_ranks() const noexcept { return failed_; }
+    const std::vector<int>& failed_ranks() const noexcept { return failure_->failed; }
 
     /// After a failure: a communicator over the survivors, in the next generation. Every
     /// survivor gets the same members: the nodes still alive that joined.
@@ -155,9 +157,10 @@ public:
     /// generation is formed without it.
     void declare_failed() {
         job_->members.declare_failed(gen_.number);
-        if (ctx_ && !spent_) ctx_->closeConnections();
-        spent_ = true;
-        spent_reason_ = "this rank declared itself failed";
+        std::lock_guard lock(failure_->mutex);
+        if (ctx_ && !failure_->spent) ctx_->closeConnections();
+        failure_->spent = true;
+        failure_->reason = "this rank declared itself failed";
     }
 
     void allreduce(std::span<float> data, ReduceOp op) {
@@ -312,12 +315,22 @@ private:
     void guarded(const char* call, F&& f) {
         // the message is built only on a failure: this runs in every training step
         auto where = [&] { return std::string(call) + " on rank " + std::to_string(job_rank()); };
-        if (spent_) throw PeerFailure(where() + ": the communicator failed earlier (" + spent_reason_ + ")", failed_);
+        auto spent = [&] {
+            return PeerFailure(where() + ": the communicator failed earlier (" + failure_->reason + ")", failure_->failed);
+        };
+        if (failure_->spent) {
+            std::lock_guard lock(failure_->mutex);
+            throw spent();
+        }
         try {
             f();
         } catch (const gloo::Exception& e) {
-            spent_ = true;
-            spent_reason_ = e.what();
+            // calls on two threads (a memory-level transfer beside training) may fail at once:
+            // the first one finds the dead, the other reports what it found
+            std::lock_guard lock(failure_->mutex);
+            if (failure_->spent) throw spent();
+            failure_->spent = true;
+            failure_->reason = e.what();
             // first say this rank survived: it may exit before the others look for the dead
             try {
                 job_->scoped.set(gen_.prefix() + "survivor/" + std::to_string(job_rank()), "1");
@@ -329,12 +342,13 @@ private:
                 ctx_->closeConnections();
             } catch (const std::exception&) {
             }
-            failed_ = dead_nodes();
+            failure_->failed = dead_nodes();
+            const auto& failed = failure_->failed;
             throw PeerFailure(where() + " failed (" +
-                                  (failed_.empty() ? std::string("no rank found dead")
-                                                   : "dead: rank " + detail::join_ids(failed_, ", ")) +
+                                  (failed.empty() ? std::string("no rank found dead")
+                                                  : "dead: rank " + detail::join_ids(failed, ", ")) +
                                   "): " + e.what(),
-                              failed_);
+                              failed);
         }
     }
 
@@ -367,9 +381,14 @@ private:
     Generation gen_;
     int rank_ = 0;
     std::shared_ptr<gloo::rendezvous::Context> ctx_;
-    bool spent_ = false;
-    std::string spent_reason_;
-    std::vector<int> failed_;
+    // Set once, on the first failure; calls may run on two threads (see guarded).
+    struct Failure {
+        std::mutex mutex;
+        std::atomic<bool> spent{false};
+        std::string reason;
+        std::vector<int> failed;
+    };
+    std::unique_ptr<Failure> failure_ = std::make_unique<Failure>();
 };
 
 static_assert(ShrinkableCommunicator<GlooComm>);

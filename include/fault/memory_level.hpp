@@ -13,6 +13,8 @@
 //   fault::MemoryCheckpoint mem(comm, memory, K);
 //   trainer.train(epochs, data, nn::callbacks(mem, file_checkpoints, …), initial_epoch);
 //
+// The training thread packs the snapshot; MemoryCheckpoint sends the copies on a thread of
+// its own while the next steps train (one transfer in flight; the next snapshot waits for it).
 // Each rank keeps its two newest snapshots and, of each partner, the two newest copies it
 // received whole: a copy is received into the older of the two and counts only once all of
 // it has arrived and its checksum matches, so a transfer cut by a failure leaves the previous
@@ -32,11 +34,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "../ckpt/detail/hash.hpp"
@@ -342,14 +347,30 @@ public:
     /// either completes or throws) but when recovery uses it.
     template <Communicator Comm>
     void save(Comm& comm, const ckpt::ParamDict& state, std::int64_t step) {
-        bind(comm.size());
-        PackedState& mine = older(own_);
-        mine.pack(state, step);
+        snapshot(comm.size(), state, step);
+        exchange(comm, step);
+    }
+
+    /// The first half of save(): packs `state` into this rank's own memory (`world`: the
+    /// communicator's size).
+    void snapshot(int world, const ckpt::ParamDict& state, std::int64_t step) {
+        bind(world);
+        older(own_).pack(state, step);
+    }
+
+    /// The second half: sends this rank's snapshot of `step` to its partners and receives
+    /// theirs, each into the older of its two blocks for that partner. It may run on another
+    /// thread while training goes on (MemoryCheckpoint does), as long as nothing else uses the
+    /// level meanwhile.
+    template <Communicator Comm>
+    void exchange(Comm& comm, std::int64_t step) {
+        const PackedState* mine = own_at(step);
+        if (!mine) throw ckpt::ConfigError("memory level: no snapshot of step " + std::to_string(step) + " to send");
         const int n = comm.size(), me = comm.rank(), partners = std::min(replicas_, n - 1);
         for (int d = 1; d <= partners; ++d) {
             const int to = (me + d) % n, from = (me - d + n) % n;
             PackedState& into = older(copies_[d - 1]);
-            auto send = [&] { send_state(comm, mine, to); };
+            auto send = [&] { send_state(comm, *mine, to); };
             auto receive = [&] { receive_state(comm, into, from); };  // torn until it returns: never offered
             if (detail::sends_first(me, d, n)) {
                 send();
@@ -375,7 +396,8 @@ public:
             const auto offers = detail::allgather_records(comm, offer(me, n));
             const auto plan = agree(offers, n);
             if (!plan) return std::nullopt;
-            const auto& [s, source] = *plan;
+            const std::int64_t s = plan->first;  // not a structured binding: lambdas capture it (clang 14)
+            const std::vector<int>& source = plan->second;
             // check what this rank uses and sends; any damage, and every rank agrees again
             std::int64_t damaged = 0;
             auto check = [&](PackedState* b, const std::string& what) {
@@ -516,6 +538,7 @@ private:
             if (b.step() == s) return &b;
         return nullptr;
     }
+    const PackedState* own_at(std::int64_t s) const { return const_cast<MemoryLevel*>(this)->own_at(s); }
     /// The copy of rank q's state at step s that this rank holds.
     PackedState* copy_of(int q, int me, std::int64_t s, int n) { return copy((me - q + n) % n, s); }
     /// The blocks belong to one world size; another one starts them afresh.
@@ -548,23 +571,63 @@ private:
     std::array<std::array<PackedState, 2>, max_replicas> copies_;  // [d - 1]: copies of rank r - d
 };
 
+/// How MemoryCheckpoint sends the copies.
+struct MemoryCheckpointOptions {
+    /// On a thread of its own, while the next steps train: the training thread waits only for
+    /// the snapshot (and, at the next snapshot, for the previous transfer to have ended). Off:
+    /// at the end of the step, on the training thread.
+    bool background = true;
+};
+
 /// The callback that takes the memory level's snapshots: every `every` global steps, at the
-/// end of the step, on every rank of `comm`.
+/// end of the step, on every rank of `comm`. In the background, a transfer's failure (a rank
+/// lost) is thrown at the next snapshot or at the end of training, unless training has met
+/// it first; the destructor waits for a transfer in flight, so a generation's communicator
+/// outlives it.
 template <Communicator Comm>
 class MemoryCheckpoint {
 public:
-    MemoryCheckpoint(Comm& comm, MemoryLevel& level, std::int64_t every) : comm_(comm), level_(level), every_(every) {
+    MemoryCheckpoint(Comm& comm, MemoryLevel& level, std::int64_t every, MemoryCheckpointOptions options = {})
+        : comm_(comm), level_(level), every_(every), options_(options) {
         if (every < 1) throw ckpt::ConfigError("memory level: every must be at least 1 step, not " + std::to_string(every));
     }
+    MemoryCheckpoint(const MemoryCheckpoint&) = delete;
+    MemoryCheckpoint& operator=(const MemoryCheckpoint&) = delete;
+    ~MemoryCheckpoint() {
+        if (transfer_.joinable()) transfer_.join();
+    }
+
     void on_step_end(nn::RunContext& ctx) {
         if (ctx.global_step % every_ != 0 || !ctx.consistent) return;
-        level_.save(comm_, ctx.state(), ctx.global_step);
+        wait();
+        if (!options_.background) {
+            level_.save(comm_, ctx.state(), ctx.global_step);
+            return;
+        }
+        level_.snapshot(comm_.size(), ctx.state(), ctx.global_step);
+        transfer_ = std::thread([this, step = ctx.global_step] {
+            try {
+                level_.exchange(comm_, step);
+            } catch (...) {
+                error_ = std::current_exception();
+            }
+        });
+    }
+    void on_train_end(nn::RunContext&) { wait(); }
+
+    /// Waits for the transfer in flight, if any; rethrows its failure.
+    void wait() {
+        if (transfer_.joinable()) transfer_.join();
+        if (auto e = std::exchange(error_, nullptr)) std::rethrow_exception(e);
     }
 
 private:
     Comm& comm_;
     MemoryLevel& level_;
     std::int64_t every_;
+    MemoryCheckpointOptions options_;
+    std::thread transfer_;
+    std::exception_ptr error_;  // the transfer's, read after joining it
 };
 
 }  // namespace fault

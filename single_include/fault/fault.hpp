@@ -18,6 +18,7 @@
 //   launching      LaunchEnv, launch_env (RANK, WORLD_SIZE, CKPT_STORE, MS_* aliases)  launch.hpp
 //   cluster        agree_on_checkpoint (the newest step every rank holds)  cluster_recovery.hpp
 //   memory level   MemoryLevel, MemoryCheckpoint, PackedState (copies in partners' RAM)  memory_level.hpp
+//                  DieInTransfer (a rank killed mid-transfer, for tests)  die_in_transfer.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -840,6 +841,50 @@ private:
 };
 
 }  // namespace fault
+// A fault on purpose, for tests of the memory level (yours too): a Communicator that forwards
+// every call to another, except that it kills its own process with SIGKILL in the middle of
+// a point-to-point transfer: after the first message on `tag` of the chosen transfer (the
+// memory level sends a copy's length, then the copy), before the next. The partner has the
+// length and waits for a copy that never comes, as when a worker dies mid-transfer.
+//
+//   fault::DieInTransfer<fault::GlooComm> dying(comm, fault::MemoryLevel::tag, /*transfer=*/15);
+//   fault::MemoryCheckpoint<fault::DieInTransfer<fault::GlooComm>> every_2(dying, memory, 2);
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <span>
+
+
+namespace fault {
+
+template <Communicator Comm>
+class DieInTransfer {
+public:
+    /// Dies during the `transfer`-th transfer (counted from 1) this rank sends on `tag`.
+    DieInTransfer(Comm& inner, int tag, std::int64_t transfer) : inner_(inner), tag_(tag), transfer_(transfer) {}
+
+    int rank() const { return inner_.rank(); }
+    int size() const { return inner_.size(); }
+    void allreduce(std::span<float> data, ReduceOp op) { inner_.allreduce(data, op); }
+    void broadcast(std::span<float> data, int root) { inner_.broadcast(data, root); }
+    void allgather(std::span<const float> in, std::span<float> out) { inner_.allgather(in, out); }
+    void barrier() { inner_.barrier(); }
+    void recv(std::span<float> data, int src, int tag) { inner_.recv(data, src, tag); }
+    void send(std::span<const float> data, int dst, int tag) {
+        if (tag == tag_ && ++sends_ == 2 * transfer_) ::kill(::getpid(), SIGKILL);  // the copy itself, unsent
+        inner_.send(data, dst, tag);
+    }
+
+private:
+    Comm& inner_;
+    int tag_;
+    std::int64_t transfer_;
+    std::int64_t sends_ = 0;
+};
+
+}  // namespace fault
 // The last-words checkpoint (the seed's "临终 CKPT"): when a data-parallel rank fails, the
 // survivors save the newest consistent state from a healthy replica, so that resuming
 // loses no steps. There is no controller: every survivor runs the same decision on the
@@ -1356,568 +1401,6 @@ inline LaunchEnv launch_env() {
     if (const auto r = detail::env("CKPT_RESTARTS")) e.restarts = detail::env_int("CKPT_RESTARTS", *r);
     return e;
 }
-
-}  // namespace fault
-// The memory level: every K steps each rank packs its whole state (parameters, optimizer
-// state, position, data order: what a checkpoint file holds) into its own RAM and sends a
-// copy to its partners, the next `replicas` ranks of a ring (rank r keeps the copies of
-// ranks r-1 … r-replicas). When a worker dies and is started again, it gets its state back
-// from a partner's memory, the survivors roll back to the same step from their own, and
-// nobody reads a file.
-//
-//   fault::MemoryLevel memory;                                   // outlives generations
-//   …in each generation (comm: this generation's communicator):
-//   if (auto got = memory.recover(comm)) trainer.resume_from_state(got->state, got->source, data);
-//   else …the file level (agree_on_checkpoint)
-//   fault::MemoryCheckpoint mem(comm, memory, K);
-//   trainer.train(epochs, data, nn::callbacks(mem, file_checkpoints, …), initial_epoch);
-//
-// Each rank keeps its two newest snapshots and, of each partner, the two newest copies it
-// received whole: a copy is received into the older of the two and counts only once all of
-// it has arrived and its checksum matches, so a transfer cut by a failure leaves the previous
-// copy in use. Recovery takes the newest step at which every rank's state is held somewhere
-// (its own snapshot, or a partner's copy); when a rank and all its partners were lost there
-// is none, and recover() says why and returns nothing: the caller falls back to files.
-//
-// A snapshot is one block (PackedState): 32 bytes of header (magic, step, payload length,
-// xxh3-64 of the payload), then the entries, each 8-byte aligned: u32 name length, u8 kind,
-// 3 bytes of padding, the name (padded to 8); a tensor: u8 dtype, u8 rank, 6 bytes of padding,
-// i64 dims, u64 byte length, the bytes (padded); int64 / double: 8 bytes; bool: 8 bytes (0 or
-// 1); string: u64 length, the bytes (padded). It lives only in memory and on the wire between
-// ranks of one job, which run the same build.
-
-#include <algorithm>
-#include <array>
-#include <chrono>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <numeric>
-#include <optional>
-#include <span>
-#include <string>
-#include <vector>
-
-
-namespace fault {
-
-/// A packed state did not unpack: torn, damaged, or not a packed state.
-class CorruptState : public ckpt::Error {
-public:
-    using ckpt::Error::Error;
-};
-
-/// A ParamDict packed into one block of floats, so that it travels over a Communicator as is.
-/// Packing again reuses the block.
-class PackedState {
-public:
-    static constexpr std::uint64_t magic = 0x314d454d54504b43ull;  // "CKPTMEM1"
-    static constexpr std::size_t header_bytes = 32;
-
-    /// Nothing whole in it: never packed, cleared, or being received.
-    bool empty() const noexcept { return !whole_; }
-    /// The global step of the packed state (-1 when empty).
-    std::int64_t step() const noexcept { return empty() ? -1 : read<std::int64_t>(8); }
-    std::size_t bytes() const noexcept { return size_; }
-    std::span<const float> words() const noexcept {
-        return {reinterpret_cast<const float*>(block_.get()), size_ / sizeof(float)};
-    }
-
-    PackedState() = default;
-    PackedState(PackedState&&) noexcept = default;
-    PackedState& operator=(PackedState&&) noexcept = default;
-    PackedState(const PackedState& o) : whole_(o.whole_) {
-        resize(o.size_);
-        if (size_) std::memcpy(data(), o.data(), size_);
-    }
-    PackedState& operator=(const PackedState& o) {
-        if (this != &o) *this = PackedState(o);
-        return *this;
-    }
-    void clear() noexcept { whole_ = false; }  // keeps the memory for the next use
-
-    /// Packs `dict` (tensors copied) as the state at global step `step`.
-    void pack(const ckpt::ParamDict& dict, std::int64_t step) {
-        whole_ = false;
-        std::size_t n = header_bytes + 8;
-        for (const auto& [name, value] : dict) n += entry_bytes(name, value);
-        resize(n);
-        std::byte* base = data();
-        std::size_t at = header_bytes;
-        ckpt::detail::Xxh3 hash;
-        hash_ = &hash;
-        hashed_ = header_bytes;
-        put<std::uint64_t>(at, dict.size());
-        for (const auto& [name, value] : dict) {
-            put<std::uint32_t>(at, static_cast<std::uint32_t>(name.size()));
-            base[at] = static_cast<std::byte>(value.kind());
-            std::memset(base + at + 1, 0, 3);
-            at += 4;
-            put_bytes(at, name.data(), name.size());
-            if (const ckpt::Tensor* t = value.get_if<ckpt::Tensor>()) {
-                std::memset(base + at, 0, 8);
-                base[at] = static_cast<std::byte>(t->dtype());
-                base[at + 1] = static_cast<std::byte>(t->rank());
-                at += 8;
-                for (const auto d : t->shape()) put<std::int64_t>(at, d);
-                put<std::uint64_t>(at, t->nbytes());
-                put_bytes(at, t->data(), t->nbytes());
-            } else if (const auto* i = value.get_if<std::int64_t>()) {
-                put<std::int64_t>(at, *i);
-            } else if (const auto* d = value.get_if<double>()) {
-                put<double>(at, *d);
-            } else if (const auto* b = value.get_if<bool>()) {
-                put<std::uint64_t>(at, *b ? 1 : 0);
-            } else {
-                const auto& s = *value.get_if<std::string>();
-                put<std::uint64_t>(at, s.size());
-                put_bytes(at, s.data(), s.size());
-            }
-        }
-        hash_up_to(n);
-        std::size_t h = 0;
-        put<std::uint64_t>(h, magic);
-        put<std::int64_t>(h, step);
-        put<std::uint64_t>(h, n - header_bytes);
-        put<std::uint64_t>(h, hash.digest());
-        hash_ = nullptr;
-        whole_ = true;
-    }
-
-    /// Makes room for a packed state of `bytes` bytes arriving from another rank; it counts
-    /// once received() says all of it is there.
-    std::span<float> receive_buffer(std::size_t bytes) {
-        whole_ = false;
-        resize(bytes / sizeof(float) * sizeof(float));
-        return {reinterpret_cast<float*>(block_.get()), size_ / sizeof(float)};
-    }
-    void received() noexcept { whole_ = true; }
-
-    /// Whether the block is a whole packed state: magic, length and checksum.
-    bool intact() const noexcept {
-        if (!whole_ || bytes() < header_bytes + 8 || bytes() % 8 || read<std::uint64_t>(0) != magic) return false;
-        if (read<std::uint64_t>(16) != bytes() - header_bytes) return false;
-        return ckpt::detail::xxh3(data() + header_bytes, bytes() - header_bytes) == read<std::uint64_t>(24);
-    }
-
-    /// The packed entries; tensors are views into this block (valid while it is not packed
-    /// or received into again). `what` names the state in errors.
-    ckpt::ParamDict unpack(const std::string& what) const {
-        if (!intact()) throw CorruptState(what + ": not a whole packed state (torn, damaged or never received)");
-        const std::byte* base = data();
-        const std::size_t end = bytes();
-        std::size_t at = header_bytes;
-        auto need = [&](std::size_t n) {
-            if (n > end - at) throw CorruptState(what + ": an entry runs past the end of the packed state");
-        };
-        auto take_u64 = [&] {
-            need(8);
-            const auto v = read<std::uint64_t>(at);
-            at += 8;
-            return v;
-        };
-        ckpt::ParamDict out;
-        const std::uint64_t count = take_u64();
-        for (std::uint64_t e = 0; e < count; ++e) {
-            need(8);
-            const auto name_len = read<std::uint32_t>(at);
-            const auto kind = static_cast<ckpt::ValueKind>(base[at + 4]);
-            at += 8;
-            need(padded(name_len));
-            std::string name(reinterpret_cast<const char*>(base + at), name_len);
-            at += padded(name_len);
-            switch (kind) {
-                case ckpt::ValueKind::tensor: {
-                    need(8);
-                    const auto dtype = ckpt::dtype_from_code(static_cast<std::uint8_t>(base[at]));
-                    const auto rank = static_cast<std::size_t>(base[at + 1]);
-                    at += 8;
-                    if (!dtype) throw CorruptState(what + ": tensor '" + name + "' has an unknown dtype");
-                    ckpt::Shape shape;
-                    for (std::size_t d = 0; d < rank; ++d) shape.push_back(static_cast<std::int64_t>(take_u64()));
-                    const std::uint64_t nbytes = take_u64();
-                    need(padded(nbytes));
-                    std::size_t count = 0;
-                    try {
-                        count = ckpt::detail::checked_numel(shape, end);
-                    } catch (const ckpt::FormatError&) {
-                        throw CorruptState(what + ": tensor '" + name + "' has a shape larger than the packed state");
-                    }
-                    if (nbytes != count * ckpt::itemsize(*dtype))
-                        throw CorruptState(what + ": tensor '" + name + "' holds " + std::to_string(nbytes) +
-                                           " bytes, not what its shape needs");
-                    out.set(std::move(name), ckpt::Tensor::view(*dtype, std::move(shape), const_cast<std::byte*>(base + at)));
-                    at += padded(nbytes);
-                    break;
-                }
-                case ckpt::ValueKind::int64: out.set(std::move(name), static_cast<std::int64_t>(take_u64())); break;
-                case ckpt::ValueKind::float64: {
-                    const std::uint64_t bits = take_u64();
-                    double d;
-                    std::memcpy(&d, &bits, sizeof d);
-                    out.set(std::move(name), d);
-                    break;
-                }
-                case ckpt::ValueKind::boolean: out.set(std::move(name), take_u64() != 0); break;
-                case ckpt::ValueKind::string: {
-                    const std::uint64_t len = take_u64();
-                    need(padded(len));
-                    out.set(std::move(name), std::string(reinterpret_cast<const char*>(base + at), len));
-                    at += padded(len);
-                    break;
-                }
-                default: throw CorruptState(what + ": entry '" + name + "' has an unknown kind");
-            }
-        }
-        return out;
-    }
-
-private:
-    static constexpr std::size_t padded(std::uint64_t n) { return static_cast<std::size_t>((n + 7) & ~std::uint64_t{7}); }
-    static std::size_t entry_bytes(const std::string& name, const ckpt::Value& value) {
-        std::size_t n = 8 + padded(name.size());
-        if (const ckpt::Tensor* t = value.get_if<ckpt::Tensor>()) return n + 8 + 8 * t->rank() + 8 + padded(t->nbytes());
-        if (const auto* s = value.get_if<std::string>()) return n + 8 + padded(s->size());
-        return n + 8;
-    }
-    std::byte* data() noexcept { return block_.get(); }
-    const std::byte* data() const noexcept { return block_.get(); }
-    /// A block from allocate_aligned (huge pages when large: a state of hundreds of MiB is
-    /// first touched in 2 MiB pages, not 4 KiB ones), kept when the size shrinks.
-    void resize(std::size_t n) {
-        if (n > capacity_) {
-            block_ = ckpt::detail::allocate_aligned(n);
-            capacity_ = n;
-        }
-        size_ = n;
-    }
-    template <class T>
-    void put(std::size_t& at, T v) {
-        std::memcpy(data() + at, &v, sizeof v);
-        at += sizeof v;
-    }
-    /// Copies in pieces that stay in cache until they are hashed: one pass over memory, not two.
-    void put_bytes(std::size_t& at, const void* p, std::size_t n) {
-        constexpr std::size_t piece = 128u << 10;
-        const auto* from = static_cast<const std::byte*>(p);
-        for (std::size_t done = 0; done < n; done += piece) {
-            const std::size_t len = std::min(piece, n - done);
-            std::memcpy(data() + at + done, from + done, len);
-            if (n > piece) hash_up_to(at + done + len);
-        }
-        std::memset(data() + at + n, 0, padded(n) - n);
-        at += padded(n);
-    }
-    void hash_up_to(std::size_t end) {
-        hash_->update(data() + hashed_, end - hashed_);
-        hashed_ = end;
-    }
-    template <class T>
-    T read(std::size_t at) const noexcept {
-        T v;
-        std::memcpy(&v, data() + at, sizeof v);
-        return v;
-    }
-
-    std::shared_ptr<std::byte> block_;  // owned alone: copies copy it
-    std::size_t size_ = 0, capacity_ = 0;
-    bool whole_ = false;
-    ckpt::detail::Xxh3* hash_ = nullptr;  // while packing: of the bytes [header_bytes, hashed_)
-    std::size_t hashed_ = 0;
-};
-
-/// What recover() gives a rank: its state at the agreed step.
-struct MemoryRecovery {
-    ckpt::ParamDict state;  ///< tensors are views into the memory level's blocks
-    std::int64_t step = 0;  ///< the global step every rank rolled back to
-    std::string source;     ///< "its own memory" or "rank R's memory", for messages
-    int restored_from_partners = 0;  ///< ranks that got their state from a partner
-    double seconds = 0;              ///< moving the states once every rank agreed (transfers, unpacking)
-};
-
-namespace detail {
-
-/// Who holds what, as one rank tells the others when recovering (fixed size, for allgather).
-struct MemoryOffer {
-    static constexpr std::size_t max_copies = 8;  // replicas (≤ 4) × 2 generations
-    std::int64_t world = 0;                       // the world size its blocks were saved in
-    std::int64_t own[2];                          // steps of its own snapshots, -1: none
-    std::int64_t copy_owner[max_copies];          // ranks whose copies it holds, -1: none
-    std::int64_t copy_step[max_copies];
-};
-
-/// The position of `rank` on its cycle of the permutation r -> r + d (mod n), and the cycle's
-/// length: ranks at even positions send first, so a ring of rendezvous sends cannot deadlock.
-inline bool sends_first(int rank, int d, int n) {
-    int pos = 0;
-    for (int r = rank % std::gcd(n, d); r != rank; r = (r + d) % n) ++pos;
-    return pos % 2 == 0;
-}
-
-}  // namespace detail
-
-/// A rank's memory level: its own snapshots and its partners' copies. Keep it for the whole
-/// life of the process (across generations of the communicator).
-class MemoryLevel {
-public:
-    static constexpr int max_replicas = 4;
-    static constexpr int tag = 0x4d454d;  // point-to-point tag of the level's transfers
-
-    /// `replicas`: how many partners keep a copy of each rank's state (1 … 4).
-    explicit MemoryLevel(int replicas = 1) : replicas_(replicas) {
-        if (replicas < 1 || replicas > max_replicas)
-            throw ckpt::ConfigError("memory level: replicas must be 1 … " + std::to_string(max_replicas) + ", not " +
-                                    std::to_string(replicas));
-    }
-
-    int replicas() const noexcept { return replicas_; }
-    /// The copy this rank holds of the state at `step` of the rank `distance` places before
-    /// it in the ring (1 … replicas()); null when it holds none.
-    PackedState* copy(int distance, std::int64_t step) {
-        if (distance < 1 || distance > replicas_) return nullptr;
-        for (auto& b : copies_[distance - 1])
-            if (b.step() == step) return &b;
-        return nullptr;
-    }
-    /// The step of this rank's newest snapshot (-1: none).
-    std::int64_t newest_step() const noexcept { return std::max(own_[0].step(), own_[1].step()); }
-    /// Bytes of memory the level holds (own snapshots and partners' copies).
-    std::size_t bytes() const noexcept {
-        std::size_t n = own_[0].bytes() + own_[1].bytes();
-        for (const auto& c : copies_) n += c[0].bytes() + c[1].bytes();
-        return n;
-    }
-
-    /// Snapshots `state` as global step `step` and exchanges copies with the partners; a
-    /// collective of every rank of `comm`. Throws PeerFailure when a rank is lost meanwhile:
-    /// the copies then held stay usable. A copy is not checked when it arrives (a transfer
-    /// either completes or throws) but when recovery uses it.
-    template <Communicator Comm>
-    void save(Comm& comm, const ckpt::ParamDict& state, std::int64_t step) {
-        bind(comm.size());
-        PackedState& mine = older(own_);
-        mine.pack(state, step);
-        const int n = comm.size(), me = comm.rank(), partners = std::min(replicas_, n - 1);
-        for (int d = 1; d <= partners; ++d) {
-            const int to = (me + d) % n, from = (me - d + n) % n;
-            PackedState& into = older(copies_[d - 1]);
-            auto send = [&] { send_state(comm, mine, to); };
-            auto receive = [&] { receive_state(comm, into, from); };  // torn until it returns: never offered
-            if (detail::sends_first(me, d, n)) {
-                send();
-                receive();
-            } else {
-                receive();
-                send();
-            }
-        }
-    }
-
-    /// After a failure, in the generation that replaces it: agrees with every rank of `comm`
-    /// on the newest step whose state every rank can have, moves each restarted rank's state
-    /// to it from a partner, and returns this rank's state at that step. Empty, on every rank
-    /// alike, when there is no such step (nothing saved yet, the world size changed, or a
-    /// rank and all its partners were lost); then the reason is logged. Every block a rank
-    /// is to use or send is checked first; a damaged one is dropped, logged, and the ranks
-    /// agree again without it. A collective.
-    template <Communicator Comm>
-    std::optional<MemoryRecovery> recover(Comm& comm) {
-        const int n = comm.size(), me = comm.rank();
-        for (;;) {
-            const auto offers = detail::allgather_records(comm, offer(me, n));
-            const auto plan = agree(offers, n);
-            if (!plan) return std::nullopt;
-            const auto& [s, source] = *plan;
-            // check what this rank uses and sends; any damage, and every rank agrees again
-            std::int64_t damaged = 0;
-            auto check = [&](PackedState* b, const std::string& what) {
-                if (b && b->intact()) return;
-                ckpt::detail::log(ckpt::LogLevel::warning, "memory level: rank " + std::to_string(me) + "'s " + what +
-                                                               " at step " + std::to_string(s) +
-                                                               " is damaged: dropped, agreeing again without it");
-                if (b) b->clear();
-                damaged = 1;
-            };
-            if (source[me] == -1) check(own_at(s), "own snapshot");
-            for (int q = 0; q < n; ++q)
-                if (source[q] == me) check(copy_of(q, me, s, n), "copy of rank " + std::to_string(q) + "'s state");
-            const auto verdicts = detail::allgather_records(comm, damaged);
-            if (std::any_of(verdicts.begin(), verdicts.end(), [](std::int64_t v) { return v != 0; })) continue;
-            const auto began = std::chrono::steady_clock::now();
-            MemoryRecovery out = take(comm, s, source);
-            out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-            return out;
-        }
-    }
-
-private:
-    /// What this rank holds, for the others (nothing when its blocks are of another world size).
-    detail::MemoryOffer offer(int me, int n) const {
-        detail::MemoryOffer o{};
-        o.world = world_;
-        for (int i = 0; i < 2; ++i) o.own[i] = world_ == n ? own_[i].step() : -1;
-        std::fill(std::begin(o.copy_owner), std::end(o.copy_owner), -1);
-        std::fill(std::begin(o.copy_step), std::end(o.copy_step), -1);
-        if (world_ == n)
-            for (int d = 1; d <= replicas_; ++d)
-                for (int i = 0; i < 2; ++i) {
-                    o.copy_owner[2 * (d - 1) + i] = copies_[d - 1][i].empty() ? -1 : (me - d + n) % n;
-                    o.copy_step[2 * (d - 1) + i] = copies_[d - 1][i].step();
-                }
-        return o;
-    }
-
-    /// The newest step every rank's state is held at, and who gives each rank its state
-    /// then: itself (-1) or a partner. Every rank computes the same from the same offers.
-    std::optional<std::pair<std::int64_t, std::vector<int>>> agree(const std::vector<detail::MemoryOffer>& offers,
-                                                                    int n) const {
-        std::vector<std::int64_t> steps;  // any rank's own snapshots, newest first
-        for (const auto& o : offers)
-            for (const auto s : o.own)
-                if (s >= 0) steps.push_back(s);
-        std::sort(steps.rbegin(), steps.rend());
-        steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-        if (steps.empty()) {
-            const auto other = std::find_if(offers.begin(), offers.end(), [n](const auto& o) { return o.world != 0 && o.world != n; });
-            if (other != offers.end())
-                ckpt::detail::log(ckpt::LogLevel::warning, "memory level: the snapshots were taken by " +
-                                                               std::to_string(other->world) + " ranks, this generation has " +
-                                                               std::to_string(n) + "; falling back to files");
-            return std::nullopt;
-        }
-        auto sources_at = [&](std::int64_t s) {  // -2: nobody holds the rank's state at s
-            std::vector<int> source(static_cast<std::size_t>(n), -2);
-            for (int q = 0; q < n; ++q) {
-                if (offers[q].own[0] == s || offers[q].own[1] == s) {
-                    source[q] = -1;
-                    continue;
-                }
-                for (int d = 1; d <= replicas_ && source[q] == -2; ++d) {
-                    const int p = (q + d) % n;
-                    for (std::size_t i = 0; i < detail::MemoryOffer::max_copies; ++i)
-                        if (offers[p].copy_owner[i] == q && offers[p].copy_step[i] == s) source[q] = p;
-                }
-            }
-            return source;
-        };
-        for (const auto s : steps)
-            if (auto source = sources_at(s); std::none_of(source.begin(), source.end(), [](int v) { return v == -2; }))
-                return std::pair{s, std::move(source)};
-        const auto source = sources_at(steps.front());
-        std::string lost;
-        for (int q = 0; q < n; ++q)
-            if (source[q] == -2) {
-                if (!lost.empty()) lost += ", ";
-                lost += std::to_string(q);
-            }
-        ckpt::detail::log(ckpt::LogLevel::warning,
-                          "memory level: no step has every rank's state in memory: rank(s) " + lost +
-                              " lost their state together with every partner keeping a copy (newest step " +
-                              std::to_string(steps.front()) + "); falling back to files");
-        return std::nullopt;
-    }
-
-    /// Moves the states of the ranks that lost theirs from their partners (in rank order:
-    /// each transfer involves two ranks, both walking the same list) and returns this rank's.
-    template <Communicator Comm>
-    MemoryRecovery take(Comm& comm, std::int64_t s, const std::vector<int>& source) {
-        const int n = comm.size(), me = comm.rank();
-        PackedState received;
-        for (int q = 0; q < n; ++q) {
-            const int p = source[q];
-            if (p < 0) continue;
-            if (me == p) send_state(comm, *copy_of(q, me, s, n), q);
-            if (me == q) {
-                receive_state(comm, received, p);
-                if (!received.intact() || received.step() != s)
-                    throw CorruptState("memory level: rank " + std::to_string(me) + "'s state from rank " + std::to_string(p) +
-                                       "'s memory arrived damaged");
-            }
-        }
-        bind(n);
-        // the timeline after s was abandoned: what is newer goes
-        for (auto& b : own_)
-            if (b.step() > s) b.clear();
-        for (auto& c : copies_)
-            for (auto& b : c)
-                if (b.step() > s) b.clear();
-        MemoryRecovery out;
-        out.step = s;
-        out.restored_from_partners = static_cast<int>(std::count_if(source.begin(), source.end(), [](int v) { return v >= 0; }));
-        const std::string what = "memory level: rank " + std::to_string(me) + "'s state at step " + std::to_string(s);
-        if (source[me] >= 0) {
-            PackedState& slot = older(own_);
-            slot = std::move(received);  // this rank's state again, as if it had taken it
-            out.source = "rank " + std::to_string(source[me]) + "'s memory";
-            out.state = slot.unpack(what);
-        } else {
-            out.source = "its own memory";
-            out.state = own_at(s)->unpack(what);
-        }
-        return out;
-    }
-
-    /// Of two blocks, the one to write next: an empty one, else the older.
-    static PackedState& older(std::array<PackedState, 2>& pair) {
-        if (pair[0].empty()) return pair[0];
-        if (pair[1].empty()) return pair[1];
-        return pair[0].step() <= pair[1].step() ? pair[0] : pair[1];
-    }
-    PackedState* own_at(std::int64_t s) {
-        for (auto& b : own_)
-            if (b.step() == s) return &b;
-        return nullptr;
-    }
-    /// The copy of rank q's state at step s that this rank holds.
-    PackedState* copy_of(int q, int me, std::int64_t s, int n) { return copy((me - q + n) % n, s); }
-    /// The blocks belong to one world size; another one starts them afresh.
-    void bind(int n) {
-        if (world_ == n) return;
-        for (auto& b : own_) b.clear();
-        for (auto& c : copies_)
-            for (auto& b : c) b.clear();
-        world_ = n;
-    }
-    template <Communicator Comm>
-    static void send_state(Comm& comm, const PackedState& s, int to) {
-        const auto head = detail::to_floats(static_cast<std::uint64_t>(s.bytes()));
-        comm.send(std::span<const float>(head), to, tag);
-        comm.send(s.words(), to, tag);
-    }
-    /// Leaves `into` whole only once every byte has arrived.
-    template <Communicator Comm>
-    static void receive_state(Comm& comm, PackedState& into, int from) {
-        std::vector<float> head(sizeof(std::uint64_t) / sizeof(float));
-        comm.recv(std::span<float>(head), from, tag);
-        const auto bytes = detail::from_floats<std::uint64_t>(head).at(0);
-        comm.recv(into.receive_buffer(static_cast<std::size_t>(bytes)), from, tag);
-        into.received();
-    }
-
-    int replicas_;
-    int world_ = 0;  // the world size the blocks were saved in (0: none yet)
-    std::array<PackedState, 2> own_;
-    std::array<std::array<PackedState, 2>, max_replicas> copies_;  // [d - 1]: copies of rank r - d
-};
-
-/// The callback that takes the memory level's snapshots: every `every` global steps, at the
-/// end of the step, on every rank of `comm`.
-template <Communicator Comm>
-class MemoryCheckpoint {
-public:
-    MemoryCheckpoint(Comm& comm, MemoryLevel& level, std::int64_t every) : comm_(comm), level_(level), every_(every) {
-        if (every < 1) throw ckpt::ConfigError("memory level: every must be at least 1 step, not " + std::to_string(every));
-    }
-    void on_step_end(nn::RunContext& ctx) {
-        if (ctx.global_step % every_ != 0 || !ctx.consistent) return;
-        level_.save(comm_, ctx.state(), ctx.global_step);
-    }
-
-private:
-    Comm& comm_;
-    MemoryLevel& level_;
-    std::int64_t every_;
-};
 
 }  // namespace fault
 // Membership in a store: which worker processes make up a job, which of them are alive, and
@@ -2498,6 +1981,631 @@ private:
     std::uint64_t beats_ = 0;
     std::atomic<int> latest_seen_{0};  // the newest generation this worker was part of
     std::thread heartbeat_;
+};
+
+}  // namespace fault
+// The memory level: every K steps each rank packs its whole state (parameters, optimizer
+// state, position, data order: what a checkpoint file holds) into its own RAM and sends a
+// copy to its partners, the next `replicas` ranks of a ring (rank r keeps the copies of
+// ranks r-1 … r-replicas). When a worker dies and is started again, it gets its state back
+// from a partner's memory, the survivors roll back to the same step from their own, and
+// nobody reads a file.
+//
+//   fault::MemoryLevel memory;                                   // outlives generations
+//   …in each generation (comm: this generation's communicator):
+//   if (auto got = memory.recover(comm)) trainer.resume_from_state(got->state, got->source, data);
+//   else …the file level (agree_on_checkpoint)
+//   fault::MemoryCheckpoint mem(comm, memory, K);
+//   trainer.train(epochs, data, nn::callbacks(mem, file_checkpoints, …), initial_epoch);
+//
+// The training thread packs the snapshot; MemoryCheckpoint sends the copies on a thread of
+// its own while the next steps train (one transfer in flight; the next snapshot waits for it).
+// Each rank keeps its two newest snapshots and, of each partner, the two newest copies it
+// received whole: a copy is received into the older of the two and counts only once all of
+// it has arrived and its checksum matches, so a transfer cut by a failure leaves the previous
+// copy in use. Recovery takes the newest step at which every rank's state is held somewhere
+// (its own snapshot, or a partner's copy); when a rank and all its partners were lost there
+// is none, and recover() says why and returns nothing: the caller falls back to files.
+//
+// A snapshot is one block (PackedState): 32 bytes of header (magic, step, payload length,
+// xxh3-64 of the payload), then the entries, each 8-byte aligned: u32 name length, u8 kind,
+// 3 bytes of padding, the name (padded to 8); a tensor: u8 dtype, u8 rank, 6 bytes of padding,
+// i64 dims, u64 byte length, the bytes (padded); int64 / double: 8 bytes; bool: 8 bytes (0 or
+// 1); string: u64 length, the bytes (padded). It lives only in memory and on the wire between
+// ranks of one job, which run the same build.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+namespace fault {
+
+/// A packed state did not unpack: torn, damaged, or not a packed state.
+class CorruptState : public ckpt::Error {
+public:
+    using ckpt::Error::Error;
+};
+
+/// A ParamDict packed into one block of floats, so that it travels over a Communicator as is.
+/// Packing again reuses the block.
+class PackedState {
+public:
+    static constexpr std::uint64_t magic = 0x314d454d54504b43ull;  // "CKPTMEM1"
+    static constexpr std::size_t header_bytes = 32;
+
+    /// Nothing whole in it: never packed, cleared, or being received.
+    bool empty() const noexcept { return !whole_; }
+    /// The global step of the packed state (-1 when empty).
+    std::int64_t step() const noexcept { return empty() ? -1 : read<std::int64_t>(8); }
+    std::size_t bytes() const noexcept { return size_; }
+    std::span<const float> words() const noexcept {
+        return {reinterpret_cast<const float*>(block_.get()), size_ / sizeof(float)};
+    }
+
+    PackedState() = default;
+    PackedState(PackedState&&) noexcept = default;
+    PackedState& operator=(PackedState&&) noexcept = default;
+    PackedState(const PackedState& o) : whole_(o.whole_) {
+        resize(o.size_);
+        if (size_) std::memcpy(data(), o.data(), size_);
+    }
+    PackedState& operator=(const PackedState& o) {
+        if (this != &o) *this = PackedState(o);
+        return *this;
+    }
+    void clear() noexcept { whole_ = false; }  // keeps the memory for the next use
+
+    /// Packs `dict` (tensors copied) as the state at global step `step`.
+    void pack(const ckpt::ParamDict& dict, std::int64_t step) {
+        whole_ = false;
+        std::size_t n = header_bytes + 8;
+        for (const auto& [name, value] : dict) n += entry_bytes(name, value);
+        resize(n);
+        std::byte* base = data();
+        std::size_t at = header_bytes;
+        ckpt::detail::Xxh3 hash;
+        hash_ = &hash;
+        hashed_ = header_bytes;
+        put<std::uint64_t>(at, dict.size());
+        for (const auto& [name, value] : dict) {
+            put<std::uint32_t>(at, static_cast<std::uint32_t>(name.size()));
+            base[at] = static_cast<std::byte>(value.kind());
+            std::memset(base + at + 1, 0, 3);
+            at += 4;
+            put_bytes(at, name.data(), name.size());
+            if (const ckpt::Tensor* t = value.get_if<ckpt::Tensor>()) {
+                std::memset(base + at, 0, 8);
+                base[at] = static_cast<std::byte>(t->dtype());
+                base[at + 1] = static_cast<std::byte>(t->rank());
+                at += 8;
+                for (const auto d : t->shape()) put<std::int64_t>(at, d);
+                put<std::uint64_t>(at, t->nbytes());
+                put_bytes(at, t->data(), t->nbytes());
+            } else if (const auto* i = value.get_if<std::int64_t>()) {
+                put<std::int64_t>(at, *i);
+            } else if (const auto* d = value.get_if<double>()) {
+                put<double>(at, *d);
+            } else if (const auto* b = value.get_if<bool>()) {
+                put<std::uint64_t>(at, *b ? 1 : 0);
+            } else {
+                const auto& s = *value.get_if<std::string>();
+                put<std::uint64_t>(at, s.size());
+                put_bytes(at, s.data(), s.size());
+            }
+        }
+        hash_up_to(n);
+        std::size_t h = 0;
+        put<std::uint64_t>(h, magic);
+        put<std::int64_t>(h, step);
+        put<std::uint64_t>(h, n - header_bytes);
+        put<std::uint64_t>(h, hash.digest());
+        hash_ = nullptr;
+        whole_ = true;
+    }
+
+    /// Makes room for a packed state of `bytes` bytes arriving from another rank; it counts
+    /// once received() says all of it is there.
+    std::span<float> receive_buffer(std::size_t bytes) {
+        whole_ = false;
+        resize(bytes / sizeof(float) * sizeof(float));
+        return {reinterpret_cast<float*>(block_.get()), size_ / sizeof(float)};
+    }
+    void received() noexcept { whole_ = true; }
+
+    /// Whether the block is a whole packed state: magic, length and checksum.
+    bool intact() const noexcept {
+        if (!whole_ || bytes() < header_bytes + 8 || bytes() % 8 || read<std::uint64_t>(0) != magic) return false;
+        if (read<std::uint64_t>(16) != bytes() - header_bytes) return false;
+        return ckpt::detail::xxh3(data() + header_bytes, bytes() - header_bytes) == read<std::uint64_t>(24);
+    }
+
+    /// The packed entries; tensors are views into this block (valid while it is not packed
+    /// or received into again). `what` names the state in errors.
+    ckpt::ParamDict unpack(const std::string& what) const {
+        if (!intact()) throw CorruptState(what + ": not a whole packed state (torn, damaged or never received)");
+        const std::byte* base = data();
+        const std::size_t end = bytes();
+        std::size_t at = header_bytes;
+        auto need = [&](std::size_t n) {
+            if (n > end - at) throw CorruptState(what + ": an entry runs past the end of the packed state");
+        };
+        auto take_u64 = [&] {
+            need(8);
+            const auto v = read<std::uint64_t>(at);
+            at += 8;
+            return v;
+        };
+        ckpt::ParamDict out;
+        const std::uint64_t count = take_u64();
+        for (std::uint64_t e = 0; e < count; ++e) {
+            need(8);
+            const auto name_len = read<std::uint32_t>(at);
+            const auto kind = static_cast<ckpt::ValueKind>(base[at + 4]);
+            at += 8;
+            need(padded(name_len));
+            std::string name(reinterpret_cast<const char*>(base + at), name_len);
+            at += padded(name_len);
+            switch (kind) {
+                case ckpt::ValueKind::tensor: {
+                    need(8);
+                    const auto dtype = ckpt::dtype_from_code(static_cast<std::uint8_t>(base[at]));
+                    const auto rank = static_cast<std::size_t>(base[at + 1]);
+                    at += 8;
+                    if (!dtype) throw CorruptState(what + ": tensor '" + name + "' has an unknown dtype");
+                    ckpt::Shape shape;
+                    for (std::size_t d = 0; d < rank; ++d) shape.push_back(static_cast<std::int64_t>(take_u64()));
+                    const std::uint64_t nbytes = take_u64();
+                    need(padded(nbytes));
+                    std::size_t count = 0;
+                    try {
+                        count = ckpt::detail::checked_numel(shape, end);
+                    } catch (const ckpt::FormatError&) {
+                        throw CorruptState(what + ": tensor '" + name + "' has a shape larger than the packed state");
+                    }
+                    if (nbytes != count * ckpt::itemsize(*dtype))
+                        throw CorruptState(what + ": tensor '" + name + "' holds " + std::to_string(nbytes) +
+                                           " bytes, not what its shape needs");
+                    out.set(std::move(name), ckpt::Tensor::view(*dtype, std::move(shape), const_cast<std::byte*>(base + at)));
+                    at += padded(nbytes);
+                    break;
+                }
+                case ckpt::ValueKind::int64: out.set(std::move(name), static_cast<std::int64_t>(take_u64())); break;
+                case ckpt::ValueKind::float64: {
+                    const std::uint64_t bits = take_u64();
+                    double d;
+                    std::memcpy(&d, &bits, sizeof d);
+                    out.set(std::move(name), d);
+                    break;
+                }
+                case ckpt::ValueKind::boolean: out.set(std::move(name), take_u64() != 0); break;
+                case ckpt::ValueKind::string: {
+                    const std::uint64_t len = take_u64();
+                    need(padded(len));
+                    out.set(std::move(name), std::string(reinterpret_cast<const char*>(base + at), len));
+                    at += padded(len);
+                    break;
+                }
+                default: throw CorruptState(what + ": entry '" + name + "' has an unknown kind");
+            }
+        }
+        return out;
+    }
+
+private:
+    static constexpr std::size_t padded(std::uint64_t n) { return static_cast<std::size_t>((n + 7) & ~std::uint64_t{7}); }
+    static std::size_t entry_bytes(const std::string& name, const ckpt::Value& value) {
+        std::size_t n = 8 + padded(name.size());
+        if (const ckpt::Tensor* t = value.get_if<ckpt::Tensor>()) return n + 8 + 8 * t->rank() + 8 + padded(t->nbytes());
+        if (const auto* s = value.get_if<std::string>()) return n + 8 + padded(s->size());
+        return n + 8;
+    }
+    std::byte* data() noexcept { return block_.get(); }
+    const std::byte* data() const noexcept { return block_.get(); }
+    /// A block from allocate_aligned (huge pages when large: a state of hundreds of MiB is
+    /// first touched in 2 MiB pages, not 4 KiB ones), kept when the size shrinks.
+    void resize(std::size_t n) {
+        if (n > capacity_) {
+            block_ = ckpt::detail::allocate_aligned(n);
+            capacity_ = n;
+        }
+        size_ = n;
+    }
+    template <class T>
+    void put(std::size_t& at, T v) {
+        std::memcpy(data() + at, &v, sizeof v);
+        at += sizeof v;
+    }
+    /// Copies in pieces that stay in cache until they are hashed: one pass over memory, not two.
+    void put_bytes(std::size_t& at, const void* p, std::size_t n) {
+        constexpr std::size_t piece = 128u << 10;
+        const auto* from = static_cast<const std::byte*>(p);
+        for (std::size_t done = 0; done < n; done += piece) {
+            const std::size_t len = std::min(piece, n - done);
+            std::memcpy(data() + at + done, from + done, len);
+            if (n > piece) hash_up_to(at + done + len);
+        }
+        std::memset(data() + at + n, 0, padded(n) - n);
+        at += padded(n);
+    }
+    void hash_up_to(std::size_t end) {
+        hash_->update(data() + hashed_, end - hashed_);
+        hashed_ = end;
+    }
+    template <class T>
+    T read(std::size_t at) const noexcept {
+        T v;
+        std::memcpy(&v, data() + at, sizeof v);
+        return v;
+    }
+
+    std::shared_ptr<std::byte> block_;  // owned alone: copies copy it
+    std::size_t size_ = 0, capacity_ = 0;
+    bool whole_ = false;
+    ckpt::detail::Xxh3* hash_ = nullptr;  // while packing: of the bytes [header_bytes, hashed_)
+    std::size_t hashed_ = 0;
+};
+
+/// What recover() gives a rank: its state at the agreed step.
+struct MemoryRecovery {
+    ckpt::ParamDict state;  ///< tensors are views into the memory level's blocks
+    std::int64_t step = 0;  ///< the global step every rank rolled back to
+    std::string source;     ///< "its own memory" or "rank R's memory", for messages
+    int restored_from_partners = 0;  ///< ranks that got their state from a partner
+    double seconds = 0;              ///< moving the states once every rank agreed (transfers, unpacking)
+};
+
+namespace detail {
+
+/// Who holds what, as one rank tells the others when recovering (fixed size, for allgather).
+struct MemoryOffer {
+    static constexpr std::size_t max_copies = 8;  // replicas (≤ 4) × 2 generations
+    std::int64_t world = 0;                       // the world size its blocks were saved in
+    std::int64_t own[2];                          // steps of its own snapshots, -1: none
+    std::int64_t copy_owner[max_copies];          // ranks whose copies it holds, -1: none
+    std::int64_t copy_step[max_copies];
+};
+
+/// The position of `rank` on its cycle of the permutation r -> r + d (mod n), and the cycle's
+/// length: ranks at even positions send first, so a ring of rendezvous sends cannot deadlock.
+inline bool sends_first(int rank, int d, int n) {
+    int pos = 0;
+    for (int r = rank % std::gcd(n, d); r != rank; r = (r + d) % n) ++pos;
+    return pos % 2 == 0;
+}
+
+}  // namespace detail
+
+/// A rank's memory level: its own snapshots and its partners' copies. Keep it for the whole
+/// life of the process (across generations of the communicator).
+class MemoryLevel {
+public:
+    static constexpr int max_replicas = 4;
+    static constexpr int tag = 0x4d454d;  // point-to-point tag of the level's transfers
+
+    /// `replicas`: how many partners keep a copy of each rank's state (1 … 4).
+    explicit MemoryLevel(int replicas = 1) : replicas_(replicas) {
+        if (replicas < 1 || replicas > max_replicas)
+            throw ckpt::ConfigError("memory level: replicas must be 1 … " + std::to_string(max_replicas) + ", not " +
+                                    std::to_string(replicas));
+    }
+
+    int replicas() const noexcept { return replicas_; }
+    /// The copy this rank holds of the state at `step` of the rank `distance` places before
+    /// it in the ring (1 … replicas()); null when it holds none.
+    PackedState* copy(int distance, std::int64_t step) {
+        if (distance < 1 || distance > replicas_) return nullptr;
+        for (auto& b : copies_[distance - 1])
+            if (b.step() == step) return &b;
+        return nullptr;
+    }
+    /// The step of this rank's newest snapshot (-1: none).
+    std::int64_t newest_step() const noexcept { return std::max(own_[0].step(), own_[1].step()); }
+    /// Bytes of memory the level holds (own snapshots and partners' copies).
+    std::size_t bytes() const noexcept {
+        std::size_t n = own_[0].bytes() + own_[1].bytes();
+        for (const auto& c : copies_) n += c[0].bytes() + c[1].bytes();
+        return n;
+    }
+
+    /// Snapshots `state` as global step `step` and exchanges copies with the partners; a
+    /// collective of every rank of `comm`. Throws PeerFailure when a rank is lost meanwhile:
+    /// the copies then held stay usable. A copy is not checked when it arrives (a transfer
+    /// either completes or throws) but when recovery uses it.
+    template <Communicator Comm>
+    void save(Comm& comm, const ckpt::ParamDict& state, std::int64_t step) {
+        snapshot(comm.size(), state, step);
+        exchange(comm, step);
+    }
+
+    /// The first half of save(): packs `state` into this rank's own memory (`world`: the
+    /// communicator's size).
+    void snapshot(int world, const ckpt::ParamDict& state, std::int64_t step) {
+        bind(world);
+        older(own_).pack(state, step);
+    }
+
+    /// The second half: sends this rank's snapshot of `step` to its partners and receives
+    /// theirs, each into the older of its two blocks for that partner. It may run on another
+    /// thread while training goes on (MemoryCheckpoint does), as long as nothing else uses the
+    /// level meanwhile.
+    template <Communicator Comm>
+    void exchange(Comm& comm, std::int64_t step) {
+        const PackedState* mine = own_at(step);
+        if (!mine) throw ckpt::ConfigError("memory level: no snapshot of step " + std::to_string(step) + " to send");
+        const int n = comm.size(), me = comm.rank(), partners = std::min(replicas_, n - 1);
+        for (int d = 1; d <= partners; ++d) {
+            const int to = (me + d) % n, from = (me - d + n) % n;
+            PackedState& into = older(copies_[d - 1]);
+            auto send = [&] { send_state(comm, *mine, to); };
+            auto receive = [&] { receive_state(comm, into, from); };  // torn until it returns: never offered
+            if (detail::sends_first(me, d, n)) {
+                send();
+                receive();
+            } else {
+                receive();
+                send();
+            }
+        }
+    }
+
+    /// After a failure, in the generation that replaces it: agrees with every rank of `comm`
+    /// on the newest step whose state every rank can have, moves each restarted rank's state
+    /// to it from a partner, and returns this rank's state at that step. Empty, on every rank
+    /// alike, when there is no such step (nothing saved yet, the world size changed, or a
+    /// rank and all its partners were lost); then the reason is logged. Every block a rank
+    /// is to use or send is checked first; a damaged one is dropped, logged, and the ranks
+    /// agree again without it. A collective.
+    template <Communicator Comm>
+    std::optional<MemoryRecovery> recover(Comm& comm) {
+        const int n = comm.size(), me = comm.rank();
+        for (;;) {
+            const auto offers = detail::allgather_records(comm, offer(me, n));
+            const auto plan = agree(offers, n);
+            if (!plan) return std::nullopt;
+            const std::int64_t s = plan->first;  // not a structured binding: lambdas capture it (clang 14)
+            const std::vector<int>& source = plan->second;
+            // check what this rank uses and sends; any damage, and every rank agrees again
+            std::int64_t damaged = 0;
+            auto check = [&](PackedState* b, const std::string& what) {
+                if (b && b->intact()) return;
+                ckpt::detail::log(ckpt::LogLevel::warning, "memory level: rank " + std::to_string(me) + "'s " + what +
+                                                               " at step " + std::to_string(s) +
+                                                               " is damaged: dropped, agreeing again without it");
+                if (b) b->clear();
+                damaged = 1;
+            };
+            if (source[me] == -1) check(own_at(s), "own snapshot");
+            for (int q = 0; q < n; ++q)
+                if (source[q] == me) check(copy_of(q, me, s, n), "copy of rank " + std::to_string(q) + "'s state");
+            const auto verdicts = detail::allgather_records(comm, damaged);
+            if (std::any_of(verdicts.begin(), verdicts.end(), [](std::int64_t v) { return v != 0; })) continue;
+            const auto began = std::chrono::steady_clock::now();
+            MemoryRecovery out = take(comm, s, source);
+            out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+            return out;
+        }
+    }
+
+private:
+    /// What this rank holds, for the others (nothing when its blocks are of another world size).
+    detail::MemoryOffer offer(int me, int n) const {
+        detail::MemoryOffer o{};
+        o.world = world_;
+        for (int i = 0; i < 2; ++i) o.own[i] = world_ == n ? own_[i].step() : -1;
+        std::fill(std::begin(o.copy_owner), std::end(o.copy_owner), -1);
+        std::fill(std::begin(o.copy_step), std::end(o.copy_step), -1);
+        if (world_ == n)
+            for (int d = 1; d <= replicas_; ++d)
+                for (int i = 0; i < 2; ++i) {
+                    o.copy_owner[2 * (d - 1) + i] = copies_[d - 1][i].empty() ? -1 : (me - d + n) % n;
+                    o.copy_step[2 * (d - 1) + i] = copies_[d - 1][i].step();
+                }
+        return o;
+    }
+
+    /// The newest step every rank's state is held at, and who gives each rank its state
+    /// then: itself (-1) or a partner. Every rank computes the same from the same offers.
+    std::optional<std::pair<std::int64_t, std::vector<int>>> agree(const std::vector<detail::MemoryOffer>& offers,
+                                                                    int n) const {
+        std::vector<std::int64_t> steps;  // any rank's own snapshots, newest first
+        for (const auto& o : offers)
+            for (const auto s : o.own)
+                if (s >= 0) steps.push_back(s);
+        std::sort(steps.rbegin(), steps.rend());
+        steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+        if (steps.empty()) {
+            const auto other = std::find_if(offers.begin(), offers.end(), [n](const auto& o) { return o.world != 0 && o.world != n; });
+            if (other != offers.end())
+                ckpt::detail::log(ckpt::LogLevel::warning, "memory level: the snapshots were taken by " +
+                                                               std::to_string(other->world) + " ranks, this generation has " +
+                                                               std::to_string(n) + "; falling back to files");
+            return std::nullopt;
+        }
+        auto sources_at = [&](std::int64_t s) {  // -2: nobody holds the rank's state at s
+            std::vector<int> source(static_cast<std::size_t>(n), -2);
+            for (int q = 0; q < n; ++q) {
+                if (offers[q].own[0] == s || offers[q].own[1] == s) {
+                    source[q] = -1;
+                    continue;
+                }
+                for (int d = 1; d <= replicas_ && source[q] == -2; ++d) {
+                    const int p = (q + d) % n;
+                    for (std::size_t i = 0; i < detail::MemoryOffer::max_copies; ++i)
+                        if (offers[p].copy_owner[i] == q && offers[p].copy_step[i] == s) source[q] = p;
+                }
+            }
+            return source;
+        };
+        for (const auto s : steps)
+            if (auto source = sources_at(s); std::none_of(source.begin(), source.end(), [](int v) { return v == -2; }))
+                return std::pair{s, std::move(source)};
+        const auto source = sources_at(steps.front());
+        std::string lost;
+        for (int q = 0; q < n; ++q)
+            if (source[q] == -2) {
+                if (!lost.empty()) lost += ", ";
+                lost += std::to_string(q);
+            }
+        ckpt::detail::log(ckpt::LogLevel::warning,
+                          "memory level: no step has every rank's state in memory: rank(s) " + lost +
+                              " lost their state together with every partner keeping a copy (newest step " +
+                              std::to_string(steps.front()) + "); falling back to files");
+        return std::nullopt;
+    }
+
+    /// Moves the states of the ranks that lost theirs from their partners (in rank order:
+    /// each transfer involves two ranks, both walking the same list) and returns this rank's.
+    template <Communicator Comm>
+    MemoryRecovery take(Comm& comm, std::int64_t s, const std::vector<int>& source) {
+        const int n = comm.size(), me = comm.rank();
+        PackedState received;
+        for (int q = 0; q < n; ++q) {
+            const int p = source[q];
+            if (p < 0) continue;
+            if (me == p) send_state(comm, *copy_of(q, me, s, n), q);
+            if (me == q) {
+                receive_state(comm, received, p);
+                if (!received.intact() || received.step() != s)
+                    throw CorruptState("memory level: rank " + std::to_string(me) + "'s state from rank " + std::to_string(p) +
+                                       "'s memory arrived damaged");
+            }
+        }
+        bind(n);
+        // the timeline after s was abandoned: what is newer goes
+        for (auto& b : own_)
+            if (b.step() > s) b.clear();
+        for (auto& c : copies_)
+            for (auto& b : c)
+                if (b.step() > s) b.clear();
+        MemoryRecovery out;
+        out.step = s;
+        out.restored_from_partners = static_cast<int>(std::count_if(source.begin(), source.end(), [](int v) { return v >= 0; }));
+        const std::string what = "memory level: rank " + std::to_string(me) + "'s state at step " + std::to_string(s);
+        if (source[me] >= 0) {
+            PackedState& slot = older(own_);
+            slot = std::move(received);  // this rank's state again, as if it had taken it
+            out.source = "rank " + std::to_string(source[me]) + "'s memory";
+            out.state = slot.unpack(what);
+        } else {
+            out.source = "its own memory";
+            out.state = own_at(s)->unpack(what);
+        }
+        return out;
+    }
+
+    /// Of two blocks, the one to write next: an empty one, else the older.
+    static PackedState& older(std::array<PackedState, 2>& pair) {
+        if (pair[0].empty()) return pair[0];
+        if (pair[1].empty()) return pair[1];
+        return pair[0].step() <= pair[1].step() ? pair[0] : pair[1];
+    }
+    PackedState* own_at(std::int64_t s) {
+        for (auto& b : own_)
+            if (b.step() == s) return &b;
+        return nullptr;
+    }
+    const PackedState* own_at(std::int64_t s) const { return const_cast<MemoryLevel*>(this)->own_at(s); }
+    /// The copy of rank q's state at step s that this rank holds.
+    PackedState* copy_of(int q, int me, std::int64_t s, int n) { return copy((me - q + n) % n, s); }
+    /// The blocks belong to one world size; another one starts them afresh.
+    void bind(int n) {
+        if (world_ == n) return;
+        for (auto& b : own_) b.clear();
+        for (auto& c : copies_)
+            for (auto& b : c) b.clear();
+        world_ = n;
+    }
+    template <Communicator Comm>
+    static void send_state(Comm& comm, const PackedState& s, int to) {
+        const auto head = detail::to_floats(static_cast<std::uint64_t>(s.bytes()));
+        comm.send(std::span<const float>(head), to, tag);
+        comm.send(s.words(), to, tag);
+    }
+    /// Leaves `into` whole only once every byte has arrived.
+    template <Communicator Comm>
+    static void receive_state(Comm& comm, PackedState& into, int from) {
+        std::vector<float> head(sizeof(std::uint64_t) / sizeof(float));
+        comm.recv(std::span<float>(head), from, tag);
+        const auto bytes = detail::from_floats<std::uint64_t>(head).at(0);
+        comm.recv(into.receive_buffer(static_cast<std::size_t>(bytes)), from, tag);
+        into.received();
+    }
+
+    int replicas_;
+    int world_ = 0;  // the world size the blocks were saved in (0: none yet)
+    std::array<PackedState, 2> own_;
+    std::array<std::array<PackedState, 2>, max_replicas> copies_;  // [d - 1]: copies of rank r - d
+};
+
+/// How MemoryCheckpoint sends the copies.
+struct MemoryCheckpointOptions {
+    /// On a thread of its own, while the next steps train: the training thread waits only for
+    /// the snapshot (and, at the next snapshot, for the previous transfer to have ended). Off:
+    /// at the end of the step, on the training thread.
+    bool background = true;
+};
+
+/// The callback that takes the memory level's snapshots: every `every` global steps, at the
+/// end of the step, on every rank of `comm`. In the background, a transfer's failure (a rank
+/// lost) is thrown at the next snapshot or at the end of training, unless training has met
+/// it first; the destructor waits for a transfer in flight, so a generation's communicator
+/// outlives it.
+template <Communicator Comm>
+class MemoryCheckpoint {
+public:
+    MemoryCheckpoint(Comm& comm, MemoryLevel& level, std::int64_t every, MemoryCheckpointOptions options = {})
+        : comm_(comm), level_(level), every_(every), options_(options) {
+        if (every < 1) throw ckpt::ConfigError("memory level: every must be at least 1 step, not " + std::to_string(every));
+    }
+    MemoryCheckpoint(const MemoryCheckpoint&) = delete;
+    MemoryCheckpoint& operator=(const MemoryCheckpoint&) = delete;
+    ~MemoryCheckpoint() {
+        if (transfer_.joinable()) transfer_.join();
+    }
+
+    void on_step_end(nn::RunContext& ctx) {
+        if (ctx.global_step % every_ != 0 || !ctx.consistent) return;
+        wait();
+        if (!options_.background) {
+            level_.save(comm_, ctx.state(), ctx.global_step);
+            return;
+        }
+        level_.snapshot(comm_.size(), ctx.state(), ctx.global_step);
+        transfer_ = std::thread([this, step = ctx.global_step] {
+            try {
+                level_.exchange(comm_, step);
+            } catch (...) {
+                error_ = std::current_exception();
+            }
+        });
+    }
+    void on_train_end(nn::RunContext&) { wait(); }
+
+    /// Waits for the transfer in flight, if any; rethrows its failure.
+    void wait() {
+        if (transfer_.joinable()) transfer_.join();
+        if (auto e = std::exchange(error_, nullptr)) std::rethrow_exception(e);
+    }
+
+private:
+    Comm& comm_;
+    MemoryLevel& level_;
+    std::int64_t every_;
+    MemoryCheckpointOptions options_;
+    std::thread transfer_;
+    std::exception_ptr error_;  // the transfer's, read after joining it
 };
 
 }  // namespace fault
