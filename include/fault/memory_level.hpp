@@ -17,8 +17,8 @@
 // its own while the next steps train (one transfer in flight; the next snapshot waits for it).
 // Each rank keeps its two newest snapshots and, of each partner, the two newest copies it
 // received whole: a copy is received into the older of the two and counts only once all of
-// it has arrived and its checksum matches, so a transfer cut by a failure leaves the previous
-// copy in use. Recovery takes the newest step at which every rank's state is held somewhere
+// it has arrived, so a transfer cut by a failure leaves the previous copy in use; checksums
+// are checked when recovery is about to use a block. Recovery takes the newest step at which every rank's state is held somewhere
 // (its own snapshot, or a partner's copy); when a rank and all its partners were lost there
 // is none, and recover() says why and returns nothing: the caller falls back to files.
 //
@@ -299,8 +299,8 @@ struct MemoryOffer {
     std::int64_t copy_step[max_copies];
 };
 
-/// The position of `rank` on its cycle of the permutation r -> r + d (mod n), and the cycle's
-/// length: ranks at even positions send first, so a ring of rendezvous sends cannot deadlock.
+/// Whether `rank` sends before it receives when each rank sends to r + d (mod n): those at
+/// even positions of their cycle do, so a ring of rendezvous sends cannot deadlock.
 inline bool sends_first(int rank, int d, int n) {
     int pos = 0;
     for (int r = rank % std::gcd(n, d); r != rank; r = (r + d) % n) ++pos;
