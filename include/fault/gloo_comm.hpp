@@ -353,9 +353,10 @@ private:
     }
 
     // The members of this generation that are gone: declared failed, or not alive (see
-    // Membership::alive_in: a member whose node id a restarted worker holds already is gone). A killed process closes its sockets before it is seen dead, so
-    // the survivors ask again until the lease ends; members that said they survived are not
-    // counted, even if they have exited since.
+    // Membership::alive_in: one whose node id a restarted worker already holds is gone). A
+    // killed process closes its sockets before it is seen dead, so the survivors ask again
+    // until the lease ends; members that said they survived are not counted, even if they
+    // have exited since.
     std::vector<int> dead_nodes() {
         auto& m = job_->members;
         const auto deadline = std::chrono::steady_clock::now() + job_->options.lease;

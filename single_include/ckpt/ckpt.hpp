@@ -1323,12 +1323,13 @@ private:
     }
 };
 
-/// Where a stage sends its output: the next stage, or the file.
+/// A piece of memory passed on as it is (ByteSink::put_pieces).
 struct ConstBytes {
     const std::byte* data = nullptr;
     std::size_t size = 0;
 };
 
+/// Where a stage sends its output: the next stage, or the file.
 class ByteSink {
 public:
     virtual ~ByteSink() = default;

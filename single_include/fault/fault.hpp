@@ -2073,45 +2073,35 @@ public:
         std::size_t n = header_bytes + 8;
         for (const auto& [name, value] : dict) n += entry_bytes(name, value);
         resize(n);
-        std::byte* base = data();
-        std::size_t at = header_bytes;
-        ckpt::detail::Xxh3 hash;
-        hash_ = &hash;
-        hashed_ = header_bytes;
-        put<std::uint64_t>(at, dict.size());
+        Writer w{data(), header_bytes, {}, header_bytes};
+        w.put<std::uint64_t>(dict.size());
         for (const auto& [name, value] : dict) {
-            put<std::uint32_t>(at, static_cast<std::uint32_t>(name.size()));
-            base[at] = static_cast<std::byte>(value.kind());
-            std::memset(base + at + 1, 0, 3);
-            at += 4;
-            put_bytes(at, name.data(), name.size());
+            w.put<std::uint32_t>(static_cast<std::uint32_t>(name.size()));
+            w.put<std::uint8_t>(static_cast<std::uint8_t>(value.kind()));
+            w.zeros(3);
+            w.put_bytes(name.data(), name.size());
             if (const ckpt::Tensor* t = value.get_if<ckpt::Tensor>()) {
-                std::memset(base + at, 0, 8);
-                base[at] = static_cast<std::byte>(t->dtype());
-                base[at + 1] = static_cast<std::byte>(t->rank());
-                at += 8;
-                for (const auto d : t->shape()) put<std::int64_t>(at, d);
-                put<std::uint64_t>(at, t->nbytes());
-                put_bytes(at, t->data(), t->nbytes());
+                w.put<std::uint8_t>(static_cast<std::uint8_t>(t->dtype()));
+                w.put<std::uint8_t>(static_cast<std::uint8_t>(t->rank()));
+                w.zeros(6);
+                for (const auto d : t->shape()) w.put<std::int64_t>(d);
+                w.put<std::uint64_t>(t->nbytes());
+                w.put_bytes(t->data(), t->nbytes());
             } else if (const auto* i = value.get_if<std::int64_t>()) {
-                put<std::int64_t>(at, *i);
+                w.put<std::int64_t>(*i);
             } else if (const auto* d = value.get_if<double>()) {
-                put<double>(at, *d);
+                w.put<double>(*d);
             } else if (const auto* b = value.get_if<bool>()) {
-                put<std::uint64_t>(at, *b ? 1 : 0);
+                w.put<std::uint64_t>(*b ? 1 : 0);
             } else {
                 const auto& s = *value.get_if<std::string>();
-                put<std::uint64_t>(at, s.size());
-                put_bytes(at, s.data(), s.size());
+                w.put<std::uint64_t>(s.size());
+                w.put_bytes(s.data(), s.size());
             }
         }
-        hash_up_to(n);
-        std::size_t h = 0;
-        put<std::uint64_t>(h, magic);
-        put<std::int64_t>(h, step);
-        put<std::uint64_t>(h, n - header_bytes);
-        put<std::uint64_t>(h, hash.digest());
-        hash_ = nullptr;
+        w.hash_up_to(n);
+        const std::uint64_t header[4] = {magic, static_cast<std::uint64_t>(step), n - header_bytes, w.hash.digest()};
+        std::memcpy(data(), header, sizeof header);
         whole_ = true;
     }
 
@@ -2223,38 +2213,49 @@ private:
         size_ = n;
     }
     template <class T>
-    void put(std::size_t& at, T v) {
-        std::memcpy(data() + at, &v, sizeof v);
-        at += sizeof v;
-    }
-    /// Copies in pieces that stay in cache until they are hashed: one pass over memory, not two.
-    void put_bytes(std::size_t& at, const void* p, std::size_t n) {
-        constexpr std::size_t piece = 128u << 10;
-        const auto* from = static_cast<const std::byte*>(p);
-        for (std::size_t done = 0; done < n; done += piece) {
-            const std::size_t len = std::min(piece, n - done);
-            std::memcpy(data() + at + done, from + done, len);
-            if (n > piece) hash_up_to(at + done + len);
-        }
-        std::memset(data() + at + n, 0, padded(n) - n);
-        at += padded(n);
-    }
-    void hash_up_to(std::size_t end) {
-        hash_->update(data() + hashed_, end - hashed_);
-        hashed_ = end;
-    }
-    template <class T>
     T read(std::size_t at) const noexcept {
         T v;
         std::memcpy(&v, data() + at, sizeof v);
         return v;
     }
 
+    /// What pack() writes the entries with, hashing them as it goes.
+    struct Writer {
+        std::byte* base;
+        std::size_t at;
+        ckpt::detail::Xxh3 hash;
+        std::size_t hashed;  // the hash covers [header_bytes, hashed)
+
+        template <class T>
+        void put(T v) {
+            std::memcpy(base + at, &v, sizeof v);
+            at += sizeof v;
+        }
+        void zeros(std::size_t n) {
+            std::memset(base + at, 0, n);
+            at += n;
+        }
+        /// Copies in pieces that stay in cache until they are hashed: one pass over memory, not two.
+        void put_bytes(const void* p, std::size_t n) {
+            constexpr std::size_t piece = 128u << 10;
+            const auto* from = static_cast<const std::byte*>(p);
+            for (std::size_t done = 0; done < n; done += piece) {
+                const std::size_t len = std::min(piece, n - done);
+                std::memcpy(base + at + done, from + done, len);
+                if (n > piece) hash_up_to(at + done + len);
+            }
+            at += n;
+            zeros(padded(n) - n);
+        }
+        void hash_up_to(std::size_t end) {
+            hash.update(base + hashed, end - hashed);
+            hashed = end;
+        }
+    };
+
     std::shared_ptr<std::byte> block_;  // owned alone: copies copy it
     std::size_t size_ = 0, capacity_ = 0;
     bool whole_ = false;
-    ckpt::detail::Xxh3* hash_ = nullptr;  // while packing: of the bytes [header_bytes, hashed_)
-    std::size_t hashed_ = 0;
 };
 
 /// What recover() gives a rank: its state at the agreed step.
@@ -2516,7 +2517,6 @@ private:
             if (b.step() == s) return &b;
         return nullptr;
     }
-    const PackedState* own_at(std::int64_t s) const { return const_cast<MemoryLevel*>(this)->own_at(s); }
     /// The copy of rank q's state at step s that this rank holds.
     PackedState* copy_of(int q, int me, std::int64_t s, int n) { return copy((me - q + n) % n, s); }
     /// The blocks belong to one world size; another one starts them afresh.
