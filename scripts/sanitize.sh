@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Runs the tests under the sanitizers, each pass in a build directory of its own that holds
 # only what its tests need: ckpt_tests and the programs they start (gloo_worker, ckpt-run).
-# Built with clang (Debian clang-14, which the fuzzer needs anyway) as unity builds of five
-# sources each: the test sources instantiate the same templates, and compiling them together
-# takes a third of the time of compiling them one by one with g++. The main build compiles
-# every source alone with g++, so each still has to stand on its own.
+# Built with clang (Debian clang-14, which the fuzzer needs anyway) as unity builds: the test
+# sources in one batch per core, as in every build (tests/CMakeLists.txt), the tools' in
+# batches of five.
 #   asan   AddressSanitizer + UndefinedBehaviorSanitizer (leaks included) over the unit
 #          suite, every test case in its own process (build-asan)
 #   tsan   ThreadSanitizer over the parts that run threads (build-tsan): the async saver, the

@@ -90,6 +90,14 @@ inline std::vector<std::string> names_in(const fs::path& dir) {
 }
 
 /// A small state with one tensor of each dtype, every scalar kind, and a rank-0 and an empty tensor.
+/// The seed's manager options: append_info of epoch_num, step_num, lr and momentum.
+inline ckpt::ManagerOptions seed_options(bool exception_save = false) {
+    ckpt::ManagerOptions o;
+    o.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
+    o.exception_save = exception_save;
+    return o;
+}
+
 inline ckpt::ParamDict sample_state(float seed = 1.0f) {
     ckpt::ParamDict d;
     std::vector<float> w(6 * 5);

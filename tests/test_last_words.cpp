@@ -33,7 +33,7 @@ struct Job {
     int shard_size = 1;
 };
 
-struct Run {
+struct LastWordsRun {
     Job job;
     std::vector<fault::LastWordsOutcome> outcomes;
     std::vector<std::exception_ptr> errors;
@@ -86,7 +86,7 @@ struct Run {
 
 TEST_CASE("last words from a healthy replica of every piece, for failures before, during and after the update") {
     TempDir clean;
-    Run fault_free{Job{.last_words_dir = clean.path()}, {}, {}};
+    LastWordsRun fault_free{Job{.last_words_dir = clean.path()}, {}, {}};
     const Params expected = fault_free.run();
     for (const auto& e : fault_free.errors) REQUIRE_FALSE(e);
 
@@ -101,7 +101,7 @@ TEST_CASE("last words from a healthy replica of every piece, for failures before
             CAPTURE(c.failing);
             CAPTURE(static_cast<int>(c.when));
             TempDir dir;
-            Run crashed{Job{.fail_ranks = {c.failing}, .fail_step = 11, .last_words_dir = dir.path(), .when = c.when,
+            LastWordsRun crashed{Job{.fail_ranks = {c.failing}, .fail_step = 11, .last_words_dir = dir.path(), .when = c.when,
                             .shard_size = shard_size},
                         {},
                         {}};
@@ -139,7 +139,7 @@ TEST_CASE("last words from a healthy replica of every piece, for failures before
                 CHECK(test::names_in(dir / step_dir / ("rank_" + std::to_string(s))) ==
                       std::vector<std::string>{"ttp_rank_" + std::to_string(s) + "-2_" + std::to_string(saved - 8) + ".ckpt"});
 
-            Run recovered{Job{.last_words_dir = dir.path(), .recover = true, .shard_size = shard_size}, {}, {}};
+            LastWordsRun recovered{Job{.last_words_dir = dir.path(), .recover = true, .shard_size = shard_size}, {}, {}};
             const Params got = recovered.run();
             for (const auto& e : recovered.errors) REQUIRE_FALSE(e);
             for (int r = 0; r < 4; ++r) CHECK(got[static_cast<std::size_t>(r)] == expected[0]);
@@ -150,7 +150,7 @@ TEST_CASE("last words from a healthy replica of every piece, for failures before
 TEST_CASE("a replica group with no consistent survivor: the message names it, nothing is written or overwritten") {
     TempDir dir;
     // an earlier failure's last words, which must stay as they are
-    Run earlier{Job{.fail_ranks = {1}, .fail_step = 5, .last_words_dir = dir.path(), .shard_size = 2}, {}, {}};
+    LastWordsRun earlier{Job{.fail_ranks = {1}, .fail_step = 5, .last_words_dir = dir.path(), .shard_size = 2}, {}, {}};
     earlier.run();
     const fs::path old_file = dir / "tft_saved_checkpoints-step_5/rank_3/ttp_rank_3-1_5.ckpt";
     REQUIRE(fs::exists(old_file));
@@ -158,7 +158,7 @@ TEST_CASE("a replica group with no consistent survivor: the message names it, no
 
     test::LogCapture log;
     // ranks 0 and 2 keep piece 0 of the optimizer state; both fail
-    Run crashed{Job{.fail_ranks = {0, 2}, .fail_step = 11, .last_words_dir = dir.path(), .shard_size = 2}, {}, {}};
+    LastWordsRun crashed{Job{.fail_ranks = {0, 2}, .fail_step = 11, .last_words_dir = dir.path(), .shard_size = 2}, {}, {}};
     crashed.run();
     for (int r : {1, 3}) {
         const auto& o = crashed.outcomes[static_cast<std::size_t>(r)];
@@ -175,7 +175,7 @@ TEST_CASE("a replica group with no consistent survivor: the message names it, no
 
 TEST_CASE("resuming sharded last words: each rank reads its piece, a damaged piece makes the step incomplete") {
     TempDir dir;
-    Run crashed{Job{.fail_ranks = {1}, .fail_step = 6, .last_words_dir = dir.path(), .shard_size = 2}, {}, {}};
+    LastWordsRun crashed{Job{.fail_ranks = {1}, .fail_step = 6, .last_words_dir = dir.path(), .shard_size = 2}, {}, {}};
     crashed.run();
     const fs::path step = dir / "tft_saved_checkpoints-step_6";
     const fault::ShardLayout layout{2};
@@ -243,7 +243,7 @@ TEST_CASE("a single rank has no replica: last words refuse to start") {
 
 TEST_CASE("a termination signal stops every rank at the same step with last words, resuming is bit-exact") {
     TempDir clean, dir;
-    Run fault_free{Job{.last_words_dir = clean.path()}, {}, {}};
+    LastWordsRun fault_free{Job{.last_words_dir = clean.path()}, {}, {}};
     const Params expected = fault_free.run();
 
     fault::TerminationSignals signals;
@@ -286,7 +286,7 @@ TEST_CASE("a termination signal stops every rank at the same step with last word
     }
     fault::TerminationSignals::reset();
     CHECK(fs::exists(dir / "tft_saved_checkpoints-step_9/rank_0/ttp_rank_0-2_1.ckpt"));
-    Run recovered{Job{.last_words_dir = dir.path(), .recover = true}, {}, {}};
+    LastWordsRun recovered{Job{.last_words_dir = dir.path(), .recover = true}, {}, {}};
     const Params got = recovered.run();
     for (const auto& e : recovered.errors) REQUIRE_FALSE(e);
     CHECK(got[1] == expected[0]);

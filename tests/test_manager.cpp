@@ -33,12 +33,6 @@ ckpt::Progress epoch_end(std::int64_t epoch, std::int64_t steps_per_epoch = 1875
     return p;
 }
 
-ckpt::ManagerOptions seed_options() {
-    ckpt::ManagerOptions o;
-    o.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
-    return o;
-}
-
 using SeedManager = ckpt::CheckpointManager<ckpt::EveryEpochs, ckpt::KeepLast, ckpt::MindSporeNaming>;
 using StepManager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming>;
 
@@ -72,7 +66,7 @@ TEST_CASE("the seed's fault-recovery tree: crash after epoch 6, resume at 7, fin
     TempDir dir;
     TinyNet net;
     {
-        SeedManager mgr(dir / "lenet", "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, seed_options());
+        SeedManager mgr(dir / "lenet", "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, test::seed_options());
         CHECK(mgr.run_prefix() == "lenet");
         for (std::int64_t e = 1; e <= 6; ++e) {
             std::fill(net.w.begin(), net.w.end(), static_cast<float>(e));
@@ -84,7 +78,7 @@ TEST_CASE("the seed's fault-recovery tree: crash after epoch 6, resume at 7, fin
                                    "lenet-6_1875.ckpt", "lenet-graph.meta"});
 
     TinyNet resumed;
-    SeedManager mgr(dir / "lenet", "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, seed_options());
+    SeedManager mgr(dir / "lenet", "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, test::seed_options());
     CHECK(mgr.run_prefix() == "lenet_1");
     auto restored = mgr.restore(resumed);
     REQUIRE(restored);
@@ -106,7 +100,7 @@ TEST_CASE("the seed's fault-recovery tree: crash after epoch 6, resume at 7, fin
 TEST_CASE("graph.meta describes the saved state in readable text") {
     TempDir dir;
     TinyNet net;
-    SeedManager mgr(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, seed_options());
+    SeedManager mgr(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, test::seed_options());
     mgr.on_epoch_end(epoch_end(1), net);
     const auto text = test::read_bytes(dir / "lenet-graph.meta");
     const std::string meta(text.begin(), text.end());

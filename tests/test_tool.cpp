@@ -15,13 +15,13 @@ namespace {
 
 using json = nlohmann::json;
 
-struct Run {
+struct ToolRun {
     int status = -1;
     std::string out, err;
 };
 
 /// Runs the tool with `args`, stdout and stderr kept apart; fails the test after 60 s.
-Run ckpt_tool(const std::vector<std::string>& args, const test::fs::path& scratch) {
+ToolRun ckpt_tool(const std::vector<std::string>& args, const test::fs::path& scratch) {
     const std::string out = (scratch / ".tool.out").string(), err = (scratch / ".tool.err").string();
     std::vector<std::string> argv{CKPT_TOOL};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -36,7 +36,7 @@ Run ckpt_tool(const std::vector<std::string>& args, const test::fs::path& scratc
     const int rc = posix_spawn(&pid, raw[0], &actions, nullptr, raw.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     REQUIRE(rc == 0);
-    Run r;
+    ToolRun r;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     int st = 0;
     while (::waitpid(pid, &st, WNOHANG) == 0) {

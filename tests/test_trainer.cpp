@@ -44,13 +44,6 @@ std::vector<float> uninterrupted(std::int64_t epochs, nn::MnistDataset data) {
     return s.state();
 }
 
-ckpt::ManagerOptions seed_options(bool exception_save = false) {
-    ckpt::ManagerOptions o;
-    o.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
-    o.exception_save = exception_save;
-    return o;
-}
-
 }  // namespace
 
 TEST_CASE("the seed's scenario: fail after epoch 6, resume from the latest, the seed's tree, bit-exact") {
@@ -59,7 +52,7 @@ TEST_CASE("the seed's scenario: fail after epoch 6, resume from the latest, the 
     {
         Session s;
         auto data = lenet_data(64);
-        Checkpoints cb("lenet", dir.path(), seed_options());
+        Checkpoints cb("lenet", dir.path(), test::seed_options());
         nn::FailAtEpochEnd crash(6);
         CHECK_THROWS_AS(s.trainer.train(10, data, nn::callbacks(cb, crash)), nn::InjectedFault);
     }
@@ -78,7 +71,7 @@ TEST_CASE("the seed's scenario: fail after epoch 6, resume from the latest, the 
     const nn::ResumePoint rp = s.trainer.resume_from(*latest, data);
     CHECK(rp.initial_epoch == 6);
     CHECK(rp.initial_step == 0);
-    Checkpoints cb("lenet", dir.path(), seed_options());
+    Checkpoints cb("lenet", dir.path(), test::seed_options());
     s.trainer.train(10, data, cb, rp.initial_epoch);
     CHECK(s.state() == expected);
     CHECK(test::names_in(dir.path()) ==
@@ -116,7 +109,7 @@ TEST_CASE("the exception-save breakpoint file is a resume point, bit-exact") {
     {
         Session s;
         auto data = lenet_data();
-        Checkpoints cb("lenet", dir.path(), seed_options(/*exception_save=*/true));
+        Checkpoints cb("lenet", dir.path(), test::seed_options(/*exception_save=*/true));
         nn::FailAtStep crash(11);  // epoch 2 step 3, no regular save since epoch 1
         CHECK_THROWS_AS(s.trainer.train(2, data, nn::callbacks(cb, crash)), nn::InjectedFault);
         REQUIRE(cb.last_saved());
@@ -283,7 +276,7 @@ TEST_CASE("exception save: a failure before the update is saved, one inside the 
     auto data = lenet_data(64);
     {
         Session s;
-        Checkpoints cb("lenet", dir.path(), seed_options(/*exception_save=*/true));
+        Checkpoints cb("lenet", dir.path(), test::seed_options(/*exception_save=*/true));
         nn::FailBeforeUpdate crash(3);
         CHECK_THROWS_AS(s.trainer.train(2, data, nn::callbacks(cb, crash)), nn::InjectedFault);
         // two steps completed: the breakpoint holds them
@@ -295,7 +288,7 @@ TEST_CASE("exception save: a failure before the update is saved, one inside the 
     nn::Momentum inner(net.parameters(), 0.01, 0.9);
     nn::FailingOptimizer<nn::Momentum> opt(inner, 3);
     nn::Trainer<nn::LeNet5, nn::FailingOptimizer<nn::Momentum>> trainer(net, opt);
-    Checkpoints cb("lenet", torn_dir.path(), seed_options(/*exception_save=*/true));
+    Checkpoints cb("lenet", torn_dir.path(), test::seed_options(/*exception_save=*/true));
     test::LogCapture log;
     CHECK_THROWS_AS(trainer.train(2, data, cb), nn::InjectedFault);
     CHECK(test::names_in(torn_dir.path()) == std::vector<std::string>{"lenet-1_2.ckpt", "lenet-graph.meta"});
@@ -312,7 +305,7 @@ TEST_CASE("a termination signal (SIGTERM, SIGUSR1) ends the step, saves it durab
         {
             Session s;
             auto data = lenet_data();
-            auto options = seed_options(/*exception_save=*/true);
+            auto options = test::seed_options(/*exception_save=*/true);
             options.save_on_signal = true;
             Checkpoints cb("lenet", dir.path(), options);
             struct SignalAt {  // the signal arrives from outside, mid-step: a real one, to this process
