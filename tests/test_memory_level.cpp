@@ -49,6 +49,35 @@ void save_steps(std::vector<fault::MemoryLevel>& levels, std::initializer_list<s
     });
 }
 
+/// Rank `comm.rank()` of a 4-rank data-parallel job training `epochs` epochs, resumed from
+/// `from` if given, with memory snapshots every 3 steps; with `fail_after` ≥ 0 the rank
+/// `fail_rank` fails after that global step. Returns its final parameters.
+std::vector<float> train_dp(fault::ThreadComm& comm, fault::MemoryLevel& level, std::int64_t epochs,
+                            const std::optional<fault::MemoryRecovery>& from, fault::MemoryCheckpointOptions options,
+                            std::int64_t fail_after = -1, int fail_rank = 2) {
+    constexpr int ranks = 4;
+    auto data = test::shard_of(ranks, comm.rank());
+    nn::UceNet net(7);
+    test::DpStack stack(net, comm, options.layout.shard_size);
+    nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+    std::int64_t initial_epoch = 0;
+    if (from) {
+        const auto rp = trainer.resume_from_state(from->state, "memory, step " + std::to_string(from->step), data);
+        stack.opt().set_completed_steps(rp.global_step);
+        initial_epoch = rp.initial_epoch;
+    }
+    fault::MemoryCheckpoint<fault::ThreadComm> every_3(comm, level, 3, options);
+    struct Failure {
+        std::int64_t after;
+        bool here;
+        void on_step_end(nn::RunContext& c) {
+            if (here && c.global_step == after) throw std::runtime_error("rank failed after global step " + std::to_string(after));
+        }
+    } failure{fail_after, comm.rank() == fail_rank};
+    trainer.train(epochs, data, nn::callbacks(every_3, failure), initial_epoch);
+    return test::flat(net.parameters());
+}
+
 }  // namespace
 
 TEST_CASE("a packed state unpacks to the entries it was packed from, and a damaged one is refused") {
@@ -199,40 +228,106 @@ TEST_CASE("the memory level holds nothing for a world of another size, nor befor
 
 TEST_CASE("training resumed from the memory level ends bit-identical to training without a failure") {
     constexpr int ranks = 4;
-    auto train = [&](fault::ThreadComm& comm, fault::MemoryLevel& level, std::int64_t epochs,
-                     const std::optional<fault::MemoryRecovery>& from, bool background) {
-        auto data = test::shard_of(ranks, comm.rank());
-        nn::UceNet net(7);
-        test::DpStack stack(net, comm, 1);
-        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
-        std::int64_t initial_epoch = 0;
-        if (from) {
-            const auto rp = trainer.resume_from_state(from->state, "memory, step " + std::to_string(from->step), data);
-            stack.opt().set_completed_steps(rp.global_step);
-            initial_epoch = rp.initial_epoch;
-        }
-        fault::MemoryCheckpoint<fault::ThreadComm> every_3(comm, level, 3, {.background = background});
-        trainer.train(epochs, data, every_3, initial_epoch);
-        return test::flat(net.parameters());
-    };
     std::vector<fault::MemoryLevel> straight_levels(ranks);
     test::Params straight(ranks);
     on_ranks(straight_levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
-        straight[static_cast<std::size_t>(comm.rank())] = train(comm, level, 2, std::nullopt, true);
+        straight[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, std::nullopt, {});
     });
     for (const bool background : {true, false}) {
         CAPTURE(background);
         // one epoch (8 steps: snapshots at 3 and 6), then rank 2's process is lost
         std::vector<fault::MemoryLevel> levels(ranks);
-        on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) { train(comm, level, 1, std::nullopt, background); });
+        on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+            train_dp(comm, level, 1, std::nullopt, {.background = background});
+        });
         levels[2] = fault::MemoryLevel{};
         test::Params resumed(ranks);
         on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
             const auto got = level.recover(comm);
             REQUIRE(got);
             CHECK(got->step == 6);
-            resumed[static_cast<std::size_t>(comm.rank())] = train(comm, level, 2, got, background);
+            resumed[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, got, {.background = background});
         });
         for (int r = 0; r < ranks; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == straight[static_cast<std::size_t>(r)]);
     }
+}
+
+TEST_CASE("last words in memory: recovery resumes at the step the survivors reached, from a replica") {
+    std::vector<fault::MemoryLevel> levels(4);
+    save_steps(levels, {2, 4});
+    // a failure after step 5: ranks 0, 1 and 3 keep their (equal, data-parallel) states
+    for (const int r : {0, 1, 3}) levels[static_cast<std::size_t>(r)].keep_last_words(4, state_of(0, 5), 5);
+    CHECK(levels[0].last_words_step() == 5);
+    levels[2] = fault::MemoryLevel{};
+    auto got = recover_all(levels);
+    for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        REQUIRE(got[r]);
+        CHECK(got[r]->step == 5);
+        CHECK(got[r]->state.at("net.w") == state_of(0, 5).at("net.w"));
+        CHECK(got[r]->from_rank == (r == 2 ? 0 : -1));
+    }
+    CHECK(got[2]->source == "rank 0's last words");
+    CHECK(got[2]->restored_from_partners == 1);
+
+    SUBCASE("a survivor torn inside its update has none, and takes a replica's too") {
+        std::vector<fault::MemoryLevel> torn(4);
+        save_steps(torn, {2, 4});
+        for (const int r : {1, 3}) torn[static_cast<std::size_t>(r)].keep_last_words(4, state_of(0, 5), 5);
+        torn[2] = fault::MemoryLevel{};
+        got = recover_all(torn);
+        for (int r = 0; r < 4; ++r) {
+            CAPTURE(r);
+            REQUIRE(got[r]);
+            CHECK(got[r]->step == 5);
+            CHECK(got[r]->state.at("net.w") == state_of(0, 5).at("net.w"));
+        }
+        CHECK(got[0]->source == "rank 1's last words");
+        CHECK(got[2]->source == "rank 1's last words");
+    }
+    SUBCASE("with a sharded optimizer only a rank keeping the same piece is a replica") {
+        // shard size 2: ranks 0 and 2 keep piece 0, ranks 1 and 3 piece 1; rank 0 is torn,
+        // so rank 2's piece is at step 5 nowhere, and every rank rolls back to step 4
+        std::vector<fault::MemoryLevel> sharded(4);
+        save_steps(sharded, {2, 4});
+        for (const int r : {1, 3}) sharded[static_cast<std::size_t>(r)].keep_last_words(4, state_of(1, 5), 5, fault::ShardLayout{2});
+        sharded[2] = fault::MemoryLevel{};
+        got = recover_all(sharded);
+        for (int r = 0; r < 4; ++r) {
+            CAPTURE(r);
+            REQUIRE(got[r]);
+            CHECK(got[r]->step == 4);
+            CHECK(got[r]->state.at("net.w") == state_of(r, 4).at("net.w"));
+        }
+        CHECK(got[2]->source == "rank 3's memory");
+        CHECK(sharded[1].last_words_step() == -1);  // the abandoned timeline's
+    }
+}
+
+TEST_CASE("with last words in memory, training resumes where the survivors stopped and ends bit-identical") {
+    constexpr int ranks = 4;
+    std::vector<fault::MemoryLevel> straight_levels(ranks);
+    test::Params straight(ranks);
+    on_ranks(straight_levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+        straight[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, std::nullopt, {});
+    });
+    // rank 2 fails after global step 10 (snapshots at 3, 6 and 9); the others keep step 10
+    std::vector<fault::MemoryLevel> levels(ranks);
+    {
+        fault::ThreadGroup group(ranks, std::chrono::seconds(10));
+        const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            train_dp(comm, levels[static_cast<std::size_t>(comm.rank())], 2, std::nullopt, {.last_words = true}, 10);
+        });
+        for (const int r : {0, 1, 3}) CHECK(fault::detail::holds<fault::PeerFailure>(errors[static_cast<std::size_t>(r)]));
+    }
+    CHECK(levels[2].last_words_step() == -1);  // its own failure: its state is not to be trusted
+    levels[2] = fault::MemoryLevel{};
+    test::Params resumed(ranks);
+    on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+        const auto got = level.recover(comm);
+        REQUIRE(got);
+        CHECK(got->step == 10);
+        resumed[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, got, {.last_words = true});
+    });
+    for (int r = 0; r < ranks; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == straight[static_cast<std::size_t>(r)]);
 }

@@ -6,7 +6,7 @@
 #   kill_worker.sh <cluster_recover> <ckpt-run> <work dir> [--rank R[,R…]] [--at-step S]
 #                  [--expect memory|files] [options]
 # --rank: the workers killed together (default 2); --expect: where the rollback must come
-# from (memory: no more than K steps redone for --memory-every K).
+# from (memory: no more than K steps redone for --memory-every K, none with --last-words).
 set -euo pipefail
 program=$1
 launcher=$2
@@ -48,8 +48,8 @@ case "$expect" in
         grep -q "every rank resumes at global step [0-9]* (.*) from memory" "$work/job.log" ||
             { echo "the rollback did not come from memory" >&2; exit 1; }
         for rank in ${ranks//,/ }; do
-            grep -q "^rank $rank: state of global step [0-9]* from rank [0-9]*'s memory" "$work/job.log" ||
-                { echo "rank $rank did not get its state from a partner's memory" >&2; exit 1; }
+            grep -q "^rank $rank: state of global step [0-9]* from rank [0-9]*'s \(memory\|last words\)" "$work/job.log" ||
+                { echo "rank $rank did not get its state from another rank's memory" >&2; exit 1; }
         done
         # steps redone: from the last step completed before the kill to the one resumed at
         every=$(memory_every "$@")
@@ -57,7 +57,10 @@ case "$expect" in
         resumed=$(sed -n 's/.*every rank resumes at global step \([0-9]*\) .*/\1/p' "$work/job.log" | tail -1)
         redone=$((done_before - resumed + 1))
         echo "steps redone: $redone (the survivors had completed $done_before, training resumed at $resumed; K = $every)"
-        [ "$redone" -le "$every" ] || { echo "more than K = $every steps redone" >&2; exit 1; } ;;
+        [ "$redone" -le "$every" ] || { echo "more than K = $every steps redone" >&2; exit 1; }
+        case " $* " in
+            *" --last-words "*) [ "$redone" -eq 0 ] || { echo "steps redone despite the last words" >&2; exit 1; } ;;
+        esac ;;
     files)
         grep -q "every rank resumes at global step [0-9]* (.*) from its checkpoint" "$work/job.log" ||
             { echo "the rollback did not come from the files" >&2; exit 1; } ;;

@@ -11,14 +11,16 @@
 // With --memory-every K, every K steps each worker also keeps its state in its own memory
 // and in its partner's (the next rank's): a restarted worker then gets its state from its
 // partner, the others roll back to the same step from their own memory, and no file is read.
-// When a worker and its partner are both lost, recovery falls back to the files.
+// When a worker and its partner are both lost, recovery falls back to the files. With
+// --last-words as well, the survivors keep their state when a worker dies (last words in
+// memory): the restarted worker gets it from one of them, nobody rolls back, no step is redone.
 //
 // The whole job killed and started again with the same command resumes the same way, from
 // the newest step every rank holds.
 //
 //   ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- \
 //       cluster_recover --dir ./ckpt [--epochs N] [--limit N] [--save-every N] [--keep N]
-//                       [--memory-every K] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]
+//                       [--memory-every K [--last-words]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]
 //                       [--fresh] [--help]
 //
 // --address is this host's address toward the other hosts (default 127.0.0.1: one host).
@@ -54,6 +56,7 @@ struct Options {
     std::int64_t save_every = 5;
     std::int64_t keep = 3;
     std::int64_t memory_every = 0;  // 0: no memory level
+    bool last_words = false;        // the memory level's last words
     std::int64_t die_in_transfer = 0;  // 0: no fault injected
     int die_rank = 1;
     std::int64_t cooldown_ms = 30000;  // the seed's 30 s
@@ -64,7 +67,7 @@ struct Options {
 
 constexpr const char* usage_text =
     "cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
-    "                       [--memory-every K] [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n"
+    "                       [--memory-every K [--last-words]] [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n"
     "                       [--fresh] [--help]";
 constexpr const char* options_text =
     "One worker of a data-parallel job started by ckpt-run (or any launcher setting RANK,\n"
@@ -82,6 +85,8 @@ constexpr const char* options_text =
     "  --keep N           checkpoints kept per rank and run, at least 2 (default 3)\n"
     "  --memory-every K   every K global steps also keep each worker's state in its memory and\n"
     "                     its partner's; a restarted worker recovers from there (default: off)\n"
+    "  --last-words       with --memory-every: when a worker dies, the others keep their state\n"
+    "                     and the restarted worker gets it from one of them: no step is redone\n"
     "  --die-in-transfer N  (tests) at its first start, rank R kills itself with SIGKILL in the\n"
     "                     middle of sending its N-th memory copy (default: off)\n"
     "  --die-rank R       the rank --die-in-transfer kills (default 1)\n"
@@ -104,6 +109,7 @@ Options parse(int argc, char** argv) {
         else if (*a == "--save-every") o.save_every = cli.count();
         else if (*a == "--keep") o.keep = cli.count();
         else if (*a == "--memory-every") o.memory_every = cli.count();
+        else if (*a == "--last-words") o.last_words = true;
         else if (*a == "--die-in-transfer") o.die_in_transfer = cli.count();
         else if (*a == "--die-rank") o.die_rank = static_cast<int>(cli.count());
         else if (*a == "--cooldown-ms") o.cooldown_ms = cli.count();
@@ -118,6 +124,7 @@ Options parse(int argc, char** argv) {
     if (o.save_every < 1) cli.fail("--save-every must be at least 1");
     if (o.keep < 2) cli.fail("--keep must be at least 2: a rollback needs an older step when the newest is torn");
     if (o.memory_every < 0) cli.fail("--memory-every must be at least 1 (or 0: off)");
+    if (o.last_words && !o.memory_every) cli.fail("--last-words needs --memory-every");
     if (o.die_in_transfer && !o.memory_every) cli.fail("--die-in-transfer needs --memory-every");
     if (o.timeout_ms < 1) cli.fail("--timeout-ms must be positive");
     if (fault::launch_env().store.empty()) cli.fail("no store: start it with ckpt-run, or set RANK, WORLD_SIZE and CKPT_STORE");
@@ -143,6 +150,10 @@ struct MemorySnapshots {
     void on_train_end(nn::RunContext& c) {
         if (every_k) every_k->on_train_end(c);
         if (every_k_dying) every_k_dying->on_train_end(c);
+    }
+    void on_exception(nn::RunContext& c) {
+        if (every_k) every_k->on_exception(c);
+        if (every_k_dying) every_k_dying->on_exception(c);
     }
 };
 
@@ -182,8 +193,8 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
         restore_ms = 1e3 * recovered->seconds;
         say_resumed(timed([&] { return trainer.resume_from_state(recovered->state, where, data); }),
                     "from memory, the state of global step " + std::to_string(recovered->step) + " (" +
-                        std::to_string(recovered->restored_from_partners) + " rank(s) from a partner's memory)");
-        if (recovered->source != "its own memory")
+                        std::to_string(recovered->restored_from_partners) + " rank(s) from another rank's memory)");
+        if (recovered->from_rank >= 0)
             std::printf("rank %d: state of global step %lld from %s in %.1f ms\n", comm.rank(),
                         static_cast<long long>(recovered->step), recovered->source.c_str(), restore_ms);
     } else if (const auto agreed = fault::agree_on_checkpoint(comm, mine, "net"); agreed.file) {
@@ -196,11 +207,12 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
     std::fflush(stdout);
     Checkpoints checkpoints("net", mine, {}, ckpt::EverySteps{o.save_every}, ckpt::KeepLast{o.keep});
     MemorySnapshots snapshots;
+    const fault::MemoryCheckpointOptions memory_options{.last_words = o.last_words};
     if (o.die_in_transfer && comm.job_rank() == o.die_rank && fault::launch_env().restarts == 0) {
         snapshots.dying.emplace(comm, fault::MemoryLevel::tag, o.die_in_transfer);
-        snapshots.every_k_dying.emplace(*snapshots.dying, memory, o.memory_every);
+        snapshots.every_k_dying.emplace(*snapshots.dying, memory, o.memory_every, memory_options);
     } else if (o.memory_every) {
-        snapshots.every_k.emplace(comm, memory, o.memory_every);
+        snapshots.every_k.emplace(comm, memory, o.memory_every, memory_options);
     }
     struct Progress {
         std::int64_t* done;

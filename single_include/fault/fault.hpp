@@ -2007,6 +2007,12 @@ private:
 // (its own snapshot, or a partner's copy); when a rank and all its partners were lost there
 // is none, and recover() says why and returns nothing: the caller falls back to files.
 //
+// Last words in memory (MemoryCheckpointOptions::last_words): when another rank's failure
+// ends training, each survivor whose state is consistent keeps it, at the step it reached, as
+// its last words. Data-parallel replicas hold equal states, so recovery may give a survivor's
+// last words to any rank of its replica group, the restarted one included: the survivors do
+// not roll back at all, and no step is redone.
+//
 // A snapshot is one block (PackedState): 32 bytes of header (magic, step, payload length,
 // xxh3-64 of the payload), then the entries, each 8-byte aligned: u32 name length, u8 kind,
 // 3 bytes of padding, the name (padded to 8); a tensor: u8 dtype, u8 rank, 6 bytes of padding,
@@ -2262,8 +2268,9 @@ private:
 struct MemoryRecovery {
     ckpt::ParamDict state;  ///< tensors are views into the memory level's blocks
     std::int64_t step = 0;  ///< the global step every rank rolled back to
-    std::string source;     ///< "its own memory" or "rank R's memory", for messages
-    int restored_from_partners = 0;  ///< ranks that got their state from a partner
+    std::string source;     ///< "its own memory", "rank R's memory" or "rank R's last words", for messages
+    int from_rank = -1;     ///< the rank this rank's state came from; -1: its own memory
+    int restored_from_partners = 0;  ///< ranks that got their state from another rank
     double seconds = 0;              ///< moving the states once every rank agreed (transfers, unpacking)
 };
 
@@ -2276,6 +2283,15 @@ struct MemoryOffer {
     std::int64_t own[2];                          // steps of its own snapshots, -1: none
     std::int64_t copy_owner[max_copies];          // ranks whose copies it holds, -1: none
     std::int64_t copy_step[max_copies];
+    std::int64_t last_words;                      // step of its last words, -1: none
+    std::int64_t last_words_shards;               // its optimizer shard size: who its replicas are
+};
+
+/// Where a rank's state comes from at the agreed step.
+struct StateSource {
+    static constexpr int itself = -1, nobody = -2;
+    int rank = nobody;        ///< itself, or the rank that sends it
+    bool last_words = false;  ///< that rank's last words (a replica's state), not its copy of this rank's
 };
 
 /// Whether `rank` sends before it receives when each rank sends to r + d (mod n): those at
@@ -2313,9 +2329,11 @@ public:
     }
     /// The step of this rank's newest snapshot (-1: none).
     std::int64_t newest_step() const noexcept { return std::max(own_[0].step(), own_[1].step()); }
-    /// Bytes of memory the level holds (own snapshots and partners' copies).
+    /// The step of this rank's last words (-1: none).
+    std::int64_t last_words_step() const noexcept { return last_words_.step(); }
+    /// Bytes of memory the level holds (own snapshots, last words and partners' copies).
     std::size_t bytes() const noexcept {
-        std::size_t n = own_[0].bytes() + own_[1].bytes();
+        std::size_t n = own_[0].bytes() + own_[1].bytes() + last_words_.bytes();
         for (const auto& c : copies_) n += c[0].bytes() + c[1].bytes();
         return n;
     }
@@ -2335,6 +2353,18 @@ public:
     void snapshot(int world, const ckpt::ParamDict& state, std::int64_t step) {
         bind(world);
         older(own_).pack(state, step);
+    }
+
+    /// Keeps `state`, this rank's consistent state at global step `step` when another rank
+    /// failed, as its last words: recovery may give them to any rank of its replica group
+    /// (`layout`: the ranks keeping the same piece of the optimizer state, whose states are
+    /// equal; all ranks when it is not sharded). Only for such replicas: with states that
+    /// differ by rank (model parallelism), keep no last words.
+    void keep_last_words(int world, const ckpt::ParamDict& state, std::int64_t step, const ShardLayout& layout = {}) {
+        layout.check(world);
+        bind(world);
+        last_words_.pack(state, step);
+        last_words_shards_ = layout.shard_size;
     }
 
     /// The second half: sends this rank's snapshot of `step` to its partners and receives
@@ -2376,7 +2406,7 @@ public:
             const auto plan = agree(offers, n);
             if (!plan) return std::nullopt;
             const std::int64_t s = plan->first;  // not a structured binding: lambdas capture it (clang 14)
-            const std::vector<int>& source = plan->second;
+            const std::vector<detail::StateSource>& source = plan->second;
             // check what this rank uses and sends; any damage, and every rank agrees again
             std::int64_t damaged = 0;
             auto check = [&](PackedState* b, const std::string& what) {
@@ -2387,9 +2417,11 @@ public:
                 if (b) b->clear();
                 damaged = 1;
             };
-            if (source[me] == -1) check(own_at(s), "own snapshot");
+            if (source[me].rank == detail::StateSource::itself) check(own_at(s), "own state");
             for (int q = 0; q < n; ++q)
-                if (source[q] == me) check(copy_of(q, me, s, n), "copy of rank " + std::to_string(q) + "'s state");
+                if (source[q].rank == me)
+                    check(sent_to(q, source[q], s, n),
+                          source[q].last_words ? std::string("last words") : "copy of rank " + std::to_string(q) + "'s state");
             const auto verdicts = detail::allgather_records(comm, damaged);
             if (std::any_of(verdicts.begin(), verdicts.end(), [](std::int64_t v) { return v != 0; })) continue;
             const auto began = std::chrono::steady_clock::now();
@@ -2407,6 +2439,8 @@ private:
         for (int i = 0; i < 2; ++i) o.own[i] = world_ == n ? own_[i].step() : -1;
         std::fill(std::begin(o.copy_owner), std::end(o.copy_owner), -1);
         std::fill(std::begin(o.copy_step), std::end(o.copy_step), -1);
+        o.last_words = world_ == n ? last_words_.step() : -1;
+        o.last_words_shards = last_words_shards_;
         if (world_ == n)
             for (int d = 1; d <= replicas_; ++d)
                 for (int i = 0; i < 2; ++i) {
@@ -2417,13 +2451,17 @@ private:
     }
 
     /// The newest step every rank's state is held at, and who gives each rank its state
-    /// then: itself (-1) or a partner. Every rank computes the same from the same offers.
-    std::optional<std::pair<std::int64_t, std::vector<int>>> agree(const std::vector<detail::MemoryOffer>& offers,
-                                                                    int n) const {
-        std::vector<std::int64_t> steps;  // any rank's own snapshots, newest first
-        for (const auto& o : offers)
+    /// then: itself, a partner's copy, or a replica's last words. Every rank computes the
+    /// same from the same offers.
+    std::optional<std::pair<std::int64_t, std::vector<detail::StateSource>>> agree(
+        const std::vector<detail::MemoryOffer>& offers, int n) const {
+        using Source = detail::StateSource;
+        std::vector<std::int64_t> steps;  // any rank's own snapshots and last words, newest first
+        for (const auto& o : offers) {
             for (const auto s : o.own)
                 if (s >= 0) steps.push_back(s);
+            if (o.last_words >= 0) steps.push_back(o.last_words);
+        }
         std::sort(steps.rbegin(), steps.rend());
         steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
         if (steps.empty()) {
@@ -2434,28 +2472,33 @@ private:
                                                                std::to_string(n) + "; falling back to files");
             return std::nullopt;
         }
-        auto sources_at = [&](std::int64_t s) {  // -2: nobody holds the rank's state at s
-            std::vector<int> source(static_cast<std::size_t>(n), -2);
+        auto sources_at = [&](std::int64_t s) {
+            std::vector<Source> source(static_cast<std::size_t>(n));
             for (int q = 0; q < n; ++q) {
-                if (offers[q].own[0] == s || offers[q].own[1] == s) {
-                    source[q] = -1;
+                const auto& o = offers[q];
+                if (o.own[0] == s || o.own[1] == s || o.last_words == s) {
+                    source[q].rank = Source::itself;
                     continue;
                 }
-                for (int d = 1; d <= replicas_ && source[q] == -2; ++d) {
+                for (int d = 1; d <= replicas_ && source[q].rank == Source::nobody; ++d) {
                     const int p = (q + d) % n;
                     for (std::size_t i = 0; i < detail::MemoryOffer::max_copies; ++i)
-                        if (offers[p].copy_owner[i] == q && offers[p].copy_step[i] == s) source[q] = p;
+                        if (offers[p].copy_owner[i] == q && offers[p].copy_step[i] == s) source[q].rank = p;
                 }
+                // the lowest replica whose last words are of step s
+                for (int p = 0; p < n && source[q].rank == Source::nobody; ++p)
+                    if (offers[p].last_words == s && (p - q) % offers[p].last_words_shards == 0) source[q] = {p, true};
             }
             return source;
         };
+        auto nobody = [](const Source& v) { return v.rank == Source::nobody; };
         for (const auto s : steps)
-            if (auto source = sources_at(s); std::none_of(source.begin(), source.end(), [](int v) { return v == -2; }))
+            if (auto source = sources_at(s); std::none_of(source.begin(), source.end(), nobody))
                 return std::pair{s, std::move(source)};
         const auto source = sources_at(steps.front());
         std::string lost;
         for (int q = 0; q < n; ++q)
-            if (source[q] == -2) {
+            if (nobody(source[q])) {
                 if (!lost.empty()) lost += ", ";
                 lost += std::to_string(q);
             }
@@ -2466,16 +2509,17 @@ private:
         return std::nullopt;
     }
 
-    /// Moves the states of the ranks that lost theirs from their partners (in rank order:
-    /// each transfer involves two ranks, both walking the same list) and returns this rank's.
+    /// Moves the states of the ranks that do not hold theirs from partners and replicas (in
+    /// rank order: each transfer involves two ranks, both walking the same list) and returns
+    /// this rank's.
     template <Communicator Comm>
-    MemoryRecovery take(Comm& comm, std::int64_t s, const std::vector<int>& source) {
+    MemoryRecovery take(Comm& comm, std::int64_t s, const std::vector<detail::StateSource>& source) {
         const int n = comm.size(), me = comm.rank();
         PackedState received;
         for (int q = 0; q < n; ++q) {
-            const int p = source[q];
+            const int p = source[q].rank;
             if (p < 0) continue;
-            if (me == p) send_state(comm, *copy_of(q, me, s, n), q);
+            if (me == p) send_state(comm, *sent_to(q, source[q], s, n), q);
             if (me == q) {
                 receive_state(comm, received, p);
                 if (!received.intact() || received.step() != s)
@@ -2487,17 +2531,20 @@ private:
         // the timeline after s was abandoned: what is newer goes
         for (auto& b : own_)
             if (b.step() > s) b.clear();
+        if (last_words_.step() > s) last_words_.clear();
         for (auto& c : copies_)
             for (auto& b : c)
                 if (b.step() > s) b.clear();
         MemoryRecovery out;
         out.step = s;
-        out.restored_from_partners = static_cast<int>(std::count_if(source.begin(), source.end(), [](int v) { return v >= 0; }));
+        out.restored_from_partners = static_cast<int>(
+            std::count_if(source.begin(), source.end(), [](const detail::StateSource& v) { return v.rank >= 0; }));
         const std::string what = "memory level: rank " + std::to_string(me) + "'s state at step " + std::to_string(s);
-        if (source[me] >= 0) {
+        if (source[me].rank >= 0) {
             PackedState& slot = older(own_);
             slot = std::move(received);  // this rank's state again, as if it had taken it
-            out.source = "rank " + std::to_string(source[me]) + "'s memory";
+            out.from_rank = source[me].rank;
+            out.source = "rank " + std::to_string(out.from_rank) + (source[me].last_words ? "'s last words" : "'s memory");
             out.state = slot.unpack(what);
         } else {
             out.source = "its own memory";
@@ -2512,10 +2559,16 @@ private:
         if (pair[1].empty()) return pair[1];
         return pair[0].step() <= pair[1].step() ? pair[0] : pair[1];
     }
+    /// This rank's own state at step s: a snapshot or its last words.
     PackedState* own_at(std::int64_t s) {
         for (auto& b : own_)
             if (b.step() == s) return &b;
-        return nullptr;
+        return last_words_.step() == s ? &last_words_ : nullptr;
+    }
+    /// What this rank sends rank q as q's state at step s.
+    PackedState* sent_to(int q, const detail::StateSource& from, std::int64_t s, int n) {
+        if (!from.last_words) return copy_of(q, from.rank, s, n);
+        return last_words_.step() == s ? &last_words_ : nullptr;
     }
     /// The copy of rank q's state at step s that this rank holds.
     PackedState* copy_of(int q, int me, std::int64_t s, int n) { return copy((me - q + n) % n, s); }
@@ -2523,6 +2576,7 @@ private:
     void bind(int n) {
         if (world_ == n) return;
         for (auto& b : own_) b.clear();
+        last_words_.clear();
         for (auto& c : copies_)
             for (auto& b : c) b.clear();
         world_ = n;
@@ -2546,6 +2600,8 @@ private:
     int replicas_;
     int world_ = 0;  // the world size the blocks were saved in (0: none yet)
     std::array<PackedState, 2> own_;
+    PackedState last_words_;  // this rank's state when another rank failed (keep_last_words)
+    int last_words_shards_ = 1;
     std::array<std::array<PackedState, 2>, max_replicas> copies_;  // [d - 1]: copies of rank r - d
 };
 
@@ -2555,6 +2611,12 @@ struct MemoryCheckpointOptions {
     /// the snapshot (and, at the next snapshot, for the previous transfer to have ended). Off:
     /// at the end of the step, on the training thread.
     bool background = true;
+    /// When another rank's failure ends training (PeerFailure, Interrupted), keep this rank's
+    /// state, if consistent, as its last words (MemoryLevel::keep_last_words), so that
+    /// recovery resumes at the step the survivors reached. Only for data-parallel replicas.
+    bool last_words = false;
+    /// The optimizer's: which ranks are replicas of each other, for the last words.
+    ShardLayout layout{};
 };
 
 /// The callback that takes the memory level's snapshots: every `every` global steps, at the
@@ -2592,6 +2654,17 @@ public:
         });
     }
     void on_train_end(nn::RunContext&) { wait(); }
+
+    /// Training ended by an error: the transfer in flight has met it too (its own error is
+    /// dropped); with last words on and another rank to blame, keeps this rank's state.
+    void on_exception(nn::RunContext& ctx) {
+        if (transfer_.joinable()) transfer_.join();
+        error_ = nullptr;
+        const auto error = std::current_exception();
+        if (!options_.last_words || !ctx.consistent || !(detail::holds<PeerFailure>(error) || detail::holds<Interrupted>(error)))
+            return;
+        level_.keep_last_words(comm_.size(), ctx.state(), ctx.global_step, options_.layout);
+    }
 
     /// Waits for the transfer in flight, if any; rethrows its failure.
     void wait() {
