@@ -8,7 +8,7 @@
 #          suite, every test case in its own process (build-asan)
 #   tsan   ThreadSanitizer over the parts that run threads (build-tsan): the async saver, the
 #          codecs (their encoding pipeline and two-thread decryption), the
-#          parallel verified read, ThreadComm and all built on it (data parallelism, last
+#          parallel verified read and resharding load, ThreadComm and all built on it (data parallelism, last
 #          words, UCE repair, cluster agreement, the memory level and its background
 #          transfers, membership heartbeats), the preemption
 #          signal in the trainer. Not test_gloo or test_launch (GlooComm over processes):
@@ -71,7 +71,7 @@ tsan() {
         "-sf=*test_last_words.cpp"
         "-sf=*test_data_parallel.cpp,*test_uce.cpp,*test_comm.cpp,*test_cluster.cpp,*test_memory_level.cpp"
         "-ts=async save,codec"
-        "-tc=large bodies are read by two threads*"
+        "-tc=large bodies are read by two threads*,a step saved by 4 ranks loads into*"
         "-sf=*test_trainer.cpp|-tc=a termination signal*"
     )
     local logs=build-tsan/logs pids=() status=0

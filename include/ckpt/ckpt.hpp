@@ -8,6 +8,7 @@
 //   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy, CodecPolicy
 //   codecs       NoCodec, Chain, Key; Zstd and AesGcm in zstd.hpp and
 //                aes_gcm.hpp (targets ckpt::zstd, ckpt::aes_gcm)          codec.hpp
+//   resharding   describe_checkpoint, GlobalIndex, load_resharded     reshard.hpp
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
 //   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
 //   errors       Error and its subclasses                               error.hpp
@@ -27,6 +28,7 @@
 #include "param_dict.hpp"
 #include "preemption.hpp"
 #include "progress.hpp"
+#include "reshard.hpp"
 #include "retention_policy.hpp"
 #include "save_policy.hpp"
 #include "tensor.hpp"

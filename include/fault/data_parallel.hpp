@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "../ckpt/reshard.hpp"
 #include "../nn/core.hpp"
 #include "communicator.hpp"
 
@@ -247,6 +248,35 @@ public:
                                      std::to_string(want_piece) + " of " + std::to_string(want_size));
     }
     const std::vector<nn::Parameter*>& parameters() const noexcept { return params_; }
+
+    /// Where this rank's optimizer-state tensors sit in the global ones, for the global
+    /// index and resharding loads: sharded, the state "X.w" of this rank's piece of parameter
+    /// w is elements [lo, hi) of a tensor of w's shape; unsharded, nothing (all whole).
+    ckpt::PieceMap piece_map() {
+        ckpt::PieceMap out;
+        if (!shard_) return out;
+        const auto& pieces = shard_->parameters();
+        for (const auto& [name, value] : inner_.state_dict()) {
+            const ckpt::Tensor* t = value.template get_if<ckpt::Tensor>();
+            if (!t) continue;
+            for (std::size_t k = 0; k < pieces.size(); ++k) {
+                const std::string& w = pieces[k]->name;
+                const bool of_w = name.size() > w.size() && name.compare(name.size() - w.size(), w.size(), w) == 0 &&
+                                  name[name.size() - w.size() - 1] == '.';
+                if (!of_w || t->numel() != pieces[k]->value.size()) continue;
+                ckpt::Shape shape(params_[k]->value.shape().begin(), params_[k]->value.shape().end());
+                out[name] = {name, std::move(shape), shard_->layout().piece(params_[k]->value.size(), shard_->shard()).first};
+                break;
+            }
+        }
+        return out;
+    }
+    /// Makes a state loaded for this rank from another layout (ckpt::load_resharded) say this
+    /// rank's piece, as check_checkpoint wants.
+    void claim_resharded(ckpt::ParamDict& state) const {
+        state.set("optimizer.shard_size", static_cast<std::int64_t>(shard_ ? shard_->layout().shard_size : 1));
+        state.set("optimizer.shard", static_cast<std::int64_t>(shard_ ? shard_->shard() : 0));
+    }
 
     /// This rank's phase report; safe to read from another thread.
     PhaseReport report() const { return {comm_.rank(), completed_.load(), phase_.load()}; }

@@ -18,6 +18,8 @@
 //   cluster        agree_on_checkpoint (the newest step every rank holds)  cluster_recovery.hpp
 //   memory level   MemoryLevel, MemoryCheckpoint, PackedState (copies in partners' RAM)  memory_level.hpp
 //                  DieInTransfer (a rank killed mid-transfer, for tests)  die_in_transfer.hpp
+//   resharding     commit_global_index, global_index_path (a step's index of every rank's
+//                  pieces, for ckpt::load_resharded on another layout)   global_index.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -31,6 +33,7 @@
 #include "communicator.hpp"
 #include "data_parallel.hpp"
 #include "die_in_transfer.hpp"
+#include "global_index.hpp"
 #include "last_words.hpp"
 #include "launch.hpp"
 #include "membership.hpp"

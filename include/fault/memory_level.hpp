@@ -299,6 +299,23 @@ struct MemoryRecovery {
 
 namespace detail {
 
+/// Sends a packed state to rank `to`: its length, then its bytes.
+template <Communicator Comm>
+void send_packed(Comm& comm, const PackedState& s, int to, int tag) {
+    const auto head = to_floats(static_cast<std::uint64_t>(s.bytes()));
+    comm.send(std::span<const float>(head), to, tag);
+    comm.send(s.words(), to, tag);
+}
+/// Receives what send_packed sent; leaves `into` whole only once every byte has arrived.
+template <Communicator Comm>
+void receive_packed(Comm& comm, PackedState& into, int from, int tag) {
+    std::vector<float> head(sizeof(std::uint64_t) / sizeof(float));
+    comm.recv(std::span<float>(head), from, tag);
+    const auto bytes = from_floats<std::uint64_t>(head).at(0);
+    comm.recv(into.receive_buffer(static_cast<std::size_t>(bytes)), from, tag);
+    into.received();
+}
+
 /// Who holds what, as one rank tells the others when recovering (fixed size, for allgather).
 struct MemoryOffer {
     static constexpr std::size_t max_copies = 8;  // replicas (≤ 4) × 2 generations
@@ -606,18 +623,11 @@ private:
     }
     template <Communicator Comm>
     static void send_state(Comm& comm, const PackedState& s, int to) {
-        const auto head = detail::to_floats(static_cast<std::uint64_t>(s.bytes()));
-        comm.send(std::span<const float>(head), to, tag);
-        comm.send(s.words(), to, tag);
+        detail::send_packed(comm, s, to, tag);
     }
-    /// Leaves `into` whole only once every byte has arrived.
     template <Communicator Comm>
     static void receive_state(Comm& comm, PackedState& into, int from) {
-        std::vector<float> head(sizeof(std::uint64_t) / sizeof(float));
-        comm.recv(std::span<float>(head), from, tag);
-        const auto bytes = detail::from_floats<std::uint64_t>(head).at(0);
-        comm.recv(into.receive_buffer(static_cast<std::size_t>(bytes)), from, tag);
-        into.received();
+        detail::receive_packed(comm, into, from, tag);
     }
 
     int replicas_;

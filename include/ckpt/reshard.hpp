@@ -1,0 +1,386 @@
+#pragma once
+// Checkpoints saved by N ranks, loaded by M: the global index of a saved step, and a load
+// that gives one rank of another layout the pieces it needs, reading only their bytes.
+//
+// Each rank's file holds whole tensors (parameters every data-parallel rank keeps) and pieces
+// of global tensors (a sharded optimizer's state: elements [first, first + n) of a global
+// tensor flattened in row-major order). A PieceMap says which entries are pieces and where
+// they sit; describe_checkpoint() turns a saved file into TensorPieces: for each tensor, its
+// place, the file offset of its bytes, and an xxh3-64 checksum of every chunk_bytes of them,
+// so that a part read alone can be trusted. The index of a step is every rank's pieces plus
+// the values (position, data order, hyperparameters) of the lowest rank, saved as a ckpt
+// file of its own (fault::commit_global_index writes it once every rank's file is durable).
+//
+//   ckpt::PieceMap mine = dp.piece_map();                 // this rank's entries, new layout
+//   auto got = ckpt::load_resharded(index_file, trainer.load_target(), mine);
+//   trainer.resume_from_state(got.state, "step " + …, data);
+//
+// load_resharded() reads, for every tensor of the rank's state, the chunks of the pieces that
+// cover its elements (the fewest pieces: of two files holding the same elements, the one
+// holding more of them), checks each chunk before copying from it, and throws LoadMismatch
+// when some elements are in no file, ChecksumError (naming file, tensor and chunk) when a
+// chunk does not match. Reading byte ranges needs binary checkpoints without codecs; a file
+// with codecs is described by its whole-body checksum and read whole when a piece is needed.
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "detail/hash.hpp"
+#include "detail/verified_reader.hpp"
+#include "error.hpp"
+#include "param_dict.hpp"
+#include "tensor.hpp"
+
+namespace ckpt {
+
+/// Where an entry of a rank's file sits in a global tensor: elements [first, first + numel)
+/// of `global`, flattened in row-major order.
+struct PiecePlace {
+    std::string global;
+    Shape global_shape;
+    std::uint64_t first = 0;
+};
+
+/// Entry name → its place; an entry not listed is a whole tensor of its own name.
+using PieceMap = std::map<std::string, PiecePlace>;
+
+/// One piece of a global tensor in one rank's file.
+struct TensorPiece {
+    std::string global;  ///< the global tensor's name
+    DType dtype = DType::float32;
+    Shape global_shape;
+    std::uint64_t first = 0;  ///< its first element in the flattened global tensor
+    std::uint64_t count = 0;  ///< its elements
+    std::int64_t rank = 0;    ///< the rank whose file holds it
+    std::string file;         ///< that file, relative to the index's directory
+    std::string entry;        ///< its name in that file
+    std::uint64_t offset = 0; ///< file offset of its first byte
+    /// xxh3-64 of each chunk_bytes of its bytes (the last chunk may be shorter)
+    std::vector<std::uint64_t> chunk_hashes;
+};
+
+/// The index of one saved step.
+struct GlobalIndex {
+    std::int64_t global_step = 0;
+    std::int64_t world_size = 0;
+    std::uint64_t chunk_bytes = 1u << 20;
+    std::vector<TensorPiece> pieces;
+    ParamDict values;  ///< the lowest rank's entries that are not tensors
+};
+
+/// A rank's state loaded from a global index, and what loading it took.
+struct ReshardedState {
+    ParamDict state;               ///< its tensors, then the index's values (position, data order, hyperparameters)
+    std::uint64_t bytes_read = 0;  ///< from the files, chunk-aligned
+    std::uint64_t bytes_needed = 0;
+    std::size_t files_opened = 0;
+};
+
+namespace detail {
+
+/// File offsets of the tensor payloads of a binary body without codecs, by entry (FORMAT.md
+/// sections 3 and 4: a payload starts after a u32 pad and pad zero bytes, 64-byte aligned).
+inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<EntryMeta>& toc) {
+    std::uint64_t at = 8;  // entries
+    for (const auto& e : toc) {
+        at += 8 + e.name.size() + 4;  // name, kind
+        switch (e.kind) {
+            case ValueKind::tensor: at += 4 + 4 + 8 * e.shape.size() + 8; break;
+            case ValueKind::boolean: at += 4; break;
+            case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
+            default: at += 8; break;
+        }
+    }
+    std::map<std::string, std::uint64_t> out;
+    for (const auto& e : toc) {
+        if (e.kind != ValueKind::tensor) continue;
+        const std::uint64_t pad = (payload_alignment - (at + 4) % payload_alignment) % payload_alignment;
+        at += 4 + pad;
+        out[e.name] = header_size + at;
+        at += e.nbytes;
+    }
+    return out;
+}
+
+inline std::uint64_t numel_of(const Shape& s) {
+    std::uint64_t n = 1;
+    for (const auto d : s) n *= static_cast<std::uint64_t>(d);
+    return n;
+}
+
+inline std::string elements_text(std::uint64_t a, std::uint64_t b) {
+    return "elements [" + std::to_string(a) + ", " + std::to_string(b) + ")";
+}
+
+}  // namespace detail
+
+/// This rank's part of the index: the pieces of its saved `file` (named `relative` in the
+/// index) and its values. Reads the file once, to checksum its chunks.
+inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& relative, std::int64_t rank,
+                                       const PieceMap& places = {}, std::uint64_t chunk_bytes = 1u << 20) {
+    const std::string path = file.string();
+    if (chunk_bytes == 0 || chunk_bytes % detail::payload_alignment)
+        throw ConfigError("global index: chunk_bytes must be a positive multiple of " + std::to_string(detail::payload_alignment));
+    auto c = detail::open_checkpoint(path, {});
+    if (c.header.archive != ArchiveKind::binary || c.header.encoded())
+        throw ConfigError("global index: '" + path + "' is not a binary checkpoint without codecs; resharding reads " +
+                          "byte ranges of such files only");
+    const auto toc = read_contents(file).entries;
+    const auto offsets = detail::payload_offsets(toc);
+    GlobalIndex out;
+    out.chunk_bytes = chunk_bytes;
+    std::unique_ptr<char[]> buf(new char[chunk_bytes]);
+    for (const auto& e : toc) {
+        if (e.kind != ValueKind::tensor) {
+            out.values.set(e.name, e.scalar);
+            continue;
+        }
+        TensorPiece p;
+        p.dtype = e.dtype;
+        p.count = detail::numel_of(e.shape);
+        if (const auto it = places.find(e.name); it != places.end()) {
+            p.global = it->second.global;
+            p.global_shape = it->second.global_shape;
+            p.first = it->second.first;
+            if (p.first + p.count > detail::numel_of(p.global_shape))
+                throw ConfigError("global index: entry '" + e.name + "' of '" + path + "' (" + std::to_string(p.count) +
+                                  " elements from " + std::to_string(p.first) + ") does not fit in '" + p.global +
+                                  "' of shape " + shape_string(p.global_shape));
+        } else {
+            p.global = e.name;
+            p.global_shape = e.shape;
+        }
+        p.rank = rank;
+        p.file = relative;
+        p.entry = e.name;
+        p.offset = offsets.at(e.name);
+        for (std::uint64_t done = 0; done < e.nbytes; done += chunk_bytes) {
+            const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, e.nbytes - done));
+            detail::pread_exact(c.fd.get(), buf.get(), len, p.offset + done, path);
+            p.chunk_hashes.push_back(detail::xxh3(buf.get(), len));
+        }
+        out.pieces.push_back(std::move(p));
+    }
+    return out;
+}
+
+/// The index as a ParamDict (how it is saved, and sent between ranks).
+inline ParamDict index_to_dict(const GlobalIndex& index) {
+    ParamDict d;
+    d.set("index.global_step", index.global_step);
+    d.set("index.world_size", index.world_size);
+    d.set("index.chunk_bytes", static_cast<std::int64_t>(index.chunk_bytes));
+    d.set("index.pieces", static_cast<std::int64_t>(index.pieces.size()));
+    for (std::size_t k = 0; k < index.pieces.size(); ++k) {
+        const TensorPiece& p = index.pieces[k];
+        const std::string at = "piece." + std::to_string(k) + ".";
+        d.set(at + "global", p.global);
+        d.set(at + "dtype", static_cast<std::int64_t>(p.dtype));
+        d.set(at + "global_shape", Tensor::from(std::vector<std::int64_t>(p.global_shape.begin(), p.global_shape.end()),
+                                                {static_cast<std::int64_t>(p.global_shape.size())}));
+        d.set(at + "first", static_cast<std::int64_t>(p.first));
+        d.set(at + "count", static_cast<std::int64_t>(p.count));
+        d.set(at + "rank", p.rank);
+        d.set(at + "file", p.file);
+        d.set(at + "entry", p.entry);
+        d.set(at + "offset", static_cast<std::int64_t>(p.offset));
+        std::vector<std::int64_t> hashes(p.chunk_hashes.size());
+        std::memcpy(hashes.data(), p.chunk_hashes.data(), hashes.size() * sizeof(std::int64_t));
+        d.set(at + "chunk_xxh3", Tensor::from(hashes, {static_cast<std::int64_t>(hashes.size())}));
+    }
+    for (const auto& [name, value] : index.values) d.set("value." + name, value);
+    return d;
+}
+
+/// The index back from a ParamDict; `what` names it in errors.
+inline GlobalIndex index_from_dict(const ParamDict& d, const std::string& what) {
+    GlobalIndex index;
+    try {
+        index.global_step = d.get<std::int64_t>("index.global_step");
+        index.world_size = d.get<std::int64_t>("index.world_size");
+        index.chunk_bytes = static_cast<std::uint64_t>(d.get<std::int64_t>("index.chunk_bytes"));
+        const auto n = d.get<std::int64_t>("index.pieces");
+        if (n < 0 || index.chunk_bytes == 0) throw FormatError(what + ": not a global index", what);
+        for (std::int64_t k = 0; k < n; ++k) {
+            const std::string at = "piece." + std::to_string(k) + ".";
+            TensorPiece p;
+            p.global = d.get<std::string>(at + "global");
+            const auto dtype = dtype_from_code(static_cast<std::uint8_t>(d.get<std::int64_t>(at + "dtype")));
+            if (!dtype) throw FormatError(what + ": piece " + std::to_string(k) + " has an unknown dtype", what);
+            p.dtype = *dtype;
+            const auto shape = d.get<Tensor>(at + "global_shape").values<std::int64_t>();
+            p.global_shape.assign(shape.begin(), shape.end());
+            p.first = static_cast<std::uint64_t>(d.get<std::int64_t>(at + "first"));
+            p.count = static_cast<std::uint64_t>(d.get<std::int64_t>(at + "count"));
+            p.rank = d.get<std::int64_t>(at + "rank");
+            p.file = d.get<std::string>(at + "file");
+            p.entry = d.get<std::string>(at + "entry");
+            p.offset = static_cast<std::uint64_t>(d.get<std::int64_t>(at + "offset"));
+            const auto hashes = d.get<Tensor>(at + "chunk_xxh3").values<std::int64_t>();
+            p.chunk_hashes.resize(hashes.size());
+            std::memcpy(p.chunk_hashes.data(), hashes.data(), hashes.size() * sizeof(std::int64_t));
+            const std::uint64_t bytes = p.count * itemsize(p.dtype);
+            if (p.first + p.count > detail::numel_of(p.global_shape) ||
+                p.chunk_hashes.size() != (bytes + index.chunk_bytes - 1) / index.chunk_bytes)
+                throw FormatError(what + ": piece " + std::to_string(k) + " ('" + p.entry + "' of '" + p.file +
+                                      "') is inconsistent (its place or its chunk count)",
+                                  what);
+            index.pieces.push_back(std::move(p));
+        }
+    } catch (const NotFound& e) {
+        throw FormatError(what + ": not a global index (" + e.what() + ")", what);
+    } catch (const TypeMismatch& e) {
+        throw FormatError(what + ": not a global index (" + e.what() + ")", what);
+    }
+    for (const auto& [name, value] : d)
+        if (name.rfind("value.", 0) == 0) index.values.set(name.substr(6), value);
+    return index;
+}
+
+/// Loads a global index file (verified like any checkpoint).
+inline GlobalIndex read_global_index(const PathArg& file) {
+    return index_from_dict(load_checkpoint(file), "global index '" + file.string() + "'");
+}
+
+/// The state of one rank of a new layout: a tensor for every tensor of `like` (same name,
+/// dtype and shape; Trainer::load_target() gives them), placed in the global tensors by
+/// `places` (entries not listed are whole tensors), filled from the pieces the index at
+/// `index_file` lists; see the file comment. New memory: nothing live changes, whatever fails.
+inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict& like, const PieceMap& places = {}) {
+    const GlobalIndex index = read_global_index(index_file);
+    const boost::filesystem::path dir = index_file.parent_path();
+    const std::string where = "global index '" + index_file.string() + "'";
+    struct Read {  // a part of one piece this rank needs
+        const TensorPiece* piece;
+        std::uint64_t from, to;  // elements of the global tensor
+        std::byte* into;         // where element `from` goes
+    };
+    std::vector<Read> reads;
+    ReshardedState report;
+    // one block for every tensor, each 64-byte aligned in it, filled by the reads alone
+    std::size_t total = 0;
+    for (const auto& [name, value] : like)
+        if (const Tensor* t = value.get_if<Tensor>()) total += (t->nbytes() + 63) & ~std::size_t{63};
+    const std::shared_ptr<std::byte> block = detail::allocate_aligned(total);
+    std::size_t used = 0;
+    for (const auto& [name, value] : like) {
+        const Tensor* t = value.get_if<Tensor>();
+        if (!t) continue;
+        std::byte* const base = block.get() + used;
+        used += (t->nbytes() + 63) & ~std::size_t{63};
+        report.state.set(name, Tensor::aliasing(t->dtype(), t->shape(), block, base));
+        PiecePlace place{name, t->shape(), 0};
+        if (const auto it = places.find(name); it != places.end()) place = it->second;
+        const std::uint64_t first = place.first, last = place.first + t->numel();
+        std::vector<const TensorPiece*> candidates;
+        for (const auto& p : index.pieces)
+            if (p.global == place.global) candidates.push_back(&p);
+        if (candidates.empty()) throw LoadMismatch(where + " has no tensor '" + place.global + "' (for '" + name + "')");
+        const TensorPiece& some = *candidates.front();
+        if (some.dtype != t->dtype() || some.global_shape != place.global_shape)
+            throw LoadMismatch(where + ": '" + place.global + "' is " + std::string(dtype_name(some.dtype)) + " of shape " +
+                               shape_string(some.global_shape) + ", '" + name + "' wants " +
+                               std::string(dtype_name(t->dtype())) + " of shape " + shape_string(place.global_shape));
+        // walk [first, last): at each point the piece covering it that reaches furthest
+        for (std::uint64_t at = first; at < last;) {
+            const TensorPiece* best = nullptr;
+            for (const TensorPiece* p : candidates)
+                if (p->first <= at && at < p->first + p->count && (!best || p->first + p->count > best->first + best->count))
+                    best = p;
+            if (!best)
+                throw LoadMismatch(where + ": no rank's file holds " + detail::elements_text(at, last) + " of '" +
+                                   place.global + "' (for '" + name + "')");
+            const std::uint64_t to = std::min(last, best->first + best->count);
+            reads.push_back({best, at, to, base + (at - first) * itemsize(t->dtype())});
+            at = to;
+        }
+        report.bytes_needed += t->nbytes();
+    }
+    // every chunk to read, then read by two threads when there is much to read; each chunk is
+    // checked before anything is copied from it
+    struct Chunk {
+        const Read* read;
+        std::uint64_t index;     // of the chunk in its piece
+        std::uint64_t begin, end;  // its bytes in the piece
+    };
+    std::vector<Chunk> chunks;
+    std::map<std::string, detail::Fd> open;
+    for (const Read& r : reads) {
+        const TensorPiece& p = *r.piece;
+        if (auto [it, fresh] = open.try_emplace(p.file); fresh) {
+            it->second = detail::open_checkpoint((dir / p.file).string(), {}).fd;
+            ++report.files_opened;
+        }
+        const std::uint64_t item = itemsize(p.dtype), chunk = index.chunk_bytes;
+        const std::uint64_t need_begin = (r.from - p.first) * item, need_end = (r.to - p.first) * item;
+        for (std::uint64_t c = need_begin / chunk; c * chunk < need_end; ++c) {
+            chunks.push_back({&r, c, c * chunk, std::min(p.count * item, (c + 1) * chunk)});
+            report.bytes_read += chunks.back().end - chunks.back().begin;
+        }
+    }
+    auto read_chunks = [&](std::size_t from, std::size_t to) {
+        std::shared_ptr<std::byte> bounce;
+        for (std::size_t k = from; k < to; ++k) {
+            const Chunk& c = chunks[k];
+            const Read& r = *c.read;
+            const TensorPiece& p = *r.piece;
+            const std::uint64_t item = itemsize(p.dtype);
+            const std::uint64_t need_begin = (r.from - p.first) * item, need_end = (r.to - p.first) * item;
+            const std::uint64_t lo = std::max(c.begin, need_begin), hi = std::min(c.end, need_end);
+            std::byte* dst = r.into + (lo - need_begin);
+            // a whole chunk goes straight where it belongs; a part of one through a bounce buffer
+            std::byte* land = lo == c.begin && hi == c.end ? dst : nullptr;
+            if (!land) {
+                if (!bounce) bounce = detail::allocate_aligned(static_cast<std::size_t>(index.chunk_bytes));
+                land = bounce.get();
+            }
+            const std::string path = (dir / p.file).string();
+            const auto len = static_cast<std::size_t>(c.end - c.begin);
+            detail::pread_exact(open.at(p.file).get(), reinterpret_cast<char*>(land), len, p.offset + c.begin, path);
+            if (detail::xxh3(land, len) != p.chunk_hashes[static_cast<std::size_t>(c.index)])
+                throw ChecksumError("'" + path + "': chunk " + std::to_string(c.index) + " of '" + p.entry + "' (" +
+                                        detail::elements_text(p.first + c.begin / item, p.first + c.end / item) + " of '" +
+                                        p.global + "') does not match its checksum in " + where,
+                                    path);
+            if (land != dst) std::memcpy(dst, land + (lo - c.begin), static_cast<std::size_t>(hi - lo));
+        }
+    };
+    if (report.bytes_read < detail::parallel_read_threshold) {
+        read_chunks(0, chunks.size());
+    } else {  // a helper takes the second half
+        const std::size_t half = chunks.size() / 2;
+        std::exception_ptr helper_error;
+        std::thread helper([&] {
+            try {
+                read_chunks(half, chunks.size());
+            } catch (...) {
+                helper_error = std::current_exception();
+            }
+        });
+        std::exception_ptr mine;
+        try {
+            read_chunks(0, half);
+        } catch (...) {
+            mine = std::current_exception();
+        }
+        helper.join();
+        if (mine) std::rethrow_exception(mine);  // the first chunk in order that failed
+        if (helper_error) std::rethrow_exception(helper_error);
+    }
+    for (const auto& [name, value] : index.values)
+        if (!report.state.contains(name)) report.state.set(name, value);
+    return report;
+}
+
+}  // namespace ckpt

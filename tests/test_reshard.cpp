@@ -1,0 +1,223 @@
+// Checkpoints saved by N ranks, loaded by M: the global index and the resharding load.
+
+#include <doctest/doctest.h>
+
+#include <fault/fault.hpp>
+
+#include "dp_support.hpp"
+#include "support.hpp"
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = boost::filesystem;
+
+/// 0, 1, 2, … as float32 of `shape`, plus `offset`.
+ckpt::Tensor iota(const ckpt::Shape& shape, float offset = 0) {
+    std::size_t n = 1;
+    for (const auto d : shape) n *= static_cast<std::size_t>(d);
+    std::vector<float> v(n);
+    std::iota(v.begin(), v.end(), offset);
+    return ckpt::Tensor::from(v, shape);
+}
+
+/// Elements [first, first + n) of iota(shape) as a flat tensor.
+ckpt::Tensor iota_piece(std::uint64_t first, std::uint64_t n) {
+    return iota({static_cast<std::int64_t>(n)}, static_cast<float>(first));
+}
+
+/// `ranks` files under `dir`: each holds the whole "w" (replicated) and piece r of "m", a
+/// [rows, 64] tensor split by ShardLayout{ranks}; and the index of step 7 over them.
+fs::path save_sharded(const fs::path& dir, int ranks, std::int64_t rows, std::uint64_t chunk_bytes) {
+    const ckpt::Shape global{rows, 64};
+    const std::uint64_t n = static_cast<std::uint64_t>(rows) * 64;
+    fault::ThreadGroup group(ranks, std::chrono::seconds(10));
+    fs::path index;
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        const auto [lo, hi] = fault::ShardLayout{ranks}.piece(n, comm.rank());
+        ckpt::ParamDict d;
+        d.set("w", iota({3, 5}));
+        d.set("moments.m", iota_piece(lo, hi - lo));
+        d.set("trainer.global_step", std::int64_t{7});
+        d.set("name", "rank " + std::to_string(comm.rank()));
+        const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_7.ckpt";
+        fs::create_directories(file.parent_path());
+        ckpt::save_checkpoint(d, file);
+        const ckpt::PieceMap places{{"moments.m", {"moments.m", global, lo}}};
+        const auto path = fault::commit_global_index(comm, dir, 7, file, places, chunk_bytes);
+        if (comm.rank() == 0) index = path;
+    });
+    for (const auto& e : errors) REQUIRE_FALSE(e);
+    return index;
+}
+
+/// What a rank of layout {shard_size} of `rows` rows wants: the whole "w", its piece of "m".
+std::pair<ckpt::ParamDict, ckpt::PieceMap> wanted(std::int64_t rows, int shard_size, int shard) {
+    const std::uint64_t n = static_cast<std::uint64_t>(rows) * 64;
+    const auto [lo, hi] = fault::ShardLayout{shard_size}.piece(n, shard);
+    ckpt::ParamDict like;
+    like.set("w", ckpt::Tensor(ckpt::DType::float32, {3, 5}));
+    like.set("moments.m", ckpt::Tensor(ckpt::DType::float32, {static_cast<std::int64_t>(hi - lo)}));
+    return {like, ckpt::PieceMap{{"moments.m", {"moments.m", {rows, 64}, lo}}}};
+}
+
+}  // namespace
+
+TEST_CASE("a step saved by 4 ranks loads into 1, 2, 3 or 4 ranks, each reading only the bytes it needs") {
+    test::TempDir dir;
+    // m: 8 MiB, 2 MiB a piece, chunks of 64 KiB; one rank of 1 reads it all on two threads
+    const fs::path index = save_sharded(dir.path(), 4, 32768, 64 << 10);
+    CHECK(index == dir.path() / "index-step_7.ckpt");
+    const ckpt::GlobalIndex read = ckpt::read_global_index(index);
+    CHECK(read.global_step == 7);
+    CHECK(read.world_size == 4);
+    CHECK(read.pieces.size() == 8);  // every rank's w and its piece of m
+    CHECK(read.values.get<std::string>("name") == "rank 0");
+    for (const int shards : {1, 2, 3, 4}) {
+        for (int j = 0; j < shards; ++j) {
+            CAPTURE(shards);
+            CAPTURE(j);
+            const auto want = wanted(32768, shards, j);
+            const auto got = ckpt::load_resharded(index, want.first, want.second);
+            const auto piece = fault::ShardLayout{shards}.piece(32768 * 64, j);
+            CHECK(got.state.at("moments.m") == ckpt::Value(iota_piece(piece.first, piece.second - piece.first)));
+            CHECK(got.state.at("w") == ckpt::Value(iota({3, 5})));
+            CHECK(got.state.get<std::int64_t>("trainer.global_step") == 7);
+            // aligned pieces read exactly their bytes; others a part of a chunk more at their ends
+            const double ratio = double(got.bytes_read) / double(got.bytes_needed);
+            CAPTURE(ratio);
+            CHECK(ratio <= (shards == 3 ? 1.05 : 1.0));
+        }
+    }
+}
+
+TEST_CASE("a resharding load names what it cannot find, and a damaged chunk by file, tensor and chunk") {
+    test::TempDir dir;
+    const fs::path index = save_sharded(dir.path(), 2, 512, 16 << 10);  // m: 64 KiB a piece
+    SUBCASE("a tensor of another shape") {
+        auto want = wanted(512, 1, 0);
+        want.second["moments.m"].global_shape = {256, 128};
+        CHECK_THROWS_WITH_AS(ckpt::load_resharded(index, want.first, want.second),
+                             doctest::Contains("'moments.m' is float32 of shape [512, 64], 'moments.m' wants float32 of shape [256, 128]"),
+                             ckpt::LoadMismatch);
+    }
+    SUBCASE("elements no file holds") {
+        auto want = wanted(512, 1, 0);
+        want.first.set("moments.m", ckpt::Tensor(ckpt::DType::float32, {512 * 64 + 10}));
+        CHECK_THROWS_WITH_AS(ckpt::load_resharded(index, want.first, want.second),
+                             doctest::Contains("no rank's file holds elements [32768, 32778) of 'moments.m'"),
+                             ckpt::LoadMismatch);
+        ckpt::ParamDict extra = wanted(512, 2, 1).first;
+        extra.set("bias", ckpt::Tensor(ckpt::DType::float32, {4}));
+        CHECK_THROWS_WITH_AS(ckpt::load_resharded(index, extra, wanted(512, 2, 1).second),
+                             doctest::Contains("has no tensor 'bias'"), ckpt::LoadMismatch);
+    }
+    SUBCASE("a bit flipped in rank 1's piece") {
+        const auto pieces = ckpt::read_global_index(index).pieces;
+        const auto& p = *std::find_if(pieces.begin(), pieces.end(),
+                                      [](const ckpt::TensorPiece& x) { return x.rank == 1 && x.global == "moments.m"; });
+        test::flip_bit(dir.path() / p.file, p.offset + (16 << 10) + 100);  // in its chunk 1
+        const auto whole = wanted(512, 1, 0);
+        CHECK_THROWS_WITH_AS(ckpt::load_resharded(index, whole.first, whole.second),
+                             doctest::Contains("rank_1/step_7.ckpt': chunk 1 of 'moments.m' (elements [20480, 24576) of "
+                                               "'moments.m') does not match its checksum"),
+                             ckpt::ChecksumError);
+        // rank 0's piece alone is still readable
+        const auto first_half = wanted(512, 2, 0);
+        CHECK_NOTHROW(ckpt::load_resharded(index, first_half.first, first_half.second));
+    }
+}
+
+TEST_CASE("a global index needs every rank's binary file without codecs, under its directory") {
+    test::TempDir dir;
+    ckpt::SaveOptions text;
+    text.archive = ckpt::ArchiveKind::text;
+    ckpt::save_checkpoint(test::sample_state(), dir / "t.ckpt", text);
+    CHECK_THROWS_WITH_AS(ckpt::describe_checkpoint(dir / "t.ckpt", "t.ckpt", 0),
+                         doctest::Contains("is not a binary checkpoint without codecs"), ckpt::ConfigError);
+    ckpt::save_checkpoint(test::sample_state(), dir / "b.ckpt");
+    fault::ThreadGroup one(1, std::chrono::seconds(5));
+    const auto errors = fault::run_ranks(one, [&](fault::ThreadComm& comm) {
+        fault::commit_global_index(comm, dir / "sub", 1, dir / "b.ckpt");
+    });
+    CHECK(fault::detail::holds<ckpt::ConfigError>(errors[0]));
+    CHECK_FALSE(fs::exists(dir / "sub" / "index-step_1.ckpt"));
+}
+
+TEST_CASE("training saved with its optimizer state in 4 pieces goes on in 2 or 4 pieces, and on 2 ranks") {
+    constexpr int ranks = 4;
+    // every rank of a layout trains `epochs`, from the index if given; saves and indexes step 8 when asked
+    auto job = [](int world, int shard_size, std::int64_t epochs, const fs::path& from, const fs::path& save_to) {
+        test::Params params(static_cast<std::size_t>(world));
+        std::vector<ckpt::ParamDict> resumed(static_cast<std::size_t>(world));
+        fault::ThreadGroup group(world, std::chrono::seconds(20));
+        const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            auto data = test::shard_of(world, comm.rank());  // a global batch of 32 whatever the world size
+            nn::UceNet net(7);
+            test::DpStack stack(net, comm, shard_size);
+            nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+            std::int64_t initial_epoch = 0;
+            if (!from.empty()) {
+                auto got = ckpt::load_resharded(from, trainer.load_target(), stack.opt().piece_map());
+                stack.opt().claim_resharded(got.state);
+                const auto rp = trainer.resume_from_state(got.state, from.string(), data);
+                stack.opt().set_completed_steps(rp.global_step);
+                initial_epoch = rp.initial_epoch;
+                resumed[static_cast<std::size_t>(comm.rank())] = got.state;  // its own memory: training does not change it
+            }
+            struct SaveAt8 {
+                fault::ThreadComm& comm;
+                fs::path dir;
+                fault::ShardLayout layout;
+                test::DpOpt& opt;
+                void on_step_end(nn::RunContext& c) {
+                    if (dir.empty() || c.global_step != 8) return;
+                    const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_8.ckpt";
+                    fs::create_directories(file.parent_path());
+                    ckpt::SaveOptions o;
+                    o.epoch = c.epoch;
+                    o.step = c.step;
+                    ckpt::save_checkpoint(c.state(), file, o);
+                    fault::commit_global_index(comm, dir, 8, file, opt.piece_map(), 64 << 10);
+                }
+            } save{comm, save_to, fault::ShardLayout{shard_size}, stack.opt()};
+            trainer.train(epochs, data, save, initial_epoch);
+            params[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+        });
+        for (const auto& e : errors) REQUIRE_FALSE(e);
+        return std::pair{params, resumed};
+    };
+    test::TempDir dir;
+    const auto straight = job(ranks, 4, 2, {}, dir.path()).first;  // 16 steps; step 8 saved and indexed
+    const fs::path index = dir.path() / "index-step_8.ckpt";
+    REQUIRE(fs::exists(index));
+    // the same world size, the state in 2 pieces: the same sums, the same bits
+    const auto two_pieces = job(ranks, 2, 2, index, {}).first;
+    for (int r = 0; r < ranks; ++r) CHECK(two_pieces[static_cast<std::size_t>(r)] == straight[0]);
+    // 2 ranks: the same samples in the same global batches, the gradients reduced over 2
+    // ranks instead of 4 (other sums, so not the same bits): close to the 4-rank run
+    const auto two_ranks = job(2, 2, 2, index, {});
+    const test::Params& on_two = two_ranks.first;
+    const std::vector<ckpt::ParamDict>& states = two_ranks.second;
+    CHECK(on_two[0] == on_two[1]);
+    REQUIRE(on_two[0].size() == straight[0].size());
+    double worst = 0;
+    for (std::size_t i = 0; i < on_two[0].size(); ++i) worst = std::max(worst, double(std::abs(on_two[0][i] - straight[0][i])));
+    CHECK(worst < 1e-4);
+    // the 2 ranks' pieces of the optimizer state at step 8 are the 4 ranks' pieces, joined
+    const ckpt::Tensor& m0 = states[0].get<ckpt::Tensor>("moments.layer1.param");
+    const ckpt::Tensor& m1 = states[1].get<ckpt::Tensor>("moments.layer1.param");
+    std::vector<float> joined;
+    for (int r = 0; r < ranks; ++r) {
+        const auto piece = ckpt::load_checkpoint(dir / ("rank_" + std::to_string(r)) / "step_8.ckpt")
+                               .get<ckpt::Tensor>("moments.layer1.param")
+                               .values<float>();
+        joined.insert(joined.end(), piece.begin(), piece.end());
+    }
+    std::vector<float> got(m0.values<float>().begin(), m0.values<float>().end());
+    got.insert(got.end(), m1.values<float>().begin(), m1.values<float>().end());
+    CHECK(got == joined);
+}
