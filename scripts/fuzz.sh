@@ -15,10 +15,13 @@ out=$root/build-fuzz
 mkdir -p "$out/corpus" "$out/crashes"
 flags=(-std=c++20 -I"$root/include" -DNDEBUG)
 libs=(-lboost_serialization -lboost_filesystem -lxxhash -lzip -lzstd -lcrypto)
-g++ -O1 "${flags[@]}" "$root/fuzz/make_seeds.cpp" -o "$out/make_seeds" "${libs[@]}"
-"$out/make_seeds" "$out/seeds"
+# the two programs compile side by side
+g++ -O1 "${flags[@]}" "$root/fuzz/make_seeds.cpp" -o "$out/make_seeds" "${libs[@]}" &
+seeds=$!
 clang++-14 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined "${flags[@]}" \
     "$root/fuzz/checkpoint_reader.cpp" -o "$out/checkpoint_reader" "${libs[@]}"
+wait "$seeds"
+"$out/make_seeds" "$out/seeds"
 echo "fuzzing the readers for $seconds s"
 "$out/checkpoint_reader" "$out/corpus" "$out/seeds" "$root/tests/fuzz_regressions" \
     -max_total_time="$seconds" -max_len=65536 -malloc_limit_mb=64 -rss_limit_mb=2048 -timeout=10 \

@@ -14,14 +14,19 @@
 #          signal in the trainer. Not test_gloo or test_launch (GlooComm over processes):
 #          they passed once and failed once under TSan (a regroup after a SIGKILL missed
 #          its 30 s waits), the cause not yet found.
-#   bash scripts/sanitize.sh [asan|tsan|all]     (default all)
+#   bash scripts/sanitize.sh [asan|tsan|all] [--build-only]     (default all)
+# With all, the ThreadSanitizer build compiles at the lowest priority while the AddressSanitizer
+# tests run (on the CPU time they leave idle: processes starting, waits); --build-only builds
+# and runs nothing (scripts/test.sh builds the asan pass that way while its own tests run).
 # Any report fails the run: each sanitizer stops the process at its first report, undefined
 # behaviour included.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 which=${1:-all}
-case "$which" in asan | tsan | all) ;; *) echo "usage: $0 [asan|tsan|all]" >&2; exit 2 ;; esac
+build_only=${2:-}
+case "$which" in asan | tsan | all) ;; *) echo "usage: $0 [asan|tsan|all] [--build-only]" >&2; exit 2 ;; esac
+case "$build_only" in "" | --build-only) ;; *) echo "usage: $0 [asan|tsan|all] [--build-only]" >&2; exit 2 ;; esac
 bash scripts/deps.sh clang-14 libclang-rt-14-dev
 [ -n "${HOME:-}" ] || export CCACHE_DIR=${CCACHE_DIR:-/var/tmp/ckpt-ccache}
 jobs=$(nproc)
@@ -46,9 +51,12 @@ build() {  # build dir, -fsanitize= list
     cmake --build "$1" --target ckpt_tests -j"$jobs"  # it depends on gloo_worker and ckpt-run
 }
 
+build_asan() { build build-asan address,undefined; }
+build_tsan() { build build-tsan thread; }
+
 asan() {
     local started=$SECONDS
-    build build-asan address,undefined
+    build_asan
     # abort_on_error stays 0 in both passes: doctest catches SIGABRT, and a sanitizer aborting
     # from inside its report then hangs in that handler; its exit code fails the test alike.
     export ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:print_stacktrace=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:strict_init_order=1
@@ -59,7 +67,7 @@ asan() {
 
 tsan() {
     local started=$SECONDS
-    build build-tsan thread
+    build_tsan
     export TSAN_OPTIONS=halt_on_error=1:abort_on_error=0:print_stacktrace=1:second_deadlock_stack=1
     # One BLAS thread per caller, as the data-parallel examples run: OpenBLAS's own workers
     # take their work by spinning on memory that ThreadSanitizer cannot see (the library is
@@ -102,11 +110,21 @@ tsan() {
     return $status
 }
 
+if [ -n "$build_only" ]; then
+    case "$which" in asan) build_asan ;; tsan) build_tsan ;; all) build_asan && build_tsan ;; esac
+    exit 0
+fi
 case "$which" in
 asan) asan ;;
 tsan) tsan ;;
 all)
-    asan
+    build_asan
+    nice -n 19 bash "$root/scripts/sanitize.sh" tsan --build-only > build-asan/tsan-build.log 2>&1 &
+    tsan_build=$!
+    status=0
+    asan || status=$?
+    wait "$tsan_build" || { cat build-asan/tsan-build.log >&2; exit 1; }
+    [ "$status" -eq 0 ] || exit "$status"
     tsan
     ;;
 esac

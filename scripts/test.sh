@@ -19,9 +19,23 @@ else
     cmake -S . -B "$build" > /dev/null
 fi
 cmake --build "$build" -j"$(nproc)"
-ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
 sanitize=${CKPT_SANITIZE:-all}
 [ "$sanitize" = 1 ] && sanitize=all
+# The first sanitizer build compiles at the lowest priority while the tests run, on the CPU
+# time they leave idle (processes starting, waits on each other).
+first=$sanitize
+[ "$first" = all ] && first=asan
+sanitizer_build=
+if [ "$sanitize" != 0 ]; then
+    nice -n 19 bash scripts/sanitize.sh "$first" --build-only > "$build/sanitizer-build.log" 2>&1 &
+    sanitizer_build=$!
+fi
+status=0
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)" || status=$?
+if [ -n "$sanitizer_build" ]; then
+    wait "$sanitizer_build" || { cat "$build/sanitizer-build.log" >&2; exit 1; }
+fi
+[ "$status" -eq 0 ] || exit "$status"
 [ "$sanitize" = 0 ] || bash scripts/sanitize.sh "$sanitize"
 # The checkpoint reader under libFuzzer for a bounded time (CKPT_FUZZ_SECONDS, 0 to skip).
 fuzz_seconds=${CKPT_FUZZ_SECONDS:-60}

@@ -18,13 +18,8 @@ nn::MnistDataset mlp_data(std::size_t n, std::size_t batch) {
     return ds;
 }
 
-std::vector<float> flat(const std::vector<nn::Parameter*>& params) {
-    std::vector<float> out;
-    for (const nn::Parameter* p : params) out.insert(out.end(), p->value.begin(), p->value.end());
-    return out;
-}
-
-using DpOpt = fault::DataParallelOptimizer<nn::Momentum, fault::ThreadComm>;
+using test::flat;
+using test::DpOpt;
 
 /// Trains UceNet data-parallel on `ranks` threads; returns each rank's final parameters.
 std::vector<std::vector<float>> train_dp(int ranks, std::int64_t epochs, std::vector<std::exception_ptr>* errors = nullptr,

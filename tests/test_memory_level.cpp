@@ -78,6 +78,31 @@ std::vector<float> train_dp(fault::ThreadComm& comm, fault::MemoryLevel& level, 
     return test::flat(net.parameters());
 }
 
+/// Every rank's parameters after 2 epochs of train_dp without a failure.
+test::Params straight_params() {
+    std::vector<fault::MemoryLevel> levels(4);
+    test::Params straight(4);
+    on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+        straight[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, std::nullopt, {});
+    });
+    return straight;
+}
+
+/// Rank 2's process lost: every rank recovers from `levels`, must agree on `step`, trains to
+/// the end of epoch 2 and must end with the parameters of `straight`.
+void resume_and_compare(std::vector<fault::MemoryLevel>& levels, std::int64_t step, fault::MemoryCheckpointOptions options,
+                        const test::Params& straight) {
+    levels[2] = fault::MemoryLevel{};
+    test::Params resumed(levels.size());
+    on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
+        const auto got = level.recover(comm);
+        REQUIRE(got);
+        CHECK(got->step == step);
+        resumed[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, got, options);
+    });
+    for (std::size_t r = 0; r < levels.size(); ++r) CHECK(resumed[r] == straight[r]);
+}
+
 }  // namespace
 
 TEST_CASE("a packed state unpacks to the entries it was packed from, and a damaged one is refused") {
@@ -228,11 +253,7 @@ TEST_CASE("the memory level holds nothing for a world of another size, nor befor
 
 TEST_CASE("training resumed from the memory level ends bit-identical to training without a failure") {
     constexpr int ranks = 4;
-    std::vector<fault::MemoryLevel> straight_levels(ranks);
-    test::Params straight(ranks);
-    on_ranks(straight_levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
-        straight[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, std::nullopt, {});
-    });
+    const test::Params straight = straight_params();
     for (const bool background : {true, false}) {
         CAPTURE(background);
         // one epoch (8 steps: snapshots at 3 and 6), then rank 2's process is lost
@@ -240,15 +261,7 @@ TEST_CASE("training resumed from the memory level ends bit-identical to training
         on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
             train_dp(comm, level, 1, std::nullopt, {.background = background});
         });
-        levels[2] = fault::MemoryLevel{};
-        test::Params resumed(ranks);
-        on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
-            const auto got = level.recover(comm);
-            REQUIRE(got);
-            CHECK(got->step == 6);
-            resumed[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, got, {.background = background});
-        });
-        for (int r = 0; r < ranks; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == straight[static_cast<std::size_t>(r)]);
+        resume_and_compare(levels, 6, {.background = background}, straight);
     }
 }
 
@@ -306,11 +319,7 @@ TEST_CASE("last words in memory: recovery resumes at the step the survivors reac
 
 TEST_CASE("with last words in memory, training resumes where the survivors stopped and ends bit-identical") {
     constexpr int ranks = 4;
-    std::vector<fault::MemoryLevel> straight_levels(ranks);
-    test::Params straight(ranks);
-    on_ranks(straight_levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
-        straight[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, std::nullopt, {});
-    });
+    const test::Params straight = straight_params();
     // rank 2 fails after global step 10 (snapshots at 3, 6 and 9); the others keep step 10
     std::vector<fault::MemoryLevel> levels(ranks);
     {
@@ -321,13 +330,5 @@ TEST_CASE("with last words in memory, training resumes where the survivors stopp
         for (const int r : {0, 1, 3}) CHECK(fault::detail::holds<fault::PeerFailure>(errors[static_cast<std::size_t>(r)]));
     }
     CHECK(levels[2].last_words_step() == -1);  // its own failure: its state is not to be trusted
-    levels[2] = fault::MemoryLevel{};
-    test::Params resumed(ranks);
-    on_ranks(levels, [&](fault::ThreadComm& comm, fault::MemoryLevel& level) {
-        const auto got = level.recover(comm);
-        REQUIRE(got);
-        CHECK(got->step == 10);
-        resumed[static_cast<std::size_t>(comm.rank())] = train_dp(comm, level, 2, got, {.last_words = true});
-    });
-    for (int r = 0; r < ranks; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == straight[static_cast<std::size_t>(r)]);
+    resume_and_compare(levels, 10, {.last_words = true}, straight);
 }
