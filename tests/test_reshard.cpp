@@ -212,12 +212,55 @@ TEST_CASE("training saved with its optimizer state in 4 pieces goes on in 2 or 4
     const ckpt::Tensor& m1 = states[1].get<ckpt::Tensor>("moments.layer1.param");
     std::vector<float> joined;
     for (int r = 0; r < ranks; ++r) {
-        const auto piece = ckpt::load_checkpoint(dir / ("rank_" + std::to_string(r)) / "step_8.ckpt")
-                               .get<ckpt::Tensor>("moments.layer1.param")
-                               .values<float>();
+        const ckpt::ParamDict saved = ckpt::load_checkpoint(dir / ("rank_" + std::to_string(r)) / "step_8.ckpt");
+        const auto piece = saved.get<ckpt::Tensor>("moments.layer1.param").values<float>();
         joined.insert(joined.end(), piece.begin(), piece.end());
     }
     std::vector<float> got(m0.values<float>().begin(), m0.values<float>().end());
     got.insert(got.end(), m1.values<float>().begin(), m1.values<float>().end());
     CHECK(got == joined);
+}
+
+TEST_CASE("every save of per-rank checkpoints gets a global index, and the indexes of deleted files go") {
+    constexpr int ranks = 4;
+    test::TempDir dir;
+    fault::ThreadGroup group(ranks, std::chrono::seconds(20));
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = test::shard_of(ranks, comm.rank());
+        nn::UceNet net(7);
+        test::DpStack stack(net, comm, 2);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files("net", dir / ("rank_" + std::to_string(comm.rank())), {},
+                                                                    ckpt::EverySteps{2}, ckpt::KeepLast{2});
+        fault::GlobalIndexer indexer(comm, files, dir.path(), [&] { return stack.opt().piece_map(); });
+        trainer.train(1, data, nn::callbacks(files, indexer));  // 8 steps: saves at 2, 4, 6, 8
+    });
+    for (const auto& e : errors) REQUIRE_FALSE(e);
+    // KeepLast{2} deleted the files of steps 2 and 4, and their indexes went with them
+    const auto indexes = fault::detail::global_indexes(dir.path());
+    REQUIRE(indexes.size() == 2);
+    CHECK(indexes[0].first == 8);
+    CHECK(indexes[1].first == 6);
+    const auto latest = fault::latest_global_index(dir.path());
+    REQUIRE(latest);
+    CHECK(*latest == indexes[0].second);
+    const ckpt::GlobalIndex index = ckpt::read_global_index(*latest);
+    CHECK(index.world_size == ranks);
+    CHECK(index.values.get<std::int64_t>("trainer.global_step") == 8);
+    // the momentum of layer1 in 2 pieces, each in the files of the 2 ranks keeping it
+    std::vector<std::pair<std::uint64_t, std::int64_t>> pieces;
+    for (const auto& p : index.pieces)
+        if (p.global == "moments.layer1.param") pieces.emplace_back(p.first, p.rank);
+    std::sort(pieces.begin(), pieces.end());
+    const std::uint64_t half = 784 * 512 / 2;
+    CHECK(pieces == std::vector<std::pair<std::uint64_t, std::int64_t>>{{0, 0}, {0, 2}, {half, 1}, {half, 3}});
+
+    // a file of step 8 gone: the index of step 8 is passed over, step 6's is the newest whole one
+    const auto gone = std::find_if(index.pieces.begin(), index.pieces.end(), [](const ckpt::TensorPiece& p) { return p.rank == 3; });
+    REQUIRE(gone != index.pieces.end());
+    fs::remove(dir.path() / gone->file);
+    CHECK(fault::latest_global_index(dir.path()) == indexes[1].second);
+    fault::remove_stale_global_indexes(dir.path());
+    CHECK_FALSE(fs::exists(indexes[0].second));
+    CHECK(fs::exists(indexes[1].second));
 }

@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -268,6 +269,8 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
     };
     std::vector<Read> reads;
     ReshardedState report;
+    std::map<std::string_view, std::vector<const TensorPiece*>> by_tensor;
+    for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
     // one block for every tensor, each 64-byte aligned in it, filled by the reads alone
     std::size_t total = 0;
     for (const auto& [name, value] : like)
@@ -283,10 +286,9 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
         PiecePlace place{name, t->shape(), 0};
         if (const auto it = places.find(name); it != places.end()) place = it->second;
         const std::uint64_t first = place.first, last = place.first + t->numel();
-        std::vector<const TensorPiece*> candidates;
-        for (const auto& p : index.pieces)
-            if (p.global == place.global) candidates.push_back(&p);
-        if (candidates.empty()) throw LoadMismatch(where + " has no tensor '" + place.global + "' (for '" + name + "')");
+        const auto found = by_tensor.find(place.global);
+        if (found == by_tensor.end()) throw LoadMismatch(where + " has no tensor '" + place.global + "' (for '" + name + "')");
+        const std::vector<const TensorPiece*>& candidates = found->second;
         const TensorPiece& some = *candidates.front();
         if (some.dtype != t->dtype() || some.global_shape != place.global_shape)
             throw LoadMismatch(where + ": '" + place.global + "' is " + std::string(dtype_name(some.dtype)) + " of shape " +

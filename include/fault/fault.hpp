@@ -18,8 +18,8 @@
 //   cluster        agree_on_checkpoint (the newest step every rank holds)  cluster_recovery.hpp
 //   memory level   MemoryLevel, MemoryCheckpoint, PackedState (copies in partners' RAM)  memory_level.hpp
 //                  DieInTransfer (a rank killed mid-transfer, for tests)  die_in_transfer.hpp
-//   resharding     commit_global_index, global_index_path (a step's index of every rank's
-//                  pieces, for ckpt::load_resharded on another layout)   global_index.hpp
+//   resharding     commit_global_index, GlobalIndexer, latest_global_index (a step's index
+//                  of every rank's pieces, for ckpt::load_resharded on another layout)  global_index.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):

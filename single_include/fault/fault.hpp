@@ -19,8 +19,8 @@
 //   cluster        agree_on_checkpoint (the newest step every rank holds)  cluster_recovery.hpp
 //   memory level   MemoryLevel, MemoryCheckpoint, PackedState (copies in partners' RAM)  memory_level.hpp
 //                  DieInTransfer (a rank killed mid-transfer, for tests)  die_in_transfer.hpp
-//   resharding     commit_global_index, global_index_path (a step's index of every rank's
-//                  pieces, for ckpt::load_resharded on another layout)   global_index.hpp
+//   resharding     commit_global_index, GlobalIndexer, latest_global_index (a step's index
+//                  of every rank's pieces, for ckpt::load_resharded on another layout)  global_index.hpp
 //
 // Ranks as processes, on one host or several (not included here: they need Gloo and hiredis,
 // target ckpt::gloo):
@@ -926,11 +926,19 @@ private:
 // atomically and durably; the ranks then meet at a barrier, so that on return every rank
 // knows the index is in place. A rank lost before the index is written leaves no index of
 // that step (its files alone), never a partial one.
+//
+// GlobalIndexer does this after every save of a per-rank nn::ModelCheckpoint, and removes
+// the indexes whose files the retention policy deleted; latest_global_index() finds the
+// newest step whose index and files are all there.
 
 #include <boost/filesystem.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 // The memory level: every K steps each rank packs its whole state (parameters, optimizer
@@ -1688,6 +1696,102 @@ boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir
     comm.barrier();
     return path;
 }
+
+namespace detail {
+
+/// The global indexes in `dir`, newest step first.
+inline std::vector<std::pair<std::int64_t, boost::filesystem::path>> global_indexes(const ckpt::PathArg& dir) {
+    std::vector<std::pair<std::int64_t, boost::filesystem::path>> out;
+    boost::system::error_code ec;
+    for (boost::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        constexpr std::string_view head = "index-step_", tail = ".ckpt";
+        if (name.size() <= head.size() + tail.size() || name.rfind(head, 0) != 0 ||
+            name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+            continue;
+        const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+        if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            continue;
+        out.emplace_back(std::stoll(digits), it->path());
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    return out;
+}
+
+/// Why the index at `path` cannot be used (it does not verify, or a file it names is gone or
+/// too short), or nothing.
+inline std::optional<std::string> global_index_problem(const boost::filesystem::path& path) {
+    try {
+        const auto index = ckpt::read_global_index(path);
+        for (const auto& p : index.pieces) {
+            const auto file = path.parent_path() / p.file;
+            boost::system::error_code ec;
+            const auto size = boost::filesystem::file_size(file, ec);
+            if (ec) return "'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is gone";
+            if (size < p.offset + p.count * ckpt::itemsize(p.dtype))
+                return "'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is shorter than its pieces";
+        }
+    } catch (const ckpt::Error& e) {
+        return e.what();
+    }
+    return std::nullopt;
+}
+
+}  // namespace detail
+
+/// The newest global index in `dir` that verifies and whose files are all there (each
+/// piece's chunks are checked when it is loaded); nothing when there is none.
+inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir) {
+    for (const auto& [step, path] : detail::global_indexes(dir)) {
+        const auto why = detail::global_index_problem(path);
+        if (!why) return path;
+        ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index of step " + std::to_string(step) + ": " + *why);
+    }
+    return std::nullopt;
+}
+
+/// Removes the global indexes in `dir` whose files are gone (deleted by a retention policy).
+inline void remove_stale_global_indexes(const ckpt::PathArg& dir) {
+    for (const auto& [step, path] : detail::global_indexes(dir)) {
+        if (!detail::global_index_problem(path)) continue;
+        boost::system::error_code ec;
+        boost::filesystem::remove(path, ec);
+    }
+}
+
+/// The callback that commits the global index of each step `files` saves (an
+/// nn::ModelCheckpoint of this rank, saving into a directory under `dir`); list it after
+/// them. `pieces` says where sharded state sits (a DataParallelOptimizer's piece_map);
+/// without it every tensor is whole. Every rank must save at the same steps.
+template <Communicator Comm, class Files>
+class GlobalIndexer {
+public:
+    GlobalIndexer(Comm& comm, Files& files, ckpt::PathArg dir, std::function<ckpt::PieceMap()> pieces = {})
+        : comm_(comm), files_(files), dir_(std::move(dir)), pieces_(std::move(pieces)) {}
+
+    void on_step_end(nn::RunContext& c) { index(c); }
+    void on_epoch_end(nn::RunContext& c) { index(c); }
+    void on_train_end(nn::RunContext& c) { index(c); }
+
+    /// The index this rank last committed.
+    const std::optional<boost::filesystem::path>& last_index() const noexcept { return last_index_; }
+
+private:
+    void index(nn::RunContext& c) {
+        const auto& saved = files_.last_saved();
+        if (!saved || saved == indexed_) return;
+        files_.manager().wait();  // durable before it is described
+        indexed_ = saved;
+        last_index_ = commit_global_index(comm_, dir_, c.global_step, *saved, pieces_ ? pieces_() : ckpt::PieceMap{});
+        if (comm_.rank() == 0) remove_stale_global_indexes(dir_);
+    }
+
+    Comm& comm_;
+    Files& files_;
+    boost::filesystem::path dir_;
+    std::function<ckpt::PieceMap()> pieces_;
+    std::optional<boost::filesystem::path> indexed_, last_index_;
+};
 
 }  // namespace fault
 // The last-words checkpoint (the seed's "临终 CKPT"): when a data-parallel rank fails, the
