@@ -18,22 +18,26 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 else
     cmake -S . -B "$build" > /dev/null
 fi
-cmake --build "$build" -j"$(nproc)"
 sanitize=${CKPT_SANITIZE:-all}
 [ "$sanitize" = 1 ] && sanitize=all
-# The first sanitizer build compiles at the lowest priority while the tests run, on the CPU
-# time they leave idle (processes starting, waits on each other).
+# The first sanitizer build compiles at the lowest priority from now on: on the CPU time the
+# main build leaves idle at its end (one long compile, links) and the tests leave idle
+# (processes starting, waits on each other).
 first=$sanitize
 [ "$first" = all ] && first=asan
 sanitizer_build=
+# in a process group of its own (setsid), so that a failure here stops all of it
+trap '[ -z "$sanitizer_build" ] || kill -- -"$sanitizer_build" 2> /dev/null || true' EXIT
 if [ "$sanitize" != 0 ]; then
-    nice -n 19 bash scripts/sanitize.sh "$first" --build-only > "$build/sanitizer-build.log" 2>&1 &
+    setsid nice -n 19 bash scripts/sanitize.sh "$first" --build-only > "$build/sanitizer-build.log" 2>&1 &
     sanitizer_build=$!
 fi
+cmake --build "$build" -j"$(nproc)"
 status=0
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" || status=$?
 if [ -n "$sanitizer_build" ]; then
     wait "$sanitizer_build" || { cat "$build/sanitizer-build.log" >&2; exit 1; }
+    sanitizer_build=
 fi
 [ "$status" -eq 0 ] || exit "$status"
 [ "$sanitize" = 0 ] || bash scripts/sanitize.sh "$sanitize"
