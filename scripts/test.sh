@@ -26,11 +26,15 @@ sanitize=${CKPT_SANITIZE:-all}
 first=$sanitize
 [ "$first" = all ] && first=asan
 sanitizer_build=
-# in a process group of its own (setsid), so that a failure here stops all of it
+# In a process group of its own (job control on while it starts), so that a failure here
+# stops all of it; not in a session of its own (setsid): the kernel's autogroups would then
+# share the CPU between the two sessions equally, whatever the nice value.
 trap '[ -z "$sanitizer_build" ] || kill -- -"$sanitizer_build" 2> /dev/null || true' EXIT
 if [ "$sanitize" != 0 ]; then
-    setsid nice -n 19 bash scripts/sanitize.sh "$first" --build-only > "$build/sanitizer-build.log" 2>&1 &
+    set -m
+    nice -n 19 bash scripts/sanitize.sh "$first" --build-only > "$build/sanitizer-build.log" 2>&1 &
     sanitizer_build=$!
+    set +m
 fi
 cmake --build "$build" -j"$(nproc)"
 status=0
