@@ -419,8 +419,8 @@ public:
         for (int d = 1; d <= partners; ++d) {
             const int to = (me + d) % n, from = (me - d + n) % n;
             PackedState& into = older(copies_[d - 1]);
-            auto send = [&] { send_state(comm, *mine, to); };
-            auto receive = [&] { receive_state(comm, into, from); };  // torn until it returns: never offered
+            auto send = [&] { detail::send_packed(comm, *mine, to, tag); };
+            auto receive = [&] { detail::receive_packed(comm, into, from, tag); };  // torn until it returns: never offered
             if (detail::sends_first(me, d, n)) {
                 send();
                 receive();
@@ -559,9 +559,9 @@ private:
         for (int q = 0; q < n; ++q) {
             const int p = source[q].rank;
             if (p < 0) continue;
-            if (me == p) send_state(comm, *sent_to(q, source[q], s, n), q);
+            if (me == p) detail::send_packed(comm, *sent_to(q, source[q], s, n), q, tag);
             if (me == q) {
-                receive_state(comm, received, p);
+                detail::receive_packed(comm, received, p, tag);
                 if (!received.intact() || received.step() != s)
                     throw CorruptState("memory level: rank " + std::to_string(me) + "'s state from rank " + std::to_string(p) +
                                        "'s memory arrived damaged");
@@ -621,15 +621,6 @@ private:
             for (auto& b : c) b.clear();
         world_ = n;
     }
-    template <Communicator Comm>
-    static void send_state(Comm& comm, const PackedState& s, int to) {
-        detail::send_packed(comm, s, to, tag);
-    }
-    template <Communicator Comm>
-    static void receive_state(Comm& comm, PackedState& into, int from) {
-        detail::receive_packed(comm, into, from, tag);
-    }
-
     int replicas_;
     int world_ = 0;  // the world size the blocks were saved in (0: none yet)
     std::array<PackedState, 2> own_;
