@@ -33,6 +33,7 @@
 #include "communicator.hpp"
 #include "data_parallel.hpp"
 #include "die_in_transfer.hpp"
+#include "elastic.hpp"
 #include "global_index.hpp"
 #include "last_words.hpp"
 #include "launch.hpp"

@@ -42,6 +42,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -120,6 +121,12 @@ struct GlooOptions {
     /// A node id whose process died may be claimed again only this long after its last
     /// heartbeat (the seed's 30 s).
     std::chrono::milliseconds cooldown = std::chrono::seconds(30);
+    /// Set: the job is elastic. After a failure the survivors wait this long for the dead to
+    /// come back, then go on without them (a smaller generation); a worker that starts while
+    /// others train joins the next generation, which they form at a checkpoint (grow()).
+    std::optional<std::chrono::milliseconds> elastic = std::nullopt;
+    /// In an elastic job, how long a starting worker waits for the others to take it in.
+    std::chrono::milliseconds join_timeout = std::chrono::minutes(10);
 };
 
 class GlooComm {
@@ -131,7 +138,26 @@ public:
     GlooComm(Store& store, int rank, int size, GlooOptions options = {})
         : job_(std::make_shared<Job>(store, rank, size, std::move(options))) {
         ::signal(SIGPIPE, SIG_IGN);  // a dead peer's socket: an error for this call, not the process's end
-        connect(job_->members.form(job_->members.latest() + 1, Membership::everyone));
+        if (!job_->options.elastic) {
+            connect(job_->members.form(job_->members.latest() + 1, Membership::everyone));
+            return;
+        }
+        // elastic: the next generation the others form; one formed without this worker while it
+        // joined (the survivors stopped waiting for it just then) sends it on to the one after
+        const auto deadline = std::chrono::steady_clock::now() + job_->options.join_timeout;
+        for (;;) {
+            try {
+                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+                connect(job_->members.form_elastic(job_->members.latest() + 1, *job_->options.elastic,
+                                                   std::max(left, std::chrono::milliseconds(1))));
+                return;
+            } catch (const PeerFailure& e) {
+                const auto& left_out = e.ranks();
+                if (std::find(left_out.begin(), left_out.end(), rank) == left_out.end() ||
+                    std::chrono::steady_clock::now() >= deadline)
+                    throw;
+            }
+        }
     }
 
     int rank() const noexcept { return rank_; }
@@ -150,8 +176,19 @@ public:
     }
     /// After a failure: a communicator over every node of the job again, once the dead
     /// have been restarted (by ckpt-run, or by hand) and have joined.
+    /// In an elastic job, the dead are waited for only GlooOptions::elastic, then left out.
     GlooComm regroup() {
-        return GlooComm(job_, job_->members.form(std::max(job_->members.latest(), gen_.number) + 1, Membership::everyone));
+        const int next = std::max(job_->members.latest(), gen_.number) + 1;
+        if (job_->options.elastic)
+            return GlooComm(job_, job_->members.form_elastic(next, *job_->options.elastic, 2 * job_->options.timeout));
+        return GlooComm(job_, job_->members.form(next, Membership::everyone));
+    }
+    /// In an elastic job: the workers (node ids) waiting to join the next generation.
+    std::vector<int> waiting_to_join() { return job_->members.joined(gen_.number + 1); }
+    /// In an elastic job, at a step every rank chose: a communicator over this generation and
+    /// the workers waiting to join (the dead are not waited for).
+    GlooComm grow() {
+        return GlooComm(job_, job_->members.form_elastic(gen_.number + 1, std::chrono::milliseconds(0), 2 * job_->options.timeout));
     }
     /// This rank's own failure: the others' calls fail at once, and their next
     /// generation is formed without it.

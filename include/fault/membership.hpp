@@ -16,6 +16,10 @@
 // A generation is a numbered group of node ids that train together; its members are
 // written once, with an atomic create, by whichever worker sees first that the group is
 // complete, so every worker agrees on it. Keys: node/<id>, beat/<id>, latest, g<k>/…
+//
+// In an elastic job (form_elastic), a generation does not wait long for the dead: the
+// survivors go on without a node that is not back within a deadline, and a node that comes
+// back later joins the next generation, which the others form at a checkpoint of theirs.
 
 #include <unistd.h>
 
@@ -189,6 +193,54 @@ public:
     /// (`everyone`), or by each of `expected` that is still alive (`survivors`). Returns it;
     /// PeerFailure if it formed without this node or did not form in time.
     Generation form(int number, Policy policy, const std::vector<int>& expected = {}) {
+        // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
+        // come: wait twice the timeout, and the cooldown on top for a node started anew
+        const auto wait = 2 * options_.timeout + (policy == everyone ? options_.cooldown : std::chrono::milliseconds(0));
+        std::vector<int> candidates = expected;
+        if (policy == everyone || candidates.empty())
+            for (int q = 0; q < world_; ++q) candidates.push_back(q);
+        return settle(number, wait, candidates, false, [&](int q) {
+            return policy == everyone || (alive(q) && !declared_failed(number - 1, q));
+        });
+    }
+
+    /// Joins generation `number` of an elastic job and waits until it is formed by whichever
+    /// nodes come: every node of the job that is alive (a survivor, or one training in the
+    /// current generation, which joins at its next checkpoint) is waited for up to `wait`; a
+    /// node that is not (dead, or restarting) only for `dead_wait` from now. Returns it;
+    /// PeerFailure if it formed without this node, the job went on to a later generation
+    /// meanwhile (as a store restarted empty can make it look), or it did not form in time.
+    Generation form_elastic(int number, std::chrono::milliseconds dead_wait, std::chrono::milliseconds wait) {
+        std::vector<int> candidates(static_cast<std::size_t>(world_));
+        for (int q = 0; q < world_; ++q) candidates[static_cast<std::size_t>(q)] = q;
+        const auto dead_until = std::chrono::steady_clock::now() + dead_wait;
+        return settle(number, std::max(wait, dead_wait), candidates, true, [&](int q) {
+            return (alive(q) && !declared_failed(number - 1, q)) || std::chrono::steady_clock::now() < dead_until;
+        });
+    }
+
+    /// The nodes that have joined generation `number` (ascending): in an elastic job, workers
+    /// waiting to be taken in while the generation before it trains.
+    std::vector<int> joined(int number) {
+        std::vector<int> ids;
+        const std::string g = detail::generation_prefix(number);
+        for (int q = 0; q < world_; ++q)
+            if (store_.get(g + "join/" + std::to_string(q))) ids.push_back(q);
+        return ids;
+    }
+
+    /// Marks this node failed in generation `number`: survivors forming the next one do
+    /// not wait for it.
+    void declare_failed(int number) { store_.set(failed_key(number, id_), "1"); }
+    bool declared_failed(int number, int id) { return store_.get(failed_key(number, id)).has_value(); }
+
+private:
+    // Joins generation `number` and waits until its members are written: by the first node
+    // to see every candidate either joined or not to be waited for (`wait_for(q)` false).
+    // `passed_by`: give up when the job's latest generation reaches `number` without it.
+    template <class WaitFor>
+    Generation settle(int number, std::chrono::milliseconds wait, std::vector<int> candidates, bool passed_by,
+                      WaitFor wait_for) {
         const std::string g = detail::generation_prefix(number);
         if (const int newest = latest(); number <= newest && !store_.get(g + "join/" + std::to_string(id_)))
             throw PeerFailure("node " + std::to_string(id_) + " asks to join generation " + std::to_string(number) +
@@ -196,13 +248,7 @@ public:
                                   " without it: this worker fell behind; restart it to join the next one",
                               {id_});
         store_.set(g + "join/" + std::to_string(id_), me_);
-        // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
-        // come: wait twice the timeout, and the cooldown on top for a node started anew
-        const auto wait = 2 * options_.timeout + (policy == everyone ? options_.cooldown : std::chrono::milliseconds(0));
         const auto deadline = std::chrono::steady_clock::now() + wait;
-        std::vector<int> candidates = expected;
-        if (policy == everyone || candidates.empty())
-            for (int q = 0; q < world_; ++q) candidates.push_back(q);
         std::sort(candidates.begin(), candidates.end());
         candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
         std::vector<int> missing;
@@ -217,14 +263,18 @@ public:
                 if (latest_seen_.load() < number) latest_seen_.store(number);
                 return gen;
             }
-            std::vector<int> joined;
+            if (const int newest = latest(); passed_by && newest >= number)
+                throw PeerFailure("generation " + std::to_string(number) + " on node " + std::to_string(id_) +
+                                      ": the job in " + store_.url() + " went on to generation " + std::to_string(newest),
+                                  {id_});
+            std::vector<int> in;
             missing.clear();
             for (int q : candidates) {
-                if (store_.get(g + "join/" + std::to_string(q))) joined.push_back(q);
-                else if (policy == everyone || (alive(q) && !declared_failed(number - 1, q))) missing.push_back(q);
+                if (store_.get(g + "join/" + std::to_string(q))) in.push_back(q);
+                else if (wait_for(q)) missing.push_back(q);
             }
-            if (missing.empty() && !joined.empty()) {
-                store_.create(g + "members", detail::join_ids(joined));  // the first to see it complete decides
+            if (missing.empty() && !in.empty()) {
+                store_.create(g + "members", detail::join_ids(in));  // the first to see it complete decides
                 continue;
             }
             if (std::chrono::steady_clock::now() >= deadline)
@@ -236,12 +286,6 @@ public:
         }
     }
 
-    /// Marks this node failed in generation `number`: survivors forming the next one do
-    /// not wait for it.
-    void declare_failed(int number) { store_.set(failed_key(number, id_), "1"); }
-    bool declared_failed(int number, int id) { return store_.get(failed_key(number, id)).has_value(); }
-
-private:
     static std::string node_key(int id) { return "node/" + std::to_string(id); }
     static std::string beat_key(int id) { return "beat/" + std::to_string(id); }
     static std::string failed_key(int number, int id) { return detail::generation_prefix(number) + "failed/" + std::to_string(id); }

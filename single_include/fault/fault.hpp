@@ -916,6 +916,28 @@ private:
 };
 
 }  // namespace fault
+// Elastic training: a job that goes on when its number of ranks changes. Every rank saves
+// its own checkpoints and a GlobalIndexer commits the global index of each save; when the
+// ranks of a generation change (a worker lost for good, or a worker taken in), every rank of
+// the new generation loads its pieces of the newest whole index for its new place:
+//
+//   auto resumed = fault::load_latest_resharded(comm, dir, trainer.load_target(), opt.piece_map());
+//   if (resumed) { opt.claim_resharded(resumed->state.state); trainer.resume_from_state(resumed->state.state, …); }
+//
+// and, listed after the indexer, TakeInJoiners ends a generation at a committed index when
+// workers wait to join (an elastic GlooComm: waiting_to_join()), so that the caller forms the
+// bigger generation (grow()) and every rank resumes from that index: no step is redone.
+//
+//   try { trainer.train(…, nn::callbacks(files, indexer, joiners)); }
+//   catch (const fault::JoinersWaiting&) { comm = comm.grow(); /* resume as above */ }
+
+#include <boost/filesystem.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
 // The global index of a saved step (ckpt/reshard.hpp), committed by every rank together:
 // each rank saves its own file, durably, then calls
 //
@@ -1785,6 +1807,101 @@ private:
 };
 
 }  // namespace fault
+
+namespace fault {
+
+/// A state loaded for this rank from the newest whole global index.
+struct ElasticResume {
+    boost::filesystem::path index;  ///< the index loaded from
+    std::int64_t global_step = 0;   ///< the step it holds
+    int saved_by = 0;               ///< how many ranks saved it
+    ckpt::ReshardedState state;
+};
+
+/// Every rank of a generation together: rank 0 finds the newest global index in `dir` that
+/// verifies and whose files are all there (`dir` must be readable by every rank: a shared
+/// filesystem across hosts), every rank loads its pieces of it for the places `places` says
+/// (ckpt::load_resharded into tensors like `like`). Nothing when there is no index: a fresh
+/// start. A collective.
+template <Communicator Comm>
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
+                                                   const ckpt::PieceMap& places = {}) {
+    struct Found {
+        std::int64_t step;
+    };
+    Found mine{-1};
+    if (comm.rank() == 0)
+        if (const auto latest = latest_global_index(dir)) mine.step = ckpt::read_global_index(*latest).global_step;
+    const std::int64_t step = detail::allgather_records(comm, mine)[0].step;
+    if (step < 0) return std::nullopt;
+    ElasticResume r;
+    r.index = global_index_path(dir, step);
+    const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
+    if (index.global_step != step)
+        throw ckpt::FormatError("'" + r.index.string() + "' holds the index of step " + std::to_string(index.global_step) +
+                                    ", rank 0 chose step " + std::to_string(step),
+                                r.index.string());
+    r.global_step = step;
+    r.saved_by = static_cast<int>(index.world_size);
+    r.state = ckpt::load_resharded(r.index, like, places);
+    return r;
+}
+
+/// Thrown by TakeInJoiners on every rank of a generation at the same step, once that step's
+/// global index is committed: the workers `nodes` wait to join.
+class JoinersWaiting : public ckpt::Error {
+public:
+    JoinersWaiting(std::int64_t step, std::vector<int> nodes)
+        : ckpt::Error("after global step " + std::to_string(step) + ", worker(s) " + join(nodes) + " wait to join"),
+          step_(step), nodes_(std::move(nodes)) {}
+    std::int64_t step() const noexcept { return step_; }
+    const std::vector<int>& nodes() const noexcept { return nodes_; }
+
+private:
+    static std::string join(const std::vector<int>& ids) {
+        std::string s;
+        for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
+        return s;
+    }
+    std::int64_t step_;
+    std::vector<int> nodes_;
+};
+
+/// The callback that, after each committed global index (list it after `indexer`), asks
+/// whether workers wait to join the next generation (rank 0 asks `comm.waiting_to_join()`,
+/// every rank gets its answer) and if so throws JoinersWaiting on every rank.
+template <Communicator Comm, class Indexer>
+class TakeInJoiners {
+public:
+    TakeInJoiners(Comm& comm, const Indexer& indexer) : comm_(comm), indexer_(indexer) {}
+
+    void on_step_end(nn::RunContext& c) { check(c); }
+    void on_epoch_end(nn::RunContext& c) { check(c); }
+
+private:
+    void check(nn::RunContext& c) {
+        const auto& index = indexer_.last_index();
+        if (!index || index == seen_) return;
+        seen_ = index;
+        struct Waiting {
+            std::int32_t count;
+            std::int32_t nodes[15];
+        };
+        Waiting mine{};
+        if (comm_.rank() == 0)
+            for (int node : comm_.waiting_to_join())
+                if (mine.count < 15) mine.nodes[mine.count++] = node;
+        const Waiting first = detail::allgather_records(comm_, mine)[0];
+        if (first.count == 0) return;
+        throw JoinersWaiting(c.global_step, std::vector<int>(first.nodes, first.nodes + first.count));
+    }
+
+    Comm& comm_;
+    const Indexer& indexer_;
+    std::optional<boost::filesystem::path> seen_;
+};
+
+}  // namespace fault
 // The last-words checkpoint (the seed's "临终 CKPT"): when a data-parallel rank fails, the
 // survivors save the newest consistent state from a healthy replica, so that resuming
 // loses no steps. There is no controller: every survivor runs the same decision on the
@@ -2320,6 +2437,10 @@ inline LaunchEnv launch_env() {
 // A generation is a numbered group of node ids that train together; its members are
 // written once, with an atomic create, by whichever worker sees first that the group is
 // complete, so every worker agrees on it. Keys: node/<id>, beat/<id>, latest, g<k>/…
+//
+// In an elastic job (form_elastic), a generation does not wait long for the dead: the
+// survivors go on without a node that is not back within a deadline, and a node that comes
+// back later joins the next generation, which the others form at a checkpoint of theirs.
 
 #include <unistd.h>
 
@@ -2710,6 +2831,54 @@ public:
     /// (`everyone`), or by each of `expected` that is still alive (`survivors`). Returns it;
     /// PeerFailure if it formed without this node or did not form in time.
     Generation form(int number, Policy policy, const std::vector<int>& expected = {}) {
+        // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
+        // come: wait twice the timeout, and the cooldown on top for a node started anew
+        const auto wait = 2 * options_.timeout + (policy == everyone ? options_.cooldown : std::chrono::milliseconds(0));
+        std::vector<int> candidates = expected;
+        if (policy == everyone || candidates.empty())
+            for (int q = 0; q < world_; ++q) candidates.push_back(q);
+        return settle(number, wait, candidates, false, [&](int q) {
+            return policy == everyone || (alive(q) && !declared_failed(number - 1, q));
+        });
+    }
+
+    /// Joins generation `number` of an elastic job and waits until it is formed by whichever
+    /// nodes come: every node of the job that is alive (a survivor, or one training in the
+    /// current generation, which joins at its next checkpoint) is waited for up to `wait`; a
+    /// node that is not (dead, or restarting) only for `dead_wait` from now. Returns it;
+    /// PeerFailure if it formed without this node, the job went on to a later generation
+    /// meanwhile (as a store restarted empty can make it look), or it did not form in time.
+    Generation form_elastic(int number, std::chrono::milliseconds dead_wait, std::chrono::milliseconds wait) {
+        std::vector<int> candidates(static_cast<std::size_t>(world_));
+        for (int q = 0; q < world_; ++q) candidates[static_cast<std::size_t>(q)] = q;
+        const auto dead_until = std::chrono::steady_clock::now() + dead_wait;
+        return settle(number, std::max(wait, dead_wait), candidates, true, [&](int q) {
+            return (alive(q) && !declared_failed(number - 1, q)) || std::chrono::steady_clock::now() < dead_until;
+        });
+    }
+
+    /// The nodes that have joined generation `number` (ascending): in an elastic job, workers
+    /// waiting to be taken in while the generation before it trains.
+    std::vector<int> joined(int number) {
+        std::vector<int> ids;
+        const std::string g = detail::generation_prefix(number);
+        for (int q = 0; q < world_; ++q)
+            if (store_.get(g + "join/" + std::to_string(q))) ids.push_back(q);
+        return ids;
+    }
+
+    /// Marks this node failed in generation `number`: survivors forming the next one do
+    /// not wait for it.
+    void declare_failed(int number) { store_.set(failed_key(number, id_), "1"); }
+    bool declared_failed(int number, int id) { return store_.get(failed_key(number, id)).has_value(); }
+
+private:
+    // Joins generation `number` and waits until its members are written: by the first node
+    // to see every candidate either joined or not to be waited for (`wait_for(q)` false).
+    // `passed_by`: give up when the job's latest generation reaches `number` without it.
+    template <class WaitFor>
+    Generation settle(int number, std::chrono::milliseconds wait, std::vector<int> candidates, bool passed_by,
+                      WaitFor wait_for) {
         const std::string g = detail::generation_prefix(number);
         if (const int newest = latest(); number <= newest && !store_.get(g + "join/" + std::to_string(id_)))
             throw PeerFailure("node " + std::to_string(id_) + " asks to join generation " + std::to_string(number) +
@@ -2717,13 +2886,7 @@ public:
                                   " without it: this worker fell behind; restart it to join the next one",
                               {id_});
         store_.set(g + "join/" + std::to_string(id_), me_);
-        // a survivor may still be in a call that ends only at its timeout (see GlooComm), then
-        // come: wait twice the timeout, and the cooldown on top for a node started anew
-        const auto wait = 2 * options_.timeout + (policy == everyone ? options_.cooldown : std::chrono::milliseconds(0));
         const auto deadline = std::chrono::steady_clock::now() + wait;
-        std::vector<int> candidates = expected;
-        if (policy == everyone || candidates.empty())
-            for (int q = 0; q < world_; ++q) candidates.push_back(q);
         std::sort(candidates.begin(), candidates.end());
         candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
         std::vector<int> missing;
@@ -2738,14 +2901,18 @@ public:
                 if (latest_seen_.load() < number) latest_seen_.store(number);
                 return gen;
             }
-            std::vector<int> joined;
+            if (const int newest = latest(); passed_by && newest >= number)
+                throw PeerFailure("generation " + std::to_string(number) + " on node " + std::to_string(id_) +
+                                      ": the job in " + store_.url() + " went on to generation " + std::to_string(newest),
+                                  {id_});
+            std::vector<int> in;
             missing.clear();
             for (int q : candidates) {
-                if (store_.get(g + "join/" + std::to_string(q))) joined.push_back(q);
-                else if (policy == everyone || (alive(q) && !declared_failed(number - 1, q))) missing.push_back(q);
+                if (store_.get(g + "join/" + std::to_string(q))) in.push_back(q);
+                else if (wait_for(q)) missing.push_back(q);
             }
-            if (missing.empty() && !joined.empty()) {
-                store_.create(g + "members", detail::join_ids(joined));  // the first to see it complete decides
+            if (missing.empty() && !in.empty()) {
+                store_.create(g + "members", detail::join_ids(in));  // the first to see it complete decides
                 continue;
             }
             if (std::chrono::steady_clock::now() >= deadline)
@@ -2757,12 +2924,6 @@ public:
         }
     }
 
-    /// Marks this node failed in generation `number`: survivors forming the next one do
-    /// not wait for it.
-    void declare_failed(int number) { store_.set(failed_key(number, id_), "1"); }
-    bool declared_failed(int number, int id) { return store_.get(failed_key(number, id)).has_value(); }
-
-private:
     static std::string node_key(int id) { return "node/" + std::to_string(id); }
     static std::string beat_key(int id) { return "beat/" + std::to_string(id); }
     static std::string failed_key(int number, int id) { return detail::generation_prefix(number) + "failed/" + std::to_string(id); }

@@ -1,0 +1,122 @@
+#pragma once
+// Elastic training: a job that goes on when its number of ranks changes. Every rank saves
+// its own checkpoints and a GlobalIndexer commits the global index of each save; when the
+// ranks of a generation change (a worker lost for good, or a worker taken in), every rank of
+// the new generation loads its pieces of the newest whole index for its new place:
+//
+//   auto resumed = fault::load_latest_resharded(comm, dir, trainer.load_target(), opt.piece_map());
+//   if (resumed) { opt.claim_resharded(resumed->state.state); trainer.resume_from_state(resumed->state.state, …); }
+//
+// and, listed after the indexer, TakeInJoiners ends a generation at a committed index when
+// workers wait to join (an elastic GlooComm: waiting_to_join()), so that the caller forms the
+// bigger generation (grow()) and every rank resumes from that index: no step is redone.
+//
+//   try { trainer.train(…, nn::callbacks(files, indexer, joiners)); }
+//   catch (const fault::JoinersWaiting&) { comm = comm.grow(); /* resume as above */ }
+
+#include <boost/filesystem.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../ckpt/reshard.hpp"
+#include "../nn/callbacks.hpp"
+#include "communicator.hpp"
+#include "global_index.hpp"
+
+namespace fault {
+
+/// A state loaded for this rank from the newest whole global index.
+struct ElasticResume {
+    boost::filesystem::path index;  ///< the index loaded from
+    std::int64_t global_step = 0;   ///< the step it holds
+    int saved_by = 0;               ///< how many ranks saved it
+    ckpt::ReshardedState state;
+};
+
+/// Every rank of a generation together: rank 0 finds the newest global index in `dir` that
+/// verifies and whose files are all there (`dir` must be readable by every rank: a shared
+/// filesystem across hosts), every rank loads its pieces of it for the places `places` says
+/// (ckpt::load_resharded into tensors like `like`). Nothing when there is no index: a fresh
+/// start. A collective.
+template <Communicator Comm>
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
+                                                   const ckpt::PieceMap& places = {}) {
+    struct Found {
+        std::int64_t step;
+    };
+    Found mine{-1};
+    if (comm.rank() == 0)
+        if (const auto latest = latest_global_index(dir)) mine.step = ckpt::read_global_index(*latest).global_step;
+    const std::int64_t step = detail::allgather_records(comm, mine)[0].step;
+    if (step < 0) return std::nullopt;
+    ElasticResume r;
+    r.index = global_index_path(dir, step);
+    const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
+    if (index.global_step != step)
+        throw ckpt::FormatError("'" + r.index.string() + "' holds the index of step " + std::to_string(index.global_step) +
+                                    ", rank 0 chose step " + std::to_string(step),
+                                r.index.string());
+    r.global_step = step;
+    r.saved_by = static_cast<int>(index.world_size);
+    r.state = ckpt::load_resharded(r.index, like, places);
+    return r;
+}
+
+/// Thrown by TakeInJoiners on every rank of a generation at the same step, once that step's
+/// global index is committed: the workers `nodes` wait to join.
+class JoinersWaiting : public ckpt::Error {
+public:
+    JoinersWaiting(std::int64_t step, std::vector<int> nodes)
+        : ckpt::Error("after global step " + std::to_string(step) + ", worker(s) " + join(nodes) + " wait to join"),
+          step_(step), nodes_(std::move(nodes)) {}
+    std::int64_t step() const noexcept { return step_; }
+    const std::vector<int>& nodes() const noexcept { return nodes_; }
+
+private:
+    static std::string join(const std::vector<int>& ids) {
+        std::string s;
+        for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
+        return s;
+    }
+    std::int64_t step_;
+    std::vector<int> nodes_;
+};
+
+/// The callback that, after each committed global index (list it after `indexer`), asks
+/// whether workers wait to join the next generation (rank 0 asks `comm.waiting_to_join()`,
+/// every rank gets its answer) and if so throws JoinersWaiting on every rank.
+template <Communicator Comm, class Indexer>
+class TakeInJoiners {
+public:
+    TakeInJoiners(Comm& comm, const Indexer& indexer) : comm_(comm), indexer_(indexer) {}
+
+    void on_step_end(nn::RunContext& c) { check(c); }
+    void on_epoch_end(nn::RunContext& c) { check(c); }
+
+private:
+    void check(nn::RunContext& c) {
+        const auto& index = indexer_.last_index();
+        if (!index || index == seen_) return;
+        seen_ = index;
+        struct Waiting {
+            std::int32_t count;
+            std::int32_t nodes[15];
+        };
+        Waiting mine{};
+        if (comm_.rank() == 0)
+            for (int node : comm_.waiting_to_join())
+                if (mine.count < 15) mine.nodes[mine.count++] = node;
+        const Waiting first = detail::allgather_records(comm_, mine)[0];
+        if (first.count == 0) return;
+        throw JoinersWaiting(c.global_step, std::vector<int>(first.nodes, first.nodes + first.count));
+    }
+
+    Comm& comm_;
+    const Indexer& indexer_;
+    std::optional<boost::filesystem::path> seen_;
+};
+
+}  // namespace fault
