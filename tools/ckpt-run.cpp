@@ -3,17 +3,19 @@
 // prints the options.
 //
 //   ckpt-run --nproc N --store URL [--first-rank F] [--world-size W] [--max-restarts K]
-//            [--grace SECONDS] -- PROGRAM ARGS...
+//            [--elastic] [--grace SECONDS] -- PROGRAM ARGS...
 //
 // Worker i is started with RANK = F + i, WORLD_SIZE = W (default N: every worker on this
 // host), CKPT_STORE = URL, the seed's aliases MS_NODE_ID and MS_WORKER_NUM, LOCAL_RANK = i,
 // and CKPT_RESTARTS = how many times it was restarted. A worker that exits with a non-zero
 // status or is killed is started again with the same settings, up to K times (default 0);
 // past that, the others get SIGTERM (SIGKILL after the grace period, default 30 s) and
-// ckpt-run exits with the failed worker's status (128 + signal for a signal). SIGTERM,
+// ckpt-run exits with the failed worker's status (128 + signal for a signal); with --elastic
+// (a job whose world size may change) that worker is left out and the others go on. SIGTERM,
 // SIGINT and SIGUSR1 sent to ckpt-run are forwarded to every worker; then it waits for them
 // (SIGKILL after the grace period) and exits with 128 + the signal. Exit 0 when every
-// worker exited 0; 2 for bad arguments.
+// worker exited 0 (with --elastic: every worker not left out, and at least one); 2 for bad
+// arguments.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -42,6 +44,7 @@ struct Worker {
     pid_t pid = -1;
     int restarts = 0;
     bool done = false;
+    bool left_out = false;  // --elastic: failed with no restarts left
 };
 
 pid_t start(const Worker& w, int first_rank, int world, const std::string& store, char** argv) {
@@ -108,12 +111,16 @@ int main(int argc, char** argv) {
                  "and CKPT_RESTARTS.",
                  "ckpt-run"};
     int nproc = 0, first_rank = 0, world = -1, max_restarts = 0, grace = 30;
+    bool elastic = false;
     std::string store;
     app.add_option("--nproc", nproc, "Workers to start on this host")->required()->check(CLI::Range(1, 1000000));
     app.add_option("--store", store, "Where the workers meet: file:///dir or redis://host:port")->required();
     app.add_option("--first-rank", first_rank, "Rank of this host's first worker")->check(CLI::Range(0, 1000000));
     app.add_option("--world-size", world, "Workers in the whole job (default: --nproc)")->check(CLI::Range(1, 1000000));
     app.add_option("--max-restarts", max_restarts, "Times a failed worker is started again")->check(CLI::Range(0, 1000000));
+    app.add_flag("--elastic", elastic,
+                 "The job's world size may change: a worker that fails with no restarts left is left out and the "
+                 "others go on (the workers must be elastic too, e.g. cluster_recover --elastic)");
     app.add_option("--grace", grace, "Seconds between SIGTERM and SIGKILL when stopping workers")->check(CLI::Range(0, 1000000));
     app.footer("Usage: ckpt-run --nproc N --store URL [options] -- PROGRAM ARGS...");
     app.prefix_command();  // PROGRAM and its arguments pass through untouched
@@ -164,9 +171,16 @@ int main(int argc, char** argv) {
         int st = 0;
         const pid_t pid = ::waitpid(-1, &st, WNOHANG);
         if (pid <= 0) {
-            bool running = false;
-            for (const auto& w : workers) running |= !w.done;
-            if (!running) return 0;
+            bool running = false, finished = false;
+            for (const auto& w : workers) {
+                running |= !w.done;
+                finished |= w.done && !w.left_out;
+            }
+            if (!running) {
+                if (finished) return 0;
+                std::fprintf(stderr, "ckpt-run: every worker was left out\n");
+                return 1;
+            }
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
             continue;
         }
@@ -184,9 +198,15 @@ int main(int argc, char** argv) {
                 w.pid = start(w, first_rank, world, store, program.data());
                 if (w.pid >= 0) break;
             }
+            w.done = true;
+            if (elastic) {
+                std::fprintf(stderr, "ckpt-run: rank %d (pid %d) %s; no restarts left: the job goes on without it\n",
+                             rank, static_cast<int>(pid), describe(st).c_str());
+                w.left_out = true;
+                break;
+            }
             std::fprintf(stderr, "ckpt-run: rank %d (pid %d) %s; no restarts left: stopping the job\n", rank,
                          static_cast<int>(pid), describe(st).c_str());
-            w.done = true;
             stop_all(workers, SIGTERM, std::chrono::seconds(grace));
             return status_of(st);
         }

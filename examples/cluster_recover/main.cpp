@@ -18,15 +18,25 @@
 // The whole job killed and started again with the same command resumes the same way, from
 // the newest step every rank holds.
 //
+// Every save also gets a global index (DIR/index-step_<g>.ckpt: which rank's file holds
+// which piece of which tensor). With --elastic the job goes on when its number of ranks
+// changes: a dead worker not back within --elastic-wait-ms is left out, the others form a
+// smaller generation and each loads its pieces of the newest index for its new place; a
+// worker that starts later (again, or anew) is taken in at the next checkpoint, and every
+// rank goes on from that checkpoint's index. The optimizer is then momentum with its state
+// sharded over all ranks, and the global batch (--global-batch) stays the same whatever the
+// number of ranks, so every step sees the same samples.
+//
 //   ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- \
 //       cluster_recover --dir ./ckpt [--epochs N] [--limit N] [--save-every N] [--keep N]
-//                       [--memory-every K [--last-words]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]
-//                       [--fresh] [--help]
+//                       [--memory-every K [--last-words]] [--elastic [--elastic-wait-ms MS]] [--global-batch N]
+//                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP] [--fresh] [--help]
 //
 // --address is this host's address toward the other hosts (default 127.0.0.1: one host).
 //
 // Every rank ends with "rank R: final_params_xxh64=<16 hex digits>", the same on every rank
-// and the same as a run in which no worker died. Exit status 0, or 1 on an error.
+// and (without --elastic) the same as a run in which no worker died. Exit status 0, or 1 on
+// an error.
 
 #include <fault/die_in_transfer.hpp>
 #include <fault/fault.hpp>
@@ -41,6 +51,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -57,6 +68,9 @@ struct Options {
     std::int64_t keep = 3;
     std::int64_t memory_every = 0;  // 0: no memory level
     bool last_words = false;        // the memory level's last words
+    bool elastic = false;
+    std::int64_t elastic_wait_ms = 60000;
+    std::size_t global_batch = 0;  // 0: 32 x ranks (elastic: rounded up to suit every number of ranks)
     std::int64_t die_in_transfer = 0;  // 0: no fault injected
     int die_rank = 1;
     std::int64_t cooldown_ms = 30000;  // the seed's 30 s
@@ -67,8 +81,9 @@ struct Options {
 
 constexpr const char* usage_text =
     "cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
-    "                       [--memory-every K [--last-words]] [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP]\n"
-    "                       [--fresh] [--help]";
+    "                       [--memory-every K [--last-words]] [--elastic [--elastic-wait-ms MS]] [--global-batch N]\n"
+    "                       [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR]\n"
+    "                       [--address IP] [--fresh] [--help]";
 constexpr const char* options_text =
     "One worker of a data-parallel job started by ckpt-run (or any launcher setting RANK,\n"
     "WORLD_SIZE and CKPT_STORE), e.g.\n"
@@ -87,6 +102,12 @@ constexpr const char* options_text =
     "                     its partner's; a restarted worker recovers from there (default: off)\n"
     "  --last-words       with --memory-every: when a worker dies, the others keep their state\n"
     "                     and the restarted worker gets it from one of them: no step is redone\n"
+    "  --elastic          go on with fewer workers when a dead one is not back in time, and take\n"
+    "                     in a worker that starts later at the next checkpoint; each rank loads\n"
+    "                     its pieces of the newest global index (DIR must be shared by all hosts)\n"
+    "  --elastic-wait-ms MS  with --elastic: how long to wait for a dead worker (default 60000)\n"
+    "  --global-batch N   samples of a global step, split among the ranks (default 32 x ranks;\n"
+    "                     with --elastic, a multiple of every number of ranks from 1 to WORLD_SIZE)\n"
     "  --die-in-transfer N  (tests) at its first start, rank R kills itself with SIGKILL in the\n"
     "                     middle of sending its N-th memory copy (default: off)\n"
     "  --die-rank R       the rank --die-in-transfer kills (default 1)\n"
@@ -110,6 +131,9 @@ Options parse(int argc, char** argv) {
         else if (*a == "--keep") o.keep = cli.count();
         else if (*a == "--memory-every") o.memory_every = cli.count();
         else if (*a == "--last-words") o.last_words = true;
+        else if (*a == "--elastic") o.elastic = true;
+        else if (*a == "--elastic-wait-ms") o.elastic_wait_ms = cli.count();
+        else if (*a == "--global-batch") o.global_batch = static_cast<std::size_t>(cli.count());
         else if (*a == "--die-in-transfer") o.die_in_transfer = cli.count();
         else if (*a == "--die-rank") o.die_rank = static_cast<int>(cli.count());
         else if (*a == "--cooldown-ms") o.cooldown_ms = cli.count();
@@ -128,12 +152,39 @@ Options parse(int argc, char** argv) {
     if (o.die_in_transfer && !o.memory_every) cli.fail("--die-in-transfer needs --memory-every");
     if (o.timeout_ms < 1) cli.fail("--timeout-ms must be positive");
     if (fault::launch_env().store.empty()) cli.fail("no store: start it with ckpt-run, or set RANK, WORLD_SIZE and CKPT_STORE");
+    if (o.elastic && o.memory_every) cli.fail("--elastic resumes from the global index: it does not combine with --memory-every");
+    const auto world = static_cast<std::size_t>(fault::launch_env().world_size);
+    if (o.elastic) {
+        // the batch must split evenly among however many ranks remain
+        std::size_t every = 1;
+        for (std::size_t m = 2; m <= world; ++m) every = std::lcm(every, m);
+        if (!o.global_batch) o.global_batch = (32 * world + every - 1) / every * every;
+        if (o.global_batch % every)
+            cli.fail("--global-batch " + std::to_string(o.global_batch) + ": with --elastic it must be a multiple of " +
+                     std::to_string(every) + ", so that every number of ranks from 1 to " + std::to_string(world) +
+                     " divides it");
+    } else if (o.global_batch && o.global_batch % world) {
+        cli.fail("--global-batch " + std::to_string(o.global_batch) + " does not split among " + std::to_string(world) + " ranks");
+    }
     return o;
 }
 
 using Net = nn::UceNet;  // 784 -> 512 -> 512 -> 10
-using DpOpt = fault::DataParallelOptimizer<nn::SGD, fault::GlooComm>;
-using Checkpoints = nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast>;
+// every --save-every steps, and the last step: a worker that joins an elastic job after its
+// end, or the job run again, finds it trained to the end
+using Checkpoints = nn::ModelCheckpoint<ckpt::AnyOf<ckpt::EverySteps, ckpt::OnTrainEnd>, ckpt::KeepLast>;
+using Indexer = fault::GlobalIndexer<fault::GlooComm, Checkpoints>;
+
+// With --elastic: ends the generation at a checkpoint when workers wait to join.
+struct ElasticJoins {
+    std::optional<fault::TakeInJoiners<fault::GlooComm, Indexer>> take_in;
+    void on_step_end(nn::RunContext& c) {
+        if (take_in) take_in->on_step_end(c);
+    }
+    void on_epoch_end(nn::RunContext& c) {
+        if (take_in) take_in->on_epoch_end(c);
+    }
+};
 
 // The memory level's snapshots, for the callbacks of one generation (none when it is off).
 // With --die-in-transfer, the copies go through a communicator that kills this process
@@ -157,15 +208,17 @@ struct MemorySnapshots {
     }
 };
 
-// Trains from the agreed step to the end in generation `comm`; throws PeerFailure when a
-// worker dies meanwhile. Returns the final parameters' hash.
+// Trains from the agreed step to the end in generation `comm` with optimizer Inner (its
+// state sharded over every rank with --elastic); throws PeerFailure when a worker dies
+// meanwhile, JoinersWaiting when workers wait to join. Returns the final parameters' hash.
+template <class Inner, class... InnerArgs>
 std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine, fault::MemoryLevel& memory,
-                  std::int64_t& done) {
-    auto data = examples::seed_dp_dataset(o.data, o.limit, comm.size(), comm.rank());
+                  std::int64_t& done, InnerArgs... inner_args) {
+    auto data = examples::seed_dp_dataset(o.data, o.limit, comm.size(), comm.rank(), o.global_batch);
     Net net;  // the same seed on every rank: a fresh start is the same everywhere
-    nn::SGD sgd(net.parameters(), 1e-2);
-    DpOpt dp(sgd, comm);
-    nn::Trainer<Net, DpOpt> trainer(net, dp, {}, comm.rank());
+    fault::ShardedOptimizer<Inner, fault::GlooComm> sharded(net.parameters(), comm, {o.elastic ? comm.size() : 1}, inner_args...);
+    auto& dp = sharded.optimizer();
+    nn::Trainer<Net, fault::DataParallelOptimizer<Inner, fault::GlooComm>> trainer(net, dp, {}, comm.rank());
     std::int64_t initial_epoch = 0;
     // what restoring the state took on this rank once the ranks agreed where it comes from
     double restore_ms = 0;
@@ -188,7 +241,23 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
     // the memory level first: nothing to read when every rank's state is in some rank's memory
     std::optional<fault::MemoryRecovery> recovered;
     if (o.memory_every) recovered = memory.recover(comm);
-    if (recovered) {
+    std::optional<fault::ElasticResume> resharded;
+    if (o.elastic) {
+        // this rank's pieces of the newest global index, for its place in this generation
+        const auto rp = timed([&] {
+            resharded = fault::load_latest_resharded(comm, o.dir, trainer.load_target(), dp.piece_map());
+            if (!resharded) return nn::ResumePoint{};
+            dp.claim_resharded(resharded->state.state);
+            return trainer.resume_from_state(resharded->state.state, resharded->index.string(), data);
+        });
+        if (resharded)
+            say_resumed(rp, "from the global index of step " + std::to_string(resharded->global_step) + ", saved by " +
+                                std::to_string(resharded->saved_by) + " rank(s); rank 0 read " +
+                                std::to_string(resharded->state.bytes_read >> 10) + " KiB of " +
+                                std::to_string(resharded->state.files_opened) + " file(s)");
+        else if (comm.rank() == 0)
+            std::printf("generation %d: no global index; training from the start\n", comm.generation().number);
+    } else if (recovered) {
         const std::string where = "the memory level's state of global step " + std::to_string(recovered->step);
         restore_ms = 1e3 * recovered->seconds;
         say_resumed(timed([&] { return trainer.resume_from_state(recovered->state, where, data); }),
@@ -205,7 +274,11 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
         std::printf("generation %d: no step saved by every rank; training from the start\n", comm.generation().number);
     }
     std::fflush(stdout);
-    Checkpoints checkpoints("net", mine, {}, ckpt::EverySteps{o.save_every}, ckpt::KeepLast{o.keep});
+    Checkpoints checkpoints("net", mine, {}, ckpt::AnyOf(ckpt::EverySteps{o.save_every}, ckpt::OnTrainEnd{}),
+                            ckpt::KeepLast{o.keep});
+    Indexer indexer(comm, checkpoints, o.dir, [&dp] { return dp.piece_map(); });
+    ElasticJoins joins;
+    if (o.elastic) joins.take_in.emplace(comm, indexer);
     MemorySnapshots snapshots;
     const fault::MemoryCheckpointOptions memory_options{.last_words = o.last_words};
     if (o.die_in_transfer && comm.job_rank() == o.die_rank && fault::launch_env().restarts == 0) {
@@ -224,7 +297,10 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
             }
         }
     } progress{&done};
-    trainer.train(o.epochs, data, nn::callbacks(progress, snapshots, checkpoints), initial_epoch);
+    if (initial_epoch < o.epochs)
+        trainer.train(o.epochs, data, nn::callbacks(progress, snapshots, checkpoints, indexer, joins), initial_epoch);
+    else if (comm.rank() == 0)
+        std::printf("generation %d: the job is trained to the end already\n", comm.generation().number);
     return examples::params_xxh64(net.parameters());
 }
 
@@ -238,23 +314,34 @@ int run(const Options& o) {
     std::printf("rank %d: pid %d, start %d\n", env.rank, static_cast<int>(::getpid()), env.restarts + 1);
     std::fflush(stdout);
     std::optional<fault::GlooComm> comm;
-    comm.emplace(*store, env.rank, env.world_size,
-                 fault::GlooOptions{.timeout = std::chrono::milliseconds(o.timeout_ms),
-                                    .address = o.address,
-                                    .cooldown = std::chrono::milliseconds(o.cooldown_ms)});
+    fault::GlooOptions options{.timeout = std::chrono::milliseconds(o.timeout_ms),
+                               .address = o.address,
+                               .cooldown = std::chrono::milliseconds(o.cooldown_ms)};
+    if (o.elastic) options.elastic = std::chrono::milliseconds(o.elastic_wait_ms);
+    comm.emplace(*store, env.rank, env.world_size, options);
     std::int64_t done = 0;  // the last global step this worker completed
     fault::MemoryLevel memory;  // outlives the generations
     for (;;) {
         try {
-            const std::string hash = train(*comm, o, mine, memory, done);
+            if (comm->rank() == 0)
+                std::printf("generation %d: %d rank(s), workers %s\n", comm->generation().number, comm->size(),
+                            fault::detail::join_ids(comm->generation().members, ", ").c_str());
+            const std::string hash = o.elastic ? train<nn::Momentum>(*comm, o, mine, memory, done, 1e-2, 0.9)
+                                               : train<nn::SGD>(*comm, o, mine, memory, done, 1e-2);
             std::printf("rank %d: final_params_xxh64=%s\n", env.rank, hash.c_str());
             return 0;
         } catch (const fault::PeerFailure& e) {
-            std::printf("rank %d: after global step %lld: %s; waiting for every worker to rejoin\n", env.rank,
-                        static_cast<long long>(done), e.what());
+            std::printf("rank %d: after global step %lld: %s; waiting for %s\n", env.rank, static_cast<long long>(done),
+                        e.what(), o.elastic ? "the workers that come back in time" : "every worker to rejoin");
             std::fflush(stdout);
             fault::GlooComm next = comm->regroup();
             comm.reset();  // the spent generation's connections close before the next trains
+            comm.emplace(std::move(next));
+        } catch (const fault::JoinersWaiting& e) {
+            std::printf("rank %d: %s; taking them in\n", env.rank, e.what());
+            std::fflush(stdout);
+            fault::GlooComm next = comm->grow();
+            comm.reset();
             comm.emplace(std::move(next));
         }
     }
