@@ -66,7 +66,8 @@ struct LastWordsRun {
                 opt.set_completed_steps(rp.global_step);
                 initial_epoch = rp.initial_epoch;
             }
-            fault::LastWordsCheckpoint last_words(comm, last_words_dir, {.layout = layout});
+            fault::LastWordsCheckpoint last_words(comm, last_words_dir,
+                                                  {.layout = layout, .pieces = [&stack] { return stack.opt().piece_map(); }});
             const std::int64_t at = fails_here ? fail_step : 0;
             nn::FailAtStep after(when == When::after_update ? at : 0, comm.rank());
             nn::FailBeforeUpdate before(when == When::before_update ? at : 0, comm.rank());
@@ -128,13 +129,14 @@ TEST_CASE("last words from a healthy replica of every piece, for failures before
                 REQUIRE(o.step_directory);
                 CHECK(o.step_directory->filename() == "tft_saved_checkpoints-step_" + std::to_string(saved));
             }
-            // the seed's layout: one rank_{r} per replica group; epoch 2, step 3 (or 2) of 8
+            // the seed's layout: one rank_{r} per replica group; epoch 2, step 3 (or 2) of 8;
+            // and the step's global index
             const std::string step_dir = "tft_saved_checkpoints-step_" + std::to_string(saved);
             CHECK(test::names_in(dir.path()) == std::vector<std::string>{step_dir});
-            std::vector<std::string> rank_dirs;
-            for (int s : std::vector<int>{savers.begin(), savers.end()}) rank_dirs.push_back("rank_" + std::to_string(s));
-            std::sort(rank_dirs.begin(), rank_dirs.end());
-            CHECK(test::names_in(dir / step_dir) == rank_dirs);
+            std::vector<std::string> step_entries{"index-step_" + std::to_string(saved) + ".ckpt"};
+            for (int s : std::vector<int>{savers.begin(), savers.end()}) step_entries.push_back("rank_" + std::to_string(s));
+            std::sort(step_entries.begin(), step_entries.end());
+            CHECK(test::names_in(dir / step_dir) == step_entries);
             for (int s : savers)
                 CHECK(test::names_in(dir / step_dir / ("rank_" + std::to_string(s))) ==
                       std::vector<std::string>{"ttp_rank_" + std::to_string(s) + "-2_" + std::to_string(saved - 8) + ".ckpt"});
@@ -182,6 +184,24 @@ TEST_CASE("resuming sharded last words: each rank reads its piece, a damaged pie
     CHECK(fault::latest_last_words(dir.path(), layout, 0) == step / "rank_0/ttp_rank_0-1_6.ckpt");
     CHECK(fault::latest_last_words(dir.path(), layout, 2) == step / "rank_0/ttp_rank_0-1_6.ckpt");
     CHECK(fault::latest_last_words(dir.path(), layout, 1) == step / "rank_3/ttp_rank_3-1_6.ckpt");
+    {
+        // the step's global index: one rank unsharded gets the momentum whole, piece 0 from
+        // rank 0's file, piece 1 from rank 3's
+        nn::UceNet whole(11);
+        nn::Momentum momentum(whole.parameters(), 0.01, 0.9);
+        ckpt::ParamDict like = whole.state_dict();
+        for (auto& [name, value] : momentum.state_dict()) like.set(name, std::move(value));
+        const auto got = ckpt::load_resharded(step / "index-step_6.ckpt", like);
+        std::vector<float> joined;
+        for (const char* file : {"rank_0/ttp_rank_0-1_6.ckpt", "rank_3/ttp_rank_3-1_6.ckpt"}) {
+            const ckpt::ParamDict saved = ckpt::load_checkpoint(step / file);  // the values below are a view of it
+            const auto piece = saved.get<ckpt::Tensor>("moments.layer1.param").values<float>();
+            joined.insert(joined.end(), piece.begin(), piece.end());
+        }
+        const auto m = got.state.get<ckpt::Tensor>("moments.layer1.param").values<float>();
+        CHECK(std::vector<float>(m.begin(), m.end()) == joined);
+        CHECK(got.state.get<std::int64_t>("trainer.global_step") == 6);
+    }
 
     // a rank keeping piece 1 refuses the file of piece 0, before changing anything
     fault::ThreadGroup group(4);
@@ -311,7 +331,8 @@ TEST_CASE("a second failure during the last words: a saver's write fails, the ot
             nn::UceNet net(11);
             test::DpStack stack(net, comm, shard_size);
             nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
-            fault::LastWordsCheckpoint last_words(comm, dir.path(), {.layout = {shard_size}});
+            fault::LastWordsCheckpoint last_words(comm, dir.path(),
+                                                  {.layout = {shard_size}, .pieces = [&stack] { return stack.opt().piece_map(); }});
             BreakSaver break_saver;
             nn::FailAtStep crash(6, 3);
             try {
@@ -333,7 +354,8 @@ TEST_CASE("a second failure during the last words: a saver's write fails, the ot
         // no temporary left, of either attempt
         CHECK(test::names_in(dir.path()) == std::vector<std::string>{"tft_saved_checkpoints-step_6"});
         CHECK(test::names_in(dir / "tft_saved_checkpoints-step_6") ==
-              (shard_size == 1 ? std::vector<std::string>{"rank_1"} : std::vector<std::string>{"rank_1", "rank_2"}));
+              (shard_size == 1 ? std::vector<std::string>{"index-step_6.ckpt", "rank_1"}
+                               : std::vector<std::string>{"index-step_6.ckpt", "rank_1", "rank_2"}));
         for (int r = 0; r < 4; ++r) CHECK(fault::latest_last_words(dir.path(), {shard_size}, r));
     }
 }

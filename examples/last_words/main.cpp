@@ -177,7 +177,9 @@ void train_rank(Comm& comm, const Options& o, const fs::path& from, Failure fail
             return;
         }
     }
-    fault::LastWordsCheckpoint last_words(comm, o.dir, {.layout = layout, .watch_signals = true});
+    // the step directory also gets a global index: loadable on another number of ranks
+    fault::LastWordsCheckpoint last_words(
+        comm, o.dir, {.layout = layout, .watch_signals = true, .pieces = [&dp] { return dp.piece_map(); }});
     struct Progress {
         std::mutex* out;
         void on_step_end(nn::RunContext& c) {

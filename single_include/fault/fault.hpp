@@ -1926,7 +1926,9 @@ private:
 // write fails, or it dies) never leaves a torn step directory: the temporary is not
 // renamed, the failed saver declares itself failed, and the remaining survivors agree
 // again and save again. When some replica group has no consistent survivor, nothing is
-// written and the message says which group.
+// written and the message says which group. The committer also writes the step's global
+// index into the temporary (LastWordsOptions::pieces), so the step directory is loadable
+// on another number of ranks (ckpt::load_resharded) from the moment it appears.
 
 #include <boost/filesystem.hpp>
 
@@ -1937,6 +1939,7 @@ private:
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <optional>
 #include <signal.h>
@@ -2032,6 +2035,10 @@ struct LastWordsOptions {
     Sel selector{};
     ShardLayout layout{};        ///< the optimizer's; the replica groups follow from it
     bool watch_signals = false;  ///< also on SIGTERM/SIGINT (see LastWordsCheckpoint::on_step_end)
+    /// Where this rank's optimizer-state pieces sit (a DataParallelOptimizer's piece_map).
+    /// With it, or without sharding, the step directory also holds a global index,
+    /// index-step_{g}.ckpt, to load the last words on another number of ranks.
+    std::function<ckpt::PieceMap()> pieces{};
 };
 
 namespace detail {
@@ -2261,21 +2268,26 @@ private:
         const fs::path staging = dir_ / staging_name;
         if (std::find(plan.savers.begin(), plan.savers.end(), me) != plan.savers.end()) write(group, ctx, staging);
         group.barrier();  // every piece is written and durable in the temporary
-        if (me == committer) commit(group, staging, final_dir, final_name, staging_name);
+        if (me == committer) commit(group, ctx, plan.savers, staging, final_dir, final_name, staging_name);
         group.barrier();  // the step directory is in place and durable
         outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         outcome_.step_directory = final_dir;
     }
 
-    // This saver's file, rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt, inside the temporary.
-    void write(Comm& group, nn::RunContext& ctx, const fs::path& staging) {
+    // Saver `rank`'s file in the step directory: rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt.
+    static std::string saver_file(const nn::RunContext& ctx, int rank) {
         ckpt::Progress p;
         p.epoch = ctx.epoch;
         p.step = ctx.step;
         p.global_step = ctx.global_step;
-        p.rank = comm_.job_rank();
+        p.rank = rank;
         const std::string name = ckpt::LastWordsNaming{}.checkpoint_name("", p, ckpt::SaveKind::regular);
-        const fs::path file = staging / name.substr(name.find('/') + 1);
+        return name.substr(name.find('/') + 1);
+    }
+
+    // This saver's file, inside the temporary.
+    void write(Comm& group, nn::RunContext& ctx, const fs::path& staging) {
+        const fs::path file = staging / saver_file(ctx, comm_.job_rank());
         try {
             fs::create_directories(file.parent_path());
             ckpt::SaveOptions opts;
@@ -2291,9 +2303,40 @@ private:
         }
     }
 
-    void commit(Comm& group, const fs::path& staging, const fs::path& final_dir, const std::string& final_name,
-                const std::string& staging_name) {
+    // The global index of the savers' files, in the temporary. A saver of piece j holds
+    // piece j of every sharded tensor: the committer's own places, moved to piece j.
+    void write_index(const nn::RunContext& ctx, const std::vector<int>& savers, const fs::path& staging) {
+        const ShardLayout& layout = options_.layout;
+        if (layout.shard_size > 1 && !options_.pieces) return;  // where the pieces sit is not known
+        const ckpt::PieceMap mine = options_.pieces ? options_.pieces() : ckpt::PieceMap{};
+        ckpt::GlobalIndex index;
+        index.global_step = ctx.global_step;
+        index.world_size = job_size_;
+        for (const int saver : savers) {
+            ckpt::PieceMap places = mine;
+            for (auto& [name, place] : places) {
+                std::size_t n = 1;
+                for (const auto d : place.global_shape) n *= static_cast<std::size_t>(d);
+                place.first = layout.piece(n, layout.shard_of(saver)).first;
+            }
+            const std::string relative = saver_file(ctx, saver);
+            const ckpt::GlobalIndex theirs = ckpt::describe_checkpoint(staging / relative, relative, saver, places);
+            if (index.pieces.empty()) {
+                index.values = theirs.values;
+                index.chunk_bytes = theirs.chunk_bytes;
+            }
+            index.pieces.insert(index.pieces.end(), theirs.pieces.begin(), theirs.pieces.end());
+        }
+        ckpt::SaveOptions opts;
+        opts.step = ctx.global_step;
+        ckpt::save_checkpoint(ckpt::index_to_dict(index), staging / ("index-step_" + std::to_string(ctx.global_step) + ".ckpt"),
+                              opts);
+    }
+
+    void commit(Comm& group, const nn::RunContext& ctx, const std::vector<int>& savers, const fs::path& staging,
+                const fs::path& final_dir, const std::string& final_name, const std::string& staging_name) {
         try {
+            write_index(ctx, savers, staging);
             // temporaries of earlier attempts at this step: their writers have all moved on
             boost::system::error_code ec;
             for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
