@@ -321,10 +321,15 @@ private:
             ctx->connectFullMesh(adapter, device);
             ctx_ = std::move(ctx);
         } catch (const gloo::Exception& e) {
-            throw PeerFailure("GlooComm: node " + std::to_string(job_rank()) + " could not connect to generation " +
-                                  std::to_string(gen_.number) + " through " + store.url() + ": " + e.what(),
-                              {});
+            connect_failed(store, e.what());
+        } catch (const gloo::EnforceNotMet& e) {
+            connect_failed(store, e.what());
         }
+    }
+    [[noreturn]] void connect_failed(const PrefixStore& store, const char* what) {
+        throw PeerFailure("GlooComm: node " + std::to_string(job_rank()) + " could not connect to generation " +
+                              std::to_string(gen_.number) + " through " + store.url() + ": " + what,
+                          {});
     }
     std::chrono::milliseconds timeout() const { return job_->options.timeout; }
 
@@ -362,12 +367,22 @@ private:
         try {
             f();
         } catch (const gloo::Exception& e) {
+            fail(where, spent, e.what());
+        } catch (const gloo::EnforceNotMet& e) {
+            // a call on another thread closed the connections under this one (its descriptors
+            // are gone from Gloo's event loop): the communicator is spent alike
+            fail(where, spent, e.what());
+        }
+    }
+    template <class Where, class Spent>
+    [[noreturn]] void fail(Where& where, Spent& spent, const char* what) {
+        {
             // calls on two threads (a memory-level transfer beside training) may fail at once:
             // the first one finds the dead, the other reports what it found
             std::lock_guard lock(failure_->mutex);
             if (failure_->spent) throw spent();
             failure_->spent = true;
-            failure_->reason = e.what();
+            failure_->reason = what;
             // first say this rank survived: it may exit before the others look for the dead
             try {
                 job_->scoped.set(gen_.prefix() + "survivor/" + std::to_string(job_rank()), "1");
@@ -384,7 +399,7 @@ private:
             throw PeerFailure(where() + " failed (" +
                                   (failed.empty() ? std::string("no rank found dead")
                                                   : "dead: rank " + detail::join_ids(failed, ", ")) +
-                                  "): " + e.what(),
+                                  "): " + what,
                               failed);
         }
     }
