@@ -4,8 +4,8 @@
 //
 //   fault::commit_global_index(comm, dir, global_step, my_file, dp.piece_map());
 //
-// Each rank describes its file (its pieces' places, file offsets and chunk checksums) and
-// sends the description to the lowest rank, which writes {dir}/index-step_{g}.ckpt
+// Each rank describes its file (its pieces' places, file offsets and chunk checksums); the
+// descriptions are gathered (an allgather) and the lowest rank writes {dir}/index-step_{g}.ckpt
 // atomically and durably; the ranks then meet at a barrier, so that on return every rank
 // knows the index is in place. A rank lost before the index is written leaves no index of
 // that step (its files alone), never a partial one.
@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,35 +45,47 @@ template <Communicator Comm>
 boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir, std::int64_t global_step,
                                             const ckpt::PathArg& my_file, const ckpt::PieceMap& places = {},
                                             std::uint64_t chunk_bytes = 1u << 20) {
-    constexpr int tag = 0x494458;  // "IDX"
     const auto relative = boost::filesystem::relative(my_file, dir);
     if (relative.empty() || *relative.begin() == "..")
         throw ckpt::ConfigError("global index: '" + my_file.string() + "' is not under '" + dir.string() + "'");
     const ckpt::GlobalIndex mine =
         ckpt::describe_checkpoint(my_file, relative.generic_string(), comm.rank(), places, chunk_bytes);
     const auto path = global_index_path(dir, global_step);
-    if (comm.rank() != 0) {
-        PackedState packed;
-        packed.pack(ckpt::index_to_dict(mine), global_step);
-        detail::send_packed(comm, packed, 0, tag);
-    } else {
+    // every description to every rank by allgather, not by sends to rank 0: a collective fails
+    // at once when a rank dies, as the training's own calls do, where a send already queued
+    // to a dead peer may wait for its timeout (see GlooComm)
+    PackedState packed;
+    packed.pack(ckpt::index_to_dict(mine), global_step);
+    struct Words {
+        std::uint64_t n;
+    };
+    const auto sizes = detail::allgather_records(comm, Words{packed.words().size()});
+    std::uint64_t most = 0;
+    for (const Words& w : sizes) most = std::max(most, w.n);
+    std::vector<float> in(static_cast<std::size_t>(most)), all(static_cast<std::size_t>(most) * sizes.size());
+    std::copy(packed.words().begin(), packed.words().end(), in.begin());
+    comm.allgather(std::span<const float>(in), std::span<float>(all));
+    if (comm.rank() == 0) {
         ckpt::GlobalIndex index = mine;
         index.global_step = global_step;
         index.world_size = comm.size();
         for (int r = 1; r < comm.size(); ++r) {
-            PackedState packed;
-            detail::receive_packed(comm, packed, r, tag);
+            PackedState theirs_packed;
+            const auto at = static_cast<std::size_t>(r);
+            const std::span<float> to = theirs_packed.receive_buffer(static_cast<std::size_t>(sizes[at].n) * sizeof(float));
+            std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at * most), to.size(), to.begin());
+            theirs_packed.received();
             const std::string what = "global index: rank " + std::to_string(r) + "'s description of step " +
                                      std::to_string(global_step);
-            const ckpt::GlobalIndex theirs = ckpt::index_from_dict(packed.unpack(what), what);
+            const ckpt::GlobalIndex theirs = ckpt::index_from_dict(theirs_packed.unpack(what), what);
             if (theirs.chunk_bytes != index.chunk_bytes)
                 throw ckpt::ConfigError(what + " uses chunks of " + std::to_string(theirs.chunk_bytes) + " bytes, rank 0 " +
                                         std::to_string(index.chunk_bytes));
             index.pieces.insert(index.pieces.end(), theirs.pieces.begin(), theirs.pieces.end());
         }
-        ckpt::SaveOptions opts;
-        opts.step = global_step;
-        ckpt::save_checkpoint(ckpt::index_to_dict(index), path, opts);
+        ckpt::SaveOptions save;
+        save.step = global_step;
+        ckpt::save_checkpoint(ckpt::index_to_dict(index), path, save);
     }
     comm.barrier();
     return path;
