@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <ckpt/aes_gcm.hpp>
+#include <ckpt/zstd.hpp>
 #include <fault/fault.hpp>
 
 #include "dp_support.hpp"
@@ -30,8 +32,10 @@ ckpt::Tensor iota_piece(std::uint64_t first, std::uint64_t n) {
 }
 
 /// `ranks` files under `dir`: each holds the whole "w" (replicated) and piece r of "m", a
-/// [rows, 64] tensor split by ShardLayout{ranks}; and the index of step 7 over them.
-fs::path save_sharded(const fs::path& dir, int ranks, std::int64_t rows, std::uint64_t chunk_bytes) {
+/// [rows, 64] tensor split by ShardLayout{ranks}; and the index of step 7 over them. The files
+/// are saved with `save`, read back with `read`.
+fs::path save_sharded(const fs::path& dir, int ranks, std::int64_t rows, std::uint64_t chunk_bytes,
+                      const ckpt::SaveOptions& save = {}, const ckpt::LoadOptions& read = {}) {
     const ckpt::Shape global{rows, 64};
     const std::uint64_t n = static_cast<std::uint64_t>(rows) * 64;
     fault::ThreadGroup group(ranks, std::chrono::seconds(10));
@@ -45,9 +49,9 @@ fs::path save_sharded(const fs::path& dir, int ranks, std::int64_t rows, std::ui
         d.set("name", "rank " + std::to_string(comm.rank()));
         const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_7.ckpt";
         fs::create_directories(file.parent_path());
-        ckpt::save_checkpoint(d, file);
+        ckpt::save_checkpoint(d, file, save);
         const ckpt::PieceMap places{{"moments.m", {"moments.m", global, lo}}};
-        const auto path = fault::commit_global_index(comm, dir, 7, file, places, chunk_bytes);
+        const auto path = fault::commit_global_index(comm, dir, 7, file, places, chunk_bytes, read);
         if (comm.rank() == 0) index = path;
     });
     for (const auto& e : errors) REQUIRE_FALSE(e);
@@ -131,13 +135,40 @@ TEST_CASE("a resharding load names what it cannot find, and a damaged chunk by f
     }
 }
 
-TEST_CASE("a global index needs every rank's binary file without codecs, under its directory") {
+TEST_CASE("files with codecs are indexed too: each is decoded once, its pieces checked in the decoded body") {
+    test::TempDir dir;
+    std::array<unsigned char, 32> raw{};
+    raw.fill(0x5a);
+    const ckpt::Key key = ckpt::Key::from_bytes(raw);
+    ckpt::SaveOptions save;
+    save.codecs = ckpt::Chain<ckpt::Zstd, ckpt::AesGcm>{ckpt::Zstd{1}, ckpt::AesGcm{key}}.codecs();
+    ckpt::LoadOptions read;
+    read.key = key;
+    const fs::path index = save_sharded(dir.path(), 4, 512, 16 << 10, save, read);  // m: 32 KiB a piece
+    for (const auto& p : ckpt::read_global_index(index).pieces) CHECK(p.encoded);
+    for (const int shards : {1, 3}) {
+        for (int j = 0; j < shards; ++j) {
+            CAPTURE(shards);
+            CAPTURE(j);
+            const auto want = wanted(512, shards, j);
+            const auto got = ckpt::load_resharded(index, want.first, want.second, read);
+            const auto piece = fault::ShardLayout{shards}.piece(512 * 64, j);
+            CHECK(got.state.at("moments.m") == ckpt::Value(iota_piece(piece.first, piece.second - piece.first)));
+            CHECK(got.state.at("w") == ckpt::Value(iota({3, 5})));
+        }
+    }
+    const auto whole = wanted(512, 1, 0);
+    CHECK(ckpt::load_resharded(index, whole.first, whole.second, read).files_opened == 4);  // each once
+    CHECK_THROWS_AS(ckpt::load_resharded(index, whole.first, whole.second), ckpt::KeyError);  // no key
+}
+
+TEST_CASE("a global index needs every rank's binary file, under its directory") {
     test::TempDir dir;
     ckpt::SaveOptions text;
     text.archive = ckpt::ArchiveKind::text;
     ckpt::save_checkpoint(test::sample_state(), dir / "t.ckpt", text);
     CHECK_THROWS_WITH_AS(ckpt::describe_checkpoint(dir / "t.ckpt", "t.ckpt", 0),
-                         doctest::Contains("is not a binary checkpoint without codecs"), ckpt::ConfigError);
+                         doctest::Contains("is not a binary checkpoint"), ckpt::ConfigError);
     ckpt::save_checkpoint(test::sample_state(), dir / "b.ckpt");
     fault::ThreadGroup one(1, std::chrono::seconds(5));
     const auto errors = fault::run_ranks(one, [&](fault::ThreadComm& comm) {

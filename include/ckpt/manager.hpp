@@ -166,6 +166,7 @@ public:
     /// The prefix this run's files use: the prefix, or "{prefix}_{N}" when earlier runs exist.
     const std::string& run_prefix() const noexcept { return run_prefix_; }
     const ManagerOptions& options() const noexcept { return options_; }
+    const LoadOptions& load_options() const noexcept { return load_options_; }
 
     /// Call after each step; saves when the save policy says so. Returns the file written.
     template <class State>
@@ -505,6 +506,8 @@ public:
     /// The prefix this run's files use: the prefix, or "{prefix}_{N}" when earlier runs exist.
     const std::string& run_prefix() const noexcept { return core_->run_prefix(); }
     const ManagerOptions& options() const noexcept { return core_->options(); }
+    /// How this manager's files are read back (the codec's key, if any).
+    const LoadOptions& load_options() const noexcept { return core_->load_options(); }
     RetentionScope retention_scope() const noexcept { return core_->retention_scope(); }
 
     /// Call after each step; saves when the save policy says so. Returns the file written.

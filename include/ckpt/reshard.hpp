@@ -19,8 +19,9 @@
 // cover its elements (the fewest pieces: of two files holding the same elements, the one
 // holding more of them), checks each chunk before copying from it, and throws LoadMismatch
 // when some elements are in no file, ChecksumError (naming file, tensor and chunk) when a
-// chunk does not match. Reading byte ranges needs binary checkpoints without codecs; a file
-// with codecs is described by its whole-body checksum and read whole when a piece is needed.
+// chunk does not match. Byte ranges are read from binary checkpoints without codecs; a file
+// with codecs (compressed, encrypted) cannot be read from the middle, so it is read and
+// decoded whole, once, when one of its pieces is needed, and its chunks are checked there.
 
 #include <boost/filesystem.hpp>
 
@@ -66,9 +67,12 @@ struct TensorPiece {
     std::int64_t rank = 0;    ///< the rank whose file holds it
     std::string file;         ///< that file, relative to the index's directory
     std::string entry;        ///< its name in that file
-    std::uint64_t offset = 0; ///< file offset of its first byte
+    std::uint64_t offset = 0; ///< file offset of its first byte; with `encoded`, its offset in the decoded body
     /// xxh3-64 of each chunk_bytes of its bytes (the last chunk may be shorter)
     std::vector<std::uint64_t> chunk_hashes;
+    /// The file's body passed through codecs (compression, encryption): it cannot be read from
+    /// the middle, so a reader decodes it whole and takes the piece from there.
+    bool encoded = false;
 };
 
 /// The index of one saved step.
@@ -127,18 +131,32 @@ inline std::string elements_text(std::uint64_t a, std::uint64_t b) {
 }  // namespace detail
 
 /// This rank's part of the index: the pieces of its saved `file` (named `relative` in the
-/// index) and its values. Reads the file once, to checksum its chunks.
+/// index) and its values. Reads the file once, to checksum its chunks. A file with codecs is
+/// decoded (`opts.key` for an encrypted one) and its pieces marked `encoded`.
 inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& relative, std::int64_t rank,
-                                       const PieceMap& places = {}, std::uint64_t chunk_bytes = 1u << 20) {
+                                       const PieceMap& places = {}, std::uint64_t chunk_bytes = 1u << 20,
+                                       const LoadOptions& opts = {}) {
     const std::string path = file.string();
     if (chunk_bytes == 0 || chunk_bytes % detail::payload_alignment)
         throw ConfigError("global index: chunk_bytes must be a positive multiple of " + std::to_string(detail::payload_alignment));
     auto c = detail::open_checkpoint(path, {});
-    if (c.header.archive != ArchiveKind::binary || c.header.encoded())
-        throw ConfigError("global index: '" + path + "' is not a binary checkpoint without codecs; resharding reads " +
-                          "byte ranges of such files only");
-    const auto toc = read_contents(file).entries;
-    const auto offsets = detail::payload_offsets(toc);
+    if (c.header.archive != ArchiveKind::binary)
+        throw ConfigError("global index: '" + path + "' is not a binary checkpoint; resharding reads byte ranges of " +
+                          "binary bodies only");
+    const bool encoded = c.header.encoded();
+    std::vector<detail::EntryMeta> toc;
+    BodyBytes decoded;
+    if (encoded) {
+        decoded = detail::read_decoded_body(c, path, opts);
+        detail::MemoryReader src(reinterpret_cast<char*>(decoded.data.get()), static_cast<std::size_t>(decoded.size));
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, decoded.size));
+        toc = detail::read_toc(ArchiveKind::binary, src, {decoded.data.get(), n}, path);
+    } else {
+        toc = read_contents(file).entries;
+    }
+    auto offsets = detail::payload_offsets(toc);
+    if (encoded)
+        for (auto& [name, at] : offsets) at -= header_size;  // offsets in the decoded body
     GlobalIndex out;
     out.chunk_bytes = chunk_bytes;
     std::unique_ptr<char[]> buf(new char[chunk_bytes]);
@@ -166,10 +184,15 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
         p.file = relative;
         p.entry = e.name;
         p.offset = offsets.at(e.name);
+        p.encoded = encoded;
+        if (encoded && p.offset + e.nbytes > decoded.size)
+            throw FormatError("'" + path + "': the payload of '" + e.name + "' lies past the end of the decoded body", path);
         for (std::uint64_t done = 0; done < e.nbytes; done += chunk_bytes) {
             const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, e.nbytes - done));
-            detail::pread_exact(c.fd.get(), buf.get(), len, p.offset + done, path);
-            p.chunk_hashes.push_back(detail::xxh3(buf.get(), len));
+            const char* bytes = buf.get();
+            if (encoded) bytes = reinterpret_cast<const char*>(decoded.data.get()) + p.offset + done;
+            else detail::pread_exact(c.fd.get(), buf.get(), len, p.offset + done, path);
+            p.chunk_hashes.push_back(detail::xxh3(bytes, len));
         }
         out.pieces.push_back(std::move(p));
     }
@@ -199,6 +222,7 @@ inline ParamDict index_to_dict(const GlobalIndex& index) {
         std::vector<std::int64_t> hashes(p.chunk_hashes.size());
         std::memcpy(hashes.data(), p.chunk_hashes.data(), hashes.size() * sizeof(std::int64_t));
         d.set(at + "chunk_xxh3", Tensor::from(hashes, {static_cast<std::int64_t>(hashes.size())}));
+        if (p.encoded) d.set(at + "encoded", std::int64_t{1});
     }
     for (const auto& [name, value] : index.values) d.set("value." + name, value);
     return d;
@@ -231,6 +255,7 @@ inline GlobalIndex index_from_dict(const ParamDict& d, const std::string& what) 
             const auto hashes = d.get<Tensor>(at + "chunk_xxh3").values<std::int64_t>();
             p.chunk_hashes.resize(hashes.size());
             std::memcpy(p.chunk_hashes.data(), hashes.data(), hashes.size() * sizeof(std::int64_t));
+            p.encoded = d.contains(at + "encoded") && d.get<std::int64_t>(at + "encoded") != 0;
             const std::uint64_t bytes = p.count * itemsize(p.dtype);
             if (p.first + p.count > detail::numel_of(p.global_shape) ||
                 p.chunk_hashes.size() != (bytes + index.chunk_bytes - 1) / index.chunk_bytes)
@@ -258,7 +283,9 @@ inline GlobalIndex read_global_index(const PathArg& file) {
 /// dtype and shape; Trainer::load_target() gives them), placed in the global tensors by
 /// `places` (entries not listed are whole tensors), filled from the pieces the index at
 /// `index_file` lists; see the file comment. New memory: nothing live changes, whatever fails.
-inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict& like, const PieceMap& places = {}) {
+/// A file with codecs is read and decoded whole, once (`opts.key` for an encrypted one).
+inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict& like, const PieceMap& places = {},
+                                     const LoadOptions& opts = {}) {
     const GlobalIndex index = read_global_index(index_file);
     const boost::filesystem::path dir = index_file.parent_path();
     const std::string where = "global index '" + index_file.string() + "'";
@@ -318,9 +345,22 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
     };
     std::vector<Chunk> chunks;
     std::map<std::string, detail::Fd> open;
+    std::map<std::string, BodyBytes> decoded;  // the bodies of files with codecs
     for (const Read& r : reads) {
         const TensorPiece& p = *r.piece;
-        if (auto [it, fresh] = open.try_emplace(p.file); fresh) {
+        if (p.encoded) {
+            if (auto [it, fresh] = decoded.try_emplace(p.file); fresh) {
+                const std::string path = (dir / p.file).string();
+                auto c = detail::open_checkpoint(path, {});
+                it->second = detail::read_decoded_body(c, path, opts);
+                report.bytes_read += c.header.body_length;
+                ++report.files_opened;
+            }
+            if (p.offset + p.count * itemsize(p.dtype) > decoded.at(p.file).size)
+                throw FormatError("'" + (dir / p.file).string() + "': '" + p.entry + "' lies past the end of its decoded body (" +
+                                      where + ")",
+                                  (dir / p.file).string());
+        } else if (auto [it, fresh] = open.try_emplace(p.file); fresh) {
             it->second = detail::open_checkpoint((dir / p.file).string(), {}).fd;
             ++report.files_opened;
         }
@@ -328,7 +368,7 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
         const std::uint64_t need_begin = (r.from - p.first) * item, need_end = (r.to - p.first) * item;
         for (std::uint64_t c = need_begin / chunk; c * chunk < need_end; ++c) {
             chunks.push_back({&r, c, c * chunk, std::min(p.count * item, (c + 1) * chunk)});
-            report.bytes_read += chunks.back().end - chunks.back().begin;
+            if (!p.encoded) report.bytes_read += chunks.back().end - chunks.back().begin;
         }
     }
     auto read_chunks = [&](std::size_t from, std::size_t to) {
@@ -341,15 +381,19 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
             const std::uint64_t need_begin = (r.from - p.first) * item, need_end = (r.to - p.first) * item;
             const std::uint64_t lo = std::max(c.begin, need_begin), hi = std::min(c.end, need_end);
             std::byte* dst = r.into + (lo - need_begin);
-            // a whole chunk goes straight where it belongs; a part of one through a bounce buffer
+            // a whole chunk goes straight where it belongs; a part of one through a bounce buffer;
+            // a chunk of a decoded body is checked where it lies
             std::byte* land = lo == c.begin && hi == c.end ? dst : nullptr;
-            if (!land) {
+            if (p.encoded) {
+                land = decoded.at(p.file).data.get() + p.offset + c.begin;
+            } else if (!land) {
                 if (!bounce) bounce = detail::allocate_aligned(static_cast<std::size_t>(index.chunk_bytes));
                 land = bounce.get();
             }
             const std::string path = (dir / p.file).string();
             const auto len = static_cast<std::size_t>(c.end - c.begin);
-            detail::pread_exact(open.at(p.file).get(), reinterpret_cast<char*>(land), len, p.offset + c.begin, path);
+            if (!p.encoded)
+                detail::pread_exact(open.at(p.file).get(), reinterpret_cast<char*>(land), len, p.offset + c.begin, path);
             if (detail::xxh3(land, len) != p.chunk_hashes[static_cast<std::size_t>(c.index)])
                 throw ChecksumError("'" + path + "': chunk " + std::to_string(c.index) + " of '" + p.entry + "' (" +
                                         detail::elements_text(p.first + c.begin / item, p.first + c.end / item) + " of '" +

@@ -39,11 +39,11 @@ struct ElasticResume {
 /// Every rank of a generation together: rank 0 finds the newest global index in `dir` that
 /// verifies and whose files are all there (`dir` must be readable by every rank: a shared
 /// filesystem across hosts), every rank loads its pieces of it for the places `places` says
-/// (ckpt::load_resharded into tensors like `like`). Nothing when there is no index: a fresh
-/// start. A collective.
+/// (ckpt::load_resharded into tensors like `like`; `opts`: the key of encrypted files).
+/// Nothing when there is no index: a fresh start. A collective.
 template <Communicator Comm>
 std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
-                                                   const ckpt::PieceMap& places = {}) {
+                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
     struct Found {
         std::int64_t step;
     };
@@ -61,7 +61,7 @@ std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathA
                                 r.index.string());
     r.global_step = step;
     r.saved_by = static_cast<int>(index.world_size);
-    r.state = ckpt::load_resharded(r.index, like, places);
+    r.state = ckpt::load_resharded(r.index, like, places, opts);
     return r;
 }
 

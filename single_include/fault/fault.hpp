@@ -1672,16 +1672,17 @@ inline boost::filesystem::path global_index_path(const ckpt::PathArg& dir, std::
 }
 
 /// See the file comment. `my_file` must lie under `dir` (the index names it relative to
-/// `dir`); returns the index's path. A collective.
+/// `dir`); `opts` reads it when it has codecs (the key of an encrypted one). Returns the
+/// index's path. A collective.
 template <Communicator Comm>
 boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir, std::int64_t global_step,
                                             const ckpt::PathArg& my_file, const ckpt::PieceMap& places = {},
-                                            std::uint64_t chunk_bytes = 1u << 20) {
+                                            std::uint64_t chunk_bytes = 1u << 20, const ckpt::LoadOptions& opts = {}) {
     const auto relative = boost::filesystem::relative(my_file, dir);
     if (relative.empty() || *relative.begin() == "..")
         throw ckpt::ConfigError("global index: '" + my_file.string() + "' is not under '" + dir.string() + "'");
     const ckpt::GlobalIndex mine =
-        ckpt::describe_checkpoint(my_file, relative.generic_string(), comm.rank(), places, chunk_bytes);
+        ckpt::describe_checkpoint(my_file, relative.generic_string(), comm.rank(), places, chunk_bytes, opts);
     const auto path = global_index_path(dir, global_step);
     // every description to every rank by allgather, not by sends to rank 0: a collective fails
     // at once when a rank dies, as the training's own calls do, where a send already queued
@@ -1754,7 +1755,7 @@ inline std::optional<std::string> global_index_problem(const boost::filesystem::
             boost::system::error_code ec;
             const auto size = boost::filesystem::file_size(file, ec);
             if (ec) return "'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is gone";
-            if (size < p.offset + p.count * ckpt::itemsize(p.dtype))
+            if (!p.encoded && size < p.offset + p.count * ckpt::itemsize(p.dtype))
                 return "'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is shorter than its pieces";
         }
     } catch (const ckpt::Error& e) {
@@ -1808,7 +1809,8 @@ private:
         if (!saved || saved == indexed_) return;
         files_.manager().wait();  // durable before it is described
         indexed_ = saved;
-        last_index_ = commit_global_index(comm_, dir_, c.global_step, *saved, pieces_ ? pieces_() : ckpt::PieceMap{});
+        last_index_ = commit_global_index(comm_, dir_, c.global_step, *saved, pieces_ ? pieces_() : ckpt::PieceMap{},
+                                          1u << 20, files_.manager().load_options());
         if (comm_.rank() == 0) remove_stale_global_indexes(dir_);
     }
 
@@ -1834,11 +1836,11 @@ struct ElasticResume {
 /// Every rank of a generation together: rank 0 finds the newest global index in `dir` that
 /// verifies and whose files are all there (`dir` must be readable by every rank: a shared
 /// filesystem across hosts), every rank loads its pieces of it for the places `places` says
-/// (ckpt::load_resharded into tensors like `like`). Nothing when there is no index: a fresh
-/// start. A collective.
+/// (ckpt::load_resharded into tensors like `like`; `opts`: the key of encrypted files).
+/// Nothing when there is no index: a fresh start. A collective.
 template <Communicator Comm>
 std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
-                                                   const ckpt::PieceMap& places = {}) {
+                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
     struct Found {
         std::int64_t step;
     };
@@ -1856,7 +1858,7 @@ std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathA
                                 r.index.string());
     r.global_step = step;
     r.saved_by = static_cast<int>(index.world_size);
-    r.state = ckpt::load_resharded(r.index, like, places);
+    r.state = ckpt::load_resharded(r.index, like, places, opts);
     return r;
 }
 
