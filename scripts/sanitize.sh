@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the tests under the sanitizers, each pass in a build directory of its own that holds
-# only what its tests need: ckpt_tests and the programs they start (gloo_worker, ckpt-run).
+# only what its tests need: ckpt_tests and the programs they start (gloo_worker, ckpt-run);
+# the ThreadSanitizer pass's ckpt_tests holds only the suites it runs.
 # Built with clang (Debian clang-14, which the fuzzer needs anyway) as unity builds: the test
 # sources in one batch per core, as in every build (tests/CMakeLists.txt), the tools' in
 # batches of five.
@@ -35,7 +36,7 @@ command -v ninja > /dev/null && generator=(-G Ninja)
 
 # -O1: optimized enough for the training tests to stay quick, little enough to keep stacks
 # readable; -g1: line numbers in reports; assertions stay on.
-build() {  # build dir, -fsanitize= list
+build() {  # build dir, -fsanitize= list, more cmake settings
     # A directory configured for another compiler (older versions of this script) starts over.
     if [ -f "$1/CMakeCache.txt" ] && ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++-14$' "$1/CMakeCache.txt"; then
         rm -rf "$1"
@@ -44,15 +45,19 @@ build() {  # build dir, -fsanitize= list
         cmake -S . -B "$1" "${generator[@]}" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
             -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=5 \
             -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
-            -DCKPT_SANITIZE="$2" -DCKPT_BUILD_EXAMPLES=OFF -DCKPT_BUILD_BENCH=OFF > /dev/null
+            -DCKPT_SANITIZE="$2" -DCKPT_BUILD_EXAMPLES=OFF -DCKPT_BUILD_BENCH=OFF "${@:3}" > /dev/null
     else
-        cmake -S . -B "$1" > /dev/null
+        cmake -S . -B "$1" "${@:3}" > /dev/null
     fi
     cmake --build "$1" --target ckpt_tests -j"$jobs"  # it depends on gloo_worker and ckpt-run
 }
 
-build_asan() { build build-asan address,undefined; }
-build_tsan() { build build-tsan thread; }
+# The test sources whose threads the ThreadSanitizer pass runs (the selections in tsan()).
+tsan_sources="test_last_words;test_data_parallel;test_uce;test_comm;test_cluster;test_memory_level"
+tsan_sources+=";test_checkpoint;test_codec;test_manager;test_reshard;test_trainer"
+
+build_asan() { build build-asan address,undefined -DCKPT_TEST_ONLY=; }
+build_tsan() { build build-tsan thread -DCKPT_TEST_ONLY="$tsan_sources"; }
 
 asan() {
     local started=$SECONDS
