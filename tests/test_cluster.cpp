@@ -92,28 +92,39 @@ TEST_CASE("membership: a worker asking for a generation the job has left behind 
 TEST_CASE("membership, elastic: a dead node is waited for a while only, one that comes later joins the next generation") {
     test::TempDir tmp;
     fault::FileStore store((tmp / "store").string());
-    const fault::MembershipOptions quick{std::chrono::milliseconds(500), std::chrono::milliseconds(0), std::chrono::seconds(5)};
     using ms = std::chrono::milliseconds;
+    const fault::MembershipOptions quick{ms(500), ms(0), ms(400)};  // lease, cooldown, timeout
     fault::Membership a(store, 0, 3, quick), b(store, 1, 3, quick);  // node 2 has not started
-    std::thread t([&] { b.form_elastic(1, ms(300), ms(5000)); });
-    const auto began = std::chrono::steady_clock::now();
-    CHECK(a.form_elastic(1, ms(300), ms(5000)).members == std::vector<int>{0, 1});
-    t.join();
-    CHECK(std::chrono::steady_clock::now() - began >= ms(300));  // node 2 was waited for, for 300 ms
-    CHECK(a.joined(2).empty());
-    // node 2 starts while 0 and 1 train in generation 1: it joins generation 2 and waits for
+    auto both = [&](int number) {
+        std::thread t([&] { b.form_elastic(number, ms(300), ms(5000)); });
+        const auto began = std::chrono::steady_clock::now();
+        const auto members = a.form_elastic(number, ms(300), ms(5000)).members;
+        t.join();
+        return std::pair{members, std::chrono::steady_clock::now() - began};
+    };
+    // the first generation: node 2, never registered, may be starting late: waited for as
+    // long as form() waits (twice the timeout, and the cooldown)
+    const auto first = both(1);
+    CHECK(first.first == std::vector<int>{0, 1});
+    CHECK(first.second >= ms(800));
+    // later ones: 300 ms only
+    const auto second = both(2);
+    CHECK(second.first == std::vector<int>{0, 1});
+    CHECK(second.second >= ms(300));
+    CHECK(a.joined(3).empty());
+    // node 2 starts while 0 and 1 train in generation 2: it joins generation 3 and waits for
     // them (they are alive), however long its wait for the dead
     fault::Membership c(store, 2, 3, quick);
     std::vector<int> formed;
     std::thread joiner([&] { formed = c.form_elastic(a.latest() + 1, ms(0), ms(5000)).members; });
-    while (a.joined(2).empty()) std::this_thread::sleep_for(ms(5));
-    CHECK(a.joined(2) == std::vector<int>{2});
+    while (a.joined(3).empty()) std::this_thread::sleep_for(ms(5));
+    CHECK(a.joined(3) == std::vector<int>{2});
     std::this_thread::sleep_for(ms(100));
     CHECK(formed.empty());
-    // at their checkpoint, 0 and 1 form generation 2 with it
-    std::thread t2([&] { b.form_elastic(2, ms(0), ms(5000)); });
-    CHECK(a.form_elastic(2, ms(0), ms(5000)).members == std::vector<int>{0, 1, 2});
-    t2.join();
+    // at their checkpoint, 0 and 1 form generation 3 with it
+    std::thread t3([&] { b.form_elastic(3, ms(0), ms(5000)); });
+    CHECK(a.form_elastic(3, ms(0), ms(5000)).members == std::vector<int>{0, 1, 2});
+    t3.join();
     joiner.join();
     CHECK(formed == std::vector<int>{0, 1, 2});
 }

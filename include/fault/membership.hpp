@@ -207,16 +207,26 @@ public:
     /// Joins generation `number` of an elastic job and waits until it is formed by whichever
     /// nodes come: every node of the job that is alive (a survivor, or one training in the
     /// current generation, which joins at its next checkpoint) is waited for up to `wait`; a
-    /// node that is not (dead, or restarting) only for `dead_wait` from now. Returns it;
+    /// node that is not (dead, or restarting) only for `dead_wait` from now (in the job's first
+    /// generation, one not registered yet as long as `form` waits). Returns it;
     /// PeerFailure if it formed without this node, the job went on to a later generation
     /// meanwhile (as a store restarted empty can make it look), or it did not form in time.
     Generation form_elastic(int number, std::chrono::milliseconds dead_wait, std::chrono::milliseconds wait) {
         std::vector<int> candidates(static_cast<std::size_t>(world_));
         for (int q = 0; q < world_; ++q) candidates[static_cast<std::size_t>(q)] = q;
-        const auto dead_until = std::chrono::steady_clock::now() + dead_wait;
-        return settle(number, std::max(wait, dead_wait), candidates, true, [&](int q) {
-            return (alive(q) && !declared_failed(number - 1, q)) || std::chrono::steady_clock::now() < dead_until;
-        });
+        const auto now = std::chrono::steady_clock::now();
+        const auto dead_until = now + dead_wait;
+        // the job's first generation: a node not registered yet is starting, not dead (its
+        // process may start late on a busy host); it is waited for as long as `form` would
+        const auto start_wait = std::max(dead_wait, 2 * options_.timeout + options_.cooldown);
+        const auto start_until = now + start_wait;
+        return settle(number, std::max({wait, dead_wait, number == 1 ? start_wait : dead_wait}), candidates, true,
+                      [&](int q) {
+                          if (alive(q) && !declared_failed(number - 1, q)) return true;
+                          const auto t = std::chrono::steady_clock::now();
+                          if (number == 1 && !store_.get(node_key(q))) return t < start_until;
+                          return t < dead_until;
+                      });
     }
 
     /// The nodes that have joined generation `number` (ascending): in an elastic job, workers
@@ -263,10 +273,14 @@ private:
                 if (latest_seen_.load() < number) latest_seen_.store(number);
                 return gen;
             }
-            if (const int newest = latest(); passed_by && newest >= number)
+            // members are written before "latest": a generation formed since the look above is
+            // taken by the next one; one the job passed without this node is given up
+            if (const int newest = latest(); passed_by && newest >= number) {
+                if (store_.get(g + "members")) continue;
                 throw PeerFailure("generation " + std::to_string(number) + " on node " + std::to_string(id_) +
                                       ": the job in " + store_.url() + " went on to generation " + std::to_string(newest),
                                   {id_});
+            }
             std::vector<int> in;
             missing.clear();
             for (int q : candidates) {
