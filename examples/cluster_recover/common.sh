@@ -25,6 +25,16 @@ final_hashes() {
     echo "$distinct"
 }
 
+# start_redis <work dir> <port> <appendonly: yes|no> <n>: a redis-server on loopback, without
+# snapshots (with an append-only file fsynced on every write when asked), its log in
+# <work dir>/redis-<n>.log; returns once it accepts connections, its pid in redis_pid.
+start_redis() {
+    /usr/bin/redis-server --port "$2" --bind 127.0.0.1 --save "" --appendonly "$3" --appendfsync always --dir "$1" \
+        > "$1/redis-$4.log" 2>&1 &
+    redis_pid=$!
+    wait_for_line "$1/redis-$4.log" "Ready to accept connections" 20
+}
+
 # free_port: a loopback TCP port nobody listens on now.
 free_port() {
     local p

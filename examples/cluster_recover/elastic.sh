@@ -24,13 +24,7 @@ redis_pid=
 trap 'kill -9 $redis_pid 2>/dev/null || true' EXIT
 if [ "$redis" = yes ]; then
     port=$(free_port)
-    start_redis() {
-        /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
-            > "$work/redis-$1.log" 2>&1 &
-        redis_pid=$!
-        wait_for_line "$work/redis-$1.log" "Ready to accept connections" 20
-    }
-    start_redis 1
+    start_redis "$work" "$port" no 1
     store="redis://127.0.0.1:$port"
 else
     store="file://$work/store"
@@ -48,7 +42,7 @@ if [ "$redis" = yes ]; then
     echo "killing the store (redis-server, pid $redis_pid) and starting it again empty"
     kill -9 "$redis_pid"
     wait "$redis_pid" 2>/dev/null || true
-    start_redis 2
+    start_redis "$work" "$port" no 2
     # the survivors set their keys again (their node ids, the latest generation) within a beat
     for r in 1 2 3; do wait_for_line "$work/job.log" "lost node id $r; registered it again" 30; done
 fi

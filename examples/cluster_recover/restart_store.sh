@@ -19,15 +19,8 @@ source "$(dirname "$0")/common.sh"
 
 port=$(free_port)
 redis_pid=
-start_redis() {
-    /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly "$persistent" --appendfsync always \
-        --dir "$work" \
-        > "$work/redis-$1.log" 2>&1 &
-    redis_pid=$!
-    wait_for_line "$work/redis-$1.log" "Ready to accept connections" 20
-}
 trap 'kill -9 $redis_pid 2>/dev/null || true' EXIT
-start_redis 1
+start_redis "$work" "$port" "$persistent" 1
 
 "$launcher" --nproc 4 --store "redis://127.0.0.1:$port" --max-restarts 1 -- \
     "$program" --dir "$work/checkpoints" "$@" > "$work/job.log" 2>&1 &
@@ -36,7 +29,7 @@ wait_for_line "$work/job.log" "^step 20:" 120
 echo "killing the store (redis-server, pid $redis_pid) after global step 20, and starting it again (persistence: $persistent)"
 kill -9 "$redis_pid"
 wait "$redis_pid" 2>/dev/null || true
-start_redis 2
+start_redis "$work" "$port" "$persistent" 2
 wait_for_line "$work/job.log" "^step 40:" 120
 pid=$(sed -n "s/^rank 1: pid \([0-9]*\), start 1$/\1/p" "$work/job.log")
 echo "killing rank 1 (pid $pid) after global step 40"

@@ -148,9 +148,7 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
     BodyBytes decoded;
     if (encoded) {
         decoded = detail::read_decoded_body(c, path, opts);
-        detail::MemoryReader src(reinterpret_cast<char*>(decoded.data.get()), static_cast<std::size_t>(decoded.size));
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, decoded.size));
-        toc = detail::read_toc(ArchiveKind::binary, src, {decoded.data.get(), n}, path);
+        toc = detail::decoded_toc(ArchiveKind::binary, decoded, path);
     } else {
         toc = read_contents(file).entries;
     }

@@ -25,6 +25,7 @@
 #include "../nn/callbacks.hpp"
 #include "communicator.hpp"
 #include "global_index.hpp"
+#include "membership.hpp"
 
 namespace fault {
 
@@ -70,17 +71,13 @@ std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathA
 class JoinersWaiting : public ckpt::Error {
 public:
     JoinersWaiting(std::int64_t step, std::vector<int> nodes)
-        : ckpt::Error("after global step " + std::to_string(step) + ", worker(s) " + join(nodes) + " wait to join"),
+        : ckpt::Error("after global step " + std::to_string(step) + ", worker(s) " + detail::join_ids(nodes, ", ") +
+                      " wait to join"),
           step_(step), nodes_(std::move(nodes)) {}
     std::int64_t step() const noexcept { return step_; }
     const std::vector<int>& nodes() const noexcept { return nodes_; }
 
 private:
-    static std::string join(const std::vector<int>& ids) {
-        std::string s;
-        for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
-        return s;
-    }
     std::int64_t step_;
     std::vector<int> nodes_;
 };

@@ -357,11 +357,8 @@ private:
         index.world_size = job_size_;
         for (const int saver : savers) {
             ckpt::PieceMap places = mine;
-            for (auto& [name, place] : places) {
-                std::size_t n = 1;
-                for (const auto d : place.global_shape) n *= static_cast<std::size_t>(d);
-                place.first = layout.piece(n, layout.shard_of(saver)).first;
-            }
+            for (auto& [name, place] : places)
+                place.first = layout.piece(ckpt::detail::numel_of(place.global_shape), layout.shard_of(saver)).first;
             const std::string relative = saver_file(ctx, saver);
             const ckpt::GlobalIndex theirs = ckpt::describe_checkpoint(staging / relative, relative, saver, places);
             if (index.pieces.empty()) {

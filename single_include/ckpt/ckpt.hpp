@@ -2717,6 +2717,13 @@ std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const s
 
 namespace detail {
 /// What a reader would refuse, refused before anything is written.
+/// The table of contents of a decoded body (read_decoded_body).
+inline std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, const std::string& path) {
+    MemoryReader src(reinterpret_cast<char*>(body.data.get()), static_cast<std::size_t>(body.size));
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, body.size));
+    return read_toc(kind, src, {body.data.get(), n}, path);
+}
+
 inline void check_savable(const ParamDict& dict, ArchiveKind archive, const std::string& path) {
     for (const auto& [name, value] : dict) {
         if (const Tensor* t = value.get_if<Tensor>(); t && t->rank() > max_tensor_rank)
@@ -2817,10 +2824,7 @@ inline CheckpointContents read_contents(const PathArg& file, const LoadOptions& 
     auto c = detail::open_checkpoint(path, opts);
     CheckpointContents out{c.header, {}};
     if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
-        const auto body = detail::read_decoded_body(c, path, opts);
-        detail::MemoryReader src(reinterpret_cast<char*>(body.data.get()), static_cast<std::size_t>(body.size));
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, body.size));
-        out.entries = detail::read_toc(c.header.archive, src, {body.data.get(), n}, path);
+        out.entries = detail::decoded_toc(c.header.archive, detail::read_decoded_body(c, path, opts), path);
         return out;
     }
     detail::UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
@@ -4748,9 +4752,7 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
     BodyBytes decoded;
     if (encoded) {
         decoded = detail::read_decoded_body(c, path, opts);
-        detail::MemoryReader src(reinterpret_cast<char*>(decoded.data.get()), static_cast<std::size_t>(decoded.size));
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, decoded.size));
-        toc = detail::read_toc(ArchiveKind::binary, src, {decoded.data.get(), n}, path);
+        toc = detail::decoded_toc(ArchiveKind::binary, decoded, path);
     } else {
         toc = read_contents(file).entries;
     }
