@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
     nn::Trainer<nn::DataParallelNet, nn::Momentum> trainer(net, opt);
     ckpt::ManagerOptions options;
     options.async_save = true;
-    Checkpoint cb("async", dir, options, ckpt::EverySteps{2 * every}, ckpt::KeepLast{2});
+    Checkpoint cb(dir, "async", options, ckpt::EverySteps{2 * every}, ckpt::KeepLast{2});
 
     ckpt::ParamDict state = net.state_dict();
     for (auto& [name, value] : opt.state_dict()) state.set(name, value);

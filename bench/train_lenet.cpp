@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
         {
             ckpt::ManagerOptions opts;
             opts.async_save = async;
-            Timed cb{nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast>("lenet", tmpl, opts), 0.0};
+            Timed cb{nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast>(tmpl, "lenet", opts), 0.0};
             for (int r = 0; r < rounds; ++r) {
                 without += ours.epoch(data);
                 with += ours.epoch(data, cb);

@@ -52,6 +52,14 @@ public:
     std::vector<std::string> warnings, infos;
 };
 
+/// Saves `dict` as a manager of `prefix` would in run `run_prefix`: with its owner record, so
+/// that the manager's retention counts the file as its own.
+inline void save_owned(ckpt::ParamDict dict, const fs::path& file, const std::string& prefix,
+                       const std::string& run_prefix, const ckpt::SaveOptions& opts = {}) {
+    ckpt::detail::record_owner(dict, {prefix, run_prefix, {}});
+    ckpt::save_checkpoint(dict, file, opts);
+}
+
 inline std::vector<char> read_bytes(const fs::path& p) {
     std::ifstream in(p.string(), std::ios::binary);
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <filesystem>
 #include <optional>
 #include <vector>
@@ -21,6 +22,60 @@ using StepManager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ck
 }  // namespace
 
 TEST_SUITE("api") {
+
+TEST_CASE("the paths ckpt returns go into std::filesystem::path and Boost path variables alike") {
+    test::TempDir tmp;
+    const ckpt::ParamDict state = test::sample_state();
+    StepManager mgr(tmp.path(), "run", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    const stdfs::path written = mgr.save(ckpt::Progress::at_iteration(1), state);
+    const std::optional<stdfs::path> stepped = mgr.on_step(ckpt::Progress::at_iteration(2), state);
+    const std::optional<boost::filesystem::path> as_boost = mgr.on_step(ckpt::Progress::at_iteration(3), state);
+    const std::optional<stdfs::path> newest = ckpt::latest(tmp.path(), "run");
+    const stdfs::path listed = ckpt::list_checkpoints(tmp.path(), "run").back().path;
+    CHECK(written.filename() == "run-1.ckpt");
+    CHECK(stepped->filename() == "run-2.ckpt");
+    CHECK(as_boost->filename() == "run-3.ckpt");
+    CHECK(*newest == listed);
+    CHECK(newest->filename() == "run-3.ckpt");
+}
+
+TEST_CASE("views of standard containers and of scalars of every dtype save and load in place") {
+    test::TempDir tmp;
+    std::vector<double> v{1, 2, 3, 4, 5, 6};
+    std::array<std::int32_t, 3> a{7, 8, 9};
+    float f = 1.5f;
+    std::int64_t i = 42;
+    bool b = true;
+    std::uint8_t u = 200;
+    auto state = [&] {
+        ckpt::ParamDict d;
+        d.set("v", ckpt::view_of(v, {2, 3}));
+        d.set("a", ckpt::view_of(a));
+        d.set("f", ckpt::view_of(f));
+        d.set("i", ckpt::view_of(i));
+        d.set("b", ckpt::view_of(b));
+        d.set("u", ckpt::view_of(u));
+        return d;
+    };
+    ckpt::save_checkpoint(state(), tmp / "x.ckpt");
+    const auto saved = ckpt::load_checkpoint(tmp / "x.ckpt");
+    CHECK(saved.tensor("v").shape() == ckpt::Shape{2, 3});
+    CHECK(saved.tensor("i").rank() == 0);
+    v.assign(6, 0), a = {0, 0, 0}, f = 0, i = 0, b = false, u = 0;
+    ckpt::ParamDict target = state();
+    CHECK(ckpt::load_checkpoint_into(tmp / "x.ckpt", target, /*strict=*/true).complete());
+    CHECK(v == std::vector<double>{1, 2, 3, 4, 5, 6});
+    CHECK(a == std::array<std::int32_t, 3>{7, 8, 9});
+    CHECK(f == 1.5f);
+    CHECK(i == 42);
+    CHECK(b);
+    CHECK(u == 200);
+    CHECK_THROWS_AS(ckpt::view_of(v, {4, 2}), ckpt::TypeMismatch);  // 6 elements are not 4 x 2
+    const std::vector<bool> bits{true, false, true};
+    const ckpt::Tensor packed = ckpt::Tensor::from(bits);
+    CHECK(packed.describe() == "bool[3]");
+    CHECK(packed.values<bool>()[2]);
+}
 
 TEST_CASE("every function that takes a path takes a std::filesystem::path, a Boost path and a string") {
     test::TempDir tmp;

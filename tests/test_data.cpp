@@ -170,7 +170,23 @@ TEST_CASE("shuffle: a permutation per epoch from (seed, epoch), set_init_step re
     CHECK(labels_of(d, 2) == e2);
     nn::MnistDataset other_batch(dir.path());
     other_batch.batch(10, true);
-    CHECK_THROWS_WITH_AS(other_batch.load_state(a.state()), doctest::Contains("saved with 12 steps per epoch"),
+    CHECK_THROWS_WITH_AS(other_batch.load_state(a.state()), doctest::Contains("batch size 8 when saved, 10 now"),
+                         ckpt::LoadMismatch);
+    // another batch size that gives the same number of steps is stopped too: 100 samples make
+    // 12 steps of 8 (the remainder dropped) and 12 of 9 (the last one short)
+    nn::MnistDataset same_steps(dir.path());
+    same_steps.batch(9, false);
+    REQUIRE(same_steps.steps_per_epoch() == a.steps_per_epoch());
+    CHECK_THROWS_WITH_AS(same_steps.load_state(a.state()), doctest::Contains("batch size 8 when saved, 9 now"),
+                         ckpt::LoadMismatch);
+    // a data set given another shuffle seed is stopped; one given none takes the checkpoint's
+    nn::MnistDataset other_seed(dir.path());
+    other_seed.batch(8, true).shuffle(7);
+    CHECK_THROWS_WITH_AS(other_seed.load_state(a.state()), doctest::Contains("shuffle seed 42 when saved, 7 now"),
+                         ckpt::LoadMismatch);
+    // a file written before the batch size was recorded is checked by its steps per epoch
+    ckpt::ParamDict old_file{{"data.shuffle", true}, {"data.seed", std::int64_t{1}}, {"data.steps_per_epoch", std::int64_t{12}}};
+    CHECK_THROWS_WITH_AS(other_batch.load_state(old_file), doctest::Contains("steps per epoch 12 when saved, 10 now"),
                          ckpt::LoadMismatch);
 }
 

@@ -261,7 +261,7 @@ TEST_CASE("every save of per-rank checkpoints gets a global index, and the index
         nn::UceNet net(7);
         test::DpStack stack(net, comm, 2);
         nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
-        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files("net", dir / ("rank_" + std::to_string(comm.rank())), {},
+        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(dir / ("rank_" + std::to_string(comm.rank())), "net", {},
                                                                     ckpt::EverySteps{2}, ckpt::KeepLast{2});
         fault::GlobalIndexer indexer(comm, files, dir.path(), [&] { return stack.opt().piece_map(); });
         trainer.train(1, data, nn::callbacks(files, indexer));  // 8 steps: saves at 2, 4, 6, 8

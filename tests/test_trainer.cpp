@@ -3,6 +3,7 @@
 // files and shuffled data, and the errors of a resume that cannot work.
 #include <doctest/doctest.h>
 
+#include <ckpt/aes_gcm.hpp>
 #include <nn/nn.hpp>
 
 #include <csignal>
@@ -52,7 +53,7 @@ TEST_CASE("the seed's scenario: fail after epoch 6, resume from the latest, the 
     {
         Session s;
         auto data = lenet_data(64);
-        Checkpoints cb("lenet", dir.path(), test::seed_options());
+        Checkpoints cb(dir.path(), "lenet", test::seed_options());
         nn::FailAtEpochEnd crash(6);
         CHECK_THROWS_AS(s.trainer.train(10, data, nn::callbacks(cb, crash)), nn::InjectedFault);
     }
@@ -71,7 +72,7 @@ TEST_CASE("the seed's scenario: fail after epoch 6, resume from the latest, the 
     const nn::ResumePoint rp = s.trainer.resume_from(*latest, data);
     CHECK(rp.initial_epoch == 6);
     CHECK(rp.initial_step == 0);
-    Checkpoints cb("lenet", dir.path(), test::seed_options());
+    Checkpoints cb(dir.path(), "lenet", test::seed_options());
     s.trainer.train(10, data, cb, rp.initial_epoch);
     CHECK(s.state() == expected);
     CHECK(test::names_in(dir.path()) ==
@@ -86,7 +87,7 @@ TEST_CASE("a crash mid-epoch resumes through set_init_step from a step checkpoin
     {
         Session s;
         auto data = lenet_data(256, 32, 7);
-        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> cb("lenet", dir.path(), {}, ckpt::EverySteps(3),
+        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> cb(dir.path(), "lenet", {}, ckpt::EverySteps(3),
                                                                  ckpt::KeepLast(2));
         nn::FailAtStep crash(13);  // epoch 2, step 5; the last save was at global step 12
         CHECK_THROWS_AS(s.trainer.train(3, data, nn::callbacks(cb, crash)), nn::InjectedFault);
@@ -109,7 +110,7 @@ TEST_CASE("the exception-save breakpoint file is a resume point, bit-exact") {
     {
         Session s;
         auto data = lenet_data();
-        Checkpoints cb("lenet", dir.path(), test::seed_options(/*exception_save=*/true));
+        Checkpoints cb(dir.path(), "lenet", test::seed_options(/*exception_save=*/true));
         nn::FailAtStep crash(11);  // epoch 2 step 3, no regular save since epoch 1
         CHECK_THROWS_AS(s.trainer.train(2, data, nn::callbacks(cb, crash)), nn::InjectedFault);
         REQUIRE(cb.last_saved());
@@ -131,7 +132,7 @@ TEST_CASE("resume_or_start: fresh without checkpoints, past a corrupt newest fil
         Session s;
         CHECK_FALSE(s.trainer.resume_or_start(dir / "absent", "lenet", data).file);
         CHECK_FALSE(s.trainer.resume_or_start(dir.path(), "lenet", data).file);
-        Checkpoints cb("lenet", dir.path());
+        Checkpoints cb(dir.path(), "lenet");
         nn::FailAtEpochEnd crash(3);
         CHECK_THROWS_AS(s.trainer.train(4, data, nn::callbacks(cb, crash)), nn::InjectedFault);
     }
@@ -147,12 +148,39 @@ TEST_CASE("resume_or_start: fresh without checkpoints, past a corrupt newest fil
     CHECK(s.state() == uninterrupted(4, lenet_data(64)));
 }
 
+TEST_CASE("encrypted training resumes through the documented flow, with the callback's key or a given one") {
+    TempDir dir;
+    auto data = lenet_data(64);
+    const auto key = ckpt::Key::random();
+    using Sealed = nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast, ckpt::MindSporeNaming, ckpt::BinaryArchive,
+                                       ckpt::AesGcm>;
+    {
+        Session s;
+        Sealed cb(dir.path(), "lenet", {}, ckpt::EveryEpochs{}, ckpt::KeepLast{}, ckpt::MindSporeNaming{}, ckpt::AesGcm{key});
+        CHECK_FALSE(s.trainer.resume_or_start(cb, data).file);
+        nn::FailAtEpochEnd crash(2);
+        CHECK_THROWS_AS(s.trainer.train(3, data, nn::callbacks(cb, crash)), nn::InjectedFault);
+    }
+    Session s;
+    Sealed cb(dir.path(), "lenet", {}, ckpt::EveryEpochs{}, ckpt::KeepLast{}, ckpt::MindSporeNaming{}, ckpt::AesGcm{key});
+    const auto rp = s.trainer.resume_or_start(cb, data);
+    REQUIRE(rp.file);
+    CHECK(rp.file->filename() == "lenet-2_2.ckpt");
+    s.trainer.train(3, data, cb, rp.initial_epoch);
+    CHECK(s.state() == uninterrupted(3, lenet_data(64)));
+    Session other;
+    ckpt::LoadOptions with_key;
+    with_key.key = key;
+    CHECK(other.trainer.resume_or_start(dir.path(), "lenet", data, with_key).file);
+    CHECK_THROWS_AS(other.trainer.resume_or_start(dir.path(), "lenet", data), ckpt::KeyError);  // no key: said
+}
+
 TEST_CASE("a resume that cannot work says why and changes nothing") {
     TempDir dir;
     auto data = lenet_data(64);
     {
         Session s;
-        Checkpoints cb("lenet", dir.path());
+        Checkpoints cb(dir.path(), "lenet");
         s.trainer.train(1, data, cb);
     }
     Session s;
@@ -186,7 +214,7 @@ TEST_CASE("a resume that cannot work says why and changes nothing") {
     SUBCASE("another batch size") {
         auto other = lenet_data(64, 16);
         CHECK_THROWS_WITH_AS(s.trainer.resume_from(dir / "lenet-1_2.ckpt", other),
-                             doctest::Contains("saved with 2 steps per epoch, this data set gives 4"), ckpt::LoadMismatch);
+                             doctest::Contains("batch size 32 when saved, 16 now"), ckpt::LoadMismatch);
     }
     SUBCASE("a resume epoch at or beyond the epochs requested") {
         const auto rp = s.trainer.resume_from(dir / "lenet-1_2.ckpt", data);
@@ -236,7 +264,7 @@ TEST_CASE("make_model_checkpoint follows a CheckpointConfig, the monitors print 
     config.save_checkpoint_steps = 3;
     config.keep_checkpoint_max = 2;
     config.append_info = {"step_num"};
-    auto cb = nn::make_model_checkpoint("lenet", dir.path(), config);
+    auto cb = nn::make_model_checkpoint(dir.path(), "lenet", config);
     std::ostringstream out;
     nn::LossMonitor loss_cb(4, out);
     nn::TimeMonitor time_cb(out);
@@ -276,7 +304,7 @@ TEST_CASE("exception save: a failure before the update is saved, one inside the 
     auto data = lenet_data(64);
     {
         Session s;
-        Checkpoints cb("lenet", dir.path(), test::seed_options(/*exception_save=*/true));
+        Checkpoints cb(dir.path(), "lenet", test::seed_options(/*exception_save=*/true));
         nn::FailBeforeUpdate crash(3);
         CHECK_THROWS_AS(s.trainer.train(2, data, nn::callbacks(cb, crash)), nn::InjectedFault);
         // two steps completed: the breakpoint holds them
@@ -288,7 +316,7 @@ TEST_CASE("exception save: a failure before the update is saved, one inside the 
     nn::Momentum inner(net.parameters(), 0.01, 0.9);
     nn::FailingOptimizer<nn::Momentum> opt(inner, 3);
     nn::Trainer<nn::LeNet5, nn::FailingOptimizer<nn::Momentum>> trainer(net, opt);
-    Checkpoints cb("lenet", torn_dir.path(), test::seed_options(/*exception_save=*/true));
+    Checkpoints cb(torn_dir.path(), "lenet", test::seed_options(/*exception_save=*/true));
     test::LogCapture log;
     CHECK_THROWS_AS(trainer.train(2, data, cb), nn::InjectedFault);
     CHECK(test::names_in(torn_dir.path()) == std::vector<std::string>{"lenet-1_2.ckpt", "lenet-graph.meta"});
@@ -307,7 +335,7 @@ TEST_CASE("a termination signal (SIGTERM, SIGUSR1) ends the step, saves it durab
             auto data = lenet_data();
             auto options = test::seed_options(/*exception_save=*/true);
             options.save_on_signal = true;
-            Checkpoints cb("lenet", dir.path(), options);
+            Checkpoints cb(dir.path(), "lenet", options);
             struct SignalAt {  // the signal arrives from outside, mid-step: a real one, to this process
                 std::int64_t step;
                 int sig;

@@ -274,7 +274,7 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
         std::printf("generation %d: no step saved by every rank; training from the start\n", comm.generation().number);
     }
     std::fflush(stdout);
-    Checkpoints checkpoints("net", mine, {}, ckpt::AnyOf(ckpt::EverySteps{o.save_every}, ckpt::OnTrainEnd{}),
+    Checkpoints checkpoints(mine, "net", {}, ckpt::AnyOf(ckpt::EverySteps{o.save_every}, ckpt::OnTrainEnd{}),
                             ckpt::KeepLast{o.keep});
     Indexer indexer(comm, checkpoints, o.dir, [&dp] { return dp.piece_map(); });
     ElasticJoins joins;

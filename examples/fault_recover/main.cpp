@@ -212,7 +212,7 @@ std::optional<std::string> session(const Options& o, const std::optional<fs::pat
             return examples::params_xxh64(net.parameters());
         }
     }
-    Checkpoints ckpt_cb("lenet", o.dir, checkpoint_options(), EpochsAndSteps{o.save_steps}, ckpt::KeepLast(5));
+    Checkpoints ckpt_cb(o.dir, "lenet", checkpoint_options(), EpochsAndSteps{o.save_steps}, ckpt::KeepLast(5));
     SaveReport saves{&ckpt_cb, o.save_steps > 0, std::nullopt};
     std::ostream discard(nullptr);  // --quiet: a stream without a buffer prints nothing
     std::ostream& log = o.quiet ? discard : std::cout;

@@ -101,7 +101,7 @@ struct Solver {
     ckpt::ParamDict state_dict() {
         ckpt::ParamDict d;
         d.set("grid", ckpt::view_of(grid));
-        d.set("iteration", ckpt::Tensor::view(ckpt::DType::int64, {}, &iteration));
+        d.set("iteration", ckpt::view_of(iteration));
         return d;
     }
 

@@ -45,6 +45,7 @@ namespace ckpt {
 
 /// Encrypts the body with AES-256-GCM under `key` (a fresh random salt and derived key per file).
 struct AesGcm {
+    static constexpr bool encrypts = true;  ///< Chain checks at compile time that it comes last
     Key key;
     AesGcm() = default;
     explicit AesGcm(Key k) : key(std::move(k)) {}

@@ -44,6 +44,27 @@ struct AppendInfo {
 
     bool empty() const { return !epoch_num && !step_num && extra.empty(); }
 
+    /// Refuses a state that holds a name append_info also sets with another value: one would
+    /// silently replace the other in the file. The same value in both (the seed's {lr, momentum}
+    /// beside the optimizer's hyperparameters) loses nothing and is allowed.
+    void check_disjoint(const ParamDict& dict, const Progress& p, const std::string& prefix) const {
+        ParamDict mine;
+        apply(mine, p);
+        for (const auto& [name, value] : mine)
+            if (const Value* there = dict.find(name); there && !(*there == value))
+                throw ConfigError("append_info of checkpoint prefix '" + prefix + "' sets '" + name + "' to " +
+                                  describe(value) + ", but the saved state holds '" + name + "' = " + describe(*there) +
+                                  ": one would replace the other; rename one of them");
+    }
+
+    static std::string describe(const Value& v) {
+        if (const auto* i = v.get_if<std::int64_t>()) return std::to_string(*i);
+        if (const auto* d = v.get_if<double>()) return std::to_string(*d);
+        if (const auto* b = v.get_if<bool>()) return *b ? "true" : "false";
+        if (const auto* s = v.get_if<std::string>()) return "\"" + *s + "\"";
+        return "a " + v.type_name() + " tensor";
+    }
+
     /// Adds the values for `p` to `dict`.
     void apply(ParamDict& dict, const Progress& p) const {
         if (epoch_num) dict.set("epoch_num", p.epoch);

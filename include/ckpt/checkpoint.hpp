@@ -75,6 +75,18 @@ struct CheckpointContents {
     std::vector<EntryInfo> entries;
 };
 
+/// Who wrote a checkpoint, as a CheckpointManager records it in every file it writes: its
+/// prefix and the file's run prefix ("exp" and "exp_2"), and for an exception save the run of
+/// regular checkpoints it continues. Names alone never decide whose a file is: a file named
+/// like run 1 of "exp" that records prefix "exp_1" is not exp's. Files written without a
+/// manager, or by versions before the record, hold none; their name is the only evidence.
+struct CheckpointOwner {
+    std::string prefix;
+    std::string run_prefix;
+    std::string follows_run;  ///< exception saves: the run prefix of the regular files it continues
+    friend bool operator==(const CheckpointOwner&, const CheckpointOwner&) = default;
+};
+
 /// A type whose named state can be loaded in place: state_dict() returns views of its tensors.
 template <class T>
 concept HasStateDict = requires(T& t) {
@@ -100,6 +112,43 @@ inline ChecksumError body_checksum_error(const std::string& path, std::uint64_t 
     return ChecksumError("checkpoint '" + path + "' is corrupt: body xxh3 is " + hex64(got) + ", the header says " +
                              hex64(expected) + extra,
                          path);
+}
+
+// The owner record is kept in entries whose names start with "__ckpt.": a manager refuses
+// such names in a user's state, and loads leave them out of what they return.
+inline constexpr std::string_view reserved_name_prefix = "__ckpt.";
+inline constexpr std::string_view owner_prefix_entry = "__ckpt.prefix";
+inline constexpr std::string_view owner_run_entry = "__ckpt.run";
+inline constexpr std::string_view owner_follows_entry = "__ckpt.follows_run";
+
+inline bool is_reserved_name(std::string_view name) { return name.starts_with(reserved_name_prefix); }
+
+inline void record_owner(ParamDict& dict, const CheckpointOwner& owner) {
+    dict.set(std::string(owner_prefix_entry), owner.prefix);
+    dict.set(std::string(owner_run_entry), owner.run_prefix);
+    if (!owner.follows_run.empty()) dict.set(std::string(owner_follows_entry), owner.follows_run);
+}
+
+/// The owner record among a table of contents' entries, or nothing when there is none.
+inline std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>& toc) {
+    CheckpointOwner owner;
+    bool found = false;
+    for (const auto& e : toc) {
+        const std::string* s = e.scalar.get_if<std::string>();
+        if (!s || e.kind != ValueKind::string) continue;
+        if (e.name == owner_prefix_entry) owner.prefix = *s, found = true;
+        else if (e.name == owner_run_entry) owner.run_prefix = *s;
+        else if (e.name == owner_follows_entry) owner.follows_run = *s;
+    }
+    if (!found) return std::nullopt;
+    return owner;
+}
+
+inline void drop_reserved(ParamDict& dict) {
+    std::vector<std::string> reserved;
+    for (const auto& [name, value] : dict)
+        if (is_reserved_name(name)) reserved.push_back(name);
+    for (const auto& name : reserved) dict.erase(name);
 }
 
 struct OpenedCheckpoint {
@@ -246,24 +295,64 @@ inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, s
     });
 }
 
-/// Matches the checkpoint's table of contents against the target's tensors.
+/// The dtype of a 0-d tensor that can take a checkpoint value of kind `k` (a view of an
+/// int64_t, a double or a bool), or nothing for strings and tensors.
+inline std::optional<DType> scalar_dtype(ValueKind k) {
+    switch (k) {
+        case ValueKind::int64: return DType::int64;
+        case ValueKind::float64: return DType::float64;
+        case ValueKind::boolean: return DType::boolean;
+        default: return std::nullopt;
+    }
+}
+
+/// Writes a checkpoint value into the 0-d tensor planned for it (same dtype, checked).
+inline void write_scalar(const Value& v, Tensor& dst) {
+    if (const auto* i = v.get_if<std::int64_t>()) std::memcpy(dst.data(), i, sizeof *i);
+    else if (const auto* d = v.get_if<double>()) std::memcpy(dst.data(), d, sizeof *d);
+    else if (const auto* b = v.get_if<bool>()) std::memcpy(dst.data(), b, sizeof *b);
+}
+
+/// Matches the checkpoint's table of contents against the target: its tensors, its 0-d
+/// tensors (views of scalars) for the checkpoint's int64, double and bool values, and a
+/// ParamDict's own values of the same kind. When the target is an object's state_dict(), its
+/// values are copies that nothing can write back (`values_are_copies`): each is reported as
+/// not loaded, and a strict load fails naming it.
 struct LoadPlan {
     LoadReport report;
     std::vector<Tensor*> destinations;  // per toc entry: target tensor to fill, or null
+    std::vector<Value*> value_slots;    // per toc entry: target value to replace, or null
     std::vector<std::string> missing;     // target tensors absent from the checkpoint
     std::vector<std::string> unexpected;  // checkpoint tensors absent from the target
+    std::vector<std::string> copies;      // target values that are copies: nothing can be written back
 };
 
-inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc) {
+inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc, bool values_are_copies = false) {
     LoadPlan plan;
     plan.destinations.assign(toc.size(), nullptr);
+    plan.value_slots.assign(toc.size(), nullptr);
     std::unordered_set<std::string_view> in_file;
     for (std::size_t i = 0; i < toc.size(); ++i) {
         const auto& e = toc[i];
-        if (e.kind != ValueKind::tensor) continue;
-        in_file.insert(e.name);
         Value* slot = target.find(e.name);
         Tensor* t = slot ? slot->get_if<Tensor>() : nullptr;
+        if (e.kind != ValueKind::tensor) {
+            // a value goes into a view of a scalar of its type; other values go to report.rest
+            if (slot && !t && !values_are_copies && slot->kind() == e.kind) plan.value_slots[i] = slot;
+            const auto want = scalar_dtype(e.kind);
+            if (!t || !want) continue;
+            in_file.insert(e.name);
+            if (t->dtype() == *want && t->rank() == 0) {
+                plan.destinations[i] = t;
+            } else {
+                plan.report.mismatches.push_back("'" + e.name + "': checkpoint has the value " +
+                                                 std::string(dtype_name(*want)) + ", target has " + t->describe());
+                plan.report.ckpt_not_load.push_back(e.name);
+                plan.report.param_not_load.push_back(e.name);
+            }
+            continue;
+        }
+        in_file.insert(e.name);
         if (!t) {
             plan.report.ckpt_not_load.push_back(e.name);
             plan.unexpected.push_back(e.name);
@@ -276,11 +365,17 @@ inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc) 
             plan.destinations[i] = t;
         }
     }
-    for (const auto& [name, value] : target)
-        if (value.is_tensor() && !in_file.contains(name)) {
+    for (const auto& [name, value] : target) {
+        if (!value.is_tensor()) {
+            if (values_are_copies) {
+                plan.report.param_not_load.push_back(name);
+                plan.copies.push_back(name);
+            }
+        } else if (!in_file.contains(name)) {
             plan.report.param_not_load.push_back(name);
             plan.missing.push_back(name);
         }
+    }
     return plan;
 }
 
@@ -294,6 +389,10 @@ inline LoadMismatch strict_failure(const std::string& source, const LoadPlan& pl
     std::string msg = "strict load from " + source + " failed:";
     if (!plan.missing.empty()) msg += " missing from the checkpoint: " + join_names(plan.missing) + ";";
     if (!plan.unexpected.empty()) msg += " not in the target: " + join_names(plan.unexpected) + ";";
+    if (!plan.copies.empty())
+        msg += " values in the target that a load cannot write back (copies, not views): " + join_names(plan.copies) +
+               " (set a view instead, ckpt::view_of(variable), or load with strict = false and read them from the "
+               "report's rest);";
     for (const auto& m : plan.report.mismatches) msg += " dtype/shape mismatch " + m + ";";
     msg.pop_back();
     return LoadMismatch(msg);
@@ -492,14 +591,30 @@ inline ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = 
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     auto body = detail::read_decoded_body(c, path, opts);
-    return detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
+    ParamDict dict = detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
+    detail::drop_reserved(dict);
+    return dict;
 }
 
 /// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
 /// network's parameters). Only tensors take part; other entries of `src` go to report.rest.
 /// Strict: any missing, unexpected or mismatched tensor throws LoadMismatch naming all of
 /// them, before anything is copied.
+namespace detail {
+LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies);
+}
+
+/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
+/// network's parameters), its int64, double and bool values into views of scalars, and
+/// values into the target's values of the same kind. Other entries of `src` go to
+/// report.rest. Strict: any missing, unexpected or mismatched tensor throws LoadMismatch
+/// naming all of them, before anything is copied.
 inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false) {
+    return detail::load_param_into(target, src, strict, false);
+}
+
+inline LoadReport detail::load_param_into(ParamDict& target, const ParamDict& src, bool strict,
+                                          bool values_are_copies) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
         detail::EntryMeta e;
@@ -511,13 +626,18 @@ inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, b
         }
         toc.push_back(std::move(e));
     }
-    auto plan = detail::plan_load(target, toc);
+    auto plan = detail::plan_load(target, toc, values_are_copies);
     if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
     auto it = src.begin();
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
         if (Tensor* dst = plan.destinations[i]) {
-            const Tensor& from = *it->value.get_if<Tensor>();
-            if (dst->data() != from.data() && from.nbytes()) std::memcpy(dst->data(), from.data(), from.nbytes());
+            if (const Tensor* from = it->value.get_if<Tensor>()) {
+                if (dst->data() != from->data() && from->nbytes()) std::memcpy(dst->data(), from->data(), from->nbytes());
+            } else {
+                detail::write_scalar(it->value, *dst);
+            }
+        } else if (Value* slot = plan.value_slots[i]) {
+            *slot = it->value;
         } else {
             plan.report.rest.set(it->name, it->value);
         }
@@ -525,10 +645,12 @@ inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, b
     return plan.report;
 }
 
+/// Into an object's state_dict(): its values are copies, which nothing can write back (a
+/// strict load names them; use views of scalars, ckpt::view_of).
 template <HasStateDict T>
 LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false) {
     ParamDict views = net.state_dict();
-    return load_param_into_net(views, src, strict);
+    return detail::load_param_into(views, src, strict, true);
 }
 
 namespace detail {
@@ -537,7 +659,7 @@ namespace detail {
 /// `target`'s tensors, then checks the stored bytes' checksum and any decoding failure.
 template <class Source>
 LoadReport load_binary_into(Source& src, const FileHeader& header, const std::string& path, ParamDict& target,
-                            bool strict) {
+                            bool strict, bool values_are_copies) {
     // A parse or decoding error in a body whose checksum also fails is reported as the
     // corruption it is.
     auto corruption_instead = [&](const char* extra) -> std::optional<ChecksumError> {
@@ -554,7 +676,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             BodyParser parser(ar, src, path);
             toc = parser.read_toc();
             reject_duplicates(toc, path);
-            plan = plan_load(target, toc);
+            plan = plan_load(target, toc, values_are_copies);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
                 throw strict_failure("'" + path + "'", plan);
@@ -562,7 +684,9 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             for (std::size_t i = 0; i < toc.size(); ++i) {
                 auto& e = toc[i];
                 if (e.kind != ValueKind::tensor) {
-                    plan.report.rest.set(e.name, std::move(e.scalar));
+                    if (Tensor* dst = plan.destinations[i]) write_scalar(e.scalar, *dst);
+                    else if (Value* slot = plan.value_slots[i]) *slot = std::move(e.scalar);
+                    else if (!is_reserved_name(e.name)) plan.report.rest.set(e.name, std::move(e.scalar));
                     continue;
                 }
                 parser.read_padding();
@@ -598,30 +722,43 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
 /// fails authentication (AuthenticationError), the target tensors may hold partial data, so
 /// reload them from another checkpoint. Strict mode checks names, dtypes and shapes against
 /// the file's table of contents before writing any payload.
-inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
-                                       const LoadOptions& opts = {}) {
+namespace detail {
+inline LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
+                                 bool values_are_copies) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     const FileHeader& h = c.header;
     if (h.archive == ArchiveKind::binary && !h.encoded()) {
         detail::BodyReader src(c.fd.get(), path, h.body_length);
-        return detail::load_binary_into(src, h, path, target, strict);
+        return detail::load_binary_into(src, h, path, target, strict, values_are_copies);
     }
     if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
         const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
         detail::require_key(h, ctx);
         if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
             if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
-                return detail::load_binary_into(*src, h, path, target, strict);
+                return detail::load_binary_into(*src, h, path, target, strict, values_are_copies);
     }
     auto body = detail::read_decoded_body(c, path, opts);
-    return load_param_into_net(target, detail::parse_body(h.archive, std::move(body.data), body.size, path), strict);
+    ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
+    detail::drop_reserved(dict);
+    return detail::load_param_into(target, dict, strict, values_are_copies);
+}
+}  // namespace detail
+
+/// A ParamDict target's own values (int64, double, bool, string) are replaced by the
+/// checkpoint's of the same name and kind.
+inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
+                                       const LoadOptions& opts = {}) {
+    return detail::load_file_into(file, target, strict, opts, false);
 }
 
+/// Into an object's state_dict(): its values are copies, which nothing can write back (a
+/// strict load names them, before anything is loaded; use views of scalars, ckpt::view_of).
 template <HasStateDict T>
 LoadReport load_checkpoint_into(const PathArg& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
     ParamDict views = net.state_dict();
-    return load_checkpoint_into(file, views, strict, opts);
+    return detail::load_file_into(file, views, strict, opts, true);
 }
 
 }  // namespace ckpt

@@ -70,7 +70,7 @@ public:
     /// A key file holds the 32 key bytes, or 64 hexadecimal digits (a trailing newline allowed).
     static Key from_file(const PathArg& file) {
         const std::string path = file.string();
-        detail::Fd fd = detail::open_for_read(path);
+        detail::Fd fd = detail::open_for_read(path, "key file");
         std::array<unsigned char, 2 * size + 3> buf{};
         const std::size_t n = detail::read_full(fd.get(), buf.data(), buf.size(), path);
         Key k;
@@ -139,9 +139,29 @@ struct NoCodec {
     CodecChain codecs() const { return {}; }
 };
 
+namespace detail {
+/// Whether a codec policy encrypts (its `static constexpr bool encrypts`).
+template <class C>
+constexpr bool encrypts() {
+    if constexpr (requires { { C::encrypts } -> std::convertible_to<bool>; }) return C::encrypts;
+    else return false;
+}
+template <class... Cs>
+constexpr bool encryption_last() {
+    constexpr bool flags[] = {false, encrypts<Cs>()...};
+    for (std::size_t i = 1; i + 1 < sizeof...(Cs) + 1; ++i)
+        if (flags[i]) return false;
+    return true;
+}
+}  // namespace detail
+
 /// Applies its members in turn: Chain<Zstd, AesGcm> compresses, then encrypts.
 template <CodecPolicy... Cs>
 struct Chain {
+    static_assert(detail::encryption_last<Cs...>(),
+                  "ckpt::Chain: encryption must come last (Chain<Zstd, AesGcm>): encrypted bytes do not compress, and "
+                  "a reader decrypts first");
+    static constexpr bool encrypts = (detail::encrypts<Cs>() || ...);
     std::tuple<Cs...> members;
     Chain() = default;
     explicit Chain(Cs... cs) : members(std::move(cs)...) {}

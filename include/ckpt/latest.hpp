@@ -24,7 +24,7 @@ namespace ckpt {
 
 /// A checkpoint latest() passed over, and why.
 struct SkippedCheckpoint {
-    fs::path path;
+    Path path;
     std::string reason;
 };
 
@@ -55,15 +55,104 @@ inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
 
 }  // namespace detail
 
+/// The owner record of `file` (see CheckpointOwner), or nothing when it holds none. Reads the
+/// table of contents only; a body that passed through codecs is decoded whole (an encrypted
+/// one needs opts.key).
+inline std::optional<CheckpointOwner> read_owner(const PathArg& file, const LoadOptions& opts = {}) {
+    return detail::owner_in(read_contents(file, opts).entries);
+}
+
+namespace detail {
+
+/// Why the owner record of `owner` says the file named `name` is not a checkpoint of `prefix`,
+/// or nothing when it is (or records no owner).
+inline std::optional<std::string> foreign_owner(const std::optional<CheckpointOwner>& owner, std::string_view prefix,
+                                                const NameParts& name) {
+    if (!owner) return std::nullopt;
+    if (owner->prefix == prefix && (owner->run_prefix == name.run_prefix || owner->run_prefix.empty()))
+        return std::nullopt;
+    return "it belongs to prefix '" + owner->prefix + "' (run '" + owner->run_prefix + "'), not to run '" +
+           name.run_prefix + "' of prefix '" + std::string(prefix) + "' as its name suggests";
+}
+
+/// The owner of `file` where reading it is cheap: its table of contents, when the body did not
+/// pass through codecs. Nothing for a file that records none, cannot be read, or is encoded
+/// (those are checked when they are loaded or deleted). A record naming another owner counts
+/// only once the file verifies: a damaged file's record is no evidence.
+inline std::optional<CheckpointOwner> cheap_owner(const fs::path& file, std::string_view prefix,
+                                                  const NameParts& name, OwnerRecord& record) {
+    record = OwnerRecord::unread;
+    try {
+        if (read_header(file).encoded()) return std::nullopt;
+        auto owner = read_owner(file);
+        if (foreign_owner(owner, prefix, name)) verify_checkpoint(file);
+        record = owner ? OwnerRecord::matches : OwnerRecord::absent;  // (a foreign one is left out)
+        return owner;
+    } catch (const Error&) {
+        return std::nullopt;  // damaged: verification says what is wrong with it
+    }
+}
+
+/// The naming used when none is given: MindSporeNaming's names and StepNaming's, as `ckpt ls`
+/// reads them, so that a lookup without a naming finds the files of either.
+struct AnyRunNaming : MindSporeNaming {
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        if (auto p = MindSporeNaming{}.parse(base, name)) return p;
+        return StepNaming{}.parse(base, name);
+    }
+};
+
+/// Names in `dir` that other namings would read as files of `prefix`: what a lookup with
+/// `naming` cannot see. For the message when it finds nothing.
+template <class N>
+std::vector<std::string> unreadable_names(const fs::path& dir, std::string_view prefix, const N& naming) {
+    std::vector<std::string> out;
+    boost::system::error_code ec;
+    if (!fs::is_directory(dir, ec)) return out;
+    for (const auto& name : list_names(dir, 0)) {
+        if (naming.parse(prefix, name)) continue;
+        if (MindSporeNaming{}.parse(prefix, name) || StepNaming{}.parse(prefix, name) ||
+            SingleFileNaming{}.parse(prefix, name))
+            out.push_back(name);
+    }
+    return out;
+}
+
+/// Warns when `dir` holds files of `prefix` that `naming` does not read (another naming's).
+template <class N>
+void warn_unreadable(const fs::path& dir, std::string_view prefix, const N& naming) {
+    const auto names = unreadable_names(dir, prefix, naming);
+    if (names.empty()) return;
+    detail::log(LogLevel::warning, "no checkpoint of prefix '" + std::string(prefix) + "' in '" + dir.string() +
+                                       "' follows this naming, but " + std::to_string(names.size()) +
+                                       " file(s) of that prefix follow another, such as '" + names.front() +
+                                       "': pass the naming policy that wrote them (MindSporeNaming writes "
+                                       "'{prefix}-{epoch}_{step}.ckpt', StepNaming '{prefix}-{step}.ckpt', "
+                                       "SingleFileNaming '{prefix}.ckpt')");
+}
+
+}  // namespace detail
+
 /// Every checkpoint of `prefix` (all runs) that `naming` recognises in `dir`, oldest first by
-/// (run, epoch, step). Headers are not read here: header fields are left default.
-template <NamingPolicy N = MindSporeNaming>
+/// (run, epoch, step). Headers are not read here: header fields are left default. A file
+/// whose owner record names another prefix or run is left out, whatever its name says (see
+/// CheckpointOwner; `foreign`, when given, gets those, each with the reason); the record of a
+/// body that passed through codecs is checked when it is loaded or deleted.
+template <NamingPolicy N = detail::AnyRunNaming>
 std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_view prefix, const N& naming = {},
-                                               SaveKind kind = SaveKind::regular) {
+                                               SaveKind kind = SaveKind::regular,
+                                               std::vector<SkippedCheckpoint>* foreign = nullptr) {
     std::vector<StoredCheckpoint> out;
     for (const auto& name : detail::list_names(dir, naming.depth()))
-        if (auto parts = naming.parse(prefix, name); parts && parts->kind == kind)
-            out.push_back({dir / name, std::move(*parts), {}});
+        if (auto parts = naming.parse(prefix, name); parts && parts->kind == kind) {
+            const fs::path file = dir / name;
+            OwnerRecord record = OwnerRecord::unread;
+            if (auto why = detail::foreign_owner(detail::cheap_owner(file, prefix, *parts, record), prefix, *parts)) {
+                if (foreign) foreign->push_back({file, *why});
+                continue;
+            }
+            out.push_back({file, std::move(*parts), {}, record});
+        }
     std::stable_sort(out.begin(), out.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
         return std::tie(a.name.run, a.name.global_step, a.name.epoch, a.name.step) <
                std::tie(b.name.run, b.name.global_step, b.name.epoch, b.name.step);
@@ -86,27 +175,90 @@ inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
     return std::nullopt;
 }
 
-/// The newest valid checkpoint of `prefix` in `dir`, or nothing (also when `dir` does not
-/// exist). Newer files that fail verification are skipped, each with a warning and, when
-/// `skipped` is given, an entry saying why; older ones are tried in turn.
-template <NamingPolicy N = MindSporeNaming>
-std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
-                                                  std::vector<SkippedCheckpoint>* skipped = nullptr) {
-    auto files = list_checkpoints(dir, prefix, naming);
+namespace detail {
+
+inline void note_skipped(const StoredCheckpoint& f, const std::string& why, std::vector<SkippedCheckpoint>* skipped) {
+    detail::log(LogLevel::warning, "skipping checkpoint '" + f.path.string() + "': " + why);
+    if (skipped) skipped->push_back({f.path, why});
+}
+
+/// The run number of `run_prefix` among the runs of `prefix` ("exp_2": 2), or -1.
+inline std::int64_t run_number(std::string_view prefix, std::string_view run_prefix) {
+    if (run_prefix == prefix) return 0;
+    if (!consume(run_prefix, prefix) || !consume(run_prefix, "_")) return -1;
+    return parse_count(run_prefix).value_or(-1);
+}
+
+/// The newest exception save ("…_breakpoint.ckpt") that verifies and was written after
+/// `regular` (the newest regular checkpoint that verifies, if any): by the run of regular
+/// checkpoints it records it continues, then by position. An exception save is written only
+/// at a step boundary, so it holds a whole state. One without an owner record cannot be
+/// placed and is passed over, with a note.
+template <class N>
+std::optional<StoredCheckpoint> newer_breakpoint(const fs::path& dir, std::string_view prefix, const N& naming,
+                                                 const std::optional<StoredCheckpoint>& regular, const LoadOptions& opts,
+                                                 std::vector<SkippedCheckpoint>* skipped) {
+    auto files = list_checkpoints(dir, prefix, naming, SaveKind::breakpoint);
+    auto position = [](const NameParts& n) { return std::tie(n.global_step, n.epoch, n.step); };
     for (auto it = files.rbegin(); it != files.rend(); ++it) {
         if (auto why = checkpoint_problem(*it)) {
-            detail::log(LogLevel::warning, "skipping checkpoint '" + it->path.string() + "': " + *why);
-            if (skipped) skipped->push_back({it->path, *why});
+            note_skipped(*it, why.value(), skipped);
             continue;
         }
+        std::optional<CheckpointOwner> owner;
+        try {
+            owner = read_owner(it->path, opts);
+        } catch (const Error& e) {
+            note_skipped(*it, e.what(), skipped);
+            continue;
+        }
+        if (auto why = foreign_owner(owner, prefix, it->name)) continue;
+        if (!owner || owner->follows_run.empty()) {
+            detail::log(LogLevel::info, "exception save '" + it->path.string() +
+                                            "' does not record the run it continues (written by an older version): "
+                                            "not resumed from; load it by name to use it");
+            continue;
+        }
+        const std::int64_t run = run_number(prefix, owner->follows_run);
+        if (regular && (run < regular->name.run || (run == regular->name.run && position(it->name) <= position(regular->name))))
+            return std::nullopt;  // the newest regular checkpoint is newer
         return std::move(*it);
     }
     return std::nullopt;
 }
 
+}  // namespace detail
+
+/// The newest valid checkpoint of `prefix` in `dir`, or nothing (also when `dir` does not
+/// exist). Newer files that fail verification are skipped, each with a warning and, when
+/// `skipped` is given, an entry saying why; older ones are tried in turn. An exception save
+/// ("…_breakpoint.ckpt") written after every regular checkpoint is the newest state, and is
+/// returned (with a note saying so). When nothing of this naming is found but files of the
+/// prefix follow another naming, a warning names them. `opts` (the key of encrypted files)
+/// is needed only to read the owner record of an encrypted exception save.
+template <NamingPolicy N = detail::AnyRunNaming>
+std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
+                                                  std::vector<SkippedCheckpoint>* skipped = nullptr,
+                                                  const LoadOptions& opts = {}) {
+    auto files = list_checkpoints(dir, prefix, naming);
+    std::optional<StoredCheckpoint> found;
+    for (auto it = files.rbegin(); it != files.rend() && !found; ++it) {
+        if (auto why = checkpoint_problem(*it)) detail::note_skipped(*it, *why, skipped);
+        else found = std::move(*it);
+    }
+    if (auto bp = detail::newer_breakpoint(dir, prefix, naming, found, opts, skipped)) {
+        detail::log(LogLevel::notice, "the newest state of prefix '" + std::string(prefix) + "' is the exception save '" +
+                                        bp->path.string() + "', written after every regular checkpoint" +
+                                        (found ? " (the newest: '" + found->path.string() + "')" : ""));
+        return bp;
+    }
+    if (!found && files.empty()) detail::warn_unreadable(dir, prefix, naming);
+    return found;
+}
+
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
-template <NamingPolicy N = MindSporeNaming>
-std::optional<fs::path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
+template <NamingPolicy N = detail::AnyRunNaming>
+std::optional<Path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                std::vector<SkippedCheckpoint>* skipped = nullptr) {
     if (auto c = latest_checkpoint(dir, prefix, naming, skipped)) return c->path;
     return std::nullopt;

@@ -1,6 +1,6 @@
 #pragma once
 // Where ckpt reports what it did on its own: skipped corrupt files, removed temporaries,
-// retention deletions. The default sink writes warnings to stderr; replace it to route
+// retention deletions. The default sink writes warnings and notices to stderr; replace it to route
 // the messages into the program's own logging, or to silence them.
 //
 // The sink is called by one thread at a time (ckpt logs from background savers and from
@@ -14,7 +14,10 @@
 
 namespace ckpt {
 
-enum class LogLevel { info, warning };
+/// info: what ckpt did on its own (silent by default); notice: what the program should know
+/// though nothing is wrong (which file a resume took, that a fresh start follows); warning:
+/// something is wrong (a corrupt file skipped, a deletion that failed).
+enum class LogLevel { info, warning, notice };
 
 using LogSink = std::function<void(LogLevel, std::string_view)>;
 
@@ -23,8 +26,9 @@ namespace detail {
 struct LogState {
     std::mutex mutex;
     LogSink sink = [](LogLevel level, std::string_view msg) {
-        if (level == LogLevel::warning)
-            std::fprintf(stderr, "[ckpt] warning: %.*s\n", static_cast<int>(msg.size()), msg.data());
+        if (level != LogLevel::info)
+            std::fprintf(stderr, "[ckpt] %s%.*s\n", level == LogLevel::warning ? "warning: " : "",
+                         static_cast<int>(msg.size()), msg.data());
     };
 };
 

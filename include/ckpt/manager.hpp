@@ -27,7 +27,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -145,8 +147,7 @@ public:
         : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
           retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)),
           codecs_(codec.codecs()) {
-        if (prefix_.empty() || prefix_.find('/') != std::string::npos)
-            throw ConfigError("checkpoint prefix must be a non-empty name without '/', got '" + prefix_ + "'");
+        detail::check_prefix(prefix_);
         detail::check_chain(codecs_, (dir_ / prefix_).string());
         for (const auto& c : codecs_)
             if (!c.key.empty()) load_options_.key = c.key;
@@ -170,24 +171,25 @@ public:
 
     /// Call after each step; saves when the save policy says so. Returns the file written.
     template <class State>
-    std::optional<fs::path> on_step(Progress p, State&& state) {
+    std::optional<Path> on_step(Progress p, State&& state) {
         background_.check();
         p.event = Event::step_end;
         return maybe_save(p, state);
     }
     template <class State>
-    std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+    std::optional<Path> on_epoch_end(Progress p, State&& state) {
         background_.check();
         p.event = Event::epoch_end;
         return maybe_save(p, state);
     }
-    /// Saves if the policy says so, or if a policy save was skipped since the last one (see
-    /// WhenBusy::skip), then waits for every background save to be durable.
+    /// Saves the final step unless it is saved already (with every save policy but Never: the
+    /// end of training is the state most worth keeping, and a job run again after it finished
+    /// finds it), then waits for every background save to be durable.
     template <class State>
-    std::optional<fs::path> on_train_end(Progress p, State&& state) {
+    std::optional<Path> on_train_end(Progress p, State&& state) {
         p.event = Event::train_end;
         auto file = maybe_save(p, state);
-        if (!file && skipped_since_save_ && last_saved_ != p.global_step) file = save(p, state);
+        if (!file && !std::is_same_v<S, Never> && last_saved_ != p.global_step) file = save(p, state);
         background_.wait();
         return file;
     }
@@ -207,14 +209,16 @@ public:
 
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
-    std::optional<fs::path> on_exception(const Progress& p, State&& state) {
+    std::optional<Path> on_exception(const Progress& p, State&& state) {
         if (!options_.exception_save) return std::nullopt;
         if (breakpoint_prefix_.empty())
             breakpoint_prefix_ =
                 naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::breakpoint);
         background_.wait();  // the breakpoint is the newest state: let no older save land after it
         const fs::path file = dir_ / naming_.checkpoint_name(breakpoint_prefix_, p, SaveKind::breakpoint);
-        write(file, p, detail::collect_state(state));
+        ParamDict dict = detail::collect_state(state);
+        check_state(dict, p);
+        write(file, p, dict, {prefix_, breakpoint_prefix_, run_prefix_});
         return file;
     }
 
@@ -222,15 +226,23 @@ public:
     /// With async_save the file is written in the background: the returned path is where it
     /// will be once wait() (or the next save) returns.
     template <class State>
-    fs::path save(const Progress& p, State&& state) {
+    Path save(const Progress& p, State&& state) {
         background_.check();
         ParamDict dict = detail::collect_state(state);
+        check_state(dict, p);
+        const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (const auto meta = options_.write_meta ? naming_.meta_name(run_prefix_) : std::string(); !meta.empty()) {
             auto write_meta = [&] {
                 detail::write_text_file(dir_ / meta, detail::describe_state(with_append_info(dict, p), run_prefix_));
             };
             if (!meta_written_) {
-                write_meta();
+                try {
+                    write_meta();
+                } catch (const IoError& e) {  // the run's first save: name what was being saved
+                    throw IoError("cannot save checkpoint '" + file.string() + "': writing its run's description '" +
+                                      meta + "' failed: " + e.what(),
+                                  file.string(), e.error_code());
+                }
                 meta_written_ = true;
             } else if (boost::system::error_code ec; !fs::exists(dir_ / meta, ec)) {
                 // A concurrent run of the prefix (every run in its retention scope) took it with
@@ -242,11 +254,10 @@ public:
                 }
             }
         }
-        const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (options_.async_save) {
             const auto start = std::chrono::steady_clock::now();
             const bool waited = background_.submit(dict, [this, file, p, restored = restored_](const ParamDict& snap) {
-                write(file, p, snap);
+                write(file, p, snap, {prefix_, run_prefix_, {}});
                 apply_retention(file, p, restored);
             });
             const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -255,18 +266,17 @@ public:
             async_stats_.blocked_seconds += blocked;
             async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
-            write(file, p, dict);
+            write(file, p, dict, {prefix_, run_prefix_, {}});
             apply_retention(file, p, restored_);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
-        skipped_since_save_ = false;
         save_.saved(p);
         return file;
     }
 
     /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
     std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        return latest_checkpoint(dir_, prefix_, naming_, skipped);
+        return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_);
     }
 
     /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
@@ -277,20 +287,50 @@ public:
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        auto files = list_checkpoints(dir_, prefix_, naming_);
-        for (auto it = files.rbegin(); it != files.rend(); ++it) {
-            std::optional<std::string> why = checkpoint_problem(*it);
-            if (!why) {
-                try {
-                    Restored done{*it, load_checkpoint_into(it->path, target, strict, load_options_)};
-                    restored_ = *it;
-                    return done;
-                } catch (const FormatError& e) {  // changed between verification and load
-                    why = e.what();
+        auto files = list_checkpoints(dir_, prefix_, naming_, SaveKind::regular, skipped);
+        std::optional<Restored> done;
+        // Loads `f` (verified) into the target, or says why it cannot.
+        auto load = [&](StoredCheckpoint& f) -> std::optional<std::string> {
+            try {
+                // the owner of an encoded body is read here, with the key (list_checkpoints
+                // checked the others)
+                if (f.header.encoded())
+                    if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name)) return why;
+                done = Restored{f, load_checkpoint_into(f.path, target, strict, load_options_)};
+                restored_ = f;
+                return std::nullopt;
+            } catch (const FormatError& e) {  // changed between verification and load
+                return std::string(e.what());
+            }
+        };
+        bool placed_breakpoint = false;
+        for (auto it = files.rbegin();; ++it) {
+            const bool end = it == files.rend();
+            std::optional<std::string> why = end ? std::nullopt : checkpoint_problem(*it);
+            // Once the newest regular checkpoint that verifies is known (or that there is none),
+            // an exception save written after it is the newest state.
+            if (!placed_breakpoint && (end || !why)) {
+                placed_breakpoint = true;
+                const auto regular = end ? std::nullopt : std::optional<StoredCheckpoint>(*it);
+                if (auto bp = detail::newer_breakpoint(dir_, prefix_, naming_, regular, load_options_, skipped)) {
+                    if (auto failed = load(*bp)) {
+                        detail::note_skipped(*bp, *failed, skipped);
+                    } else {
+                        detail::log(LogLevel::notice, "restored the exception save '" + bp->path.string() +
+                                                          "', written after every regular checkpoint of prefix '" +
+                                                          prefix_ + "'");
+                        return done;
+                    }
                 }
             }
-            detail::log(LogLevel::warning, "skipping checkpoint '" + it->path.string() + "': " + *why);
-            if (skipped) skipped->push_back({it->path, *why});
+            if (end) break;
+            if (!why && !(why = load(*it))) return done;
+            detail::note_skipped(*it, *why, skipped);
+        }
+        if (files.empty()) {
+            detail::warn_unreadable(dir_, prefix_, naming_);
+            detail::log(LogLevel::notice, "no checkpoint of prefix '" + prefix_ + "' in '" + dir_.string() +
+                                              "': starting from the beginning");
         }
         return std::nullopt;
     }
@@ -314,13 +354,12 @@ public:
 
 private:
     template <class State>
-    std::optional<fs::path> maybe_save(const Progress& p, State& state) {
+    std::optional<Path> maybe_save(const Progress& p, State& state) {
         if (!save_.should_save(p)) return std::nullopt;
         if (last_saved_ && *last_saved_ == p.global_step) return std::nullopt;  // already saved at this step
         if (options_.async_save && options_.when_busy == WhenBusy::skip && p.event != Event::train_end &&
             !background_.buffer_free()) {
             ++async_stats_.skipped;
-            skipped_since_save_ = true;
             detail::log(LogLevel::info, "skipped the checkpoint of global step " + std::to_string(p.global_step) +
                                             ": every snapshot buffer is still being written (the newest holds global step " +
                                             std::to_string(last_saved_.value_or(-1)) + ")");
@@ -334,9 +373,19 @@ private:
         return dict;
     }
 
+    /// What a state may not hold: names the manager's own entries use, and names append_info
+    /// also sets to another value (one would silently replace the other in the file).
+    void check_state(const ParamDict& dict, const Progress& p) const {
+        for (const auto& [name, value] : dict)
+            if (detail::is_reserved_name(name))
+                throw ConfigError("the state of checkpoint prefix '" + prefix_ + "' holds '" + name +
+                                  "': names starting with '__ckpt.' are the manager's own");
+        options_.append_info.check_disjoint(dict, p, prefix_);
+    }
+
     // Runs on the background thread with async_save: it reads only members that do not
     // change after construction.
-    void write(const fs::path& file, const Progress& p, const ParamDict& state) const {
+    void write(const fs::path& file, const Progress& p, const ParamDict& state, const CheckpointOwner& owner) const {
         if (naming_.depth() > 0) {
             boost::system::error_code ec;
             fs::create_directories(file.parent_path(), ec);
@@ -349,7 +398,9 @@ private:
         opts.epoch = p.epoch;
         opts.step = p.step;
         opts.codecs = codecs_;
-        save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
+        ParamDict stored = with_append_info(state, p);  // the entries are views: nothing is copied
+        detail::record_owner(stored, owner);
+        save_checkpoint(stored, file, opts);
     }
 
     /// The order of latest(): by run, then by position in the run.
@@ -408,7 +459,7 @@ private:
         for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files)))
             if (i < files.size() && !keep[i]) {
                 keep[i] = true;  // a policy may name a file twice
-                doomed.push_back(&files[i]);
+                if (may_delete(files[i])) doomed.push_back(&files[i]);
             }
         remove_meta_of_emptied_runs(doomed, all);
         for (const StoredCheckpoint* f : doomed) {
@@ -420,6 +471,48 @@ private:
             else
                 detail::log(LogLevel::info, "retention deleted '" + f->path.string() + "'");
         }
+    }
+
+    /// Whether retention may delete `f`: a file whose owner record says it is this prefix's,
+    /// of the run its name says, or a damaged one (its record is no evidence either way; a
+    /// damaged file of its name was always retention's to delete). A file that records no owner
+    /// (written without a manager, or by an older version) has only its name for evidence and
+    /// is left alone, as is one whose record another key hides.
+    bool may_delete(const StoredCheckpoint& f) const {
+        if (f.owner == OwnerRecord::matches) return true;
+        std::optional<std::string> why;
+        if (f.owner == OwnerRecord::absent) {
+            // A damaged file may have lost its record: verified once, then remembered.
+            {
+                std::lock_guard lock(unowned_mutex_);
+                if (const auto it = unowned_intact_.find(f.path.string());
+                    it != unowned_intact_.end() && it->second == f.header.body_hash)
+                    return false;
+            }
+            try {
+                verify_checkpoint(f.path);
+            } catch (const Error&) {
+                return true;  // damaged: what it records is no evidence, and its name says it is ours
+            }
+            std::lock_guard lock(unowned_mutex_);
+            unowned_intact_[f.path.string()] = f.header.body_hash;
+            detail::log(LogLevel::notice, "retention leaves alone '" + f.path.string() +
+                                              "': it records no owner (written without a manager or by an older "
+                                              "version), so only its name says it is prefix '" + prefix_ +
+                                              "''s; delete it by hand when it is no longer needed");
+            return false;
+        } else if (f.header.encoded()) {
+            try {
+                const auto owner = read_owner(f.path, load_options_);
+                why = owner ? detail::foreign_owner(owner, prefix_, f.name)
+                            : std::optional<std::string>("it records no owner, so only its name says it is this prefix's");
+            } catch (const KeyError& e) {
+                why = std::string("its owner record cannot be read: ") + e.what();
+            } catch (const Error&) {  // damaged
+            }
+        }
+        if (why) detail::log(LogLevel::info, "retention leaves alone '" + f.path.string() + "': " + *why);
+        return !why;
     }
 
     /// Deletes the meta file of each run (but the current one) whose every checkpoint in `all`
@@ -467,8 +560,11 @@ private:
     // What restore() last loaded; read on the training thread only (a save hands a copy to
     // its retention).
     mutable std::optional<StoredCheckpoint> restored_;
-    bool skipped_since_save_ = false;  // a policy save dropped under WhenBusy::skip
     AsyncSaveStats async_stats_;
+    // Files without an owner record that retention found intact (by body checksum): left alone,
+    // said once. Retention runs on the writer thread with async_save.
+    mutable std::mutex unowned_mutex_;
+    mutable std::map<std::string, std::uint64_t> unowned_intact_;
     detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
 };
 
@@ -510,19 +606,21 @@ public:
     const LoadOptions& load_options() const noexcept { return core_->load_options(); }
     RetentionScope retention_scope() const noexcept { return core_->retention_scope(); }
 
-    /// Call after each step; saves when the save policy says so. Returns the file written.
+    /// Call after each step; saves when the save policy says so. Returns the file written;
+    /// with async_save, the file being written: it is durable once wait() (or on_train_end)
+    /// returns, and a failure to write it is rethrown, naming it, by wait() or the next call.
     template <class State>
-    std::optional<fs::path> on_step(Progress p, State&& state) {
+    std::optional<Path> on_step(Progress p, State&& state) {
         return core_->on_step(p, std::forward<State>(state));
     }
     template <class State>
-    std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+    std::optional<Path> on_epoch_end(Progress p, State&& state) {
         return core_->on_epoch_end(p, std::forward<State>(state));
     }
-    /// Saves if the policy says so, or if a policy save was skipped since the last one (see
-    /// WhenBusy::skip), then waits for every background save to be durable.
+    /// Saves the final step unless it is saved already (every save policy but Never), then
+    /// waits for every background save to be durable.
     template <class State>
-    std::optional<fs::path> on_train_end(Progress p, State&& state) {
+    std::optional<Path> on_train_end(Progress p, State&& state) {
         return core_->on_train_end(p, std::forward<State>(state));
     }
     /// Blocks until every background save in flight is durable; rethrows the first error.
@@ -531,14 +629,14 @@ public:
     AsyncSaveStats async_stats() const { return core_->async_stats(); }
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
-    std::optional<fs::path> on_exception(const Progress& p, State&& state) {
+    std::optional<Path> on_exception(const Progress& p, State&& state) {
         return core_->on_exception(p, std::forward<State>(state));
     }
     /// Saves now, whatever the save policy says, then applies retention. With async_save the
     /// file is written in the background: the returned path is where it will be once wait()
     /// (or the next save) returns.
     template <class State>
-    fs::path save(const Progress& p, State&& state) {
+    Path save(const Progress& p, State&& state) {
         return core_->save(p, std::forward<State>(state));
     }
     /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "error.hpp"
 #include "progress.hpp"
 
 namespace ckpt {
@@ -115,6 +116,40 @@ inline bool strip_checkpoint_suffix(std::string_view& rest, SaveKind& kind) {
     if (!rest.ends_with(regular)) return false;
     rest.remove_suffix(regular.size());
     return true;
+}
+
+/// Refuses a prefix that cannot safely be part of a file name, or that another prefix's run
+/// names could produce: later runs of "exp" are "exp_1", "exp_2", … so a prefix "exp_1" would
+/// be taken for one of them.
+inline void check_prefix(std::string_view prefix) {
+    auto refuse = [&](const std::string& why) {
+        std::string shown;  // control characters as \xNN, so that the message stays one line
+        for (const char c : prefix) {
+            const auto u = static_cast<unsigned char>(c);
+            if (u >= 0x20 && u != 0x7f) {
+                shown += c;
+                continue;
+            }
+            constexpr char hex[] = "0123456789abcdef";
+            shown += std::string("\\x") + hex[u >> 4] + hex[u & 0xf];
+        }
+        throw ConfigError("checkpoint prefix '" + shown + "' " + why);
+    };
+    if (prefix.empty()) refuse("is empty: a prefix names the files of a job");
+    if (prefix.size() > 200) refuse("is longer than 200 characters");
+    for (const char c : prefix) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) refuse("holds a control character");
+        if (std::string_view("/\\*?[]\"<>|").find(c) != std::string_view::npos)
+            refuse(std::string("holds '") + c + "', which cannot safely be part of a file name");
+    }
+    if (prefix.front() == '.' || prefix.front() == '-')
+        refuse(std::string("starts with '") + prefix.front() + "'");
+    if (const auto us = prefix.rfind('_'); us != std::string_view::npos && us + 1 < prefix.size() &&
+                                           prefix.find_first_not_of("0123456789", us + 1) == std::string_view::npos)
+        refuse("ends in '_" + std::string(prefix.substr(us + 1)) + "', as the runs of prefix '" +
+               std::string(prefix.substr(0, us)) + "' do: its files would be taken for theirs (use '" +
+               std::string(prefix.substr(0, us)) + "-" + std::string(prefix.substr(us + 1)) + "' or another name)");
+    if (prefix.ends_with("_breakpoint")) refuse("ends in '_breakpoint', as exception-save file names do");
 }
 
 inline std::string run_prefix_name(std::string_view base, std::int64_t run) {

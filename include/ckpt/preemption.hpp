@@ -4,7 +4,7 @@
 // sets the flag; everything else happens on the training threads.
 //
 //   ckpt::TerminationSignals signals;             // installs; the destructor restores
-//   nn::ModelCheckpoint<…> cb(prefix, dir, {.save_on_signal = true});   // saves, then stops
+//   nn::ModelCheckpoint<…> cb(dir, prefix, {.save_on_signal = true});   // saves, then stops
 //   try { trainer.train(…); } catch (const ckpt::Preempted&) { return ckpt::preempted_exit_status; }
 
 #include <signal.h>

@@ -160,7 +160,7 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
     std::unique_ptr<char[]> buf(new char[chunk_bytes]);
     for (const auto& e : toc) {
         if (e.kind != ValueKind::tensor) {
-            out.values.set(e.name, e.scalar);
+            if (!detail::is_reserved_name(e.name)) out.values.set(e.name, e.scalar);  // not the rank file's owner
             continue;
         }
         TensorPiece p;

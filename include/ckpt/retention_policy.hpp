@@ -36,14 +36,23 @@
 #include "error.hpp"
 #include "format.hpp"
 #include "naming_policy.hpp"
+#include "path.hpp"
 
 namespace ckpt {
 
+/// What a listing learned of a file's owner record (see CheckpointOwner in checkpoint.hpp).
+enum class OwnerRecord : std::uint8_t {
+    unread,    ///< not read: the body passed through codecs, or the file is damaged
+    matches,   ///< the file records the prefix and run its name says
+    absent,    ///< the file records no owner (written without a manager, or by an older version)
+};
+
 /// A checkpoint file found in a directory: where it is, what its name says, what its header says.
 struct StoredCheckpoint {
-    boost::filesystem::path path;
+    Path path;
     NameParts name;
     FileHeader header;
+    OwnerRecord owner = OwnerRecord::unread;
 
     /// The file's size on disk, as its header says (a header that reads checked it against
     /// the file's size).

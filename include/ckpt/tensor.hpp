@@ -11,6 +11,8 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <ranges>
+#include <type_traits>
 #include <span>
 #include <string>
 #include <vector>
@@ -126,6 +128,13 @@ public:
     static Tensor from(const std::vector<T>& values) {
         return from(values, Shape{static_cast<std::int64_t>(values.size())});
     }
+    /// std::vector<bool> packs its bits, so it cannot be viewed: this copies it, one byte an element.
+    static Tensor from(const std::vector<bool>& values) {
+        Tensor t = uninitialized(DType::boolean, Shape{static_cast<std::int64_t>(values.size())});
+        auto out = t.values<bool>();
+        std::copy(values.begin(), values.end(), out.begin());
+        return t;
+    }
 
     DType dtype() const noexcept { return dtype_; }
     const Shape& shape() const noexcept { return shape_; }
@@ -188,5 +197,28 @@ private:
     std::shared_ptr<std::byte> data_;
     bool view_ = false;
 };
+
+/// A 0-d tensor viewing one variable (an int64_t, a double, a float, a bool, …): saving reads
+/// it, loading writes it back, as with a network's parameters.
+///   d.set("iteration", ckpt::view_of(iteration));
+template <Element T>
+    requires(!std::is_const_v<T>)
+Tensor view_of(T& value) {
+    return Tensor::view(dtype_v<T>, Shape{}, &value);
+}
+
+/// A tensor viewing a contiguous standard container (std::vector, std::array, std::span, a
+/// C array): one dimension of its size, or `shape` when given (its element count must match).
+/// A container that reallocates (a std::vector that grows) must not do so while the view is used.
+template <std::ranges::contiguous_range C>
+    requires Element<std::ranges::range_value_t<C>> &&
+             (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<C>>>) &&
+             (!requires { C::static_layout; })  // xtensor containers: xtensor.hpp's view_of, with their shape
+Tensor view_of(C& container, Shape shape = {}) {
+    using T = std::ranges::range_value_t<C>;
+    const auto n = static_cast<std::size_t>(std::ranges::size(container));
+    if (shape.empty()) shape = Shape{static_cast<std::int64_t>(n)};
+    return Tensor::view(std::span<T>(std::ranges::data(container), n), std::move(shape));
+}
 
 }  // namespace ckpt

@@ -26,6 +26,7 @@ Tensor to_tensor(const xt::xexpression<E>& e) {
 
 /// A Tensor viewing the memory of a contiguous row-major xtensor container.
 template <class C>
+    requires requires { C::static_layout; }
 Tensor view_of(C& container) {
     using T = typename C::value_type;
     static_assert(C::static_layout == xt::layout_type::row_major, "view_of needs a row-major container");

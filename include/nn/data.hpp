@@ -301,19 +301,48 @@ public:
         }
     }
 
-    /// What a checkpoint must hold to replay the order: the shuffle settings.
+    /// What a checkpoint must hold to replay the order and find the position again: the
+    /// shuffle settings, and what makes a step the same samples (the batch size, the number of
+    /// samples, drop_remainder). Sharding is left out: a step is the same global batch on any
+    /// number of ranks.
     ckpt::ParamDict state() const {
         return ckpt::ParamDict{{"data.shuffle", shuffle_},
                                {"data.seed", static_cast<std::int64_t>(seed_)},
-                               {"data.steps_per_epoch", steps_per_epoch()}};
+                               {"data.steps_per_epoch", steps_per_epoch()},
+                               {"data.batch_size", static_cast<std::int64_t>(batch_size_)},
+                               {"data.size", static_cast<std::int64_t>(labels_.size())},
+                               {"data.drop_remainder", drop_remainder_}};
     }
-    /// Restores the shuffle settings from a checkpoint; the sizes must match.
+    /// Checks a checkpoint's data state against this data set, then takes its shuffle settings.
+    /// Another batch size, number of samples, drop_remainder or step count would put the
+    /// resumed run on other samples: LoadMismatch naming each. So would another shuffle seed
+    /// when this data set was given one; a data set without shuffle() takes the checkpoint's.
     void load_state(const ckpt::ParamDict& d) {
-        if (d.contains("data.steps_per_epoch") && d.get<std::int64_t>("data.steps_per_epoch") != steps_per_epoch())
-            throw ckpt::LoadMismatch("the checkpoint was saved with " +
-                                     std::to_string(d.get<std::int64_t>("data.steps_per_epoch")) +
-                                     " steps per epoch, this data set gives " + std::to_string(steps_per_epoch()) +
-                                     " (different data, batch size or drop_remainder)");
+        std::string differences;
+        auto compare = [&](const char* key, std::int64_t here, const char* what) {
+            if (!d.contains(key)) return;  // files written before the field existed
+            const auto saved = d.get<std::int64_t>(key);
+            if (saved != here)
+                differences += std::string(differences.empty() ? "" : "; ") + what + " " + std::to_string(saved) +
+                               " when saved, " + std::to_string(here) + " now";
+        };
+        compare("data.batch_size", static_cast<std::int64_t>(batch_size_), "batch size");
+        compare("data.size", static_cast<std::int64_t>(labels_.size()), "samples");
+        if (d.contains("data.drop_remainder") && d.get<bool>("data.drop_remainder") != drop_remainder_)
+            differences += std::string(differences.empty() ? "" : "; ") + "drop_remainder " +
+                           (drop_remainder_ ? "false when saved, true now" : "true when saved, false now");
+        if (differences.empty())  // steps per epoch alone: a file written before the fields above
+            compare("data.steps_per_epoch", steps_per_epoch(), "steps per epoch");
+        if (shuffle_ && d.contains("data.shuffle")) {
+            if (!d.get<bool>("data.shuffle"))
+                differences += std::string(differences.empty() ? "" : "; ") + "no shuffle when saved, shuffle seed " +
+                               std::to_string(seed_) + " now";
+            else
+                compare("data.seed", static_cast<std::int64_t>(seed_), "shuffle seed");
+        }
+        if (!differences.empty())
+            throw ckpt::LoadMismatch("the checkpoint's data order differs from this data set's (" + differences +
+                                     "): resuming would train on other samples; resume with the same data settings");
         if (d.contains("data.shuffle")) shuffle_ = d.get<bool>("data.shuffle");
         if (d.contains("data.seed")) seed_ = static_cast<std::uint64_t>(d.get<std::int64_t>("data.seed"));
         order_epoch_ = -1;

@@ -2,8 +2,12 @@
 // ModelCheckpoint: the seed's checkpoint callback, on the core CheckpointManager.
 //
 //   nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> cb(
-//       "lenet", "./lenet", {.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}}}});
-//   auto cb2 = nn::make_model_checkpoint("lenet", "./lenet", config);   // from a CheckpointConfig
+//       "./lenet", "lenet", {.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}}}});
+//   auto cb2 = nn::make_model_checkpoint("./lenet", "lenet", config);   // from a CheckpointConfig
+//
+// The directory comes first, then the prefix, as everywhere in ckpt (CheckpointManager,
+// latest, resume_or_start); MindSpore's ModelCheckpoint(prefix, directory) has them the other
+// way round, and a prefix with '/' in it (a directory given second) is refused.
 //
 // With save_on_signal and a ckpt::TerminationSignals installed, SIGTERM, SIGINT or SIGUSR1
 // ends training at the end of the step in progress: that step is saved (durably), then
@@ -30,7 +34,7 @@ class ModelCheckpoint {
 public:
     using Manager = ckpt::CheckpointManager<S, R, N, A, C>;
 
-    ModelCheckpoint(std::string prefix, ckpt::PathArg directory, ckpt::ManagerOptions options = {},
+    ModelCheckpoint(ckpt::PathArg directory, std::string prefix, ckpt::ManagerOptions options = {},
                     S save = S{}, R retention = R{}, N naming = N{}, C codec = C{})
         : manager_(std::move(directory), std::move(prefix), std::move(save), std::move(retention), std::move(naming),
                    std::move(options), std::move(codec)) {}
@@ -74,21 +78,21 @@ public:
     Manager& manager() noexcept { return manager_; }
     const Manager& manager() const noexcept { return manager_; }
     /// The file the last save wrote (or is writing, with async_save).
-    const std::optional<boost::filesystem::path>& last_saved() const noexcept { return last_; }
+    const std::optional<ckpt::Path>& last_saved() const noexcept { return last_; }
 
 private:
     bool signalled() const { return manager_.options().save_on_signal && ckpt::TerminationSignals::requested(); }
 
     Manager manager_;
-    std::optional<boost::filesystem::path> last_;
+    std::optional<ckpt::Path> last_;
 };
 
 /// A ModelCheckpoint configured the seed's way, by a CheckpointConfig.
 template <ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive>
 ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec> make_model_checkpoint(
-    std::string prefix, ckpt::PathArg directory, const ckpt::CheckpointConfig& config, N naming = {}) {
+    ckpt::PathArg directory, std::string prefix, const ckpt::CheckpointConfig& config, N naming = {}) {
     return ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec>(
-        std::move(prefix), std::move(directory), ckpt::detail::manager_options(config), ckpt::ConfiguredSave(config),
+        std::move(directory), std::move(prefix), ckpt::detail::manager_options(config), ckpt::ConfiguredSave(config),
         ckpt::ConfiguredRetention(config), std::move(naming), ckpt::ConfiguredCodec(config));
 }
 

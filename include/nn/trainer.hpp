@@ -5,7 +5,7 @@
 //   nn::LeNet5 net;
 //   nn::Momentum opt(net.parameters(), 0.01, 0.9);
 //   nn::Trainer trainer(net, opt);
-//   nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> ckpt_cb("lenet", "./lenet");
+//   nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> ckpt_cb("./lenet", "lenet");
 //   auto from = trainer.resume_or_start("./lenet", "lenet", data);   // latest valid, or fresh
 //   trainer.train(10, data, nn::callbacks(ckpt_cb), from.initial_epoch);
 //
@@ -56,7 +56,7 @@ inline constexpr bool is_tuple<std::tuple<Ts...>> = true;
 /// Where a resumed run starts: train(epochs, data, callbacks, initial_epoch) continues with
 /// step `initial_step` of epoch initial_epoch + 1 (already set on the data set).
 struct ResumePoint {
-    std::optional<boost::filesystem::path> file;  ///< the checkpoint loaded; empty for a fresh start
+    std::optional<ckpt::Path> file;  ///< the checkpoint loaded; empty for a fresh start
     std::int64_t initial_epoch = 0;
     std::int64_t initial_step = 0;
     std::int64_t global_step = 0;
@@ -185,9 +185,10 @@ public:
 
     /// Loads `file` (strictly: every parameter and optimizer tensor must be there, with its
     /// shape) and positions the trainer and `data` at the step after it. Nothing in memory
-    /// changes when the file does not fit.
-    ResumePoint resume_from(const ckpt::PathArg& file, Data& data) {
-        ResumePoint rp = resume_from_state(ckpt::load_checkpoint(file), "checkpoint '" + file.string() + "'", data);
+    /// changes when the file does not fit. `opts.key` opens an encrypted file.
+    ResumePoint resume_from(const ckpt::PathArg& file, Data& data, const ckpt::LoadOptions& opts = {}) {
+        ResumePoint rp =
+            resume_from_state(ckpt::load_checkpoint(file, opts), "checkpoint '" + file.string() + "'", data);
         rp.file = file;
         return rp;
     }
@@ -226,13 +227,39 @@ public:
     }
 
     /// Resumes from the newest valid checkpoint of `prefix` in `dir` (corrupt files are
-    /// skipped, with a warning), or starts fresh when there is none.
-    template <ckpt::NamingPolicy N = ckpt::MindSporeNaming>
-    ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data,
-                                const N& naming = {}) {
-        if (!boost::filesystem::is_directory(dir)) return {};
-        if (auto latest = ckpt::latest(dir, prefix, naming)) return resume_from(*latest, data);
+    /// skipped, with a warning), or starts fresh when there is none, saying so. Without a
+    /// naming it finds MindSporeNaming's and StepNaming's names; `opts.key` opens encrypted
+    /// files.
+    template <ckpt::NamingPolicy N = ckpt::detail::AnyRunNaming>
+    ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data, const N& naming = {},
+                                const ckpt::LoadOptions& opts = {}) {
+        if (prefix.find('/') != std::string_view::npos)
+            throw ckpt::ConfigError("resume_or_start: prefix '" + std::string(prefix) +
+                                    "' holds '/': the directory comes first, then the prefix");
+        if (!boost::filesystem::is_directory(dir)) {
+            ckpt::detail::log(ckpt::LogLevel::notice, "no checkpoint directory '" + dir.string() +
+                                                          "': starting from the beginning");
+            return {};
+        }
+        if (auto latest = ckpt::latest_checkpoint(dir, prefix, naming, nullptr, opts))
+            return resume_from(latest->path, data, opts);
+        ckpt::detail::log(ckpt::LogLevel::notice, "no checkpoint of prefix '" + std::string(prefix) + "' in '" +
+                                                      dir.string() + "': starting from the beginning");
         return {};
+    }
+    ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data,
+                                const ckpt::LoadOptions& opts) {
+        return resume_or_start(dir, prefix, data, ckpt::detail::AnyRunNaming{}, opts);
+    }
+
+    /// Resumes from what `checkpoints` (a ModelCheckpoint) writes: its directory, prefix and
+    /// naming, and its codec's key for encrypted files; or starts fresh, saying so.
+    template <class Checkpoints>
+        requires requires(const Checkpoints& c) { c.manager().load_options(); }
+    ResumePoint resume_or_start(const Checkpoints& checkpoints, Data& data) {
+        const auto& m = checkpoints.manager();
+        using Naming = typename std::remove_cvref_t<decltype(m)>::naming_policy;
+        return resume_or_start(m.directory(), m.prefix(), data, Naming{}, m.load_options());
     }
 
 private:

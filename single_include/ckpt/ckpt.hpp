@@ -146,6 +146,8 @@ public:
 #include <cstring>
 #include <memory>
 #include <new>
+#include <ranges>
+#include <type_traits>
 #include <span>
 #include <string>
 #include <vector>
@@ -365,6 +367,13 @@ public:
     static Tensor from(const std::vector<T>& values) {
         return from(values, Shape{static_cast<std::int64_t>(values.size())});
     }
+    /// std::vector<bool> packs its bits, so it cannot be viewed: this copies it, one byte an element.
+    static Tensor from(const std::vector<bool>& values) {
+        Tensor t = uninitialized(DType::boolean, Shape{static_cast<std::int64_t>(values.size())});
+        auto out = t.values<bool>();
+        std::copy(values.begin(), values.end(), out.begin());
+        return t;
+    }
 
     DType dtype() const noexcept { return dtype_; }
     const Shape& shape() const noexcept { return shape_; }
@@ -427,6 +436,29 @@ private:
     std::shared_ptr<std::byte> data_;
     bool view_ = false;
 };
+
+/// A 0-d tensor viewing one variable (an int64_t, a double, a float, a bool, …): saving reads
+/// it, loading writes it back, as with a network's parameters.
+///   d.set("iteration", ckpt::view_of(iteration));
+template <Element T>
+    requires(!std::is_const_v<T>)
+Tensor view_of(T& value) {
+    return Tensor::view(dtype_v<T>, Shape{}, &value);
+}
+
+/// A tensor viewing a contiguous standard container (std::vector, std::array, std::span, a
+/// C array): one dimension of its size, or `shape` when given (its element count must match).
+/// A container that reallocates (a std::vector that grows) must not do so while the view is used.
+template <std::ranges::contiguous_range C>
+    requires Element<std::ranges::range_value_t<C>> &&
+             (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<C>>>) &&
+             (!requires { C::static_layout; })  // xtensor containers: xtensor.hpp's view_of, with their shape
+Tensor view_of(C& container, Shape shape = {}) {
+    using T = std::ranges::range_value_t<C>;
+    const auto n = static_cast<std::size_t>(std::ranges::size(container));
+    if (shape.empty()) shape = Shape{static_cast<std::int64_t>(n)};
+    return Tensor::view(std::span<T>(std::ranges::data(container), n), std::move(shape));
+}
 
 }  // namespace ckpt
 
@@ -645,6 +677,27 @@ struct AppendInfo {
     }
 
     bool empty() const { return !epoch_num && !step_num && extra.empty(); }
+
+    /// Refuses a state that holds a name append_info also sets with another value: one would
+    /// silently replace the other in the file. The same value in both (the seed's {lr, momentum}
+    /// beside the optimizer's hyperparameters) loses nothing and is allowed.
+    void check_disjoint(const ParamDict& dict, const Progress& p, const std::string& prefix) const {
+        ParamDict mine;
+        apply(mine, p);
+        for (const auto& [name, value] : mine)
+            if (const Value* there = dict.find(name); there && !(*there == value))
+                throw ConfigError("append_info of checkpoint prefix '" + prefix + "' sets '" + name + "' to " +
+                                  describe(value) + ", but the saved state holds '" + name + "' = " + describe(*there) +
+                                  ": one would replace the other; rename one of them");
+    }
+
+    static std::string describe(const Value& v) {
+        if (const auto* i = v.get_if<std::int64_t>()) return std::to_string(*i);
+        if (const auto* d = v.get_if<double>()) return std::to_string(*d);
+        if (const auto* b = v.get_if<bool>()) return *b ? "true" : "false";
+        if (const auto* s = v.get_if<std::string>()) return "\"" + *s + "\"";
+        return "a " + v.type_name() + " tensor";
+    }
 
     /// Adds the values for `p` to `dict`.
     void apply(ParamDict& dict, const Progress& p) const {
@@ -1022,11 +1075,15 @@ private:
     int fd_ = -1;
 };
 
-inline Fd open_for_read(const std::string& path) {
+/// `what` names the file in errors: "cannot open checkpoint '…'", "cannot open key file '…'".
+inline Fd open_for_read(const std::string& path, const char* what = "checkpoint") {
     int fd;
     do fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     while (fd < 0 && errno == EINTR);
-    if (fd < 0) throw_io("open checkpoint", path);
+    if (fd < 0) {
+        const int err = errno;
+        throw_io(std::string("open ") + what, path, err);
+    }
     return Fd(fd);
 }
 
@@ -1183,7 +1240,7 @@ inline void random_bytes(void* data, std::size_t n) {
 //   ckpt::load_checkpoint("ckpts/a.ckpt");
 //
 // Paths are byte strings on POSIX: a std::filesystem::path converts through native(), so
-// no name is re-encoded.
+// no name is re-encoded. What ckpt returns is a Path, which converts to either kind.
 
 #include <boost/filesystem/path.hpp>
 
@@ -1204,6 +1261,23 @@ public:
 
     /// The same path as a std::filesystem::path.
     std::filesystem::path std_path() const { return std::filesystem::path(native()); }
+};
+
+/// The path type ckpt returns (the file a save wrote, what latest() found): a
+/// boost::filesystem::path that converts to a std::filesystem::path as well, so that either
+/// kind of variable takes it.
+///   std::filesystem::path written = mgr.save(p, state);
+///   std::optional<std::filesystem::path> newest = ckpt::latest("ckpts", "run");
+class Path : public boost::filesystem::path {
+public:
+    Path() = default;
+    Path(const boost::filesystem::path& p) : path(p) {}
+    Path(boost::filesystem::path&& p) noexcept : path(std::move(p)) {}
+    Path(const std::filesystem::path& p) : path(p.native()) {}
+    Path(const std::string& s) : path(s) {}
+    Path(const char* s) : path(s) {}
+
+    operator std::filesystem::path() const { return std::filesystem::path(native()); }
 };
 
 }  // namespace ckpt
@@ -1237,7 +1311,7 @@ public:
     /// A key file holds the 32 key bytes, or 64 hexadecimal digits (a trailing newline allowed).
     static Key from_file(const PathArg& file) {
         const std::string path = file.string();
-        detail::Fd fd = detail::open_for_read(path);
+        detail::Fd fd = detail::open_for_read(path, "key file");
         std::array<unsigned char, 2 * size + 3> buf{};
         const std::size_t n = detail::read_full(fd.get(), buf.data(), buf.size(), path);
         Key k;
@@ -1306,9 +1380,29 @@ struct NoCodec {
     CodecChain codecs() const { return {}; }
 };
 
+namespace detail {
+/// Whether a codec policy encrypts (its `static constexpr bool encrypts`).
+template <class C>
+constexpr bool encrypts() {
+    if constexpr (requires { { C::encrypts } -> std::convertible_to<bool>; }) return C::encrypts;
+    else return false;
+}
+template <class... Cs>
+constexpr bool encryption_last() {
+    constexpr bool flags[] = {false, encrypts<Cs>()...};
+    for (std::size_t i = 1; i + 1 < sizeof...(Cs) + 1; ++i)
+        if (flags[i]) return false;
+    return true;
+}
+}  // namespace detail
+
 /// Applies its members in turn: Chain<Zstd, AesGcm> compresses, then encrypts.
 template <CodecPolicy... Cs>
 struct Chain {
+    static_assert(detail::encryption_last<Cs...>(),
+                  "ckpt::Chain: encryption must come last (Chain<Zstd, AesGcm>): encrypted bytes do not compress, and "
+                  "a reader decrypts first");
+    static constexpr bool encrypts = (detail::encrypts<Cs>() || ...);
     std::tuple<Cs...> members;
     Chain() = default;
     explicit Chain(Cs... cs) : members(std::move(cs)...) {}
@@ -1534,7 +1628,7 @@ inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeCo
 #include <string_view>
 
 // Where ckpt reports what it did on its own: skipped corrupt files, removed temporaries,
-// retention deletions. The default sink writes warnings to stderr; replace it to route
+// retention deletions. The default sink writes warnings and notices to stderr; replace it to route
 // the messages into the program's own logging, or to silence them.
 //
 // The sink is called by one thread at a time (ckpt logs from background savers and from
@@ -1548,7 +1642,10 @@ inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeCo
 
 namespace ckpt {
 
-enum class LogLevel { info, warning };
+/// info: what ckpt did on its own (silent by default); notice: what the program should know
+/// though nothing is wrong (which file a resume took, that a fresh start follows); warning:
+/// something is wrong (a corrupt file skipped, a deletion that failed).
+enum class LogLevel { info, warning, notice };
 
 using LogSink = std::function<void(LogLevel, std::string_view)>;
 
@@ -1557,8 +1654,9 @@ namespace detail {
 struct LogState {
     std::mutex mutex;
     LogSink sink = [](LogLevel level, std::string_view msg) {
-        if (level == LogLevel::warning)
-            std::fprintf(stderr, "[ckpt] warning: %.*s\n", static_cast<int>(msg.size()), msg.data());
+        if (level != LogLevel::info)
+            std::fprintf(stderr, "[ckpt] %s%.*s\n", level == LogLevel::warning ? "warning: " : "",
+                         static_cast<int>(msg.size()), msg.data());
     };
 };
 
@@ -2446,6 +2544,18 @@ struct CheckpointContents {
     std::vector<EntryInfo> entries;
 };
 
+/// Who wrote a checkpoint, as a CheckpointManager records it in every file it writes: its
+/// prefix and the file's run prefix ("exp" and "exp_2"), and for an exception save the run of
+/// regular checkpoints it continues. Names alone never decide whose a file is: a file named
+/// like run 1 of "exp" that records prefix "exp_1" is not exp's. Files written without a
+/// manager, or by versions before the record, hold none; their name is the only evidence.
+struct CheckpointOwner {
+    std::string prefix;
+    std::string run_prefix;
+    std::string follows_run;  ///< exception saves: the run prefix of the regular files it continues
+    friend bool operator==(const CheckpointOwner&, const CheckpointOwner&) = default;
+};
+
 /// A type whose named state can be loaded in place: state_dict() returns views of its tensors.
 template <class T>
 concept HasStateDict = requires(T& t) {
@@ -2471,6 +2581,43 @@ inline ChecksumError body_checksum_error(const std::string& path, std::uint64_t 
     return ChecksumError("checkpoint '" + path + "' is corrupt: body xxh3 is " + hex64(got) + ", the header says " +
                              hex64(expected) + extra,
                          path);
+}
+
+// The owner record is kept in entries whose names start with "__ckpt.": a manager refuses
+// such names in a user's state, and loads leave them out of what they return.
+inline constexpr std::string_view reserved_name_prefix = "__ckpt.";
+inline constexpr std::string_view owner_prefix_entry = "__ckpt.prefix";
+inline constexpr std::string_view owner_run_entry = "__ckpt.run";
+inline constexpr std::string_view owner_follows_entry = "__ckpt.follows_run";
+
+inline bool is_reserved_name(std::string_view name) { return name.starts_with(reserved_name_prefix); }
+
+inline void record_owner(ParamDict& dict, const CheckpointOwner& owner) {
+    dict.set(std::string(owner_prefix_entry), owner.prefix);
+    dict.set(std::string(owner_run_entry), owner.run_prefix);
+    if (!owner.follows_run.empty()) dict.set(std::string(owner_follows_entry), owner.follows_run);
+}
+
+/// The owner record among a table of contents' entries, or nothing when there is none.
+inline std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>& toc) {
+    CheckpointOwner owner;
+    bool found = false;
+    for (const auto& e : toc) {
+        const std::string* s = e.scalar.get_if<std::string>();
+        if (!s || e.kind != ValueKind::string) continue;
+        if (e.name == owner_prefix_entry) owner.prefix = *s, found = true;
+        else if (e.name == owner_run_entry) owner.run_prefix = *s;
+        else if (e.name == owner_follows_entry) owner.follows_run = *s;
+    }
+    if (!found) return std::nullopt;
+    return owner;
+}
+
+inline void drop_reserved(ParamDict& dict) {
+    std::vector<std::string> reserved;
+    for (const auto& [name, value] : dict)
+        if (is_reserved_name(name)) reserved.push_back(name);
+    for (const auto& name : reserved) dict.erase(name);
 }
 
 struct OpenedCheckpoint {
@@ -2617,24 +2764,64 @@ inline ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, s
     });
 }
 
-/// Matches the checkpoint's table of contents against the target's tensors.
+/// The dtype of a 0-d tensor that can take a checkpoint value of kind `k` (a view of an
+/// int64_t, a double or a bool), or nothing for strings and tensors.
+inline std::optional<DType> scalar_dtype(ValueKind k) {
+    switch (k) {
+        case ValueKind::int64: return DType::int64;
+        case ValueKind::float64: return DType::float64;
+        case ValueKind::boolean: return DType::boolean;
+        default: return std::nullopt;
+    }
+}
+
+/// Writes a checkpoint value into the 0-d tensor planned for it (same dtype, checked).
+inline void write_scalar(const Value& v, Tensor& dst) {
+    if (const auto* i = v.get_if<std::int64_t>()) std::memcpy(dst.data(), i, sizeof *i);
+    else if (const auto* d = v.get_if<double>()) std::memcpy(dst.data(), d, sizeof *d);
+    else if (const auto* b = v.get_if<bool>()) std::memcpy(dst.data(), b, sizeof *b);
+}
+
+/// Matches the checkpoint's table of contents against the target: its tensors, its 0-d
+/// tensors (views of scalars) for the checkpoint's int64, double and bool values, and a
+/// ParamDict's own values of the same kind. When the target is an object's state_dict(), its
+/// values are copies that nothing can write back (`values_are_copies`): each is reported as
+/// not loaded, and a strict load fails naming it.
 struct LoadPlan {
     LoadReport report;
     std::vector<Tensor*> destinations;  // per toc entry: target tensor to fill, or null
+    std::vector<Value*> value_slots;    // per toc entry: target value to replace, or null
     std::vector<std::string> missing;     // target tensors absent from the checkpoint
     std::vector<std::string> unexpected;  // checkpoint tensors absent from the target
+    std::vector<std::string> copies;      // target values that are copies: nothing can be written back
 };
 
-inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc) {
+inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc, bool values_are_copies = false) {
     LoadPlan plan;
     plan.destinations.assign(toc.size(), nullptr);
+    plan.value_slots.assign(toc.size(), nullptr);
     std::unordered_set<std::string_view> in_file;
     for (std::size_t i = 0; i < toc.size(); ++i) {
         const auto& e = toc[i];
-        if (e.kind != ValueKind::tensor) continue;
-        in_file.insert(e.name);
         Value* slot = target.find(e.name);
         Tensor* t = slot ? slot->get_if<Tensor>() : nullptr;
+        if (e.kind != ValueKind::tensor) {
+            // a value goes into a view of a scalar of its type; other values go to report.rest
+            if (slot && !t && !values_are_copies && slot->kind() == e.kind) plan.value_slots[i] = slot;
+            const auto want = scalar_dtype(e.kind);
+            if (!t || !want) continue;
+            in_file.insert(e.name);
+            if (t->dtype() == *want && t->rank() == 0) {
+                plan.destinations[i] = t;
+            } else {
+                plan.report.mismatches.push_back("'" + e.name + "': checkpoint has the value " +
+                                                 std::string(dtype_name(*want)) + ", target has " + t->describe());
+                plan.report.ckpt_not_load.push_back(e.name);
+                plan.report.param_not_load.push_back(e.name);
+            }
+            continue;
+        }
+        in_file.insert(e.name);
         if (!t) {
             plan.report.ckpt_not_load.push_back(e.name);
             plan.unexpected.push_back(e.name);
@@ -2647,11 +2834,17 @@ inline LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& toc) 
             plan.destinations[i] = t;
         }
     }
-    for (const auto& [name, value] : target)
-        if (value.is_tensor() && !in_file.contains(name)) {
+    for (const auto& [name, value] : target) {
+        if (!value.is_tensor()) {
+            if (values_are_copies) {
+                plan.report.param_not_load.push_back(name);
+                plan.copies.push_back(name);
+            }
+        } else if (!in_file.contains(name)) {
             plan.report.param_not_load.push_back(name);
             plan.missing.push_back(name);
         }
+    }
     return plan;
 }
 
@@ -2665,6 +2858,10 @@ inline LoadMismatch strict_failure(const std::string& source, const LoadPlan& pl
     std::string msg = "strict load from " + source + " failed:";
     if (!plan.missing.empty()) msg += " missing from the checkpoint: " + join_names(plan.missing) + ";";
     if (!plan.unexpected.empty()) msg += " not in the target: " + join_names(plan.unexpected) + ";";
+    if (!plan.copies.empty())
+        msg += " values in the target that a load cannot write back (copies, not views): " + join_names(plan.copies) +
+               " (set a view instead, ckpt::view_of(variable), or load with strict = false and read them from the "
+               "report's rest);";
     for (const auto& m : plan.report.mismatches) msg += " dtype/shape mismatch " + m + ";";
     msg.pop_back();
     return LoadMismatch(msg);
@@ -2863,14 +3060,30 @@ inline ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = 
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     auto body = detail::read_decoded_body(c, path, opts);
-    return detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
+    ParamDict dict = detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
+    detail::drop_reserved(dict);
+    return dict;
 }
 
 /// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
 /// network's parameters). Only tensors take part; other entries of `src` go to report.rest.
 /// Strict: any missing, unexpected or mismatched tensor throws LoadMismatch naming all of
 /// them, before anything is copied.
+namespace detail {
+LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies);
+}
+
+/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
+/// network's parameters), its int64, double and bool values into views of scalars, and
+/// values into the target's values of the same kind. Other entries of `src` go to
+/// report.rest. Strict: any missing, unexpected or mismatched tensor throws LoadMismatch
+/// naming all of them, before anything is copied.
 inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false) {
+    return detail::load_param_into(target, src, strict, false);
+}
+
+inline LoadReport detail::load_param_into(ParamDict& target, const ParamDict& src, bool strict,
+                                          bool values_are_copies) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
         detail::EntryMeta e;
@@ -2882,13 +3095,18 @@ inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, b
         }
         toc.push_back(std::move(e));
     }
-    auto plan = detail::plan_load(target, toc);
+    auto plan = detail::plan_load(target, toc, values_are_copies);
     if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
     auto it = src.begin();
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
         if (Tensor* dst = plan.destinations[i]) {
-            const Tensor& from = *it->value.get_if<Tensor>();
-            if (dst->data() != from.data() && from.nbytes()) std::memcpy(dst->data(), from.data(), from.nbytes());
+            if (const Tensor* from = it->value.get_if<Tensor>()) {
+                if (dst->data() != from->data() && from->nbytes()) std::memcpy(dst->data(), from->data(), from->nbytes());
+            } else {
+                detail::write_scalar(it->value, *dst);
+            }
+        } else if (Value* slot = plan.value_slots[i]) {
+            *slot = it->value;
         } else {
             plan.report.rest.set(it->name, it->value);
         }
@@ -2896,10 +3114,12 @@ inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, b
     return plan.report;
 }
 
+/// Into an object's state_dict(): its values are copies, which nothing can write back (a
+/// strict load names them; use views of scalars, ckpt::view_of).
 template <HasStateDict T>
 LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false) {
     ParamDict views = net.state_dict();
-    return load_param_into_net(views, src, strict);
+    return detail::load_param_into(views, src, strict, true);
 }
 
 namespace detail {
@@ -2908,7 +3128,7 @@ namespace detail {
 /// `target`'s tensors, then checks the stored bytes' checksum and any decoding failure.
 template <class Source>
 LoadReport load_binary_into(Source& src, const FileHeader& header, const std::string& path, ParamDict& target,
-                            bool strict) {
+                            bool strict, bool values_are_copies) {
     // A parse or decoding error in a body whose checksum also fails is reported as the
     // corruption it is.
     auto corruption_instead = [&](const char* extra) -> std::optional<ChecksumError> {
@@ -2925,7 +3145,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             BodyParser parser(ar, src, path);
             toc = parser.read_toc();
             reject_duplicates(toc, path);
-            plan = plan_load(target, toc);
+            plan = plan_load(target, toc, values_are_copies);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
                 throw strict_failure("'" + path + "'", plan);
@@ -2933,7 +3153,9 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             for (std::size_t i = 0; i < toc.size(); ++i) {
                 auto& e = toc[i];
                 if (e.kind != ValueKind::tensor) {
-                    plan.report.rest.set(e.name, std::move(e.scalar));
+                    if (Tensor* dst = plan.destinations[i]) write_scalar(e.scalar, *dst);
+                    else if (Value* slot = plan.value_slots[i]) *slot = std::move(e.scalar);
+                    else if (!is_reserved_name(e.name)) plan.report.rest.set(e.name, std::move(e.scalar));
                     continue;
                 }
                 parser.read_padding();
@@ -2969,30 +3191,43 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
 /// fails authentication (AuthenticationError), the target tensors may hold partial data, so
 /// reload them from another checkpoint. Strict mode checks names, dtypes and shapes against
 /// the file's table of contents before writing any payload.
-inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
-                                       const LoadOptions& opts = {}) {
+namespace detail {
+inline LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
+                                 bool values_are_copies) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     const FileHeader& h = c.header;
     if (h.archive == ArchiveKind::binary && !h.encoded()) {
         detail::BodyReader src(c.fd.get(), path, h.body_length);
-        return detail::load_binary_into(src, h, path, target, strict);
+        return detail::load_binary_into(src, h, path, target, strict, values_are_copies);
     }
     if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
         const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
         detail::require_key(h, ctx);
         if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
             if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
-                return detail::load_binary_into(*src, h, path, target, strict);
+                return detail::load_binary_into(*src, h, path, target, strict, values_are_copies);
     }
     auto body = detail::read_decoded_body(c, path, opts);
-    return load_param_into_net(target, detail::parse_body(h.archive, std::move(body.data), body.size, path), strict);
+    ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
+    detail::drop_reserved(dict);
+    return detail::load_param_into(target, dict, strict, values_are_copies);
+}
+}  // namespace detail
+
+/// A ParamDict target's own values (int64, double, bool, string) are replaced by the
+/// checkpoint's of the same name and kind.
+inline LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
+                                       const LoadOptions& opts = {}) {
+    return detail::load_file_into(file, target, strict, opts, false);
 }
 
+/// Into an object's state_dict(): its values are copies, which nothing can write back (a
+/// strict load names them, before anything is loaded; use views of scalars, ckpt::view_of).
 template <HasStateDict T>
 LoadReport load_checkpoint_into(const PathArg& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
     ParamDict views = net.state_dict();
-    return load_checkpoint_into(file, views, strict, opts);
+    return detail::load_file_into(file, views, strict, opts, true);
 }
 
 }  // namespace ckpt
@@ -3044,7 +3279,9 @@ LoadReport load_checkpoint_into(const PathArg& file, T& net, bool strict = false
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -3396,6 +3633,40 @@ inline bool strip_checkpoint_suffix(std::string_view& rest, SaveKind& kind) {
     return true;
 }
 
+/// Refuses a prefix that cannot safely be part of a file name, or that another prefix's run
+/// names could produce: later runs of "exp" are "exp_1", "exp_2", … so a prefix "exp_1" would
+/// be taken for one of them.
+inline void check_prefix(std::string_view prefix) {
+    auto refuse = [&](const std::string& why) {
+        std::string shown;  // control characters as \xNN, so that the message stays one line
+        for (const char c : prefix) {
+            const auto u = static_cast<unsigned char>(c);
+            if (u >= 0x20 && u != 0x7f) {
+                shown += c;
+                continue;
+            }
+            constexpr char hex[] = "0123456789abcdef";
+            shown += std::string("\\x") + hex[u >> 4] + hex[u & 0xf];
+        }
+        throw ConfigError("checkpoint prefix '" + shown + "' " + why);
+    };
+    if (prefix.empty()) refuse("is empty: a prefix names the files of a job");
+    if (prefix.size() > 200) refuse("is longer than 200 characters");
+    for (const char c : prefix) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) refuse("holds a control character");
+        if (std::string_view("/\\*?[]\"<>|").find(c) != std::string_view::npos)
+            refuse(std::string("holds '") + c + "', which cannot safely be part of a file name");
+    }
+    if (prefix.front() == '.' || prefix.front() == '-')
+        refuse(std::string("starts with '") + prefix.front() + "'");
+    if (const auto us = prefix.rfind('_'); us != std::string_view::npos && us + 1 < prefix.size() &&
+                                           prefix.find_first_not_of("0123456789", us + 1) == std::string_view::npos)
+        refuse("ends in '_" + std::string(prefix.substr(us + 1)) + "', as the runs of prefix '" +
+               std::string(prefix.substr(0, us)) + "' do: its files would be taken for theirs (use '" +
+               std::string(prefix.substr(0, us)) + "-" + std::string(prefix.substr(us + 1)) + "' or another name)");
+    if (prefix.ends_with("_breakpoint")) refuse("ends in '_breakpoint', as exception-save file names do");
+}
+
 inline std::string run_prefix_name(std::string_view base, std::int64_t run) {
     return run == 0 ? std::string(base) : std::string(base) + "_" + std::to_string(run);
 }
@@ -3593,11 +3864,19 @@ struct SingleFileNaming {
 
 namespace ckpt {
 
+/// What a listing learned of a file's owner record (see CheckpointOwner in checkpoint.hpp).
+enum class OwnerRecord : std::uint8_t {
+    unread,    ///< not read: the body passed through codecs, or the file is damaged
+    matches,   ///< the file records the prefix and run its name says
+    absent,    ///< the file records no owner (written without a manager, or by an older version)
+};
+
 /// A checkpoint file found in a directory: where it is, what its name says, what its header says.
 struct StoredCheckpoint {
-    boost::filesystem::path path;
+    Path path;
     NameParts name;
     FileHeader header;
+    OwnerRecord owner = OwnerRecord::unread;
 
     /// The file's size on disk, as its header says (a header that reads checked it against
     /// the file's size).
@@ -3726,7 +4005,7 @@ namespace ckpt {
 
 /// A checkpoint latest() passed over, and why.
 struct SkippedCheckpoint {
-    fs::path path;
+    Path path;
     std::string reason;
 };
 
@@ -3757,15 +4036,104 @@ inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
 
 }  // namespace detail
 
+/// The owner record of `file` (see CheckpointOwner), or nothing when it holds none. Reads the
+/// table of contents only; a body that passed through codecs is decoded whole (an encrypted
+/// one needs opts.key).
+inline std::optional<CheckpointOwner> read_owner(const PathArg& file, const LoadOptions& opts = {}) {
+    return detail::owner_in(read_contents(file, opts).entries);
+}
+
+namespace detail {
+
+/// Why the owner record of `owner` says the file named `name` is not a checkpoint of `prefix`,
+/// or nothing when it is (or records no owner).
+inline std::optional<std::string> foreign_owner(const std::optional<CheckpointOwner>& owner, std::string_view prefix,
+                                                const NameParts& name) {
+    if (!owner) return std::nullopt;
+    if (owner->prefix == prefix && (owner->run_prefix == name.run_prefix || owner->run_prefix.empty()))
+        return std::nullopt;
+    return "it belongs to prefix '" + owner->prefix + "' (run '" + owner->run_prefix + "'), not to run '" +
+           name.run_prefix + "' of prefix '" + std::string(prefix) + "' as its name suggests";
+}
+
+/// The owner of `file` where reading it is cheap: its table of contents, when the body did not
+/// pass through codecs. Nothing for a file that records none, cannot be read, or is encoded
+/// (those are checked when they are loaded or deleted). A record naming another owner counts
+/// only once the file verifies: a damaged file's record is no evidence.
+inline std::optional<CheckpointOwner> cheap_owner(const fs::path& file, std::string_view prefix,
+                                                  const NameParts& name, OwnerRecord& record) {
+    record = OwnerRecord::unread;
+    try {
+        if (read_header(file).encoded()) return std::nullopt;
+        auto owner = read_owner(file);
+        if (foreign_owner(owner, prefix, name)) verify_checkpoint(file);
+        record = owner ? OwnerRecord::matches : OwnerRecord::absent;  // (a foreign one is left out)
+        return owner;
+    } catch (const Error&) {
+        return std::nullopt;  // damaged: verification says what is wrong with it
+    }
+}
+
+/// The naming used when none is given: MindSporeNaming's names and StepNaming's, as `ckpt ls`
+/// reads them, so that a lookup without a naming finds the files of either.
+struct AnyRunNaming : MindSporeNaming {
+    std::optional<NameParts> parse(std::string_view base, std::string_view name) const {
+        if (auto p = MindSporeNaming{}.parse(base, name)) return p;
+        return StepNaming{}.parse(base, name);
+    }
+};
+
+/// Names in `dir` that other namings would read as files of `prefix`: what a lookup with
+/// `naming` cannot see. For the message when it finds nothing.
+template <class N>
+std::vector<std::string> unreadable_names(const fs::path& dir, std::string_view prefix, const N& naming) {
+    std::vector<std::string> out;
+    boost::system::error_code ec;
+    if (!fs::is_directory(dir, ec)) return out;
+    for (const auto& name : list_names(dir, 0)) {
+        if (naming.parse(prefix, name)) continue;
+        if (MindSporeNaming{}.parse(prefix, name) || StepNaming{}.parse(prefix, name) ||
+            SingleFileNaming{}.parse(prefix, name))
+            out.push_back(name);
+    }
+    return out;
+}
+
+/// Warns when `dir` holds files of `prefix` that `naming` does not read (another naming's).
+template <class N>
+void warn_unreadable(const fs::path& dir, std::string_view prefix, const N& naming) {
+    const auto names = unreadable_names(dir, prefix, naming);
+    if (names.empty()) return;
+    detail::log(LogLevel::warning, "no checkpoint of prefix '" + std::string(prefix) + "' in '" + dir.string() +
+                                       "' follows this naming, but " + std::to_string(names.size()) +
+                                       " file(s) of that prefix follow another, such as '" + names.front() +
+                                       "': pass the naming policy that wrote them (MindSporeNaming writes "
+                                       "'{prefix}-{epoch}_{step}.ckpt', StepNaming '{prefix}-{step}.ckpt', "
+                                       "SingleFileNaming '{prefix}.ckpt')");
+}
+
+}  // namespace detail
+
 /// Every checkpoint of `prefix` (all runs) that `naming` recognises in `dir`, oldest first by
-/// (run, epoch, step). Headers are not read here: header fields are left default.
-template <NamingPolicy N = MindSporeNaming>
+/// (run, epoch, step). Headers are not read here: header fields are left default. A file
+/// whose owner record names another prefix or run is left out, whatever its name says (see
+/// CheckpointOwner; `foreign`, when given, gets those, each with the reason); the record of a
+/// body that passed through codecs is checked when it is loaded or deleted.
+template <NamingPolicy N = detail::AnyRunNaming>
 std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_view prefix, const N& naming = {},
-                                               SaveKind kind = SaveKind::regular) {
+                                               SaveKind kind = SaveKind::regular,
+                                               std::vector<SkippedCheckpoint>* foreign = nullptr) {
     std::vector<StoredCheckpoint> out;
     for (const auto& name : detail::list_names(dir, naming.depth()))
-        if (auto parts = naming.parse(prefix, name); parts && parts->kind == kind)
-            out.push_back({dir / name, std::move(*parts), {}});
+        if (auto parts = naming.parse(prefix, name); parts && parts->kind == kind) {
+            const fs::path file = dir / name;
+            OwnerRecord record = OwnerRecord::unread;
+            if (auto why = detail::foreign_owner(detail::cheap_owner(file, prefix, *parts, record), prefix, *parts)) {
+                if (foreign) foreign->push_back({file, *why});
+                continue;
+            }
+            out.push_back({file, std::move(*parts), {}, record});
+        }
     std::stable_sort(out.begin(), out.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
         return std::tie(a.name.run, a.name.global_step, a.name.epoch, a.name.step) <
                std::tie(b.name.run, b.name.global_step, b.name.epoch, b.name.step);
@@ -3788,27 +4156,90 @@ inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
     return std::nullopt;
 }
 
-/// The newest valid checkpoint of `prefix` in `dir`, or nothing (also when `dir` does not
-/// exist). Newer files that fail verification are skipped, each with a warning and, when
-/// `skipped` is given, an entry saying why; older ones are tried in turn.
-template <NamingPolicy N = MindSporeNaming>
-std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
-                                                  std::vector<SkippedCheckpoint>* skipped = nullptr) {
-    auto files = list_checkpoints(dir, prefix, naming);
+namespace detail {
+
+inline void note_skipped(const StoredCheckpoint& f, const std::string& why, std::vector<SkippedCheckpoint>* skipped) {
+    detail::log(LogLevel::warning, "skipping checkpoint '" + f.path.string() + "': " + why);
+    if (skipped) skipped->push_back({f.path, why});
+}
+
+/// The run number of `run_prefix` among the runs of `prefix` ("exp_2": 2), or -1.
+inline std::int64_t run_number(std::string_view prefix, std::string_view run_prefix) {
+    if (run_prefix == prefix) return 0;
+    if (!consume(run_prefix, prefix) || !consume(run_prefix, "_")) return -1;
+    return parse_count(run_prefix).value_or(-1);
+}
+
+/// The newest exception save ("…_breakpoint.ckpt") that verifies and was written after
+/// `regular` (the newest regular checkpoint that verifies, if any): by the run of regular
+/// checkpoints it records it continues, then by position. An exception save is written only
+/// at a step boundary, so it holds a whole state. One without an owner record cannot be
+/// placed and is passed over, with a note.
+template <class N>
+std::optional<StoredCheckpoint> newer_breakpoint(const fs::path& dir, std::string_view prefix, const N& naming,
+                                                 const std::optional<StoredCheckpoint>& regular, const LoadOptions& opts,
+                                                 std::vector<SkippedCheckpoint>* skipped) {
+    auto files = list_checkpoints(dir, prefix, naming, SaveKind::breakpoint);
+    auto position = [](const NameParts& n) { return std::tie(n.global_step, n.epoch, n.step); };
     for (auto it = files.rbegin(); it != files.rend(); ++it) {
         if (auto why = checkpoint_problem(*it)) {
-            detail::log(LogLevel::warning, "skipping checkpoint '" + it->path.string() + "': " + *why);
-            if (skipped) skipped->push_back({it->path, *why});
+            note_skipped(*it, why.value(), skipped);
             continue;
         }
+        std::optional<CheckpointOwner> owner;
+        try {
+            owner = read_owner(it->path, opts);
+        } catch (const Error& e) {
+            note_skipped(*it, e.what(), skipped);
+            continue;
+        }
+        if (auto why = foreign_owner(owner, prefix, it->name)) continue;
+        if (!owner || owner->follows_run.empty()) {
+            detail::log(LogLevel::info, "exception save '" + it->path.string() +
+                                            "' does not record the run it continues (written by an older version): "
+                                            "not resumed from; load it by name to use it");
+            continue;
+        }
+        const std::int64_t run = run_number(prefix, owner->follows_run);
+        if (regular && (run < regular->name.run || (run == regular->name.run && position(it->name) <= position(regular->name))))
+            return std::nullopt;  // the newest regular checkpoint is newer
         return std::move(*it);
     }
     return std::nullopt;
 }
 
+}  // namespace detail
+
+/// The newest valid checkpoint of `prefix` in `dir`, or nothing (also when `dir` does not
+/// exist). Newer files that fail verification are skipped, each with a warning and, when
+/// `skipped` is given, an entry saying why; older ones are tried in turn. An exception save
+/// ("…_breakpoint.ckpt") written after every regular checkpoint is the newest state, and is
+/// returned (with a note saying so). When nothing of this naming is found but files of the
+/// prefix follow another naming, a warning names them. `opts` (the key of encrypted files)
+/// is needed only to read the owner record of an encrypted exception save.
+template <NamingPolicy N = detail::AnyRunNaming>
+std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
+                                                  std::vector<SkippedCheckpoint>* skipped = nullptr,
+                                                  const LoadOptions& opts = {}) {
+    auto files = list_checkpoints(dir, prefix, naming);
+    std::optional<StoredCheckpoint> found;
+    for (auto it = files.rbegin(); it != files.rend() && !found; ++it) {
+        if (auto why = checkpoint_problem(*it)) detail::note_skipped(*it, *why, skipped);
+        else found = std::move(*it);
+    }
+    if (auto bp = detail::newer_breakpoint(dir, prefix, naming, found, opts, skipped)) {
+        detail::log(LogLevel::notice, "the newest state of prefix '" + std::string(prefix) + "' is the exception save '" +
+                                        bp->path.string() + "', written after every regular checkpoint" +
+                                        (found ? " (the newest: '" + found->path.string() + "')" : ""));
+        return bp;
+    }
+    if (!found && files.empty()) detail::warn_unreadable(dir, prefix, naming);
+    return found;
+}
+
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
-template <NamingPolicy N = MindSporeNaming>
-std::optional<fs::path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
+template <NamingPolicy N = detail::AnyRunNaming>
+std::optional<Path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                std::vector<SkippedCheckpoint>* skipped = nullptr) {
     if (auto c = latest_checkpoint(dir, prefix, naming, skipped)) return c->path;
     return std::nullopt;
@@ -4001,8 +4432,7 @@ public:
         : dir_(std::move(directory)), prefix_(std::move(prefix)), save_(std::move(save)),
           retention_(std::move(retention)), naming_(std::move(naming)), options_(std::move(options)),
           codecs_(codec.codecs()) {
-        if (prefix_.empty() || prefix_.find('/') != std::string::npos)
-            throw ConfigError("checkpoint prefix must be a non-empty name without '/', got '" + prefix_ + "'");
+        detail::check_prefix(prefix_);
         detail::check_chain(codecs_, (dir_ / prefix_).string());
         for (const auto& c : codecs_)
             if (!c.key.empty()) load_options_.key = c.key;
@@ -4026,24 +4456,25 @@ public:
 
     /// Call after each step; saves when the save policy says so. Returns the file written.
     template <class State>
-    std::optional<fs::path> on_step(Progress p, State&& state) {
+    std::optional<Path> on_step(Progress p, State&& state) {
         background_.check();
         p.event = Event::step_end;
         return maybe_save(p, state);
     }
     template <class State>
-    std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+    std::optional<Path> on_epoch_end(Progress p, State&& state) {
         background_.check();
         p.event = Event::epoch_end;
         return maybe_save(p, state);
     }
-    /// Saves if the policy says so, or if a policy save was skipped since the last one (see
-    /// WhenBusy::skip), then waits for every background save to be durable.
+    /// Saves the final step unless it is saved already (with every save policy but Never: the
+    /// end of training is the state most worth keeping, and a job run again after it finished
+    /// finds it), then waits for every background save to be durable.
     template <class State>
-    std::optional<fs::path> on_train_end(Progress p, State&& state) {
+    std::optional<Path> on_train_end(Progress p, State&& state) {
         p.event = Event::train_end;
         auto file = maybe_save(p, state);
-        if (!file && skipped_since_save_ && last_saved_ != p.global_step) file = save(p, state);
+        if (!file && !std::is_same_v<S, Never> && last_saved_ != p.global_step) file = save(p, state);
         background_.wait();
         return file;
     }
@@ -4063,14 +4494,16 @@ public:
 
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
-    std::optional<fs::path> on_exception(const Progress& p, State&& state) {
+    std::optional<Path> on_exception(const Progress& p, State&& state) {
         if (!options_.exception_save) return std::nullopt;
         if (breakpoint_prefix_.empty())
             breakpoint_prefix_ =
                 naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::breakpoint);
         background_.wait();  // the breakpoint is the newest state: let no older save land after it
         const fs::path file = dir_ / naming_.checkpoint_name(breakpoint_prefix_, p, SaveKind::breakpoint);
-        write(file, p, detail::collect_state(state));
+        ParamDict dict = detail::collect_state(state);
+        check_state(dict, p);
+        write(file, p, dict, {prefix_, breakpoint_prefix_, run_prefix_});
         return file;
     }
 
@@ -4078,15 +4511,23 @@ public:
     /// With async_save the file is written in the background: the returned path is where it
     /// will be once wait() (or the next save) returns.
     template <class State>
-    fs::path save(const Progress& p, State&& state) {
+    Path save(const Progress& p, State&& state) {
         background_.check();
         ParamDict dict = detail::collect_state(state);
+        check_state(dict, p);
+        const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (const auto meta = options_.write_meta ? naming_.meta_name(run_prefix_) : std::string(); !meta.empty()) {
             auto write_meta = [&] {
                 detail::write_text_file(dir_ / meta, detail::describe_state(with_append_info(dict, p), run_prefix_));
             };
             if (!meta_written_) {
-                write_meta();
+                try {
+                    write_meta();
+                } catch (const IoError& e) {  // the run's first save: name what was being saved
+                    throw IoError("cannot save checkpoint '" + file.string() + "': writing its run's description '" +
+                                      meta + "' failed: " + e.what(),
+                                  file.string(), e.error_code());
+                }
                 meta_written_ = true;
             } else if (boost::system::error_code ec; !fs::exists(dir_ / meta, ec)) {
                 // A concurrent run of the prefix (every run in its retention scope) took it with
@@ -4098,11 +4539,10 @@ public:
                 }
             }
         }
-        const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (options_.async_save) {
             const auto start = std::chrono::steady_clock::now();
             const bool waited = background_.submit(dict, [this, file, p, restored = restored_](const ParamDict& snap) {
-                write(file, p, snap);
+                write(file, p, snap, {prefix_, run_prefix_, {}});
                 apply_retention(file, p, restored);
             });
             const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -4111,18 +4551,17 @@ public:
             async_stats_.blocked_seconds += blocked;
             async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
-            write(file, p, dict);
+            write(file, p, dict, {prefix_, run_prefix_, {}});
             apply_retention(file, p, restored_);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
-        skipped_since_save_ = false;
         save_.saved(p);
         return file;
     }
 
     /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
     std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        return latest_checkpoint(dir_, prefix_, naming_, skipped);
+        return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_);
     }
 
     /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
@@ -4133,20 +4572,50 @@ public:
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        auto files = list_checkpoints(dir_, prefix_, naming_);
-        for (auto it = files.rbegin(); it != files.rend(); ++it) {
-            std::optional<std::string> why = checkpoint_problem(*it);
-            if (!why) {
-                try {
-                    Restored done{*it, load_checkpoint_into(it->path, target, strict, load_options_)};
-                    restored_ = *it;
-                    return done;
-                } catch (const FormatError& e) {  // changed between verification and load
-                    why = e.what();
+        auto files = list_checkpoints(dir_, prefix_, naming_, SaveKind::regular, skipped);
+        std::optional<Restored> done;
+        // Loads `f` (verified) into the target, or says why it cannot.
+        auto load = [&](StoredCheckpoint& f) -> std::optional<std::string> {
+            try {
+                // the owner of an encoded body is read here, with the key (list_checkpoints
+                // checked the others)
+                if (f.header.encoded())
+                    if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name)) return why;
+                done = Restored{f, load_checkpoint_into(f.path, target, strict, load_options_)};
+                restored_ = f;
+                return std::nullopt;
+            } catch (const FormatError& e) {  // changed between verification and load
+                return std::string(e.what());
+            }
+        };
+        bool placed_breakpoint = false;
+        for (auto it = files.rbegin();; ++it) {
+            const bool end = it == files.rend();
+            std::optional<std::string> why = end ? std::nullopt : checkpoint_problem(*it);
+            // Once the newest regular checkpoint that verifies is known (or that there is none),
+            // an exception save written after it is the newest state.
+            if (!placed_breakpoint && (end || !why)) {
+                placed_breakpoint = true;
+                const auto regular = end ? std::nullopt : std::optional<StoredCheckpoint>(*it);
+                if (auto bp = detail::newer_breakpoint(dir_, prefix_, naming_, regular, load_options_, skipped)) {
+                    if (auto failed = load(*bp)) {
+                        detail::note_skipped(*bp, *failed, skipped);
+                    } else {
+                        detail::log(LogLevel::notice, "restored the exception save '" + bp->path.string() +
+                                                          "', written after every regular checkpoint of prefix '" +
+                                                          prefix_ + "'");
+                        return done;
+                    }
                 }
             }
-            detail::log(LogLevel::warning, "skipping checkpoint '" + it->path.string() + "': " + *why);
-            if (skipped) skipped->push_back({it->path, *why});
+            if (end) break;
+            if (!why && !(why = load(*it))) return done;
+            detail::note_skipped(*it, *why, skipped);
+        }
+        if (files.empty()) {
+            detail::warn_unreadable(dir_, prefix_, naming_);
+            detail::log(LogLevel::notice, "no checkpoint of prefix '" + prefix_ + "' in '" + dir_.string() +
+                                              "': starting from the beginning");
         }
         return std::nullopt;
     }
@@ -4170,13 +4639,12 @@ public:
 
 private:
     template <class State>
-    std::optional<fs::path> maybe_save(const Progress& p, State& state) {
+    std::optional<Path> maybe_save(const Progress& p, State& state) {
         if (!save_.should_save(p)) return std::nullopt;
         if (last_saved_ && *last_saved_ == p.global_step) return std::nullopt;  // already saved at this step
         if (options_.async_save && options_.when_busy == WhenBusy::skip && p.event != Event::train_end &&
             !background_.buffer_free()) {
             ++async_stats_.skipped;
-            skipped_since_save_ = true;
             detail::log(LogLevel::info, "skipped the checkpoint of global step " + std::to_string(p.global_step) +
                                             ": every snapshot buffer is still being written (the newest holds global step " +
                                             std::to_string(last_saved_.value_or(-1)) + ")");
@@ -4190,9 +4658,19 @@ private:
         return dict;
     }
 
+    /// What a state may not hold: names the manager's own entries use, and names append_info
+    /// also sets to another value (one would silently replace the other in the file).
+    void check_state(const ParamDict& dict, const Progress& p) const {
+        for (const auto& [name, value] : dict)
+            if (detail::is_reserved_name(name))
+                throw ConfigError("the state of checkpoint prefix '" + prefix_ + "' holds '" + name +
+                                  "': names starting with '__ckpt.' are the manager's own");
+        options_.append_info.check_disjoint(dict, p, prefix_);
+    }
+
     // Runs on the background thread with async_save: it reads only members that do not
     // change after construction.
-    void write(const fs::path& file, const Progress& p, const ParamDict& state) const {
+    void write(const fs::path& file, const Progress& p, const ParamDict& state, const CheckpointOwner& owner) const {
         if (naming_.depth() > 0) {
             boost::system::error_code ec;
             fs::create_directories(file.parent_path(), ec);
@@ -4205,7 +4683,9 @@ private:
         opts.epoch = p.epoch;
         opts.step = p.step;
         opts.codecs = codecs_;
-        save_checkpoint(options_.append_info.empty() ? state : with_append_info(state, p), file, opts);
+        ParamDict stored = with_append_info(state, p);  // the entries are views: nothing is copied
+        detail::record_owner(stored, owner);
+        save_checkpoint(stored, file, opts);
     }
 
     /// The order of latest(): by run, then by position in the run.
@@ -4264,7 +4744,7 @@ private:
         for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files)))
             if (i < files.size() && !keep[i]) {
                 keep[i] = true;  // a policy may name a file twice
-                doomed.push_back(&files[i]);
+                if (may_delete(files[i])) doomed.push_back(&files[i]);
             }
         remove_meta_of_emptied_runs(doomed, all);
         for (const StoredCheckpoint* f : doomed) {
@@ -4276,6 +4756,48 @@ private:
             else
                 detail::log(LogLevel::info, "retention deleted '" + f->path.string() + "'");
         }
+    }
+
+    /// Whether retention may delete `f`: a file whose owner record says it is this prefix's,
+    /// of the run its name says, or a damaged one (its record is no evidence either way; a
+    /// damaged file of its name was always retention's to delete). A file that records no owner
+    /// (written without a manager, or by an older version) has only its name for evidence and
+    /// is left alone, as is one whose record another key hides.
+    bool may_delete(const StoredCheckpoint& f) const {
+        if (f.owner == OwnerRecord::matches) return true;
+        std::optional<std::string> why;
+        if (f.owner == OwnerRecord::absent) {
+            // A damaged file may have lost its record: verified once, then remembered.
+            {
+                std::lock_guard lock(unowned_mutex_);
+                if (const auto it = unowned_intact_.find(f.path.string());
+                    it != unowned_intact_.end() && it->second == f.header.body_hash)
+                    return false;
+            }
+            try {
+                verify_checkpoint(f.path);
+            } catch (const Error&) {
+                return true;  // damaged: what it records is no evidence, and its name says it is ours
+            }
+            std::lock_guard lock(unowned_mutex_);
+            unowned_intact_[f.path.string()] = f.header.body_hash;
+            detail::log(LogLevel::notice, "retention leaves alone '" + f.path.string() +
+                                              "': it records no owner (written without a manager or by an older "
+                                              "version), so only its name says it is prefix '" + prefix_ +
+                                              "''s; delete it by hand when it is no longer needed");
+            return false;
+        } else if (f.header.encoded()) {
+            try {
+                const auto owner = read_owner(f.path, load_options_);
+                why = owner ? detail::foreign_owner(owner, prefix_, f.name)
+                            : std::optional<std::string>("it records no owner, so only its name says it is this prefix's");
+            } catch (const KeyError& e) {
+                why = std::string("its owner record cannot be read: ") + e.what();
+            } catch (const Error&) {  // damaged
+            }
+        }
+        if (why) detail::log(LogLevel::info, "retention leaves alone '" + f.path.string() + "': " + *why);
+        return !why;
     }
 
     /// Deletes the meta file of each run (but the current one) whose every checkpoint in `all`
@@ -4323,8 +4845,11 @@ private:
     // What restore() last loaded; read on the training thread only (a save hands a copy to
     // its retention).
     mutable std::optional<StoredCheckpoint> restored_;
-    bool skipped_since_save_ = false;  // a policy save dropped under WhenBusy::skip
     AsyncSaveStats async_stats_;
+    // Files without an owner record that retention found intact (by body checksum): left alone,
+    // said once. Retention runs on the writer thread with async_save.
+    mutable std::mutex unowned_mutex_;
+    mutable std::map<std::string, std::uint64_t> unowned_intact_;
     detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
 };
 
@@ -4366,19 +4891,21 @@ public:
     const LoadOptions& load_options() const noexcept { return core_->load_options(); }
     RetentionScope retention_scope() const noexcept { return core_->retention_scope(); }
 
-    /// Call after each step; saves when the save policy says so. Returns the file written.
+    /// Call after each step; saves when the save policy says so. Returns the file written;
+    /// with async_save, the file being written: it is durable once wait() (or on_train_end)
+    /// returns, and a failure to write it is rethrown, naming it, by wait() or the next call.
     template <class State>
-    std::optional<fs::path> on_step(Progress p, State&& state) {
+    std::optional<Path> on_step(Progress p, State&& state) {
         return core_->on_step(p, std::forward<State>(state));
     }
     template <class State>
-    std::optional<fs::path> on_epoch_end(Progress p, State&& state) {
+    std::optional<Path> on_epoch_end(Progress p, State&& state) {
         return core_->on_epoch_end(p, std::forward<State>(state));
     }
-    /// Saves if the policy says so, or if a policy save was skipped since the last one (see
-    /// WhenBusy::skip), then waits for every background save to be durable.
+    /// Saves the final step unless it is saved already (every save policy but Never), then
+    /// waits for every background save to be durable.
     template <class State>
-    std::optional<fs::path> on_train_end(Progress p, State&& state) {
+    std::optional<Path> on_train_end(Progress p, State&& state) {
         return core_->on_train_end(p, std::forward<State>(state));
     }
     /// Blocks until every background save in flight is durable; rethrows the first error.
@@ -4387,14 +4914,14 @@ public:
     AsyncSaveStats async_stats() const { return core_->async_stats(); }
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
-    std::optional<fs::path> on_exception(const Progress& p, State&& state) {
+    std::optional<Path> on_exception(const Progress& p, State&& state) {
         return core_->on_exception(p, std::forward<State>(state));
     }
     /// Saves now, whatever the save policy says, then applies retention. With async_save the
     /// file is written in the background: the returned path is where it will be once wait()
     /// (or the next save) returns.
     template <class State>
-    fs::path save(const Progress& p, State&& state) {
+    Path save(const Progress& p, State&& state) {
         return core_->save(p, std::forward<State>(state));
     }
     /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
@@ -4542,7 +5069,7 @@ ConfiguredManager<N, A> make_manager(PathArg directory, std::string prefix, cons
 // sets the flag; everything else happens on the training threads.
 //
 //   ckpt::TerminationSignals signals;             // installs; the destructor restores
-//   nn::ModelCheckpoint<…> cb(prefix, dir, {.save_on_signal = true});   // saves, then stops
+//   nn::ModelCheckpoint<…> cb(dir, prefix, {.save_on_signal = true});   // saves, then stops
 //   try { trainer.train(…); } catch (const ckpt::Preempted&) { return ckpt::preempted_exit_status; }
 
 #include <signal.h>
@@ -4764,7 +5291,7 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
     std::unique_ptr<char[]> buf(new char[chunk_bytes]);
     for (const auto& e : toc) {
         if (e.kind != ValueKind::tensor) {
-            out.values.set(e.name, e.scalar);
+            if (!detail::is_reserved_name(e.name)) out.values.set(e.name, e.scalar);  // not the rank file's owner
             continue;
         }
         TensorPiece p;
@@ -5058,6 +5585,7 @@ Tensor to_tensor(const xt::xexpression<E>& e) {
 
 /// A Tensor viewing the memory of a contiguous row-major xtensor container.
 template <class C>
+    requires requires { C::static_layout; }
 Tensor view_of(C& container) {
     using T = typename C::value_type;
     static_assert(C::static_layout == xt::layout_type::row_major, "view_of needs a row-major container");

@@ -508,19 +508,48 @@ public:
         }
     }
 
-    /// What a checkpoint must hold to replay the order: the shuffle settings.
+    /// What a checkpoint must hold to replay the order and find the position again: the
+    /// shuffle settings, and what makes a step the same samples (the batch size, the number of
+    /// samples, drop_remainder). Sharding is left out: a step is the same global batch on any
+    /// number of ranks.
     ckpt::ParamDict state() const {
         return ckpt::ParamDict{{"data.shuffle", shuffle_},
                                {"data.seed", static_cast<std::int64_t>(seed_)},
-                               {"data.steps_per_epoch", steps_per_epoch()}};
+                               {"data.steps_per_epoch", steps_per_epoch()},
+                               {"data.batch_size", static_cast<std::int64_t>(batch_size_)},
+                               {"data.size", static_cast<std::int64_t>(labels_.size())},
+                               {"data.drop_remainder", drop_remainder_}};
     }
-    /// Restores the shuffle settings from a checkpoint; the sizes must match.
+    /// Checks a checkpoint's data state against this data set, then takes its shuffle settings.
+    /// Another batch size, number of samples, drop_remainder or step count would put the
+    /// resumed run on other samples: LoadMismatch naming each. So would another shuffle seed
+    /// when this data set was given one; a data set without shuffle() takes the checkpoint's.
     void load_state(const ckpt::ParamDict& d) {
-        if (d.contains("data.steps_per_epoch") && d.get<std::int64_t>("data.steps_per_epoch") != steps_per_epoch())
-            throw ckpt::LoadMismatch("the checkpoint was saved with " +
-                                     std::to_string(d.get<std::int64_t>("data.steps_per_epoch")) +
-                                     " steps per epoch, this data set gives " + std::to_string(steps_per_epoch()) +
-                                     " (different data, batch size or drop_remainder)");
+        std::string differences;
+        auto compare = [&](const char* key, std::int64_t here, const char* what) {
+            if (!d.contains(key)) return;  // files written before the field existed
+            const auto saved = d.get<std::int64_t>(key);
+            if (saved != here)
+                differences += std::string(differences.empty() ? "" : "; ") + what + " " + std::to_string(saved) +
+                               " when saved, " + std::to_string(here) + " now";
+        };
+        compare("data.batch_size", static_cast<std::int64_t>(batch_size_), "batch size");
+        compare("data.size", static_cast<std::int64_t>(labels_.size()), "samples");
+        if (d.contains("data.drop_remainder") && d.get<bool>("data.drop_remainder") != drop_remainder_)
+            differences += std::string(differences.empty() ? "" : "; ") + "drop_remainder " +
+                           (drop_remainder_ ? "false when saved, true now" : "true when saved, false now");
+        if (differences.empty())  // steps per epoch alone: a file written before the fields above
+            compare("data.steps_per_epoch", steps_per_epoch(), "steps per epoch");
+        if (shuffle_ && d.contains("data.shuffle")) {
+            if (!d.get<bool>("data.shuffle"))
+                differences += std::string(differences.empty() ? "" : "; ") + "no shuffle when saved, shuffle seed " +
+                               std::to_string(seed_) + " now";
+            else
+                compare("data.seed", static_cast<std::int64_t>(seed_), "shuffle seed");
+        }
+        if (!differences.empty())
+            throw ckpt::LoadMismatch("the checkpoint's data order differs from this data set's (" + differences +
+                                     "): resuming would train on other samples; resume with the same data settings");
         if (d.contains("data.shuffle")) shuffle_ = d.get<bool>("data.shuffle");
         if (d.contains("data.seed")) seed_ = static_cast<std::uint64_t>(d.get<std::int64_t>("data.seed"));
         order_epoch_ = -1;
@@ -1552,8 +1581,12 @@ private:
 // ModelCheckpoint: the seed's checkpoint callback, on the core CheckpointManager.
 //
 //   nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> cb(
-//       "lenet", "./lenet", {.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}}}});
-//   auto cb2 = nn::make_model_checkpoint("lenet", "./lenet", config);   // from a CheckpointConfig
+//       "./lenet", "lenet", {.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}}}});
+//   auto cb2 = nn::make_model_checkpoint("./lenet", "lenet", config);   // from a CheckpointConfig
+//
+// The directory comes first, then the prefix, as everywhere in ckpt (CheckpointManager,
+// latest, resume_or_start); MindSpore's ModelCheckpoint(prefix, directory) has them the other
+// way round, and a prefix with '/' in it (a directory given second) is refused.
 //
 // With save_on_signal and a ckpt::TerminationSignals installed, SIGTERM, SIGINT or SIGUSR1
 // ends training at the end of the step in progress: that step is saved (durably), then
@@ -1575,7 +1608,7 @@ class ModelCheckpoint {
 public:
     using Manager = ckpt::CheckpointManager<S, R, N, A, C>;
 
-    ModelCheckpoint(std::string prefix, ckpt::PathArg directory, ckpt::ManagerOptions options = {},
+    ModelCheckpoint(ckpt::PathArg directory, std::string prefix, ckpt::ManagerOptions options = {},
                     S save = S{}, R retention = R{}, N naming = N{}, C codec = C{})
         : manager_(std::move(directory), std::move(prefix), std::move(save), std::move(retention), std::move(naming),
                    std::move(options), std::move(codec)) {}
@@ -1619,21 +1652,21 @@ public:
     Manager& manager() noexcept { return manager_; }
     const Manager& manager() const noexcept { return manager_; }
     /// The file the last save wrote (or is writing, with async_save).
-    const std::optional<boost::filesystem::path>& last_saved() const noexcept { return last_; }
+    const std::optional<ckpt::Path>& last_saved() const noexcept { return last_; }
 
 private:
     bool signalled() const { return manager_.options().save_on_signal && ckpt::TerminationSignals::requested(); }
 
     Manager manager_;
-    std::optional<boost::filesystem::path> last_;
+    std::optional<ckpt::Path> last_;
 };
 
 /// A ModelCheckpoint configured the seed's way, by a CheckpointConfig.
 template <ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive>
 ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec> make_model_checkpoint(
-    std::string prefix, ckpt::PathArg directory, const ckpt::CheckpointConfig& config, N naming = {}) {
+    ckpt::PathArg directory, std::string prefix, const ckpt::CheckpointConfig& config, N naming = {}) {
     return ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::ConfiguredCodec>(
-        std::move(prefix), std::move(directory), ckpt::detail::manager_options(config), ckpt::ConfiguredSave(config),
+        std::move(directory), std::move(prefix), ckpt::detail::manager_options(config), ckpt::ConfiguredSave(config),
         ckpt::ConfiguredRetention(config), std::move(naming), ckpt::ConfiguredCodec(config));
 }
 
@@ -1891,7 +1924,7 @@ private:
 //   nn::LeNet5 net;
 //   nn::Momentum opt(net.parameters(), 0.01, 0.9);
 //   nn::Trainer trainer(net, opt);
-//   nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> ckpt_cb("lenet", "./lenet");
+//   nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> ckpt_cb("./lenet", "lenet");
 //   auto from = trainer.resume_or_start("./lenet", "lenet", data);   // latest valid, or fresh
 //   trainer.train(10, data, nn::callbacks(ckpt_cb), from.initial_epoch);
 //
@@ -1932,7 +1965,7 @@ inline constexpr bool is_tuple<std::tuple<Ts...>> = true;
 /// Where a resumed run starts: train(epochs, data, callbacks, initial_epoch) continues with
 /// step `initial_step` of epoch initial_epoch + 1 (already set on the data set).
 struct ResumePoint {
-    std::optional<boost::filesystem::path> file;  ///< the checkpoint loaded; empty for a fresh start
+    std::optional<ckpt::Path> file;  ///< the checkpoint loaded; empty for a fresh start
     std::int64_t initial_epoch = 0;
     std::int64_t initial_step = 0;
     std::int64_t global_step = 0;
@@ -2061,9 +2094,10 @@ public:
 
     /// Loads `file` (strictly: every parameter and optimizer tensor must be there, with its
     /// shape) and positions the trainer and `data` at the step after it. Nothing in memory
-    /// changes when the file does not fit.
-    ResumePoint resume_from(const ckpt::PathArg& file, Data& data) {
-        ResumePoint rp = resume_from_state(ckpt::load_checkpoint(file), "checkpoint '" + file.string() + "'", data);
+    /// changes when the file does not fit. `opts.key` opens an encrypted file.
+    ResumePoint resume_from(const ckpt::PathArg& file, Data& data, const ckpt::LoadOptions& opts = {}) {
+        ResumePoint rp =
+            resume_from_state(ckpt::load_checkpoint(file, opts), "checkpoint '" + file.string() + "'", data);
         rp.file = file;
         return rp;
     }
@@ -2102,13 +2136,39 @@ public:
     }
 
     /// Resumes from the newest valid checkpoint of `prefix` in `dir` (corrupt files are
-    /// skipped, with a warning), or starts fresh when there is none.
-    template <ckpt::NamingPolicy N = ckpt::MindSporeNaming>
-    ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data,
-                                const N& naming = {}) {
-        if (!boost::filesystem::is_directory(dir)) return {};
-        if (auto latest = ckpt::latest(dir, prefix, naming)) return resume_from(*latest, data);
+    /// skipped, with a warning), or starts fresh when there is none, saying so. Without a
+    /// naming it finds MindSporeNaming's and StepNaming's names; `opts.key` opens encrypted
+    /// files.
+    template <ckpt::NamingPolicy N = ckpt::detail::AnyRunNaming>
+    ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data, const N& naming = {},
+                                const ckpt::LoadOptions& opts = {}) {
+        if (prefix.find('/') != std::string_view::npos)
+            throw ckpt::ConfigError("resume_or_start: prefix '" + std::string(prefix) +
+                                    "' holds '/': the directory comes first, then the prefix");
+        if (!boost::filesystem::is_directory(dir)) {
+            ckpt::detail::log(ckpt::LogLevel::notice, "no checkpoint directory '" + dir.string() +
+                                                          "': starting from the beginning");
+            return {};
+        }
+        if (auto latest = ckpt::latest_checkpoint(dir, prefix, naming, nullptr, opts))
+            return resume_from(latest->path, data, opts);
+        ckpt::detail::log(ckpt::LogLevel::notice, "no checkpoint of prefix '" + std::string(prefix) + "' in '" +
+                                                      dir.string() + "': starting from the beginning");
         return {};
+    }
+    ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data,
+                                const ckpt::LoadOptions& opts) {
+        return resume_or_start(dir, prefix, data, ckpt::detail::AnyRunNaming{}, opts);
+    }
+
+    /// Resumes from what `checkpoints` (a ModelCheckpoint) writes: its directory, prefix and
+    /// naming, and its codec's key for encrypted files; or starts fresh, saying so.
+    template <class Checkpoints>
+        requires requires(const Checkpoints& c) { c.manager().load_options(); }
+    ResumePoint resume_or_start(const Checkpoints& checkpoints, Data& data) {
+        const auto& m = checkpoints.manager();
+        using Naming = typename std::remove_cvref_t<decltype(m)>::naming_policy;
+        return resume_or_start(m.directory(), m.prefix(), data, Naming{}, m.load_options());
     }
 
 private:

@@ -59,11 +59,15 @@ private:
     int fd_ = -1;
 };
 
-inline Fd open_for_read(const std::string& path) {
+/// `what` names the file in errors: "cannot open checkpoint '…'", "cannot open key file '…'".
+inline Fd open_for_read(const std::string& path, const char* what = "checkpoint") {
     int fd;
     do fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     while (fd < 0 && errno == EINTR);
-    if (fd < 0) throw_io("open checkpoint", path);
+    if (fd < 0) {
+        const int err = errno;
+        throw_io(std::string("open ") + what, path, err);
+    }
     return Fd(fd);
 }
 
