@@ -91,6 +91,11 @@ TEST_CASE("safetensors round trip: every dtype, ranks 0 to 4, empty tensors, sca
                         {"after", ckpt::Tensor::from(std::vector<double>{0.5, -1.25})}};
     ckpt::save_safetensors(odd, dir / "odd.safetensors");
     require_same_entries(ckpt::load_safetensors(dir / "odd.safetensors"), odd);
+    // Values before tensors come back where they were: the dict compares equal.
+    ckpt::ParamDict mixed{{"lr", 0.5}, {"w", ckpt::Tensor::from(std::vector<float>{1, 2})}, {"note", "x"},
+                          {"b", ckpt::Tensor::from(std::vector<std::int32_t>{3})}};
+    ckpt::save_safetensors(mixed, dir / "mixed.safetensors");
+    CHECK(ckpt::load_safetensors(dir / "mixed.safetensors") == mixed);
     // Nothing at all.
     ckpt::save_safetensors({}, dir / "none.safetensors");
     CHECK(ckpt::load_safetensors(dir / "none.safetensors").empty());

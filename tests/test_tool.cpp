@@ -1,4 +1,5 @@
 // The ckpt command-line tool (tools/ckpt.cpp): every subcommand, its output and its exit codes.
+#include <ckpt/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
 
 #include <doctest/doctest.h>
@@ -199,6 +200,54 @@ TEST_CASE("ckpt show prints the header and entries without reading payloads, --s
     auto not_ckpt = ckpt_tool({"show", (dir / ".tool.out").string()}, dir.path());
     CHECK(not_ckpt.status == 1);
     CHECK(contains(not_ckpt.err, "not a ckpt checkpoint"));
+}
+
+TEST_CASE("ckpt ls goes by a file's owner record, not its name, and show reads safetensors and refuses --stats without a key") {
+    test::TempDir dir;
+    {
+        test::LogCapture quiet;
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> other(dir / "a", "other");
+        other.save(ckpt::Progress::at_iteration(50), small_state(1));
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> mine(dir / "b", "exp");
+        mine.save(ckpt::Progress::at_iteration(3), small_state(2));
+    }
+    // another job's file, renamed by hand into this prefix's run 1
+    test::fs::copy_file(dir / "a" / "other-50.ckpt", dir / "b" / "exp_1-50.ckpt");
+    auto j = json::parse(ckpt_tool({"ls", (dir / "b").string(), "--json"}, dir.path()).out);
+    for (const auto& group : j["checkpoints"])
+        for (const auto& c : group["checkpoints"]) {
+            const std::string path = c["path"];
+            CAPTURE(path);
+            if (contains(path, "exp_1-50")) {
+                CHECK(c["valid"] == false);
+                CHECK(contains(c["problem"].get<std::string>(), "records prefix 'other'"));
+                CHECK(c["latest"] == false);
+            } else {
+                CHECK(c["latest"] == true);  // exp-3.ckpt, though run 1 sorts after it by name
+            }
+        }
+    auto shown = ckpt_tool({"show", (dir / "b" / "exp-3.ckpt").string()}, dir.path());
+    CHECK(contains(shown.out, "written for prefix 'exp', run 'exp'"));
+    CHECK_FALSE(contains(shown.out, "__ckpt."));
+
+    // show reads what diff and import read
+    ckpt::save_safetensors(small_state(1), dir / "w.safetensors");
+    auto st = ckpt_tool({"show", (dir / "w.safetensors").string(), "--stats"}, dir.path());
+    CHECK(st.status == 0);
+    CHECK(contains(st.out, "safetensors file"));
+    CHECK(contains(st.out, "layer.weight"));
+
+    // an encrypted file without its key: --stats cannot be given, and says so
+    const auto key = ckpt::Key::random();
+    ckpt::save_checkpoint(small_state(1), dir / "sealed.ckpt",
+                          {.codecs = ckpt::CodecChain{ckpt::Codec{ckpt::CodecId::aes_256_gcm, 0, key}}});
+    auto locked = ckpt_tool({"show", (dir / "sealed.ckpt").string(), "--stats"}, dir.path());
+    CHECK(locked.status == 1);
+    CHECK(contains(locked.err, "--key-file"));
+    CHECK(ckpt_tool({"show", (dir / "sealed.ckpt").string()}, dir.path()).status == 0);
+    auto no_key = ckpt_tool({"show", (dir / "sealed.ckpt").string(), "--key-file", (dir / "nope.key").string()}, dir.path());
+    CHECK(no_key.status == 2);
+    CHECK(contains(no_key.err, "nope.key"));
 }
 
 TEST_CASE("ckpt verify exits 0 only when every file verifies, naming each failure") {

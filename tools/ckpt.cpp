@@ -229,6 +229,29 @@ std::vector<Listed> find_checkpoints(const fs::path& dir, const std::optional<st
     return out;
 }
 
+/// A file whose owner record names another prefix or run than its name suggests is that
+/// owner's (names alone never decide; see ckpt::CheckpointOwner): listed under the prefix it
+/// records, or marked when its name does not follow that prefix at all (renamed by hand).
+void take_recorded_owner(Listed& f) {
+    if (!f.named || f.last_words || f.header->encoded()) return;  // an encoded body is not read here
+    std::optional<ckpt::CheckpointOwner> owner;
+    try {
+        owner = ckpt::read_owner(f.path);
+    } catch (const ckpt::Error&) {
+        return;  // verification says what is wrong with it
+    }
+    if (!owner || (owner->prefix == f.prefix && owner->run_prefix == f.parts.run_prefix)) return;
+    const std::string name = f.path.filename().string();
+    Listed again = f;
+    if (classify(again, name, owner->prefix) && again.parts.run_prefix == owner->run_prefix) {
+        again.group = f.path.parent_path().string() + " prefix '" + again.prefix + "'";
+        f = std::move(again);
+        return;
+    }
+    f.problem = "named as run '" + f.parts.run_prefix + "' of prefix '" + f.prefix + "' but it records prefix '" +
+                owner->prefix + "' (run '" + owner->run_prefix + "'): not that prefix's checkpoint";
+}
+
 void check(Listed& f, bool headers_only) {
     try {
         f.header = ckpt::read_header(f.path);
@@ -236,7 +259,8 @@ void check(Listed& f, bool headers_only) {
         f.problem = e.what();
         return;
     }
-    if (headers_only) return;
+    take_recorded_owner(f);
+    if (headers_only || f.problem) return;
     if (f.named) {
         ckpt::StoredCheckpoint stored{f.path, f.parts, {}};
         f.problem = ckpt::checkpoint_problem(stored);
@@ -388,69 +412,39 @@ Stats tensor_stats(const ckpt::Tensor& t) {
     return s;
 }
 
-int cmd_show(const fs::path& file, bool stats, bool as_json) {
-    ckpt::CheckpointContents contents;
-    // Without a key, an encrypted file still shows its header; its entries are not readable.
-    const bool locked = load_options.key.empty() && ckpt::read_header(file).encrypted();
-    if (locked) contents.header = ckpt::verify_checkpoint(file);
-    else contents = ckpt::read_contents(file, load_options);
-    const auto& h = contents.header;
-    std::optional<ckpt::ParamDict> loaded;
-    if (stats && !locked) loaded = ckpt::load_checkpoint(file, load_options);  // verifies the checksum first
-    const bool verified = locked || loaded || h.encoded();  // a codec's body is read whole, so checked
-    if (as_json) {
-        json entries = json::array();
-        for (const auto& e : contents.entries) {
-            json j = {{"name", e.name}, {"kind", kind_name(e.kind)}};
-            if (e.kind == ckpt::ValueKind::tensor) {
-                j["dtype"] = ckpt::dtype_name(e.dtype);
-                j["shape"] = e.shape;
-                j["bytes"] = e.nbytes;
-                if (loaded) {
-                    const auto s = tensor_stats(loaded->tensor(e.name));
-                    j["stats"] = {{"min", s.finite ? json(s.min) : json(nullptr)},
-                                  {"max", s.finite ? json(s.max) : json(nullptr)},
-                                  {"mean", s.finite ? json(s.mean) : json(nullptr)},
-                                  {"std", s.finite ? json(s.std) : json(nullptr)},
-                                  {"nan", s.nan},
-                                  {"inf", s.inf}};
-                }
-            } else {
-                j["value"] = scalar_json(e.scalar);
+json entries_json(const std::vector<ckpt::EntryInfo>& list, const std::optional<ckpt::ParamDict>& loaded) {
+    json entries = json::array();
+    for (const auto& e : list) {
+        json j = {{"name", e.name}, {"kind", kind_name(e.kind)}};
+        if (e.kind == ckpt::ValueKind::tensor) {
+            j["dtype"] = ckpt::dtype_name(e.dtype);
+            j["shape"] = e.shape;
+            j["bytes"] = e.nbytes;
+            if (loaded) {
+                const auto s = tensor_stats(loaded->tensor(e.name));
+                j["stats"] = {{"min", s.finite ? json(s.min) : json(nullptr)},
+                              {"max", s.finite ? json(s.max) : json(nullptr)},
+                              {"mean", s.finite ? json(s.mean) : json(nullptr)},
+                              {"std", s.finite ? json(s.std) : json(nullptr)},
+                              {"nan", s.nan},
+                              {"inf", s.inf}};
             }
-            entries.push_back(std::move(j));
+        } else {
+            j["value"] = scalar_json(e.scalar);
         }
-        json header = {{"format_version", h.version},
-                       {"archive", ckpt::archive_kind_name(h.archive)},
-                       {"codecs", h.codec_names()},
-                       {"body_bytes", h.body_length},
-                       {"epoch", h.epoch},
-                       {"step", h.step},
-                       {"save_time", utc_time(h.save_time_ns)},
-                       {"checksum_xxh3", hex64(h.body_hash)}};
-        json out = {{"path", file.string()}, {"header", header}, {"checksum_verified", verified}};
-        if (locked) out["entries"] = nullptr;
-        else out["entries"] = entries;
-        std::cout << out.dump(2) << "\n";
-        return 0;
+        entries.push_back(std::move(j));
     }
-    std::cout << file.string() << "\n"
-              << "  format version " << h.version << ", " << ckpt::archive_kind_name(h.archive) << " archive, body "
-              << h.body_length << " bytes"
-              << (h.encoded() ? " stored through " + h.codec_names() : std::string()) << "\n"
-              << "  epoch " << h.epoch << ", step " << h.step << ", saved " << utc_time(h.save_time_ns) << "\n"
-              << "  checksum xxh3 " << hex64(h.body_hash)
-              << (verified ? " (verified)" : " (not read; ckpt verify or --stats checks it)") << "\n";
-    if (locked) {
-        std::cout << "  entries encrypted: pass --key-file to list them\n";
-        return 0;
-    }
-    std::cout << "  " << contents.entries.size() << " entries\n\n";
+    return entries;
+}
+
+void print_entries(const std::vector<ckpt::EntryInfo>& entries, const std::optional<ckpt::ParamDict>& loaded,
+                   bool stats) {
+    std::cout << "  " << entries.size() << " entries\n\n";
     std::size_t width = 4;
-    for (const auto& e : contents.entries) width = std::max(width, e.name.size());
+    for (const auto& e : entries) width = std::max(width, e.name.size());
     std::printf("  %-*s  %-6s  %-7s  %-16s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "BYTES");
     std::printf(stats ? "  %12s %12s %12s %12s %5s %5s\n" : "  VALUE\n", "MIN", "MAX", "MEAN", "STD", "NAN", "INF");
-    for (const auto& e : contents.entries) {
+    for (const auto& e : entries) {
         const bool tensor = e.kind == ckpt::ValueKind::tensor;
         std::printf("  %-*s  %-6s  %-7s  %-16s %12s", static_cast<int>(width), e.name.c_str(),
                     tensor ? "tensor" : kind_name(e.kind).c_str(), tensor ? std::string(ckpt::dtype_name(e.dtype)).c_str() : "",
@@ -469,6 +463,83 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
             std::printf("\n");
         }
     }
+}
+
+/// `show` of a .safetensors or .npz file: its entries, as `diff` and `import` read them.
+int cmd_show_dict(const fs::path& file, bool stats, bool as_json) {
+    const ckpt::ParamDict dict = load_any(file);
+    std::vector<ckpt::EntryInfo> entries;
+    for (const auto& [name, value] : dict) {
+        ckpt::EntryInfo e;
+        e.name = name;
+        e.kind = value.kind();
+        if (const auto* t = value.get_if<ckpt::Tensor>()) {
+            e.dtype = t->dtype();
+            e.shape = t->shape();
+            e.nbytes = t->nbytes();
+        } else {
+            e.scalar = value;
+        }
+        entries.push_back(std::move(e));
+    }
+    const std::optional<ckpt::ParamDict> loaded = stats ? std::optional(dict) : std::nullopt;
+    const char* kind = format_of(file) == FileFormat::safetensors ? "safetensors" : "npz";
+    if (as_json) {
+        std::cout << json{{"path", file.string()}, {"format", kind}, {"entries", entries_json(entries, loaded)}}.dump(2)
+                  << "\n";
+        return 0;
+    }
+    std::cout << file.string() << "\n  " << kind << " file\n";
+    print_entries(entries, loaded, stats);
+    return 0;
+}
+
+int cmd_show(const fs::path& file, bool stats, bool as_json) {
+    if (format_of(file) != FileFormat::checkpoint) return cmd_show_dict(file, stats, as_json);
+    ckpt::CheckpointContents contents;
+    // Without a key, an encrypted file still shows its header; its entries are not readable.
+    const bool locked = load_options.key.empty() && ckpt::read_header(file).encrypted();
+    if (locked && stats)
+        throw Failure("'" + file.string() + "' is encrypted: --stats needs its key (--key-file)");
+    if (locked) contents.header = ckpt::verify_checkpoint(file);
+    else contents = ckpt::read_contents(file, load_options);
+    const auto& h = contents.header;
+    // The owner record is the manager's, not an entry of the program's: shown apart.
+    const auto owner = ckpt::detail::owner_in(contents.entries);
+    std::erase_if(contents.entries, [](const ckpt::EntryInfo& e) { return ckpt::detail::is_reserved_name(e.name); });
+    std::optional<ckpt::ParamDict> loaded;
+    if (stats && !locked) loaded = ckpt::load_checkpoint(file, load_options);  // verifies the checksum first
+    const bool verified = locked || loaded || h.encoded();  // a codec's body is read whole, so checked
+    if (as_json) {
+        const json entries = entries_json(contents.entries, loaded);
+        json header = {{"format_version", h.version},
+                       {"archive", ckpt::archive_kind_name(h.archive)},
+                       {"codecs", h.codec_names()},
+                       {"body_bytes", h.body_length},
+                       {"epoch", h.epoch},
+                       {"step", h.step},
+                       {"save_time", utc_time(h.save_time_ns)},
+                       {"checksum_xxh3", hex64(h.body_hash)}};
+        json out = {{"path", file.string()}, {"header", header}, {"checksum_verified", verified}};
+        if (owner) out["owner"] = {{"prefix", owner->prefix}, {"run", owner->run_prefix}};
+        if (locked) out["entries"] = nullptr;
+        else out["entries"] = entries;
+        std::cout << out.dump(2) << "\n";
+        return 0;
+    }
+    std::cout << file.string() << "\n"
+              << "  format version " << h.version << ", " << ckpt::archive_kind_name(h.archive) << " archive, body "
+              << h.body_length << " bytes"
+              << (h.encoded() ? " stored through " + h.codec_names() : std::string()) << "\n"
+              << "  epoch " << h.epoch << ", step " << h.step << ", saved " << utc_time(h.save_time_ns) << "\n"
+              << "  checksum xxh3 " << hex64(h.body_hash)
+              << (verified ? " (verified)" : " (not read; ckpt verify or --stats checks it)") << "\n";
+    if (owner) std::cout << "  written for prefix '" << owner->prefix << "', run '" << owner->run_prefix << "'\n";
+    if (locked) {
+        std::cout << "  entries encrypted: pass --key-file to list them\n";
+        return 0;
+    }
+    print_entries(contents.entries, loaded, stats);
     return 0;
 }
 
@@ -663,8 +734,8 @@ int main(int argc, char** argv) {
     ls->add_flag("--headers-only", headers_only, "Read headers only; do not verify checksums");
     ls->add_flag("--json", as_json, "Print JSON");
 
-    auto* show = app.add_subcommand("show", "Show a checkpoint's header and entries (the payloads are not read)");
-    show->add_option("FILE", file, "Checkpoint file")->required();
+    auto* show = app.add_subcommand("show", "Show a checkpoint's header and entries (the payloads are not read), or a .safetensors or .npz file's entries");
+    show->add_option("FILE", file, "Checkpoint file (or .safetensors, .npz)")->required();
     show->add_flag("--stats", stats,
                    "Verify the file, read the payloads and add per-tensor min, max, mean, std over finite values, and "
                    "the count of NaN and Inf");

@@ -9,7 +9,8 @@
 // safetensors: 8-byte little-endian header length, a JSON header naming each tensor's dtype,
 // shape and [begin, end) byte range in the buffer that follows, then the buffer. Scalars and
 // strings travel in "__metadata__" (whose values are strings); the reserved metadata key
-// "ckpt.kinds" records which of them were int64, double or bool, so they come back as such.
+// "ckpt.kinds" records which of them were int64, double or bool, so they come back as such,
+// and "ckpt.order", written when values come before tensors, the order of the entries.
 // Files from other writers load with their metadata as string entries.
 //
 // npz: a zip of "{name}.npy" members, stored or deflated (np.savez, np.savez_compressed).
@@ -100,6 +101,9 @@ inline void swap_bytes(std::byte* p, std::size_t n, std::size_t width) {
 // safetensors
 
 inline constexpr std::string_view safetensors_kinds_key = "ckpt.kinds";
+/// The dict's order of entries, when values come before tensors: the format keeps tensors and
+/// metadata apart, and a round trip must give back a dict that compares equal.
+inline constexpr std::string_view safetensors_order_key = "ckpt.order";
 /// The header is JSON text; the reference implementation refuses headers above 100 MB.
 inline constexpr std::uint64_t max_safetensors_header = 100'000'000;
 
@@ -126,9 +130,25 @@ inline std::optional<DType> dtype_from_safetensors(std::string_view s) {
     throw FormatError("safetensors file '" + path + "' is malformed: " + why, path);
 }
 
+/// The JSON a ckpt metadata key of a safetensors header holds (an object, or an array), or
+/// nothing when the key is absent.
+inline std::optional<nlohmann::json> metadata_json(const nlohmann::json& metadata, std::string_view key, bool array,
+                                                   const std::string& path) {
+    const auto it = metadata.find(key);
+    if (it == metadata.end() || !it->is_string()) return std::nullopt;
+    std::optional<nlohmann::json> parsed;
+    try {
+        parsed = nlohmann::json::parse(it->get<std::string>());
+    } catch (const nlohmann::json::exception&) {
+    }
+    if (!parsed || (array ? !parsed->is_array() : !parsed->is_object()))
+        safetensors_fail(path, "__metadata__ '" + std::string(key) + "' is not a JSON " + (array ? "array" : "object"));
+    return parsed;
+}
+
 /// Throws on a name the format cannot carry.
 inline void check_safetensors_name(const std::string& name, const std::string& path) {
-    if (name == "__metadata__" || name == safetensors_kinds_key)
+    if (name == "__metadata__" || name == safetensors_kinds_key || name == safetensors_order_key)
         throw ConfigError("cannot save '" + path + "': the entry name '" + name + "' is reserved in safetensors files");
 }
 
@@ -158,6 +178,14 @@ inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
         }
     }
     if (!kinds.empty()) metadata[std::string(detail::safetensors_kinds_key)] = kinds.dump();
+    bool value_seen = false, reordered = false;  // a value before a tensor: the order needs recording
+    nlohmann::json order = nlohmann::json::array();
+    for (const auto& [name, value] : dict) {
+        order.push_back(name);
+        reordered = reordered || (value_seen && value.is_tensor());
+        value_seen = value_seen || !value.is_tensor();
+    }
+    if (reordered) metadata[std::string(detail::safetensors_order_key)] = order.dump();
     if (!metadata.empty()) {
         // __metadata__ goes first, as the reference writer puts it.
         nlohmann::ordered_json with_meta = {{"__metadata__", metadata}};
@@ -225,21 +253,14 @@ inline ParamDict load_safetensors(const PathArg& file) {
     };
     std::vector<Slot> slots;
     ParamDict meta_values;
+    std::optional<nlohmann::json> order;  // the writer's order of entries, when it recorded one
     for (const auto& [name, spec] : header.items()) {
         if (name == "__metadata__") {
             if (!spec.is_object()) detail::safetensors_fail(path, "__metadata__ is not an object");
-            std::optional<nlohmann::json> kinds;
-            if (auto k = spec.find(detail::safetensors_kinds_key); k != spec.end() && k->is_string()) {
-                try {
-                    kinds = nlohmann::json::parse(k->get<std::string>());
-                } catch (const nlohmann::json::exception&) {
-                }
-                if (!kinds || !kinds->is_object())
-                    detail::safetensors_fail(path, "__metadata__ '" + std::string(detail::safetensors_kinds_key) +
-                                                       "' is not a JSON object");
-            }
+            const auto kinds = detail::metadata_json(spec, detail::safetensors_kinds_key, false, path);
+            order = detail::metadata_json(spec, detail::safetensors_order_key, true, path);
             for (const auto& [key, value] : spec.items()) {
-                if (key == detail::safetensors_kinds_key) continue;
+                if (key == detail::safetensors_kinds_key || key == detail::safetensors_order_key) continue;
                 if (!value.is_string()) detail::safetensors_fail(path, "__metadata__ '" + key + "' is not a string");
                 const auto text_value = value.get<std::string>();
                 const std::string kind = kinds && kinds->contains(key) && (*kinds)[key].is_string()
@@ -344,7 +365,14 @@ inline ParamDict load_safetensors(const PathArg& file) {
         if (dict.contains(name)) detail::safetensors_fail(path, "'" + name + "' is both a tensor and a __metadata__ key");
         dict.set(name, std::move(value));
     }
-    return dict;
+    if (!order) return dict;
+    ParamDict ordered;  // the recorded order first; anything it does not name after, as read
+    for (const auto& name : *order)
+        if (name.is_string())
+            if (Value* v = dict.find(name.get<std::string>())) ordered.set(name.get<std::string>(), std::move(*v));
+    for (auto& [name, value] : dict)
+        if (!ordered.contains(name)) ordered.set(name, std::move(value));
+    return ordered;
 }
 
 namespace detail {
