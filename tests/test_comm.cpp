@@ -8,6 +8,8 @@
 #include <random>
 #include <thread>
 
+#include "support.hpp"
+
 namespace {
 
 std::vector<float> data_of(int rank, std::size_t n) {
@@ -16,11 +18,6 @@ std::vector<float> data_of(int rank, std::size_t n) {
     std::vector<float> v(n);
     for (float& x : v) x = u(g);
     return v;
-}
-
-void rethrow_any(const std::vector<std::exception_ptr>& errors) {
-    for (const auto& e : errors)
-        if (e) std::rethrow_exception(e);
 }
 
 }  // namespace
@@ -36,7 +33,7 @@ TEST_CASE("allreduce adds in rank order: the same bits whatever the arrival orde
     for (int trial = 0; trial < 3; ++trial) {
         fault::ThreadGroup group(n, std::chrono::seconds(10));
         std::vector<std::vector<float>> sums(n), means(n);
-        rethrow_any(fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        fault::run_ranks(group, [&](fault::ThreadComm& comm) {
             // arrive in a different order each trial
             std::this_thread::sleep_for(std::chrono::milliseconds(((comm.rank() + trial) % n) * 3));
             auto v = data_of(comm.rank(), len);
@@ -45,7 +42,7 @@ TEST_CASE("allreduce adds in rank order: the same bits whatever the arrival orde
             auto m = data_of(comm.rank(), len);
             comm.allreduce(m, fault::ReduceOp::mean);
             means[static_cast<std::size_t>(comm.rank())] = m;
-        }));
+        }).rethrow();
         for (int r = 0; r < n; ++r) {
             CHECK(sums[static_cast<std::size_t>(r)] == expected);
             CHECK(means[static_cast<std::size_t>(r)][7] == expected[7] / 4.0f);
@@ -56,7 +53,7 @@ TEST_CASE("allreduce adds in rank order: the same bits whatever the arrival orde
 TEST_CASE("broadcast, allgather, barrier, send and recv") {
     fault::ThreadGroup group(3, std::chrono::seconds(10));
     std::atomic<int> past_barrier{0};
-    rethrow_any(fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
         const int r = comm.rank();
         std::vector<float> b(4, static_cast<float>(r));
         comm.broadcast(b, 2);
@@ -81,7 +78,7 @@ TEST_CASE("broadcast, allgather, barrier, send and recv") {
         comm.recv(got, prev, 2);
         CHECK(got == std::vector<float>{float(prev), 2});
         if (r != 0) pass_on();
-    }));
+    }).rethrow();
 }
 
 TEST_CASE("a send returns once its receiver has the data, copied straight from the sender's buffer") {
@@ -100,7 +97,27 @@ TEST_CASE("a send returns once its receiver has the data, copied straight from t
             comm.recv(got, 0, 7);
             CHECK(got == big);
         }
+    }).rethrow();
+}
+
+TEST_CASE("run_ranks says why ranks failed: rethrow() gives the failing rank's own error, not the others' PeerFailure") {
+    test::LogCapture log;
+    fault::ThreadGroup group(3, std::chrono::seconds(10));
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        if (comm.rank() == 1) throw std::runtime_error("the data set gives (28, 28, 1)");
+        std::vector<float> v(4);
+        comm.allreduce(v, fault::ReduceOp::sum);  // the others learn of rank 1 here
     });
+    CHECK(errors.any());
+    CHECK(fault::detail::holds<fault::PeerFailure>(errors[0]));
+    CHECK_THROWS_WITH_AS(errors.rethrow(), "the data set gives (28, 28, 1)", std::runtime_error);
+    CHECK(std::any_of(log.infos.begin(), log.infos.end(), [](const std::string& m) {
+        return m.find("rank 1 failed: the data set gives (28, 28, 1)") != std::string::npos;
+    }));
+    fault::ThreadGroup fine(2, std::chrono::seconds(10));
+    const auto none = fault::run_ranks(fine, [](fault::ThreadComm& comm) { comm.barrier(); });
+    CHECK_FALSE(none.any());
+    CHECK_NOTHROW(none.rethrow());
 }
 
 TEST_CASE("a rank that fails is named by the others' PeerFailure, without waiting for the timeout") {

@@ -147,7 +147,7 @@ TEST_CASE("sharded optimizer state: the same bits as unsharded, each rank keepin
             nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
             trainer.train(2, data);
             unsharded[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
-        });
+        }).rethrow();
         for (int r = 0; r < 4; ++r) CHECK(params[static_cast<std::size_t>(r)] == unsharded[0]);
         const std::size_t total = unsharded[0].size();
         std::size_t kept = 0;
@@ -181,7 +181,7 @@ TEST_CASE("a peer failing while the updated pieces are exchanged: the update is 
             if (c.global_step == 2) (*out)[static_cast<std::size_t>(c.rank)] = test::flat(net->parameters());
         }
     };
-    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
         auto data = test::shard_of(4, comm.rank());
         nn::UceNet net(7);
         test::DpStack stack(net, comm, 2);
@@ -198,6 +198,7 @@ TEST_CASE("a peer failing while the updated pieces are exchanged: the update is 
             throw;
         }
     });
+    CHECK(errors.any());  // the injected failure
     for (int r : {0, 2, 3}) {
         CAPTURE(r);
         const auto i = static_cast<std::size_t>(r);

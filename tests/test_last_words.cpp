@@ -233,7 +233,7 @@ TEST_CASE("selectors: preference order and avoided ranks") {
     fault::ThreadGroup group(4, std::chrono::seconds(20));
     // a preference picks the saver
     std::vector<fault::LastWordsOutcome> outcomes(4);
-    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+    const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
         auto data = shard_of(4, comm.rank());
         nn::UceNet net(11);
         nn::Momentum inner(net.parameters(), 0.01, 0.9);
@@ -249,6 +249,7 @@ TEST_CASE("selectors: preference order and avoided ranks") {
             throw;
         }
     });
+    CHECK(errors.any());  // the injected failure
     CHECK(outcomes[0].saver == 3);
     CHECK(fs::exists(dir / "tft_saved_checkpoints-step_5/rank_3/ttp_rank_3-1_5.ckpt"));
 }
@@ -326,7 +327,7 @@ TEST_CASE("a second failure during the last words: a saver's write fails, the ot
         fault::ThreadGroup group(4, std::chrono::seconds(20));
         std::vector<fault::LastWordsOutcome> outcomes(4);
         test::LogCapture log;
-        fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
             auto data = shard_of(4, comm.rank());
             nn::UceNet net(11);
             test::DpStack stack(net, comm, shard_size);
@@ -342,6 +343,7 @@ TEST_CASE("a second failure during the last words: a saver's write fails, the ot
                 throw;
             }
         });
+        CHECK(errors.any());  // the injected failure
         // rank 3 failed; rank 0 was chosen and failed to save; ranks 1 and 2 agreed again:
         // rank 1 saves everything, or, sharded, rank 2 piece 0 and rank 1 piece 1
         const auto savers = shard_size == 1 ? std::vector<int>{1} : std::vector<int>{2, 1};

@@ -3,9 +3,9 @@
 // default (tests, single-machine data parallelism, the examples).
 //
 //   fault::ThreadGroup group(4, std::chrono::seconds(10));
-//   auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+//   fault::run_ranks(group, [&](fault::ThreadComm& comm) {
 //       comm.allreduce(grads, fault::ReduceOp::mean);
-//   });
+//   }).rethrow();   // the first rank's error, if any rank failed
 //
 // Every call copies its buffer in and its result out, as a transport between processes
 // would. Calls are matched by order: the k-th collective of every rank is one collective,
@@ -31,6 +31,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../ckpt/log.hpp"
 #include "communicator.hpp"
 
 namespace fault {
@@ -548,24 +549,49 @@ private:
 
 static_assert(RecoverableCommunicator<ThreadComm>);
 
+/// What run_ranks returns: each rank's exception, or null where the rank returned. It must
+/// be looked at ([[nodiscard]]): rethrow() rethrows the failure that ended the run.
+class [[nodiscard]] RankErrors : public std::vector<std::exception_ptr> {
+public:
+    using std::vector<std::exception_ptr>::vector;
+
+    /// Whether any rank threw.
+    bool any() const {
+        return std::any_of(begin(), end(), [](const std::exception_ptr& e) { return e != nullptr; });
+    }
+
+    /// Rethrows the failure that ended the run: the first rank's own error, before the
+    /// PeerFailures the others saw because of it. Returns when every rank returned.
+    void rethrow() const {
+        for (const auto& e : *this)
+            if (e && !detail::holds<PeerFailure>(e)) std::rethrow_exception(e);
+        for (const auto& e : *this)
+            if (e) std::rethrow_exception(e);
+    }
+};
+
 /// Runs fn(comm) on every rank of `group`, each on its own thread, and waits for all. A rank
 /// whose fn throws is marked failed (so the others get PeerFailure instead of waiting), or
-/// as having left when what it threw was a PeerFailure; the result holds each rank's
-/// exception, or null.
-inline std::vector<std::exception_ptr> run_ranks(ThreadGroup& group, const std::function<void(ThreadComm&)>& fn) {
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(group.size()));
+/// as having left when what it threw was a PeerFailure; each failure is logged (a notice:
+/// printed by default) and the result holds each rank's exception, or null. Look at it:
+/// `fault::run_ranks(group, fn).rethrow();` ends the program with the first rank's error.
+inline RankErrors run_ranks(ThreadGroup& group, const std::function<void(ThreadComm&)>& fn) {
+    RankErrors errors(static_cast<std::size_t>(group.size()));
     std::vector<std::thread> threads;
     for (int r = 0; r < group.size(); ++r)
         threads.emplace_back([&, r] {
             ThreadComm comm(group, r);
             try {
                 fn(comm);
-            } catch (const PeerFailure&) {
+            } catch (const PeerFailure& e) {
                 errors[static_cast<std::size_t>(r)] = std::current_exception();
                 group.leave(r);
+                ckpt::detail::log(ckpt::LogLevel::info, "rank " + std::to_string(r) + " stopped: " + e.what());
             } catch (...) {
                 errors[static_cast<std::size_t>(r)] = std::current_exception();
                 group.fail(r);
+                ckpt::detail::log(ckpt::LogLevel::notice,
+                                  "rank " + std::to_string(r) + " failed: " + detail::message_of(std::current_exception()));
             }
         });
     for (auto& t : threads) t.join();
