@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <fault/fault.hpp>
 #include <fault/launch.hpp>
 
 #include "process.hpp"
@@ -53,6 +54,9 @@ TEST_CASE("launch_env reads RANK and WORLD_SIZE or the seed's MS_NODE_ID and MS_
     CHECK(alone.rank == 0);
     CHECK(alone.world_size == 1);
     CHECK(alone.store.empty());
+    CHECK_FALSE(alone.launched);
+    CHECK_THROWS_WITH_AS(alone.store_url(), doctest::Contains("CKPT_STORE is not set, nor RANK and WORLD_SIZE"),
+                         ckpt::ConfigError);
 
     env.set("MS_NODE_ID", "2");
     env.set("MS_WORKER_NUM", "4");
@@ -63,6 +67,8 @@ TEST_CASE("launch_env reads RANK and WORLD_SIZE or the seed's MS_NODE_ID and MS_
     CHECK(ms.world_size == 4);
     CHECK(ms.recovery_path == "/tmp/recovery");
     CHECK(ms.store == "redis://h:1");
+    CHECK(ms.launched);
+    CHECK(ms.store_url() == "redis://h:1");
 
     env.set("RANK", "3");
     CHECK_THROWS_WITH_AS(fault::launch_env(), doctest::Contains("RANK=3 and MS_NODE_ID=2 disagree"), ckpt::ConfigError);
@@ -113,6 +119,24 @@ TEST_CASE("ckpt-run restarts a failed worker with the same settings, up to --max
         CHECK(run.output().find("rank 1 (pid ") != std::string::npos);
         CHECK(run.output().find("exited with status 1; no restarts left: stopping the job") != std::string::npos);
     }
+}
+
+TEST_CASE("last words under ckpt-run: a worker SIGKILLed with no restarts left, the survivor still saves them") {
+    // The README's program on GlooComm, no TerminationSignals of its own: ckpt-run's SIGTERM
+    // to the survivor must not end it before its last words are durable.
+    test::TempDir dir;
+    const auto url = "file://" + (dir / "store").string();
+    const auto words = dir / "ttp_checkpoints";
+    test::Process run({CKPT_RUN, "--nproc", "2", "--store", url, "--", CKPT_LAST_WORDS_WORKER, words.string(), "5"},
+                      (dir / "run.log").string());
+    INFO(run.output());
+    CHECK(run.wait(120s) == 128 + SIGKILL);  // the killed worker's status
+    CHECK(run.output().find("no restarts left: stopping the job (SIGTERM to the others, which have 30 s to save their "
+                            "last words") != std::string::npos);
+    const auto file = fault::latest_last_words(words);
+    REQUIRE(file);
+    CHECK(file->filename() == "ttp_rank_0-1_5.ckpt");
+    CHECK(ckpt::verify_checkpoint(*file).step == 5);
 }
 
 TEST_CASE("ckpt-run forwards SIGTERM to the workers and exits with 128 + 15, bad arguments exit 2") {

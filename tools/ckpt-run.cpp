@@ -205,8 +205,10 @@ int main(int argc, char** argv) {
                 w.left_out = true;
                 break;
             }
-            std::fprintf(stderr, "ckpt-run: rank %d (pid %d) %s; no restarts left: stopping the job\n", rank,
-                         static_cast<int>(pid), describe(st).c_str());
+            std::fprintf(stderr,
+                         "ckpt-run: rank %d (pid %d) %s; no restarts left: stopping the job (SIGTERM to the others, "
+                         "which have %d s to save their last words before SIGKILL)\n",
+                         rank, static_cast<int>(pid), describe(st).c_str(), grace);
             stop_all(workers, SIGTERM, std::chrono::seconds(grace));
             return status_of(st);
         }

@@ -38,6 +38,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <signal.h>
 #include <string>
@@ -77,7 +78,11 @@ template <ReplicaSelector Sel = LowestHealthyRank>
 struct LastWordsOptions {
     Sel selector{};
     ShardLayout layout{};        ///< the optimizer's; the replica groups follow from it
-    bool watch_signals = false;  ///< also on SIGTERM/SIGINT (see LastWordsCheckpoint::on_step_end)
+    /// Also on SIGTERM/SIGINT/SIGUSR1 (see LastWordsCheckpoint::on_step_end), watched for as
+    /// long as the checkpoint lives when the program does not handle them itself. false:
+    /// signals are left to the program, and a launcher's SIGTERM may end a survivor before
+    /// it saves.
+    bool watch_signals = true;
     /// Where this rank's optimizer-state pieces sit (a DataParallelOptimizer's piece_map).
     /// With it, or without sharding, the step directory also holds a global index,
     /// index-step_{g}.ckpt, to load the last words on another number of ranks.
@@ -213,6 +218,7 @@ public:
     LastWordsCheckpoint(Comm& comm, ckpt::PathArg directory = "ttp_checkpoints", LastWordsOptions<Sel> options = {})
         : comm_(comm), dir_(std::move(directory)), options_(std::move(options)), job_size_(comm.size()) {
         options_.layout.require_replicas(comm.size(), "a last-words checkpoint");
+        if (options_.watch_signals) signals_ = std::make_shared<detail::WatchedSignals>();
         boost::system::error_code ec;
         fs::create_directories(dir_, ec);
         if (ec) throw ckpt::IoError("cannot create last-words directory '" + dir_.string() + "': " + ec.message(), dir_.string(), ec.value());
@@ -396,6 +402,7 @@ private:
         }
     }
 
+    std::shared_ptr<detail::WatchedSignals> signals_;  // SIGTERM and co. turned into a flag while this lives
     Comm& comm_;
     fs::path dir_;
     LastWordsOptions<Sel> options_;

@@ -18,11 +18,23 @@
 namespace fault {
 
 struct LaunchEnv {
-    int rank = 0;
-    int world_size = 1;
+    int rank = 0;               ///< RANK (or MS_NODE_ID); 0 when no launcher set it
+    int world_size = 1;         ///< WORLD_SIZE (or MS_WORKER_NUM); 1 when no launcher set it
+    bool launched = false;      ///< whether a launcher set RANK and WORLD_SIZE (or their aliases)
     std::string store;          ///< empty when CKPT_STORE is not set
     std::string recovery_path;  ///< MS_RECOVERY_PATH, or empty
-    int restarts = 0;
+    int restarts = 0;           ///< CKPT_RESTARTS: how often ckpt-run started this worker again
+
+    /// CKPT_STORE, the store every worker of the job meets in; a ConfigError saying how to
+    /// set it when no launcher did.
+    const std::string& store_url() const {
+        if (store.empty())
+            throw ckpt::ConfigError(std::string("environment: CKPT_STORE is not set") +
+                                    (launched ? "" : ", nor RANK and WORLD_SIZE") +
+                                    ": start the workers with ckpt-run (ckpt-run --nproc N --store file:///dir -- PROGRAM), "
+                                    "or set CKPT_STORE=file:///dir or redis://host:port with RANK and WORLD_SIZE");
+        return store;
+    }
 };
 
 namespace detail {
@@ -70,6 +82,7 @@ inline LaunchEnv launch_env() {
     if (rank) {
         e.rank = *rank;
         e.world_size = *world;
+        e.launched = true;
     }
     if (e.world_size < 1) throw ckpt::ConfigError("environment: WORLD_SIZE=" + std::to_string(e.world_size) + ": at least 1");
     if (e.rank < 0 || e.rank >= e.world_size)

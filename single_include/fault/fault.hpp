@@ -2602,6 +2602,7 @@ private:
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <signal.h>
 #include <string>
@@ -2659,11 +2660,19 @@ struct AvoidRanks {
 
 }  // namespace fault
 // Termination signals for data-parallel training: the core's flag (ckpt/preemption.hpp),
-// agreed on by every rank through LastWordsCheckpoint (watch_signals).
+// agreed on by every rank through LastWordsCheckpoint (watch_signals, on by default). A
+// LastWordsCheckpoint watches them for as long as it lives when the program does not handle
+// SIGTERM itself: a launcher stopping the job (ckpt-run, after a worker failed for good)
+// then ends training at a step with last words instead of killing the survivors before
+// they save.
 //
-//   fault::TerminationSignals signals;            // installs; the destructor restores
-//   fault::LastWordsCheckpoint last_words(comm, dir, {.watch_signals = true});
+//   fault::LastWordsCheckpoint last_words(comm, dir);   // SIGTERM: last words, then Preempted
 //   try { trainer.train(…); } catch (const fault::Preempted& p) { return fault::preempted_exit_status; }
+
+#include <signal.h>
+
+#include <mutex>
+#include <optional>
 
 
 namespace fault {
@@ -2671,6 +2680,43 @@ namespace fault {
 using ckpt::preempted_exit_status;
 using ckpt::Preempted;
 using ckpt::TerminationSignals;
+
+namespace detail {
+
+/// Termination signals watched while any holder lives (one installation per process, for
+/// ranks on threads too), unless the program already handles SIGTERM (its own
+/// TerminationSignals among others): then nothing is installed.
+class WatchedSignals {
+public:
+    WatchedSignals() {
+        std::lock_guard lock(mutex());
+        if (users()++ > 0) return;
+        struct sigaction current {};
+        if (::sigaction(SIGTERM, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) installed().emplace();
+    }
+    ~WatchedSignals() {
+        std::lock_guard lock(mutex());
+        if (--users() == 0) installed().reset();
+    }
+    WatchedSignals(const WatchedSignals&) = delete;
+    WatchedSignals& operator=(const WatchedSignals&) = delete;
+
+private:
+    static std::mutex& mutex() {
+        static std::mutex m;
+        return m;
+    }
+    static int& users() {
+        static int n = 0;
+        return n;
+    }
+    static std::optional<TerminationSignals>& installed() {
+        static std::optional<TerminationSignals> s;
+        return s;
+    }
+};
+
+}  // namespace detail
 
 }  // namespace fault
 
@@ -2695,7 +2741,11 @@ template <ReplicaSelector Sel = LowestHealthyRank>
 struct LastWordsOptions {
     Sel selector{};
     ShardLayout layout{};        ///< the optimizer's; the replica groups follow from it
-    bool watch_signals = false;  ///< also on SIGTERM/SIGINT (see LastWordsCheckpoint::on_step_end)
+    /// Also on SIGTERM/SIGINT/SIGUSR1 (see LastWordsCheckpoint::on_step_end), watched for as
+    /// long as the checkpoint lives when the program does not handle them itself. false:
+    /// signals are left to the program, and a launcher's SIGTERM may end a survivor before
+    /// it saves.
+    bool watch_signals = true;
     /// Where this rank's optimizer-state pieces sit (a DataParallelOptimizer's piece_map).
     /// With it, or without sharding, the step directory also holds a global index,
     /// index-step_{g}.ckpt, to load the last words on another number of ranks.
@@ -2831,6 +2881,7 @@ public:
     LastWordsCheckpoint(Comm& comm, ckpt::PathArg directory = "ttp_checkpoints", LastWordsOptions<Sel> options = {})
         : comm_(comm), dir_(std::move(directory)), options_(std::move(options)), job_size_(comm.size()) {
         options_.layout.require_replicas(comm.size(), "a last-words checkpoint");
+        if (options_.watch_signals) signals_ = std::make_shared<detail::WatchedSignals>();
         boost::system::error_code ec;
         fs::create_directories(dir_, ec);
         if (ec) throw ckpt::IoError("cannot create last-words directory '" + dir_.string() + "': " + ec.message(), dir_.string(), ec.value());
@@ -3014,6 +3065,7 @@ private:
         }
     }
 
+    std::shared_ptr<detail::WatchedSignals> signals_;  // SIGTERM and co. turned into a flag while this lives
     Comm& comm_;
     fs::path dir_;
     LastWordsOptions<Sel> options_;
@@ -3057,11 +3109,23 @@ inline std::optional<fs::path> latest_last_words(const ckpt::PathArg& dir, const
 namespace fault {
 
 struct LaunchEnv {
-    int rank = 0;
-    int world_size = 1;
+    int rank = 0;               ///< RANK (or MS_NODE_ID); 0 when no launcher set it
+    int world_size = 1;         ///< WORLD_SIZE (or MS_WORKER_NUM); 1 when no launcher set it
+    bool launched = false;      ///< whether a launcher set RANK and WORLD_SIZE (or their aliases)
     std::string store;          ///< empty when CKPT_STORE is not set
     std::string recovery_path;  ///< MS_RECOVERY_PATH, or empty
-    int restarts = 0;
+    int restarts = 0;           ///< CKPT_RESTARTS: how often ckpt-run started this worker again
+
+    /// CKPT_STORE, the store every worker of the job meets in; a ConfigError saying how to
+    /// set it when no launcher did.
+    const std::string& store_url() const {
+        if (store.empty())
+            throw ckpt::ConfigError(std::string("environment: CKPT_STORE is not set") +
+                                    (launched ? "" : ", nor RANK and WORLD_SIZE") +
+                                    ": start the workers with ckpt-run (ckpt-run --nproc N --store file:///dir -- PROGRAM), "
+                                    "or set CKPT_STORE=file:///dir or redis://host:port with RANK and WORLD_SIZE");
+        return store;
+    }
 };
 
 namespace detail {
@@ -3109,6 +3173,7 @@ inline LaunchEnv launch_env() {
     if (rank) {
         e.rank = *rank;
         e.world_size = *world;
+        e.launched = true;
     }
     if (e.world_size < 1) throw ckpt::ConfigError("environment: WORLD_SIZE=" + std::to_string(e.world_size) + ": at least 1");
     if (e.rank < 0 || e.rank >= e.world_size)
