@@ -286,6 +286,34 @@ TEST_CASE("every save of per-rank checkpoints gets a global index, and the index
     const std::uint64_t half = 784 * 512 / 2;
     CHECK(pieces == std::vector<std::pair<std::uint64_t, std::int64_t>>{{0, 0}, {0, 2}, {half, 1}, {half, 3}});
 
+    // a damaged chunk in the files of step 8: verifying finds it and takes step 6's index, and
+    // a resharding load that meets it falls back to step 6 on every rank, saying why
+    std::vector<fs::path> step8;  // every rank's file of step 8
+    for (const auto& p : index.pieces)
+        if (std::find(step8.begin(), step8.end(), dir.path() / p.file) == step8.end()) step8.push_back(dir.path() / p.file);
+    REQUIRE(step8.size() == ranks);
+    for (const auto& file : step8) test::flip_bit(file, fs::file_size(file) - 100);
+    {
+        test::LogCapture log;
+        CHECK(fault::latest_global_index(dir.path()) == indexes[1].second);
+        CHECK(fault::latest_global_index(dir.path(), /*verify_files=*/false) == indexes[0].second);
+        std::vector<std::int64_t> loaded(ranks, -1);
+        fault::ThreadGroup again(ranks, std::chrono::seconds(20));
+        fault::run_ranks(again, [&](fault::ThreadComm& comm) {
+            nn::UceNet net(7);
+            test::DpStack stack(net, comm, 2);
+            nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+            const auto got = fault::load_latest_resharded(comm, dir.path(), trainer.load_target(), stack.opt().piece_map());
+            REQUIRE(got);
+            loaded[static_cast<std::size_t>(comm.rank())] = got->global_step;
+        }).rethrow();
+        CHECK(loaded == std::vector<std::int64_t>(ranks, 6));
+        CHECK(std::any_of(log.warnings.begin(), log.warnings.end(), [](const std::string& w) {
+            return w.find("global index of step 8 does not load") != std::string::npos;
+        }));
+    }
+    for (const auto& file : step8) test::flip_bit(file, fs::file_size(file) - 100);  // undone, for what follows
+
     // a file of step 8 gone: the index of step 8 is passed over, step 6's is the newest whole one
     const auto gone = std::find_if(index.pieces.begin(), index.pieces.end(), [](const ckpt::TensorPiece& p) { return p.rank == 3; });
     REQUIRE(gone != index.pieces.end());

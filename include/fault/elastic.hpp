@@ -16,6 +16,7 @@
 
 #include <boost/filesystem.hpp>
 
+#include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -37,33 +38,55 @@ struct ElasticResume {
     ckpt::ReshardedState state;
 };
 
-/// Every rank of a generation together: rank 0 finds the newest global index in `dir` that
-/// verifies and whose files are all there (`dir` must be readable by every rank: a shared
-/// filesystem across hosts), every rank loads its pieces of it for the places `places` says
-/// (ckpt::load_resharded into tensors like `like`; `opts`: the key of encrypted files).
-/// Nothing when there is no index: a fresh start. A collective.
+/// Every rank of a generation together: rank 0 finds the newest global index in `dir` whose
+/// index verifies and whose files are all there (`dir` must be readable by every rank: a
+/// shared filesystem across hosts), every rank loads its pieces of it for the places `places`
+/// says (ckpt::load_resharded into tensors like `like`, each chunk checked; `opts`: the key of
+/// encrypted files). When a rank's pieces do not load (a chunk that fails its checksum, a
+/// damaged file), every rank says so and they go on to the next older index together, as
+/// latest() falls back past a damaged file. Nothing when no index loads: a fresh start. A
+/// collective.
 template <Communicator Comm>
 std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
                                                    const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
-    struct Found {
-        std::int64_t step;
+    struct Record {
+        std::int64_t value;
     };
-    Found mine{-1};
-    if (comm.rank() == 0)
-        if (const auto latest = latest_global_index(dir)) mine.step = ckpt::read_global_index(*latest).global_step;
-    const std::int64_t step = detail::allgather_records(comm, mine)[0].step;
-    if (step < 0) return std::nullopt;
-    ElasticResume r;
-    r.index = global_index_path(dir, step);
-    const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
-    if (index.global_step != step)
-        throw ckpt::FormatError("'" + r.index.string() + "' holds the index of step " + std::to_string(index.global_step) +
-                                    ", rank 0 chose step " + std::to_string(step),
-                                r.index.string());
-    r.global_step = step;
-    r.saved_by = static_cast<int>(index.world_size);
-    r.state = ckpt::load_resharded(r.index, like, places, opts);
-    return r;
+    for (std::int64_t before = INT64_MAX;;) {
+        Record mine{-1};
+        if (comm.rank() == 0)
+            if (const auto latest = latest_global_index(dir, /*verify_files=*/false, before))
+                mine.value = ckpt::read_global_index(*latest).global_step;
+        const std::int64_t step = detail::allgather_records(comm, mine)[0].value;
+        if (step < 0) return std::nullopt;
+        ElasticResume r;
+        r.index = global_index_path(dir, step);
+        std::string why;
+        try {
+            const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
+            if (index.global_step != step)
+                throw ckpt::FormatError("'" + r.index.string() + "' holds the index of step " +
+                                            std::to_string(index.global_step) + ", rank 0 chose step " + std::to_string(step),
+                                        r.index.string());
+            r.global_step = step;
+            r.saved_by = static_cast<int>(index.world_size);
+            r.state = ckpt::load_resharded(r.index, like, places, opts);
+        } catch (const ckpt::KeyError&) {
+            throw;  // another key opens no older index either
+        } catch (const ckpt::FormatError& e) {  // damage (ChecksumError among them): an older index may serve
+            why = e.what();
+        }
+        // every rank learns which ranks could not load their pieces
+        const auto failed = detail::allgather_records(comm, Record{why.empty() ? 0 : 1});
+        std::string ranks;
+        for (std::size_t i = 0; i < failed.size(); ++i)
+            if (failed[i].value) ranks += (ranks.empty() ? "" : ", ") + std::to_string(i);
+        if (ranks.empty()) return r;
+        ckpt::detail::log(ckpt::LogLevel::warning,
+                          "global index of step " + std::to_string(step) + " does not load on rank(s) " + ranks +
+                              (why.empty() ? "" : " (here: " + why + ")") + "; trying the next older index");
+        before = step;
+    }
 }
 
 /// Thrown by TakeInJoiners on every rank of a generation at the same step, once that step's

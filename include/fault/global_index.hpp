@@ -17,6 +17,7 @@
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -134,11 +135,37 @@ inline std::optional<std::string> global_index_problem(const boost::filesystem::
 
 }  // namespace detail
 
-/// The newest global index in `dir` that verifies and whose files are all there (each
-/// piece's chunks are checked when it is loaded); nothing when there is none.
-inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir) {
+namespace detail {
+
+/// Why a file the index at `path` names fails its checksum, or nothing when all verify.
+inline std::optional<std::string> global_index_files_problem(const boost::filesystem::path& path) {
+    try {
+        const auto index = ckpt::read_global_index(path);
+        std::vector<std::string> checked;
+        for (const auto& p : index.pieces) {
+            if (std::find(checked.begin(), checked.end(), p.file) != checked.end()) continue;
+            checked.push_back(p.file);
+            ckpt::verify_checkpoint(path.parent_path() / p.file);
+        }
+    } catch (const ckpt::Error& e) {
+        return e.what();
+    }
+    return std::nullopt;
+}
+
+}  // namespace detail
+
+/// The newest global index in `dir` that verifies, whose files are all there and, with
+/// `verify_files` (the default), whose files pass their checksums, as latest() checks a
+/// checkpoint; older indexes are tried in turn, each one passed over with a warning saying
+/// why. Nothing when there is none. Verifying reads every file of the step; without it,
+/// each piece's chunks are still checked when it is loaded.
+inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir, bool verify_files = true,
+                                                                  std::int64_t before_step = INT64_MAX) {
     for (const auto& [step, path] : detail::global_indexes(dir)) {
-        const auto why = detail::global_index_problem(path);
+        if (step >= before_step) continue;
+        auto why = detail::global_index_problem(path);
+        if (!why && verify_files) why = detail::global_index_files_problem(path);
         if (!why) return path;
         ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index of step " + std::to_string(step) + ": " + *why);
     }

@@ -944,6 +944,7 @@ private:
 
 #include <boost/filesystem.hpp>
 
+#include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -967,6 +968,7 @@ private:
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -1777,11 +1779,37 @@ inline std::optional<std::string> global_index_problem(const boost::filesystem::
 
 }  // namespace detail
 
-/// The newest global index in `dir` that verifies and whose files are all there (each
-/// piece's chunks are checked when it is loaded); nothing when there is none.
-inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir) {
+namespace detail {
+
+/// Why a file the index at `path` names fails its checksum, or nothing when all verify.
+inline std::optional<std::string> global_index_files_problem(const boost::filesystem::path& path) {
+    try {
+        const auto index = ckpt::read_global_index(path);
+        std::vector<std::string> checked;
+        for (const auto& p : index.pieces) {
+            if (std::find(checked.begin(), checked.end(), p.file) != checked.end()) continue;
+            checked.push_back(p.file);
+            ckpt::verify_checkpoint(path.parent_path() / p.file);
+        }
+    } catch (const ckpt::Error& e) {
+        return e.what();
+    }
+    return std::nullopt;
+}
+
+}  // namespace detail
+
+/// The newest global index in `dir` that verifies, whose files are all there and, with
+/// `verify_files` (the default), whose files pass their checksums, as latest() checks a
+/// checkpoint; older indexes are tried in turn, each one passed over with a warning saying
+/// why. Nothing when there is none. Verifying reads every file of the step; without it,
+/// each piece's chunks are still checked when it is loaded.
+inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir, bool verify_files = true,
+                                                                  std::int64_t before_step = INT64_MAX) {
     for (const auto& [step, path] : detail::global_indexes(dir)) {
-        const auto why = detail::global_index_problem(path);
+        if (step >= before_step) continue;
+        auto why = detail::global_index_problem(path);
+        if (!why && verify_files) why = detail::global_index_files_problem(path);
         if (!why) return path;
         ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index of step " + std::to_string(step) + ": " + *why);
     }
@@ -2483,33 +2511,55 @@ struct ElasticResume {
     ckpt::ReshardedState state;
 };
 
-/// Every rank of a generation together: rank 0 finds the newest global index in `dir` that
-/// verifies and whose files are all there (`dir` must be readable by every rank: a shared
-/// filesystem across hosts), every rank loads its pieces of it for the places `places` says
-/// (ckpt::load_resharded into tensors like `like`; `opts`: the key of encrypted files).
-/// Nothing when there is no index: a fresh start. A collective.
+/// Every rank of a generation together: rank 0 finds the newest global index in `dir` whose
+/// index verifies and whose files are all there (`dir` must be readable by every rank: a
+/// shared filesystem across hosts), every rank loads its pieces of it for the places `places`
+/// says (ckpt::load_resharded into tensors like `like`, each chunk checked; `opts`: the key of
+/// encrypted files). When a rank's pieces do not load (a chunk that fails its checksum, a
+/// damaged file), every rank says so and they go on to the next older index together, as
+/// latest() falls back past a damaged file. Nothing when no index loads: a fresh start. A
+/// collective.
 template <Communicator Comm>
 std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
                                                    const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
-    struct Found {
-        std::int64_t step;
+    struct Record {
+        std::int64_t value;
     };
-    Found mine{-1};
-    if (comm.rank() == 0)
-        if (const auto latest = latest_global_index(dir)) mine.step = ckpt::read_global_index(*latest).global_step;
-    const std::int64_t step = detail::allgather_records(comm, mine)[0].step;
-    if (step < 0) return std::nullopt;
-    ElasticResume r;
-    r.index = global_index_path(dir, step);
-    const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
-    if (index.global_step != step)
-        throw ckpt::FormatError("'" + r.index.string() + "' holds the index of step " + std::to_string(index.global_step) +
-                                    ", rank 0 chose step " + std::to_string(step),
-                                r.index.string());
-    r.global_step = step;
-    r.saved_by = static_cast<int>(index.world_size);
-    r.state = ckpt::load_resharded(r.index, like, places, opts);
-    return r;
+    for (std::int64_t before = INT64_MAX;;) {
+        Record mine{-1};
+        if (comm.rank() == 0)
+            if (const auto latest = latest_global_index(dir, /*verify_files=*/false, before))
+                mine.value = ckpt::read_global_index(*latest).global_step;
+        const std::int64_t step = detail::allgather_records(comm, mine)[0].value;
+        if (step < 0) return std::nullopt;
+        ElasticResume r;
+        r.index = global_index_path(dir, step);
+        std::string why;
+        try {
+            const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
+            if (index.global_step != step)
+                throw ckpt::FormatError("'" + r.index.string() + "' holds the index of step " +
+                                            std::to_string(index.global_step) + ", rank 0 chose step " + std::to_string(step),
+                                        r.index.string());
+            r.global_step = step;
+            r.saved_by = static_cast<int>(index.world_size);
+            r.state = ckpt::load_resharded(r.index, like, places, opts);
+        } catch (const ckpt::KeyError&) {
+            throw;  // another key opens no older index either
+        } catch (const ckpt::FormatError& e) {  // damage (ChecksumError among them): an older index may serve
+            why = e.what();
+        }
+        // every rank learns which ranks could not load their pieces
+        const auto failed = detail::allgather_records(comm, Record{why.empty() ? 0 : 1});
+        std::string ranks;
+        for (std::size_t i = 0; i < failed.size(); ++i)
+            if (failed[i].value) ranks += (ranks.empty() ? "" : ", ") + std::to_string(i);
+        if (ranks.empty()) return r;
+        ckpt::detail::log(ckpt::LogLevel::warning,
+                          "global index of step " + std::to_string(step) + " does not load on rank(s) " + ranks +
+                              (why.empty() ? "" : " (here: " + why + ")") + "; trying the next older index");
+        before = step;
+    }
 }
 
 /// Thrown by TakeInJoiners on every rank of a generation at the same step, once that step's
