@@ -65,9 +65,18 @@ TEST_CASE("agree_on_checkpoint picks the newest step every rank holds, each rank
     }
     CHECK(test::fs::exists(torn));  // offered by nobody, deleted by nobody
 
-    // a rank with nothing: no common step, a fresh start everywhere
+    // a rank with nothing (the job restarted on more ranks): no common step, a fresh start
+    // everywhere, and every rank can say what was found and why it cannot be used
     dirs.push_back(tmp / "rank_3");
-    for (const auto& g : agree(dirs)) CHECK_FALSE(g.file);
+    test::LogCapture quiet;  // rank 2's torn file, not offered
+    for (const auto& g : agree(dirs)) {
+        CHECK_FALSE(g.file);
+        CHECK(g.why_none.find("rank 1 holds epoch 1 step 20 and 3 older") != std::string::npos);
+        CHECK(g.why_none.find("rank(s) 3 hold none") != std::string::npos);
+    }
+    // nothing anywhere: nothing to say
+    std::vector<test::fs::path> empty{tmp / "e0", tmp / "e1"};
+    for (const auto& g : agree(empty)) CHECK(g.why_none.empty());
 }
 
 TEST_CASE("membership: a worker asking for a generation the job has left behind is told so") {

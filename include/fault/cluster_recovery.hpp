@@ -31,6 +31,11 @@ struct AgreedCheckpoint {
     std::optional<boost::filesystem::path> file;  ///< empty: no step is held by every rank; start afresh
     std::int64_t epoch = 0;                       ///< as named in the file (the seed's "{prefix}-{epoch}_{step}")
     std::int64_t step = 0;
+    /// Without a file: what the ranks hold and why none of it can be used ("rank 0 holds epoch
+    /// 2 step 80 and 1 older; ranks 2, 3 hold none"), the same on every rank; empty when no
+    /// rank holds any checkpoint of the prefix. Say it: a fresh start over checkpoints that
+    /// exist is never silent.
+    std::string why_none;
 };
 
 namespace detail {
@@ -42,6 +47,28 @@ struct CheckpointOffer {
     std::int64_t epoch[slots];
     std::int64_t step[slots];
 };
+
+/// What the offers hold, when no step is in all of them; empty when none holds anything.
+inline std::string why_no_common_step(const std::vector<CheckpointOffer>& offers, std::string_view prefix) {
+    std::string held, none;
+    std::size_t holders = 0;
+    for (std::size_t r = 0; r < offers.size(); ++r) {
+        std::size_t n = 0;
+        while (n < CheckpointOffer::slots && offers[r].step[n] >= 0) ++n;
+        if (n == 0) {
+            none += (none.empty() ? "" : ", ") + std::to_string(r);
+            continue;
+        }
+        ++holders;
+        held += (held.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " holds epoch " +
+                                             std::to_string(offers[r].epoch[0]) + " step " +
+                                             std::to_string(offers[r].step[0])) +
+                (n > 1 ? " and " + std::to_string(n - 1) + " older" : "");
+    }
+    if (holders == 0) return {};
+    return "no step of prefix '" + std::string(prefix) + "' is held by every rank: " + held +
+           (none.empty() ? "" : "; rank(s) " + none + " hold none (another number of ranks, prefix or directory?)");
+}
 
 }  // namespace detail
 
@@ -83,9 +110,9 @@ AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::
                 if (o.epoch[i] == key.first && o.step[i] == key.second) return true;
             return false;
         });
-        if (everyone) return {candidate.second, key.first, key.second};
+        if (everyone) return {candidate.second, key.first, key.second, {}};
     }
-    return {};
+    return {std::nullopt, 0, 0, detail::why_no_common_step(offers, prefix)};
 }
 
 }  // namespace fault
