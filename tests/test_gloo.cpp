@@ -152,6 +152,29 @@ TEST_CASE("GlooComm: a SIGKILLed rank is named by every survivor's PeerFailure, 
     }
 }
 
+TEST_CASE("GlooComm: options no wait can keep are refused at once, naming the field") {
+    test::TempDir dir;
+    auto store = fault::open_store("file://" + (dir / "store").string());
+    const auto refused = [&](fault::GlooOptions o, const std::string& field) {
+        CAPTURE(field);
+        const auto start = std::chrono::steady_clock::now();
+        CHECK_THROWS_WITH_AS(fault::GlooComm(*store, 0, 1, o), doctest::Contains(("GlooOptions::" + field).c_str()),
+                             ckpt::ConfigError);
+        CHECK(std::chrono::steady_clock::now() - start < 1s);
+    };
+    const auto with = [](auto set) {
+        fault::GlooOptions o;
+        set(o);
+        return o;
+    };
+    refused(with([](auto& o) { o.timeout = 0ms; }), "timeout");
+    refused(with([](auto& o) { o.timeout = -5ms; }), "timeout");
+    refused(with([](auto& o) { o.lease = 0ms; }), "lease");
+    refused(with([](auto& o) { o.cooldown = -1ms; }), "cooldown");
+    refused(with([](auto& o) { o.elastic = -1ms; }), "elastic");
+    refused(with([](auto& o) { o.address.clear(); }), "address");
+}
+
 TEST_CASE("GlooComm: a size mismatch fails on both sides, a taken rank and a wrong world size are refused") {
     test::TempDir dir;
     const auto url = "file://" + (dir / "store").string();

@@ -164,6 +164,11 @@ TEST_CASE("the AscendModel: a UCE surfaces on the next touch, stop, clean, repai
     dev.attach("b", b);
     CHECK_THROWS_WITH_AS(dev.attach("c", c), doctest::Contains("'c' needs 64 bytes, 0 of 64 are free"),
                          fault::DeviceOutOfMemory);
+    CHECK(dev.holds("a"));
+    CHECK_FALSE(dev.holds("c"));
+    // an injection aimed at a tensor the device does not hold is refused when it is set up
+    CHECK_THROWS_WITH_AS(fault::InjectUce(dev, "nosuch", 40, 0), doctest::Contains("holds no tensor 'nosuch'"),
+                         ckpt::ConfigError);
     dev.inject_uce("b", 2, 3);
     CHECK(b[2] != 2.0f);  // the bits are really damaged
     CHECK(dev.health() == fault::Health::healthy);  // not yet noticed

@@ -95,9 +95,10 @@ constexpr const char* options_text =
 
 Options parse(int argc, char** argv) {
     Options o;
+    bool ranks_given = false;
     examples::Cli cli(argc, argv, usage_text, options_text);
     while (const auto a = cli.next()) {
-        if (*a == "--ranks") o.ranks = static_cast<int>(cli.count());
+        if (*a == "--ranks") o.ranks = static_cast<int>(cli.count()), ranks_given = true;
         else if (*a == "--shard-size") o.shard_size = static_cast<int>(cli.count());
         else if (*a == "--fail-rank") o.fail_rank = static_cast<int>(cli.count());
         else if (*a == "--fail-step") o.fail_step = cli.count();
@@ -111,7 +112,13 @@ Options parse(int argc, char** argv) {
         else if (*a == "--dir") o.dir = cli.value();
         else cli.unknown();
     }
-    if (const auto env = fault::launch_env(); !env.store.empty()) o.ranks = env.world_size;  // one rank per process
+    if (const auto env = fault::launch_env(); !env.store.empty()) {  // one rank per process
+        if (ranks_given && o.ranks != env.world_size)
+            cli.fail("--ranks " + std::to_string(o.ranks) + " differs from the launcher's WORLD_SIZE " +
+                     std::to_string(env.world_size) + ": under ckpt-run, --nproc sets the ranks");
+        o.ranks = env.world_size;
+    }
+    if (o.fault && o.fail_step < 1) cli.fail("--fail-step must be at least 1 (a step that ends)");
     if (o.ranks < 2) cli.fail("--ranks must be at least 2: the last words come from a replica");
     if (o.fault && o.fail_rank >= o.ranks) cli.fail("--fail-rank must be below --ranks");
     if (o.epochs < 1) cli.fail("--epochs must be at least 1");
@@ -155,6 +162,10 @@ void train_rank(Comm& comm, const Options& o, const fs::path& from, Failure fail
     using Opt = nn::FailingOptimizer<DpOpt>;
     const fault::ShardLayout layout{o.shard_size};
     auto data = examples::seed_dp_dataset(o.data, o.limit, o.ranks, comm.rank());
+    if (o.fault && o.fail_step > o.epochs * data.steps_per_epoch())
+        throw ckpt::ConfigError("--fail-step " + std::to_string(o.fail_step) + " is past the last step, " +
+                                std::to_string(o.epochs * data.steps_per_epoch()) + " (" + std::to_string(o.epochs) +
+                                " epochs of " + std::to_string(data.steps_per_epoch()) + " steps): nothing would fail");
     Net net;  // every rank starts from the same seed
     // SGD(0.01) in the seed's OptTFTWrapper, its state sharded as the layout says
     fault::ShardedOptimizer<nn::SGD, Comm> sgd(net.parameters(), comm, layout, 1e-2);

@@ -102,6 +102,7 @@ Options parse(int argc, char** argv) {
     }
     if (o.ranks < 2) cli.fail("--ranks must be at least 2: the repair copies from a replica");
     if (o.fault && o.fail_rank >= o.ranks) cli.fail("--fail-rank must be below --ranks");
+    if (o.fault && o.fail_step < 1) cli.fail("--fail-step must be at least 1 (a step that ends)");
     if (o.epochs < 1) cli.fail("--epochs must be at least 1");
     return o;
 }

@@ -174,6 +174,11 @@ public:
                                     mem_error_code, std::string(name));
         }
     }
+    /// Whether a tensor of this name is attached.
+    bool holds(std::string_view name) const {
+        std::lock_guard lock(m_);
+        return tensors_.contains(std::string(name));
+    }
     void touch_all() {
         std::vector<std::string> names;
         {

@@ -299,10 +299,31 @@ private:
     // What the communicators of one process in one job share, generation after generation.
     struct Job {
         Job(Store& store, int rank, int size, GlooOptions o)
-            : scoped(store, o.prefix), members(scoped, rank, size, {o.lease, o.cooldown, o.timeout}), options(std::move(o)) {}
+            : options(checked(std::move(o))), scoped(store, options.prefix),
+              members(scoped, rank, size, {options.lease, options.cooldown, options.timeout}) {}
+        GlooOptions options;  // first: checked before anything uses it
         PrefixStore scoped;
         Membership members;
-        GlooOptions options;
+
+        /// Refuses options no wait can keep, naming the field.
+        static GlooOptions checked(GlooOptions o) {
+            auto positive = [](const char* field, std::chrono::milliseconds v) {
+                if (v.count() <= 0)
+                    throw ckpt::ConfigError(std::string("GlooOptions::") + field + " must be positive, got " +
+                                            std::to_string(v.count()) + " ms");
+            };
+            positive("timeout", o.timeout);
+            positive("lease", o.lease);
+            positive("join_timeout", o.join_timeout);
+            if (o.cooldown.count() < 0)
+                throw ckpt::ConfigError("GlooOptions::cooldown must not be negative, got " +
+                                        std::to_string(o.cooldown.count()) + " ms");
+            if (o.elastic && o.elastic->count() < 0)
+                throw ckpt::ConfigError("GlooOptions::elastic must not be negative, got " +
+                                        std::to_string(o.elastic->count()) + " ms");
+            if (o.address.empty()) throw ckpt::ConfigError("GlooOptions::address is empty: give this rank's address");
+            return o;
+        }
     };
 
     GlooComm(std::shared_ptr<Job> job, Generation gen) : job_(std::move(job)) { connect(std::move(gen)); }

@@ -203,6 +203,11 @@ public:
                                     mem_error_code, std::string(name));
         }
     }
+    /// Whether a tensor of this name is attached.
+    bool holds(std::string_view name) const {
+        std::lock_guard lock(m_);
+        return tensors_.contains(std::string(name));
+    }
     void touch_all() {
         std::vector<std::string> names;
         {
@@ -4060,8 +4065,15 @@ private:
 template <class Device>
 class InjectUce {
 public:
+    /// A device that can say which tensors it holds must hold `tensor` (unless `global_step`
+    /// is 0: no injection): a wrong name is a ConfigError now, not a failure at that step.
     InjectUce(Device& device, std::string tensor, std::int64_t global_step, int rank, bool repairable = true)
-        : device_(device), tensor_(std::move(tensor)), step_(global_step), rank_(rank), repairable_(repairable) {}
+        : device_(device), tensor_(std::move(tensor)), step_(global_step), rank_(rank), repairable_(repairable) {
+        if constexpr (requires { { device.holds(tensor_) } -> std::convertible_to<bool>; })
+            if (step_ > 0 && !device.holds(tensor_))  // step 0 never fires: nothing to check
+                throw ckpt::ConfigError("InjectUce: the device holds no tensor '" + tensor_ +
+                                        "' (attach the state first; names as in the checkpoint, e.g. layer2.weight)");
+    }
     void on_step_end(nn::RunContext& ctx) {
         if (fired_ || ctx.global_step != step_ || ctx.rank != rank_) return;
         fired_ = true;
