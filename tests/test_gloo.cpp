@@ -189,8 +189,11 @@ TEST_CASE("GlooComm: a size mismatch fails on both sides, a taken rank and a wro
     {  // rank 1 is claimed twice in one generation
         test::Process a({CKPT_GLOO_WORKER, "collectives", url, "twice/", "1", "2", "1500"}, (dir / "a.log").string());
         store->wait("twice/node/1", 10s);
-        test::Process b({CKPT_GLOO_WORKER, "collectives", url, "twice/", "1", "2", "1500"}, (dir / "b.log").string());
+        // a long timeout: the duplicate is named within a lease (1.5 s), not after it
+        const auto started = std::chrono::steady_clock::now();
+        test::Process b({CKPT_GLOO_WORKER, "collectives", url, "twice/", "1", "2", "20000"}, (dir / "b.log").string());
         CHECK(b.wait(20s) == 1);
+        CHECK(std::chrono::steady_clock::now() - started < 8s);
         CHECK(b.output().find("node id 1 in " + url + " (keys under 'twice/') is held by a live worker") != std::string::npos);
         CHECK(a.wait(20s) == 1);  // and the first gives up in time: rank 0 never came
     }

@@ -112,7 +112,10 @@ private:
 }  // namespace detail
 
 struct GlooOptions {
-    std::chrono::milliseconds timeout = std::chrono::seconds(30);  ///< every call, the rendezvous included
+    /// Every call, the rendezvous included. Forming a generation (the constructor, regroup())
+    /// waits up to twice this, plus the cooldown for a node started anew: a survivor may still
+    /// be in a call that ends only at its timeout before it comes.
+    std::chrono::milliseconds timeout = std::chrono::seconds(30);
     std::string address = "127.0.0.1";  ///< the address this rank listens on (its interface toward the others)
     std::string prefix;                 ///< the job's keys in the store: several jobs can share one
     /// A rank on another host counts as dead when its heartbeat in the store has not moved

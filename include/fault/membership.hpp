@@ -320,9 +320,11 @@ private:
         return now - w.since < options_.lease;
     }
 
-    // Claims node/<id>; waits out the cooldown of a dead holder; refuses a live one.
+    // Claims node/<id>; waits out the cooldown of a dead holder; refuses a live one within a
+    // lease (time for a predecessor that is just exiting to be gone), not the whole timeout:
+    // two workers started with one node id are a mistake to name at once.
     void claim() {
-        const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+        const auto deadline = std::chrono::steady_clock::now() + std::min(options_.timeout, options_.lease);
         for (;;) {
             if (store_.create(node_key(id_), me_)) return;
             const auto holder = store_.get(node_key(id_));
