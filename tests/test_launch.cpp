@@ -159,4 +159,14 @@ TEST_CASE("ckpt-run forwards SIGTERM to the workers and exits with 128 + 15, bad
     test::Process nostore({CKPT_RUN, "--nproc", "2", "--", "/bin/true"}, (dir / "nostore.log").string());
     CHECK(nostore.wait(10s) == 2);
     CHECK(nostore.output().find("--store is required") != std::string::npos);
+    // a store no worker could open is named before any worker starts
+    const auto missing = "file://" + (dir / "no" / "such" / "store").string();
+    test::Process unreachable({CKPT_RUN, "--nproc", "2", "--store", missing, "--", "/bin/true"},
+                              (dir / "unreachable.log").string());
+    CHECK(unreachable.wait(10s) == 2);
+    CHECK(unreachable.output().find("the directory '" + (dir / "no" / "such").string() + "' that would hold it does not exist") !=
+          std::string::npos);
+    test::Process scheme({CKPT_RUN, "--nproc", "2", "--store", "tcp://x", "--", "/bin/true"}, (dir / "scheme.log").string());
+    CHECK(scheme.wait(10s) == 2);
+    CHECK(scheme.output().find("expected file:///dir or redis://host:port") != std::string::npos);
 }

@@ -18,11 +18,13 @@
 // arguments.
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -135,6 +137,25 @@ int main(int argc, char** argv) {
     if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
     if (rest.empty()) {
         std::fprintf(stderr, "ckpt-run: no program given after --\nRun 'ckpt-run --help' for usage.\n");
+        return 2;
+    }
+    // A store the workers could never open is named now, not by every worker as it starts.
+    if (store.rfind("file://", 0) == 0) {
+        std::string dir = store.substr(7);
+        while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+        if (dir.empty() || dir.front() != '/') {
+            std::fprintf(stderr, "ckpt-run: --store %s: a file store needs an absolute path (file:///dir)\n", store.c_str());
+            return 2;
+        }
+        const std::string parent = dir.substr(0, std::max<std::size_t>(dir.rfind('/'), 1));
+        struct stat st {};
+        if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+            std::fprintf(stderr, "ckpt-run: --store %s: the directory '%s' that would hold it does not exist\n",
+                         store.c_str(), parent.c_str());
+            return 2;
+        }
+    } else if (store.rfind("redis://", 0) != 0) {
+        std::fprintf(stderr, "ckpt-run: --store %s: expected file:///dir or redis://host:port\n", store.c_str());
         return 2;
     }
     if (world < 0) world = nproc;
