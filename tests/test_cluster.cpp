@@ -77,6 +77,12 @@ TEST_CASE("agree_on_checkpoint picks the newest step every rank holds, each rank
     // nothing anywhere: nothing to say
     std::vector<test::fs::path> empty{tmp / "e0", tmp / "e1"};
     for (const auto& g : agree(empty)) CHECK(g.why_none.empty());
+    // checkpoints of another prefix only (the job restarted with another prefix): said
+    save_step(empty[0], 1, 80, "old");
+    const auto other = agree(empty);
+    CHECK_FALSE(other[0].file);
+    CHECK(other[0].why_none.find("holds 1 checkpoint(s) of another prefix or naming, such as 'old-1_80.ckpt'") !=
+          std::string::npos);
 }
 
 TEST_CASE("membership: a worker asking for a generation the job has left behind is told so") {

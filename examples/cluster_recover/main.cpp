@@ -270,9 +270,11 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
         say_resumed(timed([&] { return trainer.resume_from(*agreed.file, data); }),
                     "from its checkpoint of epoch " + std::to_string(agreed.epoch) + ", step " +
                         std::to_string(agreed.step) + "; rank 0 from " + agreed.file->string());
-    } else if (comm.rank() == 0) {
-        std::printf("generation %d: no step saved by every rank%s; training from the start\n", comm.generation().number,
-                    agreed.why_none.empty() ? "" : (" (" + agreed.why_none + ")").c_str());
+    } else {
+        if (comm.rank() == 0)
+            std::printf("generation %d: no step saved by every rank; training from the start\n", comm.generation().number);
+        if (!agreed.why_none.empty() && (comm.rank() == 0 || agreed.why_none.find("another prefix") != std::string::npos))
+            std::printf("rank %d: %s\n", comm.rank(), agreed.why_none.c_str());
     }
     std::fflush(stdout);
     Checkpoints checkpoints(mine, "net", {}, ckpt::AnyOf(ckpt::EverySteps{o.save_every}, ckpt::OnTrainEnd{}),

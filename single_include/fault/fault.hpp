@@ -463,9 +463,10 @@ struct AgreedCheckpoint {
     std::int64_t epoch = 0;                       ///< as named in the file (the seed's "{prefix}-{epoch}_{step}")
     std::int64_t step = 0;
     /// Without a file: what the ranks hold and why none of it can be used ("rank 0 holds epoch
-    /// 2 step 80 and 1 older; ranks 2, 3 hold none"), the same on every rank; empty when no
-    /// rank holds any checkpoint of the prefix. Say it: a fresh start over checkpoints that
-    /// exist is never silent.
+    /// 2 step 80 and 1 older; ranks 2, 3 hold none"), the same on every rank; when no rank
+    /// holds a checkpoint of the prefix, the checkpoints of another prefix or naming in this
+    /// rank's directory, if any; empty when there are none. Say it: a fresh start over
+    /// checkpoints that exist is never silent.
     std::string why_none;
 };
 
@@ -543,7 +544,17 @@ AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::
         });
         if (everyone) return {candidate.second, key.first, key.second, {}};
     }
-    return {std::nullopt, 0, 0, detail::why_no_common_step(offers, prefix)};
+    std::string why = detail::why_no_common_step(offers, prefix);
+    if (why.empty() && files.empty()) {  // nothing of this prefix anywhere: of another, here?
+        std::vector<std::string> others;
+        for (const auto& name : ckpt::detail::list_names(dir, naming.depth()))
+            if (name.ends_with(".ckpt")) others.push_back(name);
+        if (!others.empty())
+            why = "no checkpoint of prefix '" + std::string(prefix) + "' on any rank, but '" + dir.string() + "' holds " +
+                  std::to_string(others.size()) + " checkpoint(s) of another prefix or naming, such as '" + others.back() +
+                  "'";
+    }
+    return {std::nullopt, 0, 0, why};
 }
 
 }  // namespace fault
