@@ -51,6 +51,12 @@ TEST_CASE("a prefix that another prefix's runs could produce, or that is unsafe 
     } catch (const ckpt::ConfigError& e) {
         CHECK(std::string(e.what()).find("runs of prefix 'exp'") != std::string::npos);
     }
+    try {  // the arguments the other way round (MindSpore's order): the message says which comes first
+        StepManager("lenet", (dir / "lenet").string(), ckpt::EverySteps{1});
+        FAIL("a directory given as the prefix must be refused");
+    } catch (const ckpt::ConfigError& e) {
+        CHECK(std::string(e.what()).find("the directory comes first, then the prefix") != std::string::npos);
+    }
     try {
         StepManager(dir.path(), "a\nb", ckpt::EverySteps{1});
     } catch (const ckpt::ConfigError& e) {

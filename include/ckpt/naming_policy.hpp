@@ -137,6 +137,9 @@ inline void check_prefix(std::string_view prefix) {
     };
     if (prefix.empty()) refuse("is empty: a prefix names the files of a job");
     if (prefix.size() > 200) refuse("is longer than 200 characters");
+    if (prefix.find('/') != std::string_view::npos)  // most often a directory given where the prefix goes
+        refuse("holds '/': a prefix names files in the checkpoint directory; the directory comes first, then the "
+               "prefix (CheckpointManager(dir, prefix), nn::ModelCheckpoint(dir, prefix))");
     for (const char c : prefix) {
         if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) refuse("holds a control character");
         if (std::string_view("/\\*?[]\"<>|").find(c) != std::string_view::npos)
