@@ -543,6 +543,26 @@ inline FileHeader read_header(const PathArg& file) {
     return detail::open_checkpoint(file.string(), {}).header;
 }
 
+namespace detail {
+/// read_contents() of an opened file, or, with `decode_encoded` false, only its header for a
+/// body that passed through codecs (entries left empty): what a cheap look at a file costs.
+inline CheckpointContents contents_of(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts,
+                                      bool decode_encoded) {
+    CheckpointContents out{c.header, {}};
+    if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
+        if (decode_encoded) out.entries = decoded_toc(c.header.archive, read_decoded_body(c, path, opts), path);
+        return out;
+    }
+    UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    std::array<std::byte, 32> first{};
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
+    if (c.header.archive == ArchiveKind::text)
+        pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
+    out.entries = read_toc(c.header.archive, src, {first.data(), n}, path);
+    return out;
+}
+}  // namespace detail
+
 /// Reads the header and the table of contents, never the tensor payloads: cheap for a file of
 /// any size. The body checksum is not checked (that needs every byte; verify_checkpoint).
 /// A body that passed through codecs is the exception: it is read, verified and decoded whole
@@ -550,18 +570,7 @@ inline FileHeader read_header(const PathArg& file) {
 inline CheckpointContents read_contents(const PathArg& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    CheckpointContents out{c.header, {}};
-    if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
-        out.entries = detail::decoded_toc(c.header.archive, detail::read_decoded_body(c, path, opts), path);
-        return out;
-    }
-    detail::UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
-    std::array<std::byte, 32> first{};
-    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
-    if (c.header.archive == ArchiveKind::text)
-        detail::pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
-    out.entries = detail::read_toc(c.header.archive, src, {first.data(), n}, path);
-    return out;
+    return detail::contents_of(c, path, opts, true);
 }
 
 /// Reads the whole file and checks header and body checksum; throws if anything is wrong.
@@ -596,25 +605,9 @@ inline ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = 
     return dict;
 }
 
-/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
-/// network's parameters). Only tensors take part; other entries of `src` go to report.rest.
-/// Strict: any missing, unexpected or mismatched tensor throws LoadMismatch naming all of
-/// them, before anything is copied.
 namespace detail {
-LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies);
-}
-
-/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
-/// network's parameters), its int64, double and bool values into views of scalars, and
-/// values into the target's values of the same kind. Other entries of `src` go to
-/// report.rest. Strict: any missing, unexpected or mismatched tensor throws LoadMismatch
-/// naming all of them, before anything is copied.
-inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false) {
-    return detail::load_param_into(target, src, strict, false);
-}
-
-inline LoadReport detail::load_param_into(ParamDict& target, const ParamDict& src, bool strict,
-                                          bool values_are_copies) {
+/// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`).
+inline LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
         detail::EntryMeta e;
@@ -644,6 +637,17 @@ inline LoadReport detail::load_param_into(ParamDict& target, const ParamDict& sr
     }
     return plan.report;
 }
+}  // namespace detail
+
+/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
+/// network's parameters), its int64, double and bool values into views of scalars, and
+/// values into the target's values of the same kind. Other entries of `src` go to
+/// report.rest. Strict: any missing, unexpected or mismatched tensor throws LoadMismatch
+/// naming all of them, before anything is copied.
+inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false) {
+    return detail::load_param_into(target, src, strict, false);
+}
+
 
 /// Into an object's state_dict(): its values are copies, which nothing can write back (a
 /// strict load names them; use views of scalars, ckpt::view_of).

@@ -75,19 +75,23 @@ inline std::optional<std::string> foreign_owner(const std::optional<CheckpointOw
            name.run_prefix + "' of prefix '" + std::string(prefix) + "' as its name suggests";
 }
 
-/// The owner of `file` where reading it is cheap: its table of contents, when the body did not
-/// pass through codecs. Nothing for a file that records none, cannot be read, or is encoded
-/// (those are checked when they are loaded or deleted). A record naming another owner counts
-/// only once the file verifies: a damaged file's record is no evidence.
-inline std::optional<CheckpointOwner> cheap_owner(const fs::path& file, std::string_view prefix,
-                                                  const NameParts& name, OwnerRecord& record) {
+/// Why `file`, named as a checkpoint of `prefix`, is another's by its owner record, read where
+/// that is cheap (one open and the table of contents, when the body did not pass through
+/// codecs; encoded ones are checked when they are loaded or deleted); nothing when it is not.
+/// `record` says what was learned. A record naming another owner counts only once the file
+/// verifies: a damaged file's record is no evidence.
+inline std::optional<std::string> recorded_elsewhere(const fs::path& file, std::string_view prefix,
+                                                     const NameParts& name, OwnerRecord& record) {
     record = OwnerRecord::unread;
     try {
-        if (read_header(file).encoded()) return std::nullopt;
-        auto owner = read_owner(file);
-        if (foreign_owner(owner, prefix, name)) verify_checkpoint(file);
+        const std::string path = file.string();
+        auto c = open_checkpoint(path, {});
+        const auto owner = owner_in(contents_of(c, path, {}, /*decode_encoded=*/false).entries);
+        if (c.header.encoded()) return std::nullopt;
+        auto why = foreign_owner(owner, prefix, name);
+        if (why) verify_checkpoint(file);
         record = owner ? OwnerRecord::matches : OwnerRecord::absent;  // (a foreign one is left out)
-        return owner;
+        return why;
     } catch (const Error&) {
         return std::nullopt;  // damaged: verification says what is wrong with it
     }
@@ -147,7 +151,7 @@ std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_v
         if (auto parts = naming.parse(prefix, name); parts && parts->kind == kind) {
             const fs::path file = dir / name;
             OwnerRecord record = OwnerRecord::unread;
-            if (auto why = detail::foreign_owner(detail::cheap_owner(file, prefix, *parts, record), prefix, *parts)) {
+            if (auto why = detail::recorded_elsewhere(file, prefix, *parts, record)) {
                 if (foreign) foreign->push_back({file, *why});
                 continue;
             }

@@ -7,6 +7,7 @@
 // data-parallel ranks running as threads), so it need not be thread-safe itself.
 
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -41,6 +42,17 @@ inline void log(LogLevel level, const std::string& msg) {
     auto& st = log_state();
     std::lock_guard lock(st.mutex);
     if (st.sink) st.sink(level, msg);
+}
+
+/// The message of the exception `e` holds, whatever its type.
+inline std::string message_of(const std::exception_ptr& e) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+        return x.what();
+    } catch (...) {
+        return "an exception that is not a std::exception";
+    }
 }
 
 }  // namespace detail

@@ -107,17 +107,6 @@ bool holds(const std::exception_ptr& e) {
     }
 }
 
-/// The message of the exception `e` holds, whatever its type.
-inline std::string message_of(const std::exception_ptr& e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-        return x.what();
-    } catch (...) {
-        return "an exception that is not a std::exception";
-    }
-}
-
 }  // namespace detail
 
 /// A Communicator whose ranks can go on without the failed, as the last words need:

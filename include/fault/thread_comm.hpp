@@ -591,7 +591,7 @@ inline RankErrors run_ranks(ThreadGroup& group, const std::function<void(ThreadC
                 errors[static_cast<std::size_t>(r)] = std::current_exception();
                 group.fail(r);
                 ckpt::detail::log(ckpt::LogLevel::notice,
-                                  "rank " + std::to_string(r) + " failed: " + detail::message_of(std::current_exception()));
+                                  "rank " + std::to_string(r) + " failed: " + ckpt::detail::message_of(std::current_exception()));
             }
         });
     for (auto& t : threads) t.join();

@@ -1635,6 +1635,7 @@ inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeCo
 // data-parallel ranks running as threads), so it need not be thread-safe itself.
 
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -1669,6 +1670,17 @@ inline void log(LogLevel level, const std::string& msg) {
     auto& st = log_state();
     std::lock_guard lock(st.mutex);
     if (st.sink) st.sink(level, msg);
+}
+
+/// The message of the exception `e` holds, whatever its type.
+inline std::string message_of(const std::exception_ptr& e) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+        return x.what();
+    } catch (...) {
+        return "an exception that is not a std::exception";
+    }
 }
 
 }  // namespace detail
@@ -3012,6 +3024,26 @@ inline FileHeader read_header(const PathArg& file) {
     return detail::open_checkpoint(file.string(), {}).header;
 }
 
+namespace detail {
+/// read_contents() of an opened file, or, with `decode_encoded` false, only its header for a
+/// body that passed through codecs (entries left empty): what a cheap look at a file costs.
+inline CheckpointContents contents_of(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts,
+                                      bool decode_encoded) {
+    CheckpointContents out{c.header, {}};
+    if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
+        if (decode_encoded) out.entries = decoded_toc(c.header.archive, read_decoded_body(c, path, opts), path);
+        return out;
+    }
+    UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    std::array<std::byte, 32> first{};
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
+    if (c.header.archive == ArchiveKind::text)
+        pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
+    out.entries = read_toc(c.header.archive, src, {first.data(), n}, path);
+    return out;
+}
+}  // namespace detail
+
 /// Reads the header and the table of contents, never the tensor payloads: cheap for a file of
 /// any size. The body checksum is not checked (that needs every byte; verify_checkpoint).
 /// A body that passed through codecs is the exception: it is read, verified and decoded whole
@@ -3019,18 +3051,7 @@ inline FileHeader read_header(const PathArg& file) {
 inline CheckpointContents read_contents(const PathArg& file, const LoadOptions& opts = {}) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
-    CheckpointContents out{c.header, {}};
-    if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
-        out.entries = detail::decoded_toc(c.header.archive, detail::read_decoded_body(c, path, opts), path);
-        return out;
-    }
-    detail::UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
-    std::array<std::byte, 32> first{};
-    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
-    if (c.header.archive == ArchiveKind::text)
-        detail::pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
-    out.entries = detail::read_toc(c.header.archive, src, {first.data(), n}, path);
-    return out;
+    return detail::contents_of(c, path, opts, true);
 }
 
 /// Reads the whole file and checks header and body checksum; throws if anything is wrong.
@@ -3065,25 +3086,9 @@ inline ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = 
     return dict;
 }
 
-/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
-/// network's parameters). Only tensors take part; other entries of `src` go to report.rest.
-/// Strict: any missing, unexpected or mismatched tensor throws LoadMismatch naming all of
-/// them, before anything is copied.
 namespace detail {
-LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies);
-}
-
-/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
-/// network's parameters), its int64, double and bool values into views of scalars, and
-/// values into the target's values of the same kind. Other entries of `src` go to
-/// report.rest. Strict: any missing, unexpected or mismatched tensor throws LoadMismatch
-/// naming all of them, before anything is copied.
-inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false) {
-    return detail::load_param_into(target, src, strict, false);
-}
-
-inline LoadReport detail::load_param_into(ParamDict& target, const ParamDict& src, bool strict,
-                                          bool values_are_copies) {
+/// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`).
+inline LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
         detail::EntryMeta e;
@@ -3113,6 +3118,17 @@ inline LoadReport detail::load_param_into(ParamDict& target, const ParamDict& sr
     }
     return plan.report;
 }
+}  // namespace detail
+
+/// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
+/// network's parameters), its int64, double and bool values into views of scalars, and
+/// values into the target's values of the same kind. Other entries of `src` go to
+/// report.rest. Strict: any missing, unexpected or mismatched tensor throws LoadMismatch
+/// naming all of them, before anything is copied.
+inline LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false) {
+    return detail::load_param_into(target, src, strict, false);
+}
+
 
 /// Into an object's state_dict(): its values are copies, which nothing can write back (a
 /// strict load names them; use views of scalars, ckpt::view_of).
@@ -3446,13 +3462,7 @@ private:
     }
 
     static void log_failure(std::exception_ptr failed) {
-        try {
-            std::rethrow_exception(failed);
-        } catch (const std::exception& e) {
-            log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
-        } catch (...) {
-            log(LogLevel::warning, "a background checkpoint save failed");
-        }
+        log(LogLevel::warning, "a background checkpoint save failed: " + message_of(failed));
     }
 
     void rethrow_error() {
@@ -4059,19 +4069,23 @@ inline std::optional<std::string> foreign_owner(const std::optional<CheckpointOw
            name.run_prefix + "' of prefix '" + std::string(prefix) + "' as its name suggests";
 }
 
-/// The owner of `file` where reading it is cheap: its table of contents, when the body did not
-/// pass through codecs. Nothing for a file that records none, cannot be read, or is encoded
-/// (those are checked when they are loaded or deleted). A record naming another owner counts
-/// only once the file verifies: a damaged file's record is no evidence.
-inline std::optional<CheckpointOwner> cheap_owner(const fs::path& file, std::string_view prefix,
-                                                  const NameParts& name, OwnerRecord& record) {
+/// Why `file`, named as a checkpoint of `prefix`, is another's by its owner record, read where
+/// that is cheap (one open and the table of contents, when the body did not pass through
+/// codecs; encoded ones are checked when they are loaded or deleted); nothing when it is not.
+/// `record` says what was learned. A record naming another owner counts only once the file
+/// verifies: a damaged file's record is no evidence.
+inline std::optional<std::string> recorded_elsewhere(const fs::path& file, std::string_view prefix,
+                                                     const NameParts& name, OwnerRecord& record) {
     record = OwnerRecord::unread;
     try {
-        if (read_header(file).encoded()) return std::nullopt;
-        auto owner = read_owner(file);
-        if (foreign_owner(owner, prefix, name)) verify_checkpoint(file);
+        const std::string path = file.string();
+        auto c = open_checkpoint(path, {});
+        const auto owner = owner_in(contents_of(c, path, {}, /*decode_encoded=*/false).entries);
+        if (c.header.encoded()) return std::nullopt;
+        auto why = foreign_owner(owner, prefix, name);
+        if (why) verify_checkpoint(file);
         record = owner ? OwnerRecord::matches : OwnerRecord::absent;  // (a foreign one is left out)
-        return owner;
+        return why;
     } catch (const Error&) {
         return std::nullopt;  // damaged: verification says what is wrong with it
     }
@@ -4131,7 +4145,7 @@ std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_v
         if (auto parts = naming.parse(prefix, name); parts && parts->kind == kind) {
             const fs::path file = dir / name;
             OwnerRecord record = OwnerRecord::unread;
-            if (auto why = detail::foreign_owner(detail::cheap_owner(file, prefix, *parts, record), prefix, *parts)) {
+            if (auto why = detail::recorded_elsewhere(file, prefix, *parts, record)) {
                 if (foreign) foreign->push_back({file, *why});
                 continue;
             }

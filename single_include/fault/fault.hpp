@@ -420,17 +420,6 @@ bool holds(const std::exception_ptr& e) {
     }
 }
 
-/// The message of the exception `e` holds, whatever its type.
-inline std::string message_of(const std::exception_ptr& e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-        return x.what();
-    } catch (...) {
-        return "an exception that is not a std::exception";
-    }
-}
-
 }  // namespace detail
 
 /// A Communicator whose ranks can go on without the failed, as the last words need:
@@ -3871,7 +3860,7 @@ inline RankErrors run_ranks(ThreadGroup& group, const std::function<void(ThreadC
                 errors[static_cast<std::size_t>(r)] = std::current_exception();
                 group.fail(r);
                 ckpt::detail::log(ckpt::LogLevel::notice,
-                                  "rank " + std::to_string(r) + " failed: " + detail::message_of(std::current_exception()));
+                                  "rank " + std::to_string(r) + " failed: " + ckpt::detail::message_of(std::current_exception()));
             }
         });
     for (auto& t : threads) t.join();

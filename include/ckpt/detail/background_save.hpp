@@ -157,13 +157,7 @@ private:
     }
 
     static void log_failure(std::exception_ptr failed) {
-        try {
-            std::rethrow_exception(failed);
-        } catch (const std::exception& e) {
-            log(LogLevel::warning, std::string("a background checkpoint save failed: ") + e.what());
-        } catch (...) {
-            log(LogLevel::warning, "a background checkpoint save failed");
-        }
+        log(LogLevel::warning, "a background checkpoint save failed: " + message_of(failed));
     }
 
     void rethrow_error() {
