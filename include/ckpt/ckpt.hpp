@@ -8,10 +8,16 @@
 //   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy, CodecPolicy
 //   codecs       NoCodec, Chain, Key; Zstd and AesGcm in zstd.hpp and
 //                aes_gcm.hpp (targets ckpt::zstd, ckpt::aes_gcm)          codec.hpp
-//   resharding   describe_checkpoint, GlobalIndex, load_resharded     reshard.hpp
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
 //   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
 //   errors       Error and its subclasses                               error.hpp
+//
+// Two headers are left to be included where they are used, so that a program that does not
+// use them does not pay for them (xtensor's headers; the resharding reader and its threads):
+//   xtensor      view_of(container), to_tensor, as_xarray               xtensor.hpp
+//   resharding   describe_checkpoint, GlobalIndex, load_resharded     reshard.hpp
+// Built with CKPT_SEPARATE_COMPILATION (CMake target ckpt::ckpt_compiled), the headers only
+// declare what the library compiles once (detail/linkage.hpp).
 
 #include "append_info.hpp"
 #include "archive_policy.hpp"
@@ -28,8 +34,6 @@
 #include "param_dict.hpp"
 #include "preemption.hpp"
 #include "progress.hpp"
-#include "reshard.hpp"
 #include "retention_policy.hpp"
 #include "save_policy.hpp"
 #include "tensor.hpp"
-#include "xtensor.hpp"

@@ -169,29 +169,25 @@ public:
     const ManagerOptions& options() const noexcept { return options_; }
     const LoadOptions& load_options() const noexcept { return load_options_; }
 
-    /// Call after each step; saves when the save policy says so. Returns the file written.
-    template <class State>
-    std::optional<Path> on_step(Progress p, State&& state) {
+    // CheckpointManager's templates on the state only collect it (a callable state is called
+    // only when a save is due) and hand it to the members here, which do not depend on its
+    // type: with CKPT_SEPARATE_COMPILATION the library compiles those once for the usual
+    // policies.
+
+    /// At the end of a step or an epoch (`e`): whether to save now (see save_due()).
+    bool due_at(Progress& p, Event e) {
         background_.check();
-        p.event = Event::step_end;
-        return maybe_save(p, state);
+        p.event = e;
+        return save_due(p);
     }
-    template <class State>
-    std::optional<Path> on_epoch_end(Progress p, State&& state) {
-        background_.check();
-        p.event = Event::epoch_end;
-        return maybe_save(p, state);
-    }
-    /// Saves the final step unless it is saved already (with every save policy but Never: the
-    /// end of training is the state most worth keeping, and a job run again after it finished
-    /// finds it), then waits for every background save to be durable.
-    template <class State>
-    std::optional<Path> on_train_end(Progress p, State&& state) {
+    /// At the end of training: whether to save the final step. It is saved unless it is saved
+    /// already, with every save policy but Never: the end of training is the state most worth
+    /// keeping, and a job run again after it finished finds it.
+    bool due_at_train_end(Progress& p) {
         p.event = Event::train_end;
-        auto file = maybe_save(p, state);
-        if (!file && !std::is_same_v<S, Never> && last_saved_ != p.global_step) file = save(p, state);
-        background_.wait();
-        return file;
+        if (!save_due(p) && (std::is_same_v<S, Never> || last_saved_ == p.global_step)) return false;
+        background_.check();
+        return true;
     }
 
     /// Blocks until every background save in flight is durable; rethrows the first error.
@@ -207,28 +203,23 @@ public:
         return stats;
     }
 
-    /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
-    template <class State>
-    std::optional<Path> on_exception(const Progress& p, State&& state) {
-        if (!options_.exception_save) return std::nullopt;
+    /// Writes "…_breakpoint.ckpt" (on_exception() with exception_save on).
+    Path save_exception(const Progress& p, ParamDict dict) {
         if (breakpoint_prefix_.empty())
             breakpoint_prefix_ =
                 naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::breakpoint);
         background_.wait();  // the breakpoint is the newest state: let no older save land after it
         const fs::path file = dir_ / naming_.checkpoint_name(breakpoint_prefix_, p, SaveKind::breakpoint);
-        ParamDict dict = detail::collect_state(state);
         check_state(dict, p);
         write(file, p, dict, {prefix_, breakpoint_prefix_, run_prefix_});
         return file;
     }
 
-    /// Saves now, whatever the save policy says, then applies retention.
-    /// With async_save the file is written in the background: the returned path is where it
-    /// will be once wait() (or the next save) returns.
-    template <class State>
-    Path save(const Progress& p, State&& state) {
-        background_.check();
-        ParamDict dict = detail::collect_state(state);
+    /// Rethrows the error of a background save, if one failed.
+    void check_background() { background_.check(); }
+
+    /// Saves `dict` now, then applies retention (with async_save, in the background).
+    Path save_state(const Progress& p, ParamDict dict) {
         check_state(dict, p);
         const fs::path file = dir_ / naming_.checkpoint_name(run_prefix_, p, SaveKind::regular);
         if (const auto meta = options_.write_meta ? naming_.meta_name(run_prefix_) : std::string(); !meta.empty()) {
@@ -279,14 +270,10 @@ public:
         return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_);
     }
 
-    /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
-    /// state_dict()), falling back to older files when one turns out corrupt. Nothing when
-    /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
-    /// throws LoadMismatch rather than resuming half a model. Retention keeps the file loaded
-    /// until this manager has saved a newer one.
-    template <class Target>
-    std::optional<Restored> restore(Target& target, bool strict = true,
-                                    std::vector<SkippedCheckpoint>* skipped = nullptr) const {
+    /// CheckpointManager::restore() into views; an object's state_dict() values are copies
+    /// (`values_are_copies`).
+    std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
+                                         bool values_are_copies) const {
         auto files = list_checkpoints(dir_, prefix_, naming_, SaveKind::regular, skipped);
         std::optional<Restored> done;
         // Loads `f` (verified) into the target, or says why it cannot.
@@ -296,7 +283,7 @@ public:
                 // checked the others)
                 if (f.header.encoded())
                     if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name)) return why;
-                done = Restored{f, load_checkpoint_into(f.path, target, strict, load_options_)};
+                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies)};
                 restored_ = f;
                 return std::nullopt;
             } catch (const FormatError& e) {  // changed between verification and load
@@ -352,21 +339,23 @@ public:
         return readable_checkpoints(retention_scope(), rank, list_checkpoints(dir_, prefix_, naming_));
     }
 
-private:
-    template <class State>
-    std::optional<Path> maybe_save(const Progress& p, State& state) {
-        if (!save_.should_save(p)) return std::nullopt;
-        if (last_saved_ && *last_saved_ == p.global_step) return std::nullopt;  // already saved at this step
+    /// Whether the save policy asks for a save at `p` that is not made yet and not dropped
+    /// (WhenBusy::skip).
+    bool save_due(const Progress& p) {
+        if (!save_.should_save(p)) return false;
+        if (last_saved_ && *last_saved_ == p.global_step) return false;  // already saved at this step
         if (options_.async_save && options_.when_busy == WhenBusy::skip && p.event != Event::train_end &&
             !background_.buffer_free()) {
             ++async_stats_.skipped;
             detail::log(LogLevel::info, "skipped the checkpoint of global step " + std::to_string(p.global_step) +
                                             ": every snapshot buffer is still being written (the newest holds global step " +
                                             std::to_string(last_saved_.value_or(-1)) + ")");
-            return std::nullopt;
+            return false;
         }
-        return save(p, state);
+        return true;
     }
+
+private:
 
     ParamDict with_append_info(ParamDict dict, const Progress& p) const {
         options_.append_info.apply(dict, p);
@@ -573,6 +562,10 @@ private:
 /// Periodic checkpoints from any loop (see the top of this file). Movable: it can be returned
 /// from a factory and kept in a std::optional or a std::vector; saves in flight carry on.
 /// A moved-from manager may only be destroyed or assigned to.
+///
+/// Its templates on the state only collect it and call the members that do not depend on its
+/// type, which are defined outside the class: with CKPT_SEPARATE_COMPILATION, the library
+/// compiles them once for the usual policies (impl/manager_instances.ipp).
 template <SavePolicy S = EveryEpochs, RetentionPolicy R = KeepLast, NamingPolicy N = MindSporeNaming,
           ArchivePolicy A = BinaryArchive, CodecPolicy C = NoCodec>
 class CheckpointManager {
@@ -590,59 +583,64 @@ public:
     /// here (a missing key or codec fails now, not at the first save); its key, if any, also
     /// decrypts what restore() loads.
     CheckpointManager(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
-                      ManagerOptions options = {}, C codec = C{})
-        : core_(std::make_unique<Core>(std::move(directory), std::move(prefix), std::move(save), std::move(retention),
-                                       std::move(naming), std::move(options), std::move(codec))) {}
-    CheckpointManager(CheckpointManager&&) noexcept = default;
+                      ManagerOptions options = {}, C codec = C{});
+    CheckpointManager(CheckpointManager&&) noexcept;
     /// Waits for the saves in flight of the manager assigned over.
-    CheckpointManager& operator=(CheckpointManager&&) noexcept = default;
+    CheckpointManager& operator=(CheckpointManager&&) noexcept;
+    /// Waits for the saves in flight.
+    ~CheckpointManager();
 
-    const fs::path& directory() const noexcept { return core_->directory(); }
-    const std::string& prefix() const noexcept { return core_->prefix(); }
+    const fs::path& directory() const noexcept;
+    const std::string& prefix() const noexcept;
     /// The prefix this run's files use: the prefix, or "{prefix}_{N}" when earlier runs exist.
-    const std::string& run_prefix() const noexcept { return core_->run_prefix(); }
-    const ManagerOptions& options() const noexcept { return core_->options(); }
+    const std::string& run_prefix() const noexcept;
+    const ManagerOptions& options() const noexcept;
     /// How this manager's files are read back (the codec's key, if any).
-    const LoadOptions& load_options() const noexcept { return core_->load_options(); }
-    RetentionScope retention_scope() const noexcept { return core_->retention_scope(); }
+    const LoadOptions& load_options() const noexcept;
+    RetentionScope retention_scope() const noexcept;
 
     /// Call after each step; saves when the save policy says so. Returns the file written;
     /// with async_save, the file being written: it is durable once wait() (or on_train_end)
     /// returns, and a failure to write it is rethrown, naming it, by wait() or the next call.
     template <class State>
     std::optional<Path> on_step(Progress p, State&& state) {
-        return core_->on_step(p, std::forward<State>(state));
+        if (!due_at(p, Event::step_end)) return std::nullopt;
+        return save_state(p, detail::collect_state(state));
     }
     template <class State>
     std::optional<Path> on_epoch_end(Progress p, State&& state) {
-        return core_->on_epoch_end(p, std::forward<State>(state));
+        if (!due_at(p, Event::epoch_end)) return std::nullopt;
+        return save_state(p, detail::collect_state(state));
     }
     /// Saves the final step unless it is saved already (every save policy but Never), then
     /// waits for every background save to be durable.
     template <class State>
     std::optional<Path> on_train_end(Progress p, State&& state) {
-        return core_->on_train_end(p, std::forward<State>(state));
+        std::optional<Path> file;
+        if (due_at_train_end(p)) file = save_state(p, detail::collect_state(state));
+        wait();
+        return file;
     }
     /// Blocks until every background save in flight is durable; rethrows the first error.
-    void wait() { core_->wait(); }
+    void wait();
     /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
-    AsyncSaveStats async_stats() const { return core_->async_stats(); }
+    AsyncSaveStats async_stats() const;
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
     std::optional<Path> on_exception(const Progress& p, State&& state) {
-        return core_->on_exception(p, std::forward<State>(state));
+        if (!options().exception_save) return std::nullopt;
+        return save_exception(p, detail::collect_state(state));
     }
     /// Saves now, whatever the save policy says, then applies retention. With async_save the
     /// file is written in the background: the returned path is where it will be once wait()
     /// (or the next save) returns.
     template <class State>
     Path save(const Progress& p, State&& state) {
-        return core_->save(p, std::forward<State>(state));
+        check_background();
+        return save_state(p, detail::collect_state(state));
     }
     /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
-    std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        return core_->latest(skipped);
-    }
+    std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const;
     /// Loads the newest valid checkpoint into `target` (a ParamDict of views or an object with
     /// state_dict()), falling back to older files when one turns out corrupt. Nothing when
     /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
@@ -651,15 +649,122 @@ public:
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        return core_->restore(target, strict, skipped);
+        if constexpr (HasStateDict<Target>) {
+            ParamDict views = target.state_dict();
+            return restore_into(views, strict, skipped, true);
+        } else {
+            static_assert(std::is_same_v<Target, ParamDict>,
+                          "restore() loads into a ckpt::ParamDict of views or an object with `ckpt::ParamDict state_dict()`");
+            return restore_into(target, strict, skipped, false);
+        }
     }
     /// This run's checkpoints with readable headers, oldest first.
-    std::vector<StoredCheckpoint> run_checkpoints(int rank = -1) const { return core_->run_checkpoints(rank); }
+    std::vector<StoredCheckpoint> run_checkpoints(int rank = -1) const;
     /// The checkpoints retention manages (its scope), with readable headers, oldest first.
-    std::vector<StoredCheckpoint> managed_checkpoints(int rank = -1) const { return core_->managed_checkpoints(rank); }
+    std::vector<StoredCheckpoint> managed_checkpoints(int rank = -1) const;
 
 private:
+    bool due_at(Progress& p, Event e);
+    bool due_at_train_end(Progress& p);
+    void check_background();
+    Path save_state(const Progress& p, ParamDict dict);
+    Path save_exception(const Progress& p, ParamDict dict);
+    std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
+                                         bool values_are_copies) const;
+
     std::unique_ptr<Core> core_;
 };
 
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+CheckpointManager<S, R, N, A, C>::CheckpointManager(PathArg directory, std::string prefix, S save, R retention,
+                                                    N naming, ManagerOptions options, C codec)
+    : core_(std::make_unique<Core>(std::move(directory), std::move(prefix), std::move(save), std::move(retention),
+                                   std::move(naming), std::move(options), std::move(codec))) {}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+CheckpointManager<S, R, N, A, C>::CheckpointManager(CheckpointManager&&) noexcept = default;
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+CheckpointManager<S, R, N, A, C>& CheckpointManager<S, R, N, A, C>::operator=(CheckpointManager&&) noexcept = default;
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+CheckpointManager<S, R, N, A, C>::~CheckpointManager() = default;
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+const fs::path& CheckpointManager<S, R, N, A, C>::directory() const noexcept { return core_->directory(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+const std::string& CheckpointManager<S, R, N, A, C>::prefix() const noexcept { return core_->prefix(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+const std::string& CheckpointManager<S, R, N, A, C>::run_prefix() const noexcept { return core_->run_prefix(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+const ManagerOptions& CheckpointManager<S, R, N, A, C>::options() const noexcept { return core_->options(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+const LoadOptions& CheckpointManager<S, R, N, A, C>::load_options() const noexcept {
+    return core_->load_options();
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+RetentionScope CheckpointManager<S, R, N, A, C>::retention_scope() const noexcept {
+    return core_->retention_scope();
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::wait() { core_->wait(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+AsyncSaveStats CheckpointManager<S, R, N, A, C>::async_stats() const { return core_->async_stats(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+std::optional<StoredCheckpoint> CheckpointManager<S, R, N, A, C>::latest(
+    std::vector<SkippedCheckpoint>* skipped) const {
+    return core_->latest(skipped);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+std::vector<StoredCheckpoint> CheckpointManager<S, R, N, A, C>::run_checkpoints(int rank) const {
+    return core_->run_checkpoints(rank);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+std::vector<StoredCheckpoint> CheckpointManager<S, R, N, A, C>::managed_checkpoints(int rank) const {
+    return core_->managed_checkpoints(rank);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+bool CheckpointManager<S, R, N, A, C>::due_at(Progress& p, Event e) { return core_->due_at(p, e); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+bool CheckpointManager<S, R, N, A, C>::due_at_train_end(Progress& p) { return core_->due_at_train_end(p); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::check_background() { core_->check_background(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+Path CheckpointManager<S, R, N, A, C>::save_state(const Progress& p, ParamDict dict) {
+    return core_->save_state(p, std::move(dict));
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+Path CheckpointManager<S, R, N, A, C>::save_exception(const Progress& p, ParamDict dict) {
+    return core_->save_exception(p, std::move(dict));
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+std::optional<Restored> CheckpointManager<S, R, N, A, C>::restore_into(ParamDict& target, bool strict,
+                                                                       std::vector<SkippedCheckpoint>* skipped,
+                                                                       bool values_are_copies) const {
+    return core_->restore_into(target, strict, skipped, values_are_copies);
+}
+
 }  // namespace ckpt
+
+#ifdef CKPT_SEPARATE_COMPILATION
+#define CKPT_INSTANCE extern
+#include "impl/manager_instances.ipp"
+#undef CKPT_INSTANCE
+#endif

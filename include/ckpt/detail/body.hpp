@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "entry.hpp"
 #include "../param_dict.hpp"
 #include "../tensor.hpp"
 
@@ -45,19 +46,6 @@ static_assert(std::endian::native == std::endian::little,
 template <class A>
 inline constexpr bool is_binary_archive_v =
     std::is_same_v<A, boost::archive::binary_oarchive> || std::is_same_v<A, boost::archive::binary_iarchive>;
-
-inline constexpr std::uint32_t max_tensor_rank = 64;
-inline constexpr std::uint32_t payload_alignment = 64;
-
-/// One entry of the table of contents; tensors carry their layout, other kinds their value.
-struct EntryMeta {
-    std::string name;
-    ValueKind kind = ValueKind::int64;
-    DType dtype = DType::float32;
-    Shape shape;
-    std::uint64_t nbytes = 0;
-    Value scalar;
-};
 
 using boost::serialization::make_nvp;
 
