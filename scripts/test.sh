@@ -1,23 +1,49 @@
 #!/usr/bin/env bash
-# Builds everything, runs the whole test suite, runs it again under the sanitizers
-# (scripts/sanitize.sh: the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer,
-# the threaded parts under ThreadSanitizer), then fuzzes the checkpoint reader for a minute.
-# Installs missing Debian packages first.
+# The tests, in two tiers. Installs missing Debian packages first.
+#   bash scripts/test.sh         after every change: builds what the tests need (the library,
+#                                tools, examples, test programs) and runs ctest
+#   bash scripts/test.sh --all   what CI runs: the above, and the header checks (each public
+#                                header compiles alone; the core's in both modes), the
+#                                benchmarks' build, the unit suite in compiled mode
+#                                (ckpt::ckpt_compiled), the sanitizers (scripts/sanitize.sh:
+#                                the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer,
+#                                the threaded parts under ThreadSanitizer) and a minute of fuzzing
+#                                the checkpoint reader (scripts/fuzz.sh)
+# With --all:
 #   CKPT_SANITIZE=0      skips the sanitizer passes (asan or tsan: only that one)
 #   CKPT_FUZZ_SECONDS=0  skips fuzzing
+# CKPT_BUILD_DIR (default build) is the build directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+all=0
+case "${1:-}" in
+"") ;;
+--all) all=1 ;;
+*) echo "usage: $0 [--all]" >&2; exit 2 ;;
+esac
+started=$SECONDS
 bash scripts/deps.sh
 # ccache keeps its cache under $HOME; give it a place when there is no home.
 [ -n "${HOME:-}" ] || export CCACHE_DIR=${CCACHE_DIR:-/var/tmp/ckpt-ccache}
 build=${CKPT_BUILD_DIR:-build}
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
+compiled=OFF
+[ "$all" = 1 ] && compiled=ON
 if [ ! -f "$build/CMakeCache.txt" ]; then
-    cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+    cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCKPT_TEST_COMPILED=$compiled
 else
-    cmake -S . -B "$build" > /dev/null
+    cmake -S . -B "$build" -DCKPT_TEST_COMPILED=$compiled > /dev/null
 fi
+jobs=$(nproc)
+
+if [ "$all" = 0 ]; then
+    cmake --build "$build" -j"$jobs"
+    ctest --test-dir "$build" --output-on-failure -j"$jobs"
+    echo "scripts/test.sh: passed in $((SECONDS - started)) s"
+    exit 0
+fi
+
 sanitize=${CKPT_SANITIZE:-all}
 [ "$sanitize" = 1 ] && sanitize=all
 # The first sanitizer build compiles at the lowest priority from now on: on the CPU time the
@@ -36,9 +62,16 @@ if [ "$sanitize" != 0 ]; then
     sanitizer_build=$!
     set +m
 fi
-cmake --build "$build" -j"$(nproc)"
+# The test programs first, so that ctest starts as soon as they are there; the header checks
+# and the benchmarks, which no test runs, build while it runs, at a lower priority than the
+# tests and a higher one than the sanitizer build.
+cmake --build "$build" -j"$jobs"
 status=0
-ctest --test-dir "$build" --output-on-failure -j"$(nproc)" || status=$?
+nice -n 10 cmake --build "$build" --target header_checks benches -j1 > "$build/extra-build.log" 2>&1 &
+extra_build=$!
+ctest --test-dir "$build" --output-on-failure -j"$jobs" || status=$?
+wait "$extra_build" || { cat "$build/extra-build.log" >&2; exit 1; }
+echo "scripts/test.sh: build, ctest (both modes), header checks and benchmarks done in $((SECONDS - started)) s"
 if [ -n "$sanitizer_build" ]; then
     wait "$sanitizer_build" || { cat "$build/sanitizer-build.log" >&2; exit 1; }
     sanitizer_build=
@@ -48,4 +81,5 @@ fi
 # The checkpoint reader under libFuzzer for a bounded time (CKPT_FUZZ_SECONDS, 0 to skip).
 fuzz_seconds=${CKPT_FUZZ_SECONDS:-60}
 [ "$fuzz_seconds" -gt 0 ] && bash scripts/fuzz.sh "$fuzz_seconds"
+echo "scripts/test.sh --all: passed in $((SECONDS - started)) s"
 exit 0
