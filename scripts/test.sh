@@ -22,6 +22,9 @@ case "${1:-}" in
 *) echo "usage: $0 [--all]" >&2; exit 2 ;;
 esac
 started=$SECONDS
+stage=$SECONDS
+# says how long the stage that ends here took
+took() { echo "scripts/test.sh: $1: $((SECONDS - stage)) s"; stage=$SECONDS; }
 bash scripts/deps.sh
 # ccache keeps its cache under $HOME; give it a place when there is no home.
 [ -n "${HOME:-}" ] || export CCACHE_DIR=${CCACHE_DIR:-/var/tmp/ckpt-ccache}
@@ -36,10 +39,13 @@ else
     cmake -S . -B "$build" -DCKPT_TEST_COMPILED=$compiled > /dev/null
 fi
 jobs=$(nproc)
+took "packages and configuration"
 
 if [ "$all" = 0 ]; then
     cmake --build "$build" -j"$jobs"
+    took build
     ctest --test-dir "$build" --output-on-failure -j"$jobs"
+    took ctest
     echo "scripts/test.sh: passed in $((SECONDS - started)) s"
     exit 0
 fi
@@ -66,20 +72,27 @@ fi
 # and the benchmarks, which no test runs, build while it runs, at a lower priority than the
 # tests and a higher one than the sanitizer build.
 cmake --build "$build" -j"$jobs"
+took "build (both modes)"
 status=0
 nice -n 10 cmake --build "$build" --target header_checks benches -j1 > "$build/extra-build.log" 2>&1 &
 extra_build=$!
 ctest --test-dir "$build" --output-on-failure -j"$jobs" || status=$?
+took "ctest (both modes)"
 wait "$extra_build" || { cat "$build/extra-build.log" >&2; exit 1; }
-echo "scripts/test.sh: build, ctest (both modes), header checks and benchmarks done in $((SECONDS - started)) s"
+took "rest of the header checks' and benchmarks' build"
 if [ -n "$sanitizer_build" ]; then
     wait "$sanitizer_build" || { cat "$build/sanitizer-build.log" >&2; exit 1; }
     sanitizer_build=
+    took "rest of the first sanitizer build"
 fi
 [ "$status" -eq 0 ] || exit "$status"
 [ "$sanitize" = 0 ] || bash scripts/sanitize.sh "$sanitize"
+took sanitizers
 # The checkpoint reader under libFuzzer for a bounded time (CKPT_FUZZ_SECONDS, 0 to skip).
 fuzz_seconds=${CKPT_FUZZ_SECONDS:-60}
-[ "$fuzz_seconds" -gt 0 ] && bash scripts/fuzz.sh "$fuzz_seconds"
+if [ "$fuzz_seconds" -gt 0 ]; then
+    bash scripts/fuzz.sh "$fuzz_seconds"
+    took "fuzzing (build and run)"
+fi
 echo "scripts/test.sh --all: passed in $((SECONDS - started)) s"
 exit 0

@@ -653,9 +653,9 @@ public:
             ParamDict views = target.state_dict();
             return restore_into(views, strict, skipped, true);
         } else {
-            static_assert(std::is_same_v<Target, ParamDict>,
+            static_assert(std::is_convertible_v<Target&, ParamDict&>,
                           "restore() loads into a ckpt::ParamDict of views or an object with `ckpt::ParamDict state_dict()`");
-            return restore_into(target, strict, skipped, false);
+            return restore_into(static_cast<ParamDict&>(target), strict, skipped, false);
         }
     }
     /// This run's checkpoints with readable headers, oldest first.
