@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <thread>
 #include <sys/wait.h>

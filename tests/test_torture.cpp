@@ -953,7 +953,9 @@ TortureFigures retention_torture(R policy, std::size_t bound, unsigned seed, int
         const std::string run = r.mgr->run_prefix();
         const std::string name = run + "-" + std::to_string(++r.step) + ".ckpt";
         state.tensor("w").values<float>()[0] = static_cast<float>(r.step);
-        r.mgr->save(ckpt::Progress::at_iteration(r.step), state);
+        auto p = ckpt::Progress::at_iteration(r.step);
+        p.metrics = {{"loss", static_cast<double>(std::hash<std::string>{}(name) % 1000) / 1000}};  // for KeepBest
+        r.mgr->save(p, state);
         ++figures.saves;
         known[name] = {run, r.step, true, Known::valid};
         known.emplace(run + "-graph.meta", Known{run, 0, false, Known::valid});  // written again if gone
@@ -1169,6 +1171,17 @@ TEST_CASE("retention torture: KeepUnion under random saves, damage and other run
     const auto f = retention_torture(Union(ckpt::KeepLast{2}, ckpt::KeepOnePerMinutes{60}), 3, 300, 250);
     MESSAGE("KeepUnion<KeepLast{2}, KeepOnePerMinutes{60}>: " << describe(f));
     CHECK(f.retention_deletions > 0);
+}
+
+TEST_CASE("retention torture: KeepBest, alone and with KeepLast, under random saves, damage and other runs") {
+    // the best two and the file just written
+    const auto best = retention_torture(ckpt::KeepBest{2, "loss"}, 3, 700, 250);
+    MESSAGE("KeepBest{2}: " << describe(best));
+    CHECK(best.retention_deletions > 0);
+    using Union = ckpt::KeepUnion<ckpt::KeepLast, ckpt::KeepBest>;
+    const auto both = retention_torture(Union(ckpt::KeepLast{1}, ckpt::KeepBest{2, "loss"}), 3, 800, 250);
+    MESSAGE("KeepUnion<KeepLast{1}, KeepBest{2}>: " << describe(both));
+    CHECK(both.retention_deletions > 0);
 }
 
 TEST_CASE("retention torture: every run in scope, KeepLast, KeepWithinBytes and KeepIntersection") {

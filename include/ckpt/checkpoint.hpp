@@ -4,6 +4,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "format.hpp"
 #include "param_dict.hpp"
 #include "path.hpp"
+#include "progress.hpp"
 
 namespace ckpt {
 
@@ -87,12 +89,20 @@ inline constexpr std::string_view reserved_name_prefix = "__ckpt.";
 inline constexpr std::string_view owner_prefix_entry = "__ckpt.prefix";
 inline constexpr std::string_view owner_run_entry = "__ckpt.run";
 inline constexpr std::string_view owner_follows_entry = "__ckpt.follows_run";
+// Progress::metrics are kept as doubles named "__ckpt.metric.{name}".
+inline constexpr std::string_view metric_entry_prefix = "__ckpt.metric.";
 
 inline bool is_reserved_name(std::string_view name) { return name.starts_with(reserved_name_prefix); }
 
 void record_owner(ParamDict& dict, const CheckpointOwner& owner);
 /// The owner record among a table of contents' entries, or nothing when there is none.
 std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>& toc);
+/// Adds the finite ones of `metrics` to `dict`; returns the names of those left out (NaN,
+/// infinite). An empty name is a ConfigError.
+std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics);
+/// The metrics a table of contents records, and its other int64 and double values by name
+/// (a recorded metric wins over a value of the same name).
+std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc);
 
 struct OpenedCheckpoint {
     Fd fd;

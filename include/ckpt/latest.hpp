@@ -155,7 +155,10 @@ std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_v
                 if (foreign) foreign->push_back({file, *why});
                 continue;
             }
-            out.push_back({file, std::move(*parts), {}, record});
+            StoredCheckpoint& f = out.emplace_back();
+            f.path = file;
+            f.name = std::move(*parts);
+            f.owner = record;
         }
     std::stable_sort(out.begin(), out.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
         return std::tie(a.name.run, a.name.global_step, a.name.epoch, a.name.step) <
@@ -258,6 +261,46 @@ std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::strin
     }
     if (!found && files.empty()) detail::warn_unreadable(dir, prefix, naming);
     return found;
+}
+
+/// The checkpoint of `prefix` in `dir` with the best value of `metric` (see KeepBest: what
+/// the save recorded, or else an int64 or double value of that name) that verifies, with its
+/// metrics; nothing when no file records a finite value of it. Better files that fail
+/// verification are skipped, each with a warning and an entry in `skipped`; so are files whose
+/// contents cannot be read. Of equal values the newer file wins. `opts` holds the key of
+/// encrypted files.
+template <NamingPolicy N = detail::AnyRunNaming>
+std::optional<StoredCheckpoint> best_checkpoint(const PathArg& dir, std::string_view prefix, const std::string& metric,
+                                                Mode mode = Mode::min, const N& naming = {},
+                                                std::vector<SkippedCheckpoint>* skipped = nullptr,
+                                                const LoadOptions& opts = {}) {
+    const KeepBest rank(1, metric, mode);
+    auto files = list_checkpoints(dir, prefix, naming);
+    std::vector<std::pair<double, std::size_t>> ranked;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+        try {
+            files[i].metrics = detail::metrics_in(read_contents(files[i].path, opts).entries);
+        } catch (const Error& e) {
+            detail::note_skipped(files[i], e.what(), skipped);
+            continue;
+        }
+        if (const auto v = rank.value(files[i])) ranked.emplace_back(*v, i);
+    }
+    std::sort(ranked.begin(), ranked.end(),
+              [&](const auto& a, const auto& b) { return rank.better(a.first, a.second, b.first, b.second); });
+    for (const auto& [value, i] : ranked) {
+        if (auto why = checkpoint_problem(files[i])) detail::note_skipped(files[i], *why, skipped);
+        else return std::move(files[i]);
+    }
+    return std::nullopt;
+}
+
+/// Path form of best_checkpoint().
+template <NamingPolicy N = detail::AnyRunNaming>
+std::optional<Path> best(const PathArg& dir, std::string_view prefix, const std::string& metric, Mode mode = Mode::min,
+                         const N& naming = {}, std::vector<SkippedCheckpoint>* skipped = nullptr) {
+    if (auto c = best_checkpoint(dir, prefix, metric, mode, naming, skipped)) return c->path;
+    return std::nullopt;
 }
 
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".

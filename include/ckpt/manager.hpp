@@ -389,6 +389,9 @@ private:
         opts.codecs = codecs_;
         ParamDict stored = with_append_info(state, p);  // the entries are views: nothing is copied
         detail::record_owner(stored, owner);
+        for (const auto& name : detail::record_metrics(stored, p.metrics))
+            detail::log(LogLevel::notice, "metric '" + name + "' of '" + file.string() +
+                                              "' is not finite: not recorded (a checkpoint without it is never the best)");
         save_checkpoint(stored, file, opts);
     }
 
@@ -424,6 +427,8 @@ private:
                          const std::optional<StoredCheckpoint>& restored) const {
         const auto all = list_checkpoints(dir_, prefix_, naming_);
         auto files = readable_checkpoints(retention_scope(), p.rank, all);
+        if constexpr (detail::uses_metrics<R>())
+            for (auto& f : files) f.metrics = metrics_of(f);
         const auto it = std::find_if(files.begin(), files.end(),
                                      [&](const StoredCheckpoint& f) { return f.path == just_written; });
         if (it == files.end()) return;
@@ -459,7 +464,30 @@ private:
                             "retention could not delete '" + f->path.string() + "': " + ec.message());
             else
                 detail::log(LogLevel::info, "retention deleted '" + f->path.string() + "'");
+            std::lock_guard lock(cache_mutex_);
+            metrics_read_.erase(f->path.string());
         }
+    }
+
+    /// The metrics `f` records (StoredCheckpoint::metrics), read once per file and body: a
+    /// file's table of contents, or its whole body when it passed through codecs. None when
+    /// they cannot be read (a damaged file): such a file is never the best.
+    std::map<std::string, double> metrics_of(const StoredCheckpoint& f) const {
+        {
+            std::lock_guard lock(cache_mutex_);
+            if (const auto it = metrics_read_.find(f.path.string());
+                it != metrics_read_.end() && it->second.first == f.header.body_hash)
+                return it->second.second;
+        }
+        std::map<std::string, double> metrics;
+        try {
+            metrics = detail::metrics_in(read_contents(f.path, load_options_).entries);
+        } catch (const Error& e) {
+            detail::log(LogLevel::info, "retention reads no metrics from '" + f.path.string() + "': " + e.what());
+        }
+        std::lock_guard lock(cache_mutex_);
+        metrics_read_[f.path.string()] = {f.header.body_hash, metrics};
+        return metrics;
     }
 
     /// Whether retention may delete `f`: a file whose owner record says it is this prefix's,
@@ -473,7 +501,7 @@ private:
         if (f.owner == OwnerRecord::absent) {
             // A damaged file may have lost its record: verified once, then remembered.
             {
-                std::lock_guard lock(unowned_mutex_);
+                std::lock_guard lock(cache_mutex_);
                 if (const auto it = unowned_intact_.find(f.path.string());
                     it != unowned_intact_.end() && it->second == f.header.body_hash)
                     return false;
@@ -483,7 +511,7 @@ private:
             } catch (const Error&) {
                 return true;  // damaged: what it records is no evidence, and its name says it is ours
             }
-            std::lock_guard lock(unowned_mutex_);
+            std::lock_guard lock(cache_mutex_);
             unowned_intact_[f.path.string()] = f.header.body_hash;
             detail::log(LogLevel::notice, "retention leaves alone '" + f.path.string() +
                                               "': it records no owner (written without a manager or by an older "
@@ -552,8 +580,10 @@ private:
     AsyncSaveStats async_stats_;
     // Files without an owner record that retention found intact (by body checksum): left alone,
     // said once. Retention runs on the writer thread with async_save.
-    mutable std::mutex unowned_mutex_;
+    // And the metrics read of each file (by body checksum), for policies that rank by them.
+    mutable std::mutex cache_mutex_;
     mutable std::map<std::string, std::uint64_t> unowned_intact_;
+    mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
     detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
 };
 

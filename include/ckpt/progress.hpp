@@ -3,8 +3,15 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace ckpt {
+
+/// Named measurements of the state being saved ("val_loss", "accuracy"): recorded in the
+/// checkpoint (KeepBest keeps the best by one, best() finds it).
+using Metrics = std::vector<std::pair<std::string, double>>;
 
 /// The moment at which the manager is called.
 enum class Event { step_end, epoch_end, train_end };
@@ -16,6 +23,9 @@ struct Progress {
     Event event = Event::step_end;
     int rank = 0;  ///< data-parallel rank of the caller, for per-rank naming
     std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
+    /// Recorded with the checkpoint saved at this point, if any (finite values only: a NaN or
+    /// infinite one is left out, with a notice).
+    Metrics metrics;
 
     /// For loops without epochs (a solver): iteration i is epoch 1, step i.
     static Progress at_iteration(std::int64_t i) {

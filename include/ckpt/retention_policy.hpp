@@ -18,13 +18,20 @@
 // read (with a warning); and with a run's last checkpoints it deletes that run's meta file
 // (never the current run's).
 //
+// A policy that ranks files by a metric says so with `static constexpr bool uses_metrics =
+// true`: the manager then reads each file's recorded metrics into StoredCheckpoint::metrics
+// (once per file) before asking it.
+//
 // Members: KeepAll (the do-nothing member), KeepLast, KeepOnePerMinutes, KeepWithinBytes,
-// KeepUnion<...> (keeps a file if any member keeps it) and KeepIntersection<...> (keeps a
-// file only if every member keeps it).
+// KeepBest (the k best by a metric), KeepUnion<...> (keeps a file if any member keeps it) and
+// KeepIntersection<...> (keeps a file only if every member keeps it).
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -53,6 +60,9 @@ struct StoredCheckpoint {
     NameParts name;
     FileHeader header;
     OwnerRecord owner = OwnerRecord::unread;
+    /// What the file records of its metrics (Progress::metrics), and its other int64 and double
+    /// values, by name; filled only where a metric is asked for (KeepBest, best()).
+    std::map<std::string, double> metrics{};
 
     /// The file's size on disk, as its header says (a header that reads checked it against
     /// the file's size).
@@ -63,6 +73,15 @@ template <class R>
 concept RetentionPolicy = std::copy_constructible<R> && requires(const R& r, std::span<const StoredCheckpoint> files) {
     { r.to_delete(files) } -> std::same_as<std::vector<std::size_t>>;
 };
+
+namespace detail {
+/// Whether retention policy R ranks files by their metrics (see the top of this file).
+template <class R>
+constexpr bool uses_metrics() {
+    if constexpr (requires { R::uses_metrics; }) return R::uses_metrics;
+    else return false;
+}
+}  // namespace detail
 
 /// Deletes nothing.
 struct KeepAll {
@@ -129,9 +148,59 @@ struct KeepWithinBytes {
     }
 };
 
+/// Whether a smaller or a larger value of a metric is better.
+enum class Mode { min, max };
+
+/// Keeps the k files with the best value of `metric` (a loss: Mode::min; an accuracy:
+/// Mode::max), as Lightning's save_top_k, Keras's save_best_only and Orbax's best_fn do. The
+/// metric is what the save recorded (Progress::metrics), or else an int64 or double value of
+/// that name in the file (append_info's, a value the state saves; not a view of a scalar,
+/// which is a 0-d tensor whose payload a listing does not read). A file without
+/// it, or whose value is not finite, is never among the best. Of equal values the newer file
+/// is the better. Alone it deletes every other file but those the manager always keeps (the
+/// newest that verifies, the one just written, the one restored); KeepUnion<KeepLast,
+/// KeepBest> keeps the newest n and the best k.
+struct KeepBest {
+    static constexpr bool uses_metrics = true;
+    std::size_t k;
+    std::string metric;
+    Mode mode;
+    KeepBest(std::int64_t keep, std::string metric_name, Mode m = Mode::min)
+        : k(static_cast<std::size_t>(keep)), metric(std::move(metric_name)), mode(m) {
+        if (keep < 1) throw ConfigError("KeepBest needs k >= 1, got " + std::to_string(keep));
+        if (metric.empty()) throw ConfigError("KeepBest needs the name of a metric");
+    }
+    /// The value `f` has for the metric, when it is one that can rank.
+    std::optional<double> value(const StoredCheckpoint& f) const {
+        const auto it = f.metrics.find(metric);
+        if (it == f.metrics.end() || !std::isfinite(it->second)) return std::nullopt;
+        return it->second;
+    }
+    /// Whether a file of value `a` at position `ia` is better than one of `b` at `ib` (files
+    /// are oldest first: a higher index is newer).
+    bool better(double a, std::size_t ia, double b, std::size_t ib) const {
+        if (a != b) return mode == Mode::min ? a < b : a > b;
+        return ia > ib;
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        std::vector<std::pair<double, std::size_t>> ranked;
+        for (std::size_t i = 0; i < files.size(); ++i)
+            if (const auto v = value(files[i])) ranked.emplace_back(*v, i);
+        std::sort(ranked.begin(), ranked.end(),
+                  [&](const auto& a, const auto& b) { return better(a.first, a.second, b.first, b.second); });
+        std::vector<bool> keep(files.size(), false);
+        for (std::size_t r = 0; r < ranked.size() && r < k; ++r) keep[ranked[r].second] = true;
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i < files.size(); ++i)
+            if (!keep[i]) out.push_back(i);
+        return out;
+    }
+};
+
 /// Keeps a file when any member keeps it: deletes only what every member deletes.
 template <RetentionPolicy... Rs>
 struct KeepUnion {
+    static constexpr bool uses_metrics = (detail::uses_metrics<Rs>() || ...);
     std::tuple<Rs...> members;
     KeepUnion() = default;
     explicit KeepUnion(Rs... rs) : members(std::move(rs)...) {}
@@ -156,6 +225,7 @@ private:
 /// when those do not fit in 10 GiB.
 template <RetentionPolicy... Rs>
 struct KeepIntersection {
+    static constexpr bool uses_metrics = (detail::uses_metrics<Rs>() || ...);
     std::tuple<Rs...> members;
     KeepIntersection() = default;
     explicit KeepIntersection(Rs... rs) : members(std::move(rs)...) {}

@@ -630,8 +630,15 @@ private:
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace ckpt {
+
+/// Named measurements of the state being saved ("val_loss", "accuracy"): recorded in the
+/// checkpoint (KeepBest keeps the best by one, best() finds it).
+using Metrics = std::vector<std::pair<std::string, double>>;
 
 /// The moment at which the manager is called.
 enum class Event { step_end, epoch_end, train_end };
@@ -643,6 +650,9 @@ struct Progress {
     Event event = Event::step_end;
     int rank = 0;  ///< data-parallel rank of the caller, for per-rank naming
     std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
+    /// Recorded with the checkpoint saved at this point, if any (finite values only: a NaN or
+    /// infinite one is left out, with a notice).
+    Metrics metrics;
 
     /// For loops without epochs (a solver): iteration i is epoch 1, step i.
     static Progress at_iteration(std::int64_t i) {
@@ -968,6 +978,7 @@ struct XmlArchive {
 
 #include <concepts>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -1711,12 +1722,20 @@ inline constexpr std::string_view reserved_name_prefix = "__ckpt.";
 inline constexpr std::string_view owner_prefix_entry = "__ckpt.prefix";
 inline constexpr std::string_view owner_run_entry = "__ckpt.run";
 inline constexpr std::string_view owner_follows_entry = "__ckpt.follows_run";
+// Progress::metrics are kept as doubles named "__ckpt.metric.{name}".
+inline constexpr std::string_view metric_entry_prefix = "__ckpt.metric.";
 
 inline bool is_reserved_name(std::string_view name) { return name.starts_with(reserved_name_prefix); }
 
 void record_owner(ParamDict& dict, const CheckpointOwner& owner);
 /// The owner record among a table of contents' entries, or nothing when there is none.
 std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>& toc);
+/// Adds the finite ones of `metrics` to `dict`; returns the names of those left out (NaN,
+/// infinite). An empty name is a ConfigError.
+std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics);
+/// The metrics a table of contents records, and its other int64 and double values by name
+/// (a recorded metric wins over a value of the same name).
+std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc);
 
 struct OpenedCheckpoint {
     Fd fd;
@@ -2755,6 +2774,35 @@ CKPT_INLINE std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>
     }
     if (!found) return std::nullopt;
     return owner;
+}
+
+CKPT_INLINE std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics) {
+    std::vector<std::string> left_out;
+    for (const auto& [name, value] : metrics) {
+        if (name.empty()) throw ConfigError("a metric needs a name (Progress::metrics)");
+        if (!std::isfinite(value)) {
+            left_out.push_back(name);
+            continue;
+        }
+        dict.set(std::string(metric_entry_prefix) + name, value);
+    }
+    return left_out;
+}
+
+CKPT_INLINE std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc) {
+    std::map<std::string, double> recorded, values;
+    for (const auto& e : toc) {
+        const double* d = e.scalar.get_if<double>();
+        if (d && e.kind == ValueKind::float64 && std::string_view(e.name).starts_with(metric_entry_prefix)) {
+            recorded[e.name.substr(metric_entry_prefix.size())] = *d;
+        } else if (!is_reserved_name(e.name)) {
+            if (d && e.kind == ValueKind::float64) values[e.name] = *d;
+            else if (const auto* i = e.scalar.get_if<std::int64_t>(); i && e.kind == ValueKind::int64)
+                values[e.name] = static_cast<double>(*i);
+        }
+    }
+    recorded.merge(values);  // keeps the recorded value of a name both have
+    return recorded;
 }
 
 CKPT_INLINE void drop_reserved(ParamDict& dict) {
@@ -3945,13 +3993,20 @@ struct SingleFileNaming {
 // read (with a warning); and with a run's last checkpoints it deletes that run's meta file
 // (never the current run's).
 //
+// A policy that ranks files by a metric says so with `static constexpr bool uses_metrics =
+// true`: the manager then reads each file's recorded metrics into StoredCheckpoint::metrics
+// (once per file) before asking it.
+//
 // Members: KeepAll (the do-nothing member), KeepLast, KeepOnePerMinutes, KeepWithinBytes,
-// KeepUnion<...> (keeps a file if any member keeps it) and KeepIntersection<...> (keeps a
-// file only if every member keeps it).
+// KeepBest (the k best by a metric), KeepUnion<...> (keeps a file if any member keeps it) and
+// KeepIntersection<...> (keeps a file only if every member keeps it).
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -3976,6 +4031,9 @@ struct StoredCheckpoint {
     NameParts name;
     FileHeader header;
     OwnerRecord owner = OwnerRecord::unread;
+    /// What the file records of its metrics (Progress::metrics), and its other int64 and double
+    /// values, by name; filled only where a metric is asked for (KeepBest, best()).
+    std::map<std::string, double> metrics{};
 
     /// The file's size on disk, as its header says (a header that reads checked it against
     /// the file's size).
@@ -3986,6 +4044,15 @@ template <class R>
 concept RetentionPolicy = std::copy_constructible<R> && requires(const R& r, std::span<const StoredCheckpoint> files) {
     { r.to_delete(files) } -> std::same_as<std::vector<std::size_t>>;
 };
+
+namespace detail {
+/// Whether retention policy R ranks files by their metrics (see the top of this file).
+template <class R>
+constexpr bool uses_metrics() {
+    if constexpr (requires { R::uses_metrics; }) return R::uses_metrics;
+    else return false;
+}
+}  // namespace detail
 
 /// Deletes nothing.
 struct KeepAll {
@@ -4052,9 +4119,59 @@ struct KeepWithinBytes {
     }
 };
 
+/// Whether a smaller or a larger value of a metric is better.
+enum class Mode { min, max };
+
+/// Keeps the k files with the best value of `metric` (a loss: Mode::min; an accuracy:
+/// Mode::max), as Lightning's save_top_k, Keras's save_best_only and Orbax's best_fn do. The
+/// metric is what the save recorded (Progress::metrics), or else an int64 or double value of
+/// that name in the file (append_info's, a value the state saves; not a view of a scalar,
+/// which is a 0-d tensor whose payload a listing does not read). A file without
+/// it, or whose value is not finite, is never among the best. Of equal values the newer file
+/// is the better. Alone it deletes every other file but those the manager always keeps (the
+/// newest that verifies, the one just written, the one restored); KeepUnion<KeepLast,
+/// KeepBest> keeps the newest n and the best k.
+struct KeepBest {
+    static constexpr bool uses_metrics = true;
+    std::size_t k;
+    std::string metric;
+    Mode mode;
+    KeepBest(std::int64_t keep, std::string metric_name, Mode m = Mode::min)
+        : k(static_cast<std::size_t>(keep)), metric(std::move(metric_name)), mode(m) {
+        if (keep < 1) throw ConfigError("KeepBest needs k >= 1, got " + std::to_string(keep));
+        if (metric.empty()) throw ConfigError("KeepBest needs the name of a metric");
+    }
+    /// The value `f` has for the metric, when it is one that can rank.
+    std::optional<double> value(const StoredCheckpoint& f) const {
+        const auto it = f.metrics.find(metric);
+        if (it == f.metrics.end() || !std::isfinite(it->second)) return std::nullopt;
+        return it->second;
+    }
+    /// Whether a file of value `a` at position `ia` is better than one of `b` at `ib` (files
+    /// are oldest first: a higher index is newer).
+    bool better(double a, std::size_t ia, double b, std::size_t ib) const {
+        if (a != b) return mode == Mode::min ? a < b : a > b;
+        return ia > ib;
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        std::vector<std::pair<double, std::size_t>> ranked;
+        for (std::size_t i = 0; i < files.size(); ++i)
+            if (const auto v = value(files[i])) ranked.emplace_back(*v, i);
+        std::sort(ranked.begin(), ranked.end(),
+                  [&](const auto& a, const auto& b) { return better(a.first, a.second, b.first, b.second); });
+        std::vector<bool> keep(files.size(), false);
+        for (std::size_t r = 0; r < ranked.size() && r < k; ++r) keep[ranked[r].second] = true;
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i < files.size(); ++i)
+            if (!keep[i]) out.push_back(i);
+        return out;
+    }
+};
+
 /// Keeps a file when any member keeps it: deletes only what every member deletes.
 template <RetentionPolicy... Rs>
 struct KeepUnion {
+    static constexpr bool uses_metrics = (detail::uses_metrics<Rs>() || ...);
     std::tuple<Rs...> members;
     KeepUnion() = default;
     explicit KeepUnion(Rs... rs) : members(std::move(rs)...) {}
@@ -4079,6 +4196,7 @@ private:
 /// when those do not fit in 10 GiB.
 template <RetentionPolicy... Rs>
 struct KeepIntersection {
+    static constexpr bool uses_metrics = (detail::uses_metrics<Rs>() || ...);
     std::tuple<Rs...> members;
     KeepIntersection() = default;
     explicit KeepIntersection(Rs... rs) : members(std::move(rs)...) {}
@@ -4235,7 +4353,10 @@ std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_v
                 if (foreign) foreign->push_back({file, *why});
                 continue;
             }
-            out.push_back({file, std::move(*parts), {}, record});
+            StoredCheckpoint& f = out.emplace_back();
+            f.path = file;
+            f.name = std::move(*parts);
+            f.owner = record;
         }
     std::stable_sort(out.begin(), out.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
         return std::tie(a.name.run, a.name.global_step, a.name.epoch, a.name.step) <
@@ -4338,6 +4459,46 @@ std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::strin
     }
     if (!found && files.empty()) detail::warn_unreadable(dir, prefix, naming);
     return found;
+}
+
+/// The checkpoint of `prefix` in `dir` with the best value of `metric` (see KeepBest: what
+/// the save recorded, or else an int64 or double value of that name) that verifies, with its
+/// metrics; nothing when no file records a finite value of it. Better files that fail
+/// verification are skipped, each with a warning and an entry in `skipped`; so are files whose
+/// contents cannot be read. Of equal values the newer file wins. `opts` holds the key of
+/// encrypted files.
+template <NamingPolicy N = detail::AnyRunNaming>
+std::optional<StoredCheckpoint> best_checkpoint(const PathArg& dir, std::string_view prefix, const std::string& metric,
+                                                Mode mode = Mode::min, const N& naming = {},
+                                                std::vector<SkippedCheckpoint>* skipped = nullptr,
+                                                const LoadOptions& opts = {}) {
+    const KeepBest rank(1, metric, mode);
+    auto files = list_checkpoints(dir, prefix, naming);
+    std::vector<std::pair<double, std::size_t>> ranked;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+        try {
+            files[i].metrics = detail::metrics_in(read_contents(files[i].path, opts).entries);
+        } catch (const Error& e) {
+            detail::note_skipped(files[i], e.what(), skipped);
+            continue;
+        }
+        if (const auto v = rank.value(files[i])) ranked.emplace_back(*v, i);
+    }
+    std::sort(ranked.begin(), ranked.end(),
+              [&](const auto& a, const auto& b) { return rank.better(a.first, a.second, b.first, b.second); });
+    for (const auto& [value, i] : ranked) {
+        if (auto why = checkpoint_problem(files[i])) detail::note_skipped(files[i], *why, skipped);
+        else return std::move(files[i]);
+    }
+    return std::nullopt;
+}
+
+/// Path form of best_checkpoint().
+template <NamingPolicy N = detail::AnyRunNaming>
+std::optional<Path> best(const PathArg& dir, std::string_view prefix, const std::string& metric, Mode mode = Mode::min,
+                         const N& naming = {}, std::vector<SkippedCheckpoint>* skipped = nullptr) {
+    if (auto c = best_checkpoint(dir, prefix, metric, mode, naming, skipped)) return c->path;
+    return std::nullopt;
 }
 
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
@@ -4777,6 +4938,9 @@ private:
         opts.codecs = codecs_;
         ParamDict stored = with_append_info(state, p);  // the entries are views: nothing is copied
         detail::record_owner(stored, owner);
+        for (const auto& name : detail::record_metrics(stored, p.metrics))
+            detail::log(LogLevel::notice, "metric '" + name + "' of '" + file.string() +
+                                              "' is not finite: not recorded (a checkpoint without it is never the best)");
         save_checkpoint(stored, file, opts);
     }
 
@@ -4812,6 +4976,8 @@ private:
                          const std::optional<StoredCheckpoint>& restored) const {
         const auto all = list_checkpoints(dir_, prefix_, naming_);
         auto files = readable_checkpoints(retention_scope(), p.rank, all);
+        if constexpr (detail::uses_metrics<R>())
+            for (auto& f : files) f.metrics = metrics_of(f);
         const auto it = std::find_if(files.begin(), files.end(),
                                      [&](const StoredCheckpoint& f) { return f.path == just_written; });
         if (it == files.end()) return;
@@ -4847,7 +5013,30 @@ private:
                             "retention could not delete '" + f->path.string() + "': " + ec.message());
             else
                 detail::log(LogLevel::info, "retention deleted '" + f->path.string() + "'");
+            std::lock_guard lock(cache_mutex_);
+            metrics_read_.erase(f->path.string());
         }
+    }
+
+    /// The metrics `f` records (StoredCheckpoint::metrics), read once per file and body: a
+    /// file's table of contents, or its whole body when it passed through codecs. None when
+    /// they cannot be read (a damaged file): such a file is never the best.
+    std::map<std::string, double> metrics_of(const StoredCheckpoint& f) const {
+        {
+            std::lock_guard lock(cache_mutex_);
+            if (const auto it = metrics_read_.find(f.path.string());
+                it != metrics_read_.end() && it->second.first == f.header.body_hash)
+                return it->second.second;
+        }
+        std::map<std::string, double> metrics;
+        try {
+            metrics = detail::metrics_in(read_contents(f.path, load_options_).entries);
+        } catch (const Error& e) {
+            detail::log(LogLevel::info, "retention reads no metrics from '" + f.path.string() + "': " + e.what());
+        }
+        std::lock_guard lock(cache_mutex_);
+        metrics_read_[f.path.string()] = {f.header.body_hash, metrics};
+        return metrics;
     }
 
     /// Whether retention may delete `f`: a file whose owner record says it is this prefix's,
@@ -4861,7 +5050,7 @@ private:
         if (f.owner == OwnerRecord::absent) {
             // A damaged file may have lost its record: verified once, then remembered.
             {
-                std::lock_guard lock(unowned_mutex_);
+                std::lock_guard lock(cache_mutex_);
                 if (const auto it = unowned_intact_.find(f.path.string());
                     it != unowned_intact_.end() && it->second == f.header.body_hash)
                     return false;
@@ -4871,7 +5060,7 @@ private:
             } catch (const Error&) {
                 return true;  // damaged: what it records is no evidence, and its name says it is ours
             }
-            std::lock_guard lock(unowned_mutex_);
+            std::lock_guard lock(cache_mutex_);
             unowned_intact_[f.path.string()] = f.header.body_hash;
             detail::log(LogLevel::notice, "retention leaves alone '" + f.path.string() +
                                               "': it records no owner (written without a manager or by an older "
@@ -4940,8 +5129,10 @@ private:
     AsyncSaveStats async_stats_;
     // Files without an owner record that retention found intact (by body checksum): left alone,
     // said once. Retention runs on the writer thread with async_save.
-    mutable std::mutex unowned_mutex_;
+    // And the metrics read of each file (by body checksum), for policies that rank by them.
+    mutable std::mutex cache_mutex_;
     mutable std::map<std::string, std::uint64_t> unowned_intact_;
+    mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
     detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
 };
 

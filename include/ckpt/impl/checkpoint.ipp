@@ -66,6 +66,35 @@ CKPT_INLINE std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>
     return owner;
 }
 
+CKPT_INLINE std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics) {
+    std::vector<std::string> left_out;
+    for (const auto& [name, value] : metrics) {
+        if (name.empty()) throw ConfigError("a metric needs a name (Progress::metrics)");
+        if (!std::isfinite(value)) {
+            left_out.push_back(name);
+            continue;
+        }
+        dict.set(std::string(metric_entry_prefix) + name, value);
+    }
+    return left_out;
+}
+
+CKPT_INLINE std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc) {
+    std::map<std::string, double> recorded, values;
+    for (const auto& e : toc) {
+        const double* d = e.scalar.get_if<double>();
+        if (d && e.kind == ValueKind::float64 && std::string_view(e.name).starts_with(metric_entry_prefix)) {
+            recorded[e.name.substr(metric_entry_prefix.size())] = *d;
+        } else if (!is_reserved_name(e.name)) {
+            if (d && e.kind == ValueKind::float64) values[e.name] = *d;
+            else if (const auto* i = e.scalar.get_if<std::int64_t>(); i && e.kind == ValueKind::int64)
+                values[e.name] = static_cast<double>(*i);
+        }
+    }
+    recorded.merge(values);  // keeps the recorded value of a name both have
+    return recorded;
+}
+
 CKPT_INLINE void drop_reserved(ParamDict& dict) {
     std::vector<std::string> reserved;
     for (const auto& [name, value] : dict)
