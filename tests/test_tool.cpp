@@ -161,6 +161,48 @@ TEST_CASE("ckpt ls lists every layout in order, with validity and what latest pi
     CHECK(contains(missing.err, "nowhere"));
 }
 
+TEST_CASE("ckpt ls shows each checkpoint's recorded metrics, and --best marks the best that verifies") {
+    test::TempDir dir;
+    const auto root = dir.path();
+    test::LogCapture quiet;
+    std::int64_t step = 0;
+    ckpt::ParamDict state;
+    state.set("step", ckpt::view_of(step));
+    ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> mgr(root, "fit", ckpt::EverySteps{1});
+    const double losses[] = {0.5, 0.2, 0.3, 0.1};
+    for (step = 1; step <= 4; ++step) {
+        auto p = ckpt::Progress::at_iteration(step);
+        p.metrics = {{"val_loss", losses[step - 1]}, {"accuracy", 1 - losses[step - 1]}};
+        mgr.on_step(p, state);
+    }
+    test::flip_bit(root / "fit-4.ckpt", test::read_bytes(root / "fit-4.ckpt").size() - 1);  // the best is damaged
+
+    auto text = ckpt_tool({"ls", root.string(), "--best", "val_loss"}, dir.path());
+    INFO(text.out, text.err);
+    REQUIRE(text.status == 0);
+    auto line_of = [&](const std::string& file) {
+        const auto at = text.out.find(file);
+        REQUIRE(at != std::string::npos);
+        return text.out.substr(at, text.out.find('\n', at) - at);
+    };
+    CHECK(contains(line_of("fit-1.ckpt"), "accuracy=0.5 val_loss=0.5"));
+    CHECK(contains(line_of("fit-2.ckpt"), "<- best val_loss"));  // 0.1 at step 4 does not verify
+    CHECK_FALSE(contains(line_of("fit-4.ckpt"), "<- best"));
+    CHECK(contains(line_of("fit-3.ckpt"), "<- latest"));
+    CHECK(ckpt::best(root, "fit", "val_loss")->filename() == "fit-2.ckpt");  // the same choice
+
+    auto as_json = ckpt_tool({"ls", root.string(), "--best", "accuracy:max", "--json"}, dir.path());
+    REQUIRE(as_json.status == 0);
+    const auto fit = json::parse(as_json.out)["checkpoints"][0]["checkpoints"];
+    REQUIRE(fit.size() == 4);
+    CHECK(fit[1]["best"] == true);
+    CHECK(fit[0]["best"] == false);
+    CHECK(fit[2]["metrics"]["val_loss"] == 0.3);
+
+    CHECK(ckpt_tool({"ls", root.string(), "--best", "accuracy:most"}, dir.path()).status == 2);
+    CHECK(ckpt_tool({"ls", root.string(), "--best", "val_loss", "--headers-only"}, dir.path()).status == 2);
+}
+
 TEST_CASE("ckpt show prints the header and entries without reading payloads, --stats adds statistics") {
     test::TempDir dir;
     ckpt::ParamDict d = small_state(1);

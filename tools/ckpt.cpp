@@ -1,7 +1,7 @@
 // ckpt: look inside checkpoints, check them, compare them, and move their tensors to and from
 // safetensors and NumPy's npz.
 //
-//   ckpt ls DIR [--prefix P] [--headers-only] [--json]
+//   ckpt ls DIR [--prefix P] [--headers-only] [--best METRIC[:min|max]] [--json]
 //   ckpt show FILE [--stats] [--json]
 //   ckpt verify FILE|DIR ...
 //   ckpt diff A B [--atol X] [--rtol Y]
@@ -164,6 +164,14 @@ struct Listed {
     std::optional<ckpt::FileHeader> header;
     std::optional<std::string> problem;
     bool latest = false;
+    std::map<std::string, double> metrics;  // what the save recorded (Progress::metrics)
+    bool best = false;
+};
+
+/// What `ckpt ls --best NAME[:max]` ranks by.
+struct BestBy {
+    std::string metric;
+    ckpt::Mode mode = ckpt::Mode::min;
 };
 
 /// The names a checkpoint file could follow, tried with the base prefix its name suggests
@@ -260,6 +268,15 @@ void check(Listed& f, bool headers_only) {
         return;
     }
     take_recorded_owner(f);
+    if (!f.header->encoded()) {  // an encoded body is decoded only with a key (ckpt show --key)
+        try {
+            for (const auto& e : ckpt::read_contents(f.path).entries)
+                if (const double* v = e.scalar.get_if<double>(); v && e.name.starts_with(ckpt::detail::metric_entry_prefix))
+                    f.metrics[e.name.substr(ckpt::detail::metric_entry_prefix.size())] = *v;
+        } catch (const ckpt::Error&) {
+            // verification says what is wrong with it
+        }
+    }
     if (headers_only || f.problem) return;
     if (f.named) {
         ckpt::StoredCheckpoint stored{f.path, f.parts, {}};
@@ -314,10 +331,55 @@ void order_and_mark(std::vector<Listed>& files) {
     }
 }
 
-int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool headers_only, bool as_json) {
+/// Marks, in each group, the file best() would pick: the best value of the metric among the
+/// files that verify (the newer of equals), as KeepBest ranks them.
+void mark_best(std::vector<Listed>& files, const BestBy& by) {
+    const ckpt::KeepBest rank(1, by.metric, by.mode);
+    std::map<std::string, std::size_t> best;  // group -> index
+    for (std::size_t i = 0; i < files.size(); ++i) {
+        if (files[i].problem || !files[i].named) continue;
+        const auto it = files[i].metrics.find(by.metric);
+        if (it == files[i].metrics.end() || !std::isfinite(it->second)) continue;
+        const auto b = best.find(files[i].group);
+        if (b == best.end() || rank.better(it->second, i, files[b->second].metrics.at(by.metric), b->second))
+            best[files[i].group] = i;
+    }
+    for (const auto& [group, i] : best) files[i].best = true;
+}
+
+/// "val_loss" (smaller is better) or "accuracy:max".
+BestBy parse_best(const std::string& spec) {
+    BestBy by;
+    by.metric = spec;
+    if (const auto colon = spec.rfind(':'); colon != std::string::npos) {
+        const std::string mode = spec.substr(colon + 1);
+        if (mode != "min" && mode != "max")
+            throw UsageError("--best '" + spec + "': the mode after ':' is min or max, not '" + mode + "'");
+        by.metric = spec.substr(0, colon);
+        by.mode = mode == "max" ? ckpt::Mode::max : ckpt::Mode::min;
+    }
+    if (by.metric.empty()) throw UsageError("--best needs the name of a metric, as in --best val_loss or --best accuracy:max");
+    return by;
+}
+
+/// "val_loss=0.2 accuracy=0.93": a file's recorded metrics.
+std::string metrics_text(const std::map<std::string, double>& metrics) {
+    std::string out;
+    for (const auto& [name, value] : metrics) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.6g", value);
+        out += (out.empty() ? "" : " ") + name + "=" + buf;
+    }
+    return out;
+}
+
+int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool headers_only, bool as_json,
+           const std::optional<BestBy>& best_by) {
+    if (best_by && headers_only) throw UsageError("--best needs the files verified: it cannot go with --headers-only");
     auto files = find_checkpoints(dir, prefix);
     for (auto& f : files) check(f, headers_only);
     order_and_mark(files);
+    if (best_by) mark_best(files, *best_by);
     if (as_json) {
         json groups = json::array();
         for (const auto& f : files) {
@@ -336,6 +398,8 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
             c["valid"] = headers_only ? json(nullptr) : json(!f.problem);
             if (f.problem) c["problem"] = *f.problem;
             c["latest"] = f.latest;
+            if (!f.metrics.empty()) c["metrics"] = f.metrics;
+            if (best_by) c["best"] = f.best;
             groups.back()["checkpoints"].push_back(std::move(c));
         }
         std::cout << json{{"directory", dir.string()}, {"checkpoints", groups}}.dump(2) << "\n";
@@ -366,9 +430,13 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
             epoch = std::to_string(f.header->epoch);
             step = std::to_string(f.header->step);
         }
-        std::printf("  %-44s %4s %6s %8s %-10s %10s  %-20s %s%s\n", name.c_str(), run.c_str(), epoch.c_str(), step.c_str(),
-                    kind.c_str(), human_size(f.size).c_str(), f.header ? utc_time(f.header->save_time_ns).c_str() : "-",
-                    status.c_str(), f.latest ? (f.last_words ? "  <- latest last words" : "  <- latest") : "");
+        std::string marks = f.latest ? (f.last_words ? "  <- latest last words" : "  <- latest") : "";
+        if (f.best) marks += "  <- best " + best_by->metric;
+        const std::string metrics = f.metrics.empty() ? "" : "  " + metrics_text(f.metrics);
+        std::printf("  %-44s %4s %6s %8s %-10s %10s  %-20s %s%s%s\n", name.c_str(), run.c_str(), epoch.c_str(),
+                    step.c_str(), kind.c_str(), human_size(f.size).c_str(),
+                    f.header ? utc_time(f.header->save_time_ns).c_str() : "-", status.c_str(), metrics.c_str(),
+                    marks.c_str());
     }
     return 0;
 }
@@ -715,7 +783,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "Help for every subcommand");
 
-    std::string dir, file, a, b, in, out, prefix, archive = "binary";
+    std::string dir, file, a, b, in, out, prefix, archive = "binary", best_spec;
     std::vector<std::string> verify_paths;
     bool stats = false, as_json = false, headers_only = false, compress = false, force = false;
     double atol = 0, rtol = 0;
@@ -733,6 +801,9 @@ int main(int argc, char** argv) {
     ls->add_option("--prefix", prefix, "Only this prefix's checkpoints (all its runs)");
     ls->add_flag("--headers-only", headers_only, "Read headers only; do not verify checksums");
     ls->add_flag("--json", as_json, "Print JSON");
+    ls->add_option("--best", best_spec,
+                   "Mark in each prefix the checkpoint with the best recorded METRIC that verifies, as ckpt::best() "
+                   "finds it (METRIC:max when larger is better)");
 
     auto* show = app.add_subcommand("show", "Show a checkpoint's header and entries (the payloads are not read), or a .safetensors or .npz file's entries");
     show->add_option("FILE", file, "Checkpoint file (or .safetensors, .npz)")->required();
@@ -786,7 +857,9 @@ int main(int argc, char** argv) {
     ckpt::set_log_sink([](ckpt::LogLevel, std::string_view) {});  // findings are in the output
     try {
         if (!key_file.empty()) load_options.key = ckpt::Key::from_file(key_file);
-        if (*ls) return cmd_ls(dir, prefix.empty() ? std::nullopt : std::optional(prefix), headers_only, as_json);
+        if (*ls)
+            return cmd_ls(dir, prefix.empty() ? std::nullopt : std::optional(prefix), headers_only, as_json,
+                          best_spec.empty() ? std::nullopt : std::optional(parse_best(best_spec)));
         if (*show) return cmd_show(file, stats, as_json);
         if (*verify) {
             std::vector<fs::path> paths(verify_paths.begin(), verify_paths.end());
