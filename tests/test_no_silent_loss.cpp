@@ -286,4 +286,30 @@ TEST_CASE("a save whose run description cannot be written names the checkpoint i
     CHECK_FALSE(boost::filesystem::exists(dir / "x-1.ckpt"));
 }
 
+
+TEST_CASE("StepNaming files of a loop with epochs are not refused: their names hold the global step") {
+    test::TempDir dir;
+    test::LogCapture quiet;
+    ckpt::ParamDict d;
+    d.set("w", ckpt::Tensor::from(std::vector<float>{1, 2}, {2}));
+    auto save = [&](const std::string& name, std::int64_t epoch, std::int64_t step) {
+        ckpt::SaveOptions o;
+        o.epoch = epoch;
+        o.step = step;
+        test::save_owned(d, dir / name, "s", "s", o);
+    };
+    save("s-6.ckpt", 3, 2);  // epoch 3 of 2-step epochs: global step 6
+    save("s-5.ckpt", 1, 5);  // a loop without epochs
+    save("s-7.ckpt", 1, 6);  // the first epoch: the name must be the step
+    save("s-8.ckpt", 2, 9);  // no step of an epoch is past the global step
+    std::vector<ckpt::SkippedCheckpoint> skipped;
+    const auto latest = ckpt::latest_checkpoint(dir.path(), "s", ckpt::StepNaming{}, &skipped);
+    REQUIRE(latest);
+    CHECK(latest->path.filename().string() == "s-6.ckpt");
+    REQUIRE(skipped.size() == 2);
+    CHECK(skipped[0].path.filename().string() == "s-8.ckpt");
+    CHECK(skipped[0].reason.find("global step 8 but its header says epoch 2 step 9") != std::string::npos);
+    CHECK(skipped[1].path.filename().string() == "s-7.ckpt");
+}
+
 }  // TEST_SUITE

@@ -257,6 +257,54 @@ TEST_CASE("callbacks run in order at every hook, an exception reaches on_excepti
     CHECK(log.back() == "b:exception at 3");
 }
 
+TEST_CASE("a callback's metrics are recorded by the checkpoint saved after it, at that hook only") {
+    // evaluates at each epoch's end, listed before the checkpoint callback
+    struct Evaluate {
+        nn::Trainer<nn::LeNet5, nn::Momentum>* trainer;
+        const nn::MnistDataset* test;
+        std::vector<double> accuracies;
+        void on_epoch_end(nn::RunContext& ctx) {
+            accuracies.push_back(trainer->evaluate(*test));
+            ctx.metrics.emplace_back("accuracy", accuracies.back());
+        }
+    };
+    auto data = lenet_data(64);  // 2 steps an epoch
+    auto test_data = lenet_data(64);
+    test::LogCapture quiet;
+    auto accuracy_in = [](const test::fs::path& file) -> std::optional<double> {
+        const auto m = ckpt::detail::metrics_in(ckpt::read_contents(file).entries);
+        if (const auto it = m.find("accuracy"); it != m.end()) return it->second;
+        return std::nullopt;
+    };
+
+    // each epoch's checkpoint records that epoch's evaluation; KeepBest keeps the best
+    TempDir dir;
+    Session s;
+    Evaluate eval{&s.trainer, &test_data, {}};
+    nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepAll, ckpt::StepNaming> per_epoch(dir.path(), "m");
+    s.trainer.train(3, data, nn::callbacks(eval, per_epoch));
+    REQUIRE(eval.accuracies.size() == 3);
+    for (int epoch = 1; epoch <= 3; ++epoch)
+        CHECK(accuracy_in(dir / ("m-" + std::to_string(2 * epoch) + ".ckpt")) == eval.accuracies[epoch - 1]);
+    std::vector<ckpt::SkippedCheckpoint> skipped;
+    const auto best = ckpt::best_checkpoint(dir.path(), "m", "accuracy", ckpt::Mode::max, ckpt::StepNaming{}, &skipped);
+    CHECK(skipped.empty());
+    REQUIRE(best);
+    CHECK(best->metrics.at("accuracy") == *std::max_element(eval.accuracies.begin(), eval.accuracies.end()));
+    // StepNaming names a file by its global step: a checkpoint of a later epoch (header: epoch
+    // 3, step 2) agrees with its name (global step 6), and is the latest
+    CHECK(ckpt::latest(dir.path(), "m", ckpt::StepNaming{})->filename().string() == "m-6.ckpt");
+
+    // a checkpoint of a later step does not carry an earlier hook's measurement
+    TempDir steps_dir;
+    Session t;
+    Evaluate eval_t{&t.trainer, &test_data, {}};
+    nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> per_step(steps_dir.path(), "m", {},
+                                                                                   ckpt::EverySteps(1));
+    t.trainer.train(2, data, nn::callbacks(eval_t, per_step));
+    CHECK_FALSE(accuracy_in(steps_dir / "m-3.ckpt"));  // the first step after epoch 1's evaluation
+}
+
 TEST_CASE("make_model_checkpoint follows a CheckpointConfig, the monitors print the seed's lines") {
     TempDir dir;
     auto data = lenet_data(128);  // 4 steps per epoch

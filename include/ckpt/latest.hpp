@@ -175,10 +175,18 @@ inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
     } catch (const Error& e) {
         return std::string(e.what());
     }
-    if (file.name.positioned && (file.header.epoch != file.name.epoch || file.header.step != file.name.step))
-        return "its name says epoch " + std::to_string(file.name.epoch) + " step " + std::to_string(file.name.step) +
-               " but its header says epoch " + std::to_string(file.header.epoch) + " step " +
-               std::to_string(file.header.step);
+    if (!file.name.positioned) return std::nullopt;
+    if (file.name.epoch_in_name) {
+        if (file.header.epoch != file.name.epoch || file.header.step != file.name.step)
+            return "its name says epoch " + std::to_string(file.name.epoch) + " step " + std::to_string(file.name.step) +
+                   " but its header says epoch " + std::to_string(file.header.epoch) + " step " +
+                   std::to_string(file.header.step);
+    } else if (file.header.epoch == 1 ? file.header.step != file.name.step : file.header.step > file.name.step) {
+        // a global step in the name: in the first epoch it is the step; later, no step of an
+        // epoch is past it
+        return "its name says global step " + std::to_string(file.name.step) + " but its header says epoch " +
+               std::to_string(file.header.epoch) + " step " + std::to_string(file.header.step);
+    }
     return std::nullopt;
 }
 

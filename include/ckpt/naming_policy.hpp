@@ -49,6 +49,9 @@ struct NameParts {
     std::string run_prefix;        ///< "lenet" for run 0, "lenet_3" for run 3
     std::int64_t run = 0;
     bool positioned = true;        ///< false when the name carries no epoch/step
+    /// false when the name carries the global step only (StepNaming): epoch and step are then
+    /// 1 and the global step, as a loop without epochs counts, whatever the header says
+    bool epoch_in_name = true;
     std::int64_t epoch = 0;
     std::int64_t step = 0;
     SaveKind kind = SaveKind::regular;
@@ -222,6 +225,7 @@ struct GlobalStepPosition {
         if (!step) return false;
         parts.epoch = 1;
         parts.step = parts.global_step = *step;
+        parts.epoch_in_name = false;
         return true;
     }
 };
@@ -237,8 +241,9 @@ struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {
     static constexpr RetentionScope retention_scope = RetentionScope::current_run;
 };
 
-/// For loops without epochs: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
-/// saves), with MindSporeNaming's run rule and meta file. Retention manages every run of the
+/// Names by the global step: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
+/// saves), with MindSporeNaming's run rule and meta file; for loops without epochs, and for
+/// loops with epochs too (the header keeps the epoch and step). Retention manages every run of the
 /// prefix, so a job restarted many times keeps as many files as its policy says, not that
 /// many per restart.
 struct StepNaming : detail::RunNaming<detail::GlobalStepPosition> {

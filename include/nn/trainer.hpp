@@ -132,8 +132,10 @@ public:
                     ctx.step = s + 1;
                     ++ctx.global_step;
                     each([](auto& cb, RunContext& c) { detail::on_step_end(cb, c); });
+                    ctx.metrics.clear();
                 }
                 each([](auto& cb, RunContext& c) { detail::on_epoch_end(cb, c); });
+                ctx.metrics.clear();
             }
             each([](auto& cb, RunContext& c) { detail::on_train_end(cb, c); });
         } catch (...) {

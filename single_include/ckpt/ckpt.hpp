@@ -3708,6 +3708,9 @@ struct NameParts {
     std::string run_prefix;        ///< "lenet" for run 0, "lenet_3" for run 3
     std::int64_t run = 0;
     bool positioned = true;        ///< false when the name carries no epoch/step
+    /// false when the name carries the global step only (StepNaming): epoch and step are then
+    /// 1 and the global step, as a loop without epochs counts, whatever the header says
+    bool epoch_in_name = true;
     std::int64_t epoch = 0;
     std::int64_t step = 0;
     SaveKind kind = SaveKind::regular;
@@ -3881,6 +3884,7 @@ struct GlobalStepPosition {
         if (!step) return false;
         parts.epoch = 1;
         parts.step = parts.global_step = *step;
+        parts.epoch_in_name = false;
         return true;
     }
 };
@@ -3896,8 +3900,9 @@ struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {
     static constexpr RetentionScope retention_scope = RetentionScope::current_run;
 };
 
-/// For loops without epochs: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
-/// saves), with MindSporeNaming's run rule and meta file. Retention manages every run of the
+/// Names by the global step: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
+/// saves), with MindSporeNaming's run rule and meta file; for loops without epochs, and for
+/// loops with epochs too (the header keeps the epoch and step). Retention manages every run of the
 /// prefix, so a job restarted many times keeps as many files as its policy says, not that
 /// many per restart.
 struct StepNaming : detail::RunNaming<detail::GlobalStepPosition> {
@@ -4373,10 +4378,18 @@ inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
     } catch (const Error& e) {
         return std::string(e.what());
     }
-    if (file.name.positioned && (file.header.epoch != file.name.epoch || file.header.step != file.name.step))
-        return "its name says epoch " + std::to_string(file.name.epoch) + " step " + std::to_string(file.name.step) +
-               " but its header says epoch " + std::to_string(file.header.epoch) + " step " +
-               std::to_string(file.header.step);
+    if (!file.name.positioned) return std::nullopt;
+    if (file.name.epoch_in_name) {
+        if (file.header.epoch != file.name.epoch || file.header.step != file.name.step)
+            return "its name says epoch " + std::to_string(file.name.epoch) + " step " + std::to_string(file.name.step) +
+                   " but its header says epoch " + std::to_string(file.header.epoch) + " step " +
+                   std::to_string(file.header.step);
+    } else if (file.header.epoch == 1 ? file.header.step != file.name.step : file.header.step > file.name.step) {
+        // a global step in the name: in the first epoch it is the step; later, no step of an
+        // epoch is past it
+        return "its name says global step " + std::to_string(file.name.step) + " but its header says epoch " +
+               std::to_string(file.header.epoch) + " step " + std::to_string(file.header.step);
+    }
     return std::nullopt;
 }
 

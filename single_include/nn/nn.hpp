@@ -55,6 +55,11 @@ struct RunContext {
     /// step produced, and no checkpoint may be taken of it.
     bool consistent = true;
     bool stop_requested = false;       ///< set by a callback to end training after this step
+    /// What callbacks measured of the state at this hook ("val_loss", "accuracy"): a checkpoint
+    /// a later callback of the same hook saves records them (ckpt::KeepBest ranks by them),
+    /// so list an evaluating callback before nn::ModelCheckpoint. The trainer clears them
+    /// after each step's and each epoch's hooks: they never describe a later state.
+    ckpt::Metrics metrics;
     std::function<ckpt::ParamDict()> state;  ///< everything a checkpoint holds, as views
 
     ckpt::Progress progress(ckpt::Event event) const {
@@ -64,6 +69,7 @@ struct RunContext {
         p.global_step = global_step;
         p.event = event;
         p.rank = rank;
+        p.metrics = metrics;
         return p;
     }
 };
@@ -2044,8 +2050,10 @@ public:
                     ctx.step = s + 1;
                     ++ctx.global_step;
                     each([](auto& cb, RunContext& c) { detail::on_step_end(cb, c); });
+                    ctx.metrics.clear();
                 }
                 each([](auto& cb, RunContext& c) { detail::on_epoch_end(cb, c); });
+                ctx.metrics.clear();
             }
             each([](auto& cb, RunContext& c) { detail::on_train_end(cb, c); });
         } catch (...) {
