@@ -53,6 +53,18 @@ std::vector<std::int64_t> steps_in(const fs::path& dir) {
 
 constexpr double losses[] = {0.5, 0.3, 0.4, 0.2, 0.6, 0.7, 0.45, 0.25};
 
+/// A directory, the log, and a state holding a view of `step`.
+struct Scratch {
+    TempDir dir;
+    test::LogCapture log;
+    std::int64_t step = 0;
+    ckpt::ParamDict state = [this] {
+        ckpt::ParamDict d;
+        d.set("step", ckpt::view_of(step));
+        return d;
+    }();
+};
+
 }  // namespace
 
 TEST_SUITE("keep best") {
@@ -77,11 +89,10 @@ TEST_CASE("KeepBest keeps the k best by its mode, never a file without a finite 
 }
 
 TEST_CASE("a manager with KeepBest keeps the best checkpoints and the newest, and best() finds the best") {
-    TempDir dir;
-    test::LogCapture log;
-    std::int64_t step = 0;
-    ckpt::ParamDict state;
-    state.set("step", ckpt::view_of(step));
+    Scratch scratch;
+    const TempDir& dir = scratch.dir;
+    std::int64_t& step = scratch.step;
+    ckpt::ParamDict& state = scratch.state;
     ckpt::ManagerOptions options;
     options.append_info = ckpt::AppendInfo{"step_num"};
     ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepBest, ckpt::StepNaming> mgr(
@@ -109,11 +120,10 @@ TEST_CASE("a manager with KeepBest keeps the best checkpoints and the newest, an
 }
 
 TEST_CASE("KeepUnion of KeepLast and KeepBest keeps the newest n and the best k, across a restart") {
-    TempDir dir;
-    test::LogCapture log;
-    std::int64_t step = 0;
-    ckpt::ParamDict state;
-    state.set("step", ckpt::view_of(step));
+    Scratch scratch;
+    const TempDir& dir = scratch.dir;
+    std::int64_t& step = scratch.step;
+    ckpt::ParamDict& state = scratch.state;
     using Policy = ckpt::KeepUnion<ckpt::KeepLast, ckpt::KeepBest>;
     auto manager = [&] {
         return ckpt::CheckpointManager<ckpt::EverySteps, Policy, ckpt::StepNaming>(
@@ -166,11 +176,10 @@ TEST_CASE("the metric may be a value the file holds, and what the save records w
 }
 
 TEST_CASE("a metric that is not finite is not recorded, with a notice, in every archive") {
-    TempDir dir;
-    test::LogCapture log;
-    std::int64_t step = 0;
-    ckpt::ParamDict state;
-    state.set("step", ckpt::view_of(step));
+    Scratch scratch;
+    const TempDir& dir = scratch.dir;
+    std::int64_t& step = scratch.step;
+    ckpt::ParamDict& state = scratch.state;
     // text archives cannot hold a NaN: recording one would fail the save
     ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepBest, ckpt::StepNaming, ckpt::TextArchive> mgr(
         dir.path(), "run", ckpt::EverySteps{1}, ckpt::KeepBest{1, "val_loss"});
@@ -178,7 +187,7 @@ TEST_CASE("a metric that is not finite is not recorded, with a notice, in every 
     mgr.on_step(at_step(1, 0.4), state);
     step = 2;
     REQUIRE_NOTHROW(mgr.on_step(at_step(2, no_value), state));
-    CHECK(std::any_of(log.infos.begin(), log.infos.end(), [](const std::string& m) {
+    CHECK(std::any_of(scratch.log.infos.begin(), scratch.log.infos.end(), [](const std::string& m) {
         return m.find("metric 'val_loss'") != std::string::npos && m.find("not finite") != std::string::npos;
     }));
     const auto contents = ckpt::read_contents(dir / "run-2.ckpt");
@@ -196,11 +205,10 @@ TEST_CASE("a metric that is not finite is not recorded, with a notice, in every 
 }
 
 TEST_CASE("best() passes over a damaged best file, naming it, and takes the next") {
-    TempDir dir;
-    test::LogCapture log;
-    std::int64_t step = 0;
-    ckpt::ParamDict state;
-    state.set("step", ckpt::view_of(step));
+    Scratch scratch;
+    const TempDir& dir = scratch.dir;
+    std::int64_t& step = scratch.step;
+    ckpt::ParamDict& state = scratch.state;
     ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> mgr(dir.path(), "run",
                                                                                   ckpt::EverySteps{1});
     for (step = 1; step <= 5; ++step) mgr.on_step(at_step(step, losses[step - 1]), state);
@@ -216,11 +224,10 @@ TEST_CASE("best() passes over a damaged best file, naming it, and takes the next
 }
 
 TEST_CASE("KeepBest reads the metrics of compressed and encrypted checkpoints with the manager's key") {
-    TempDir dir;
-    test::LogCapture log;
-    std::int64_t step = 0;
-    ckpt::ParamDict state;
-    state.set("step", ckpt::view_of(step));
+    Scratch scratch;
+    const TempDir& dir = scratch.dir;
+    std::int64_t& step = scratch.step;
+    ckpt::ParamDict& state = scratch.state;
     const ckpt::Key key = ckpt::Key::from_bytes(std::string(32, '\x07'));
     using Codec = ckpt::Chain<ckpt::Zstd, ckpt::AesGcm>;
     ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepBest, ckpt::StepNaming, ckpt::BinaryArchive, Codec> mgr(
