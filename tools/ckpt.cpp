@@ -270,9 +270,7 @@ void check(Listed& f, bool headers_only) {
     take_recorded_owner(f);
     if (!f.header->encoded()) {  // an encoded body is decoded only with a key (ckpt show --key)
         try {
-            for (const auto& e : ckpt::read_contents(f.path).entries)
-                if (const double* v = e.scalar.get_if<double>(); v && e.name.starts_with(ckpt::detail::metric_entry_prefix))
-                    f.metrics[e.name.substr(ckpt::detail::metric_entry_prefix.size())] = *v;
+            f.metrics = ckpt::detail::recorded_metrics(ckpt::read_contents(f.path).entries);
         } catch (const ckpt::Error&) {
             // verification says what is wrong with it
         }

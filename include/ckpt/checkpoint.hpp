@@ -100,8 +100,10 @@ std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>& toc);
 /// Adds the finite ones of `metrics` to `dict`; returns the names of those left out (NaN,
 /// infinite). An empty name is a ConfigError.
 std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics);
-/// The metrics a table of contents records, and its other int64 and double values by name
-/// (a recorded metric wins over a value of the same name).
+/// The metrics a table of contents records (Progress::metrics), by name.
+std::map<std::string, double> recorded_metrics(const std::vector<EntryMeta>& toc);
+/// recorded_metrics(), and the table of contents' other int64 and double values by name (a
+/// recorded metric wins over a value of the same name).
 std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc);
 
 struct OpenedCheckpoint {

@@ -282,21 +282,15 @@ std::optional<StoredCheckpoint> best_checkpoint(const PathArg& dir, std::string_
                                                 Mode mode = Mode::min, const N& naming = {},
                                                 std::vector<SkippedCheckpoint>* skipped = nullptr,
                                                 const LoadOptions& opts = {}) {
-    const KeepBest rank(1, metric, mode);
     auto files = list_checkpoints(dir, prefix, naming);
-    std::vector<std::pair<double, std::size_t>> ranked;
-    for (std::size_t i = 0; i < files.size(); ++i) {
+    for (auto& f : files) {
         try {
-            files[i].metrics = detail::metrics_in(read_contents(files[i].path, opts).entries);
+            f.metrics = detail::metrics_in(read_contents(f.path, opts).entries);
         } catch (const Error& e) {
-            detail::note_skipped(files[i], e.what(), skipped);
-            continue;
+            detail::note_skipped(f, e.what(), skipped);
         }
-        if (const auto v = rank.value(files[i])) ranked.emplace_back(*v, i);
     }
-    std::sort(ranked.begin(), ranked.end(),
-              [&](const auto& a, const auto& b) { return rank.better(a.first, a.second, b.first, b.second); });
-    for (const auto& [value, i] : ranked) {
+    for (const std::size_t i : KeepBest(1, metric, mode).ranking(files)) {
         if (auto why = checkpoint_problem(files[i])) detail::note_skipped(files[i], *why, skipped);
         else return std::move(files[i]);
     }

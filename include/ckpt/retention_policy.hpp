@@ -182,14 +182,21 @@ struct KeepBest {
         if (a != b) return mode == Mode::min ? a < b : a > b;
         return ia > ib;
     }
-    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+    /// The indices of the files that have a value of the metric, the best first.
+    std::vector<std::size_t> ranking(std::span<const StoredCheckpoint> files) const {
         std::vector<std::pair<double, std::size_t>> ranked;
         for (std::size_t i = 0; i < files.size(); ++i)
             if (const auto v = value(files[i])) ranked.emplace_back(*v, i);
         std::sort(ranked.begin(), ranked.end(),
                   [&](const auto& a, const auto& b) { return better(a.first, a.second, b.first, b.second); });
+        std::vector<std::size_t> out;
+        for (const auto& r : ranked) out.push_back(r.second);
+        return out;
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        const auto ranked = ranking(files);
         std::vector<bool> keep(files.size(), false);
-        for (std::size_t r = 0; r < ranked.size() && r < k; ++r) keep[ranked[r].second] = true;
+        for (std::size_t r = 0; r < ranked.size() && r < k; ++r) keep[ranked[r]] = true;
         std::vector<std::size_t> out;
         for (std::size_t i = 0; i < files.size(); ++i)
             if (!keep[i]) out.push_back(i);

@@ -1733,8 +1733,10 @@ std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>& toc);
 /// Adds the finite ones of `metrics` to `dict`; returns the names of those left out (NaN,
 /// infinite). An empty name is a ConfigError.
 std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics);
-/// The metrics a table of contents records, and its other int64 and double values by name
-/// (a recorded metric wins over a value of the same name).
+/// The metrics a table of contents records (Progress::metrics), by name.
+std::map<std::string, double> recorded_metrics(const std::vector<EntryMeta>& toc);
+/// recorded_metrics(), and the table of contents' other int64 and double values by name (a
+/// recorded metric wins over a value of the same name).
 std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc);
 
 struct OpenedCheckpoint {
@@ -2789,20 +2791,26 @@ CKPT_INLINE std::vector<std::string> record_metrics(ParamDict& dict, const Metri
     return left_out;
 }
 
-CKPT_INLINE std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc) {
-    std::map<std::string, double> recorded, values;
-    for (const auto& e : toc) {
-        const double* d = e.scalar.get_if<double>();
-        if (d && e.kind == ValueKind::float64 && std::string_view(e.name).starts_with(metric_entry_prefix)) {
+CKPT_INLINE std::map<std::string, double> recorded_metrics(const std::vector<EntryMeta>& toc) {
+    std::map<std::string, double> recorded;
+    for (const auto& e : toc)
+        if (const double* d = e.scalar.get_if<double>();
+            d && e.kind == ValueKind::float64 && std::string_view(e.name).starts_with(metric_entry_prefix))
             recorded[e.name.substr(metric_entry_prefix.size())] = *d;
-        } else if (!is_reserved_name(e.name)) {
-            if (d && e.kind == ValueKind::float64) values[e.name] = *d;
-            else if (const auto* i = e.scalar.get_if<std::int64_t>(); i && e.kind == ValueKind::int64)
-                values[e.name] = static_cast<double>(*i);
-        }
-    }
-    recorded.merge(values);  // keeps the recorded value of a name both have
     return recorded;
+}
+
+CKPT_INLINE std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc) {
+    std::map<std::string, double> metrics = recorded_metrics(toc);
+    for (const auto& e : toc) {
+        if (is_reserved_name(e.name)) continue;
+        // emplace: a recorded metric of the same name stays
+        if (const double* d = e.scalar.get_if<double>(); d && e.kind == ValueKind::float64)
+            metrics.emplace(e.name, *d);
+        else if (const auto* i = e.scalar.get_if<std::int64_t>(); i && e.kind == ValueKind::int64)
+            metrics.emplace(e.name, static_cast<double>(*i));
+    }
+    return metrics;
 }
 
 CKPT_INLINE void drop_reserved(ParamDict& dict) {
@@ -4158,14 +4166,21 @@ struct KeepBest {
         if (a != b) return mode == Mode::min ? a < b : a > b;
         return ia > ib;
     }
-    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+    /// The indices of the files that have a value of the metric, the best first.
+    std::vector<std::size_t> ranking(std::span<const StoredCheckpoint> files) const {
         std::vector<std::pair<double, std::size_t>> ranked;
         for (std::size_t i = 0; i < files.size(); ++i)
             if (const auto v = value(files[i])) ranked.emplace_back(*v, i);
         std::sort(ranked.begin(), ranked.end(),
                   [&](const auto& a, const auto& b) { return better(a.first, a.second, b.first, b.second); });
+        std::vector<std::size_t> out;
+        for (const auto& r : ranked) out.push_back(r.second);
+        return out;
+    }
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
+        const auto ranked = ranking(files);
         std::vector<bool> keep(files.size(), false);
-        for (std::size_t r = 0; r < ranked.size() && r < k; ++r) keep[ranked[r].second] = true;
+        for (std::size_t r = 0; r < ranked.size() && r < k; ++r) keep[ranked[r]] = true;
         std::vector<std::size_t> out;
         for (std::size_t i = 0; i < files.size(); ++i)
             if (!keep[i]) out.push_back(i);
@@ -4485,21 +4500,15 @@ std::optional<StoredCheckpoint> best_checkpoint(const PathArg& dir, std::string_
                                                 Mode mode = Mode::min, const N& naming = {},
                                                 std::vector<SkippedCheckpoint>* skipped = nullptr,
                                                 const LoadOptions& opts = {}) {
-    const KeepBest rank(1, metric, mode);
     auto files = list_checkpoints(dir, prefix, naming);
-    std::vector<std::pair<double, std::size_t>> ranked;
-    for (std::size_t i = 0; i < files.size(); ++i) {
+    for (auto& f : files) {
         try {
-            files[i].metrics = detail::metrics_in(read_contents(files[i].path, opts).entries);
+            f.metrics = detail::metrics_in(read_contents(f.path, opts).entries);
         } catch (const Error& e) {
-            detail::note_skipped(files[i], e.what(), skipped);
-            continue;
+            detail::note_skipped(f, e.what(), skipped);
         }
-        if (const auto v = rank.value(files[i])) ranked.emplace_back(*v, i);
     }
-    std::sort(ranked.begin(), ranked.end(),
-              [&](const auto& a, const auto& b) { return rank.better(a.first, a.second, b.first, b.second); });
-    for (const auto& [value, i] : ranked) {
+    for (const std::size_t i : KeepBest(1, metric, mode).ranking(files)) {
         if (auto why = checkpoint_problem(files[i])) detail::note_skipped(files[i], *why, skipped);
         else return std::move(files[i]);
     }

@@ -79,20 +79,26 @@ CKPT_INLINE std::vector<std::string> record_metrics(ParamDict& dict, const Metri
     return left_out;
 }
 
-CKPT_INLINE std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc) {
-    std::map<std::string, double> recorded, values;
-    for (const auto& e : toc) {
-        const double* d = e.scalar.get_if<double>();
-        if (d && e.kind == ValueKind::float64 && std::string_view(e.name).starts_with(metric_entry_prefix)) {
+CKPT_INLINE std::map<std::string, double> recorded_metrics(const std::vector<EntryMeta>& toc) {
+    std::map<std::string, double> recorded;
+    for (const auto& e : toc)
+        if (const double* d = e.scalar.get_if<double>();
+            d && e.kind == ValueKind::float64 && std::string_view(e.name).starts_with(metric_entry_prefix))
             recorded[e.name.substr(metric_entry_prefix.size())] = *d;
-        } else if (!is_reserved_name(e.name)) {
-            if (d && e.kind == ValueKind::float64) values[e.name] = *d;
-            else if (const auto* i = e.scalar.get_if<std::int64_t>(); i && e.kind == ValueKind::int64)
-                values[e.name] = static_cast<double>(*i);
-        }
-    }
-    recorded.merge(values);  // keeps the recorded value of a name both have
     return recorded;
+}
+
+CKPT_INLINE std::map<std::string, double> metrics_in(const std::vector<EntryMeta>& toc) {
+    std::map<std::string, double> metrics = recorded_metrics(toc);
+    for (const auto& e : toc) {
+        if (is_reserved_name(e.name)) continue;
+        // emplace: a recorded metric of the same name stays
+        if (const double* d = e.scalar.get_if<double>(); d && e.kind == ValueKind::float64)
+            metrics.emplace(e.name, *d);
+        else if (const auto* i = e.scalar.get_if<std::int64_t>(); i && e.kind == ValueKind::int64)
+            metrics.emplace(e.name, static_cast<double>(*i));
+    }
+    return metrics;
 }
 
 CKPT_INLINE void drop_reserved(ParamDict& dict) {
