@@ -42,6 +42,7 @@
 
 #include "error.hpp"
 #include "format.hpp"
+#include "log.hpp"
 #include "naming_policy.hpp"
 #include "path.hpp"
 
@@ -195,6 +196,11 @@ struct KeepBest {
     }
     std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
         const auto ranked = ranking(files);
+        if (ranked.empty() && !files.empty())  // a metric never recorded, or misspelled: say so
+            detail::log(LogLevel::notice, "KeepBest ranks by '" + metric + "', but none of the " +
+                                              std::to_string(files.size()) +
+                                              " checkpoint(s) in its scope records a finite value of it, so it keeps "
+                                              "none of them (a save records it in Progress::metrics)");
         std::vector<bool> keep(files.size(), false);
         for (std::size_t r = 0; r < ranked.size() && r < k; ++r) keep[ranked[r]] = true;
         std::vector<std::size_t> out;
