@@ -77,6 +77,68 @@ TEST_CASE("views of standard containers and of scalars of every dtype save and l
     CHECK(packed.values<bool>()[2]);
 }
 
+namespace {
+// A target that fits itself to the file: its vector takes the saved length before the load.
+struct Growing {
+    std::vector<float> values;
+    std::vector<std::size_t> shaped_for;  // the length each state_dict_for() was asked for
+    int loaded_calls = 0;
+    ckpt::ParamDict state_dict() {
+        ckpt::ParamDict d;
+        d.set("values", ckpt::view_of(values));
+        return d;
+    }
+    ckpt::ParamDict state_dict_for(const std::vector<ckpt::EntryInfo>& entries) {
+        for (const auto& e : entries)
+            if (e.name == "values") values.resize(static_cast<std::size_t>(e.shape.at(0)));
+        shaped_for.push_back(values.size());
+        return state_dict();
+    }
+    void loaded(const ckpt::LoadReport&) { ++loaded_calls; }
+};
+}  // namespace
+
+TEST_CASE("a target shaped by the checkpoint is fitted to the file a load reads, then told it loaded") {
+    test::TempDir tmp;
+    for (const auto archive : {ckpt::ArchiveKind::binary, ckpt::ArchiveKind::text}) {
+        CAPTURE(static_cast<int>(archive));
+        ckpt::SaveOptions so;
+        so.archive = archive;
+        ckpt::save_checkpoint({{"values", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4, 5})}}, tmp / "x.ckpt", so);
+        Growing g;
+        CHECK(ckpt::load_checkpoint_into(tmp / "x.ckpt", g, /*strict=*/true).complete());
+        CHECK(g.values == std::vector<float>{1, 2, 3, 4, 5});
+        CHECK(g.loaded_calls == 1);
+        Growing h;
+        CHECK(ckpt::load_param_into_net(h, ckpt::load_checkpoint(tmp / "x.ckpt"), true).complete());
+        CHECK(h.values == g.values);
+        CHECK(h.loaded_calls == 1);
+    }
+    // a manager's restore fits it to the file it loads: not the newest (damaged), the one before
+    std::vector<float> saved{1, 2, 3};
+    {
+        StepManager mgr(tmp / "run", "g", ckpt::EverySteps{1}, ckpt::KeepLast{5});
+        for (std::int64_t s = 1; s <= 2; ++s) {
+            saved.push_back(static_cast<float>(s));
+            mgr.save(ckpt::Progress::at_iteration(s), [&] {
+                return ckpt::ParamDict{{"values", ckpt::view_of(saved)}};
+            });
+        }
+    }
+    const auto files = ckpt::list_checkpoints(tmp / "run", "g", ckpt::StepNaming{});
+    REQUIRE(files.size() == 2);
+    test::flip_bit(files.back().path, boost::filesystem::file_size(files.back().path) - 3);
+    test::LogCapture quiet;
+    Growing g;
+    StepManager mgr(tmp / "run", "g", ckpt::EverySteps{1}, ckpt::KeepLast{5});
+    const auto restored = mgr.restore(g);
+    REQUIRE(restored);
+    CHECK(restored->file.path == files.front().path);
+    CHECK(g.values == std::vector<float>{1, 2, 3, 1});
+    CHECK(g.shaped_for == std::vector<std::size_t>{4});
+    CHECK(g.loaded_calls == 1);
+}
+
 TEST_CASE("every function that takes a path takes a std::filesystem::path, a Boost path and a string") {
     test::TempDir tmp;
     const stdfs::path dir = stdfs::path(tmp.path().string()) / "std";

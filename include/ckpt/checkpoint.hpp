@@ -4,6 +4,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -78,6 +79,17 @@ concept HasStateDict = requires(T& t) {
     { t.state_dict() } -> std::same_as<ParamDict>;
 };
 
+/// A target whose tensors depend on what the checkpoint holds: an optimizer whose per-parameter
+/// state its first step creates, a container resized to fit. A load calls state_dict_for()
+/// with the file's table of contents before it reads any payload, and loads into the views it
+/// returns (a load that falls back to an older file calls it again, for that file); once a
+/// load has succeeded, loaded() finishes the job (hands a generator's state back, say).
+template <class T>
+concept ShapedByCheckpoint = requires(T& t, const std::vector<EntryInfo>& entries, const LoadReport& report) {
+    { t.state_dict_for(entries) } -> std::same_as<ParamDict>;
+    t.loaded(report);
+};
+
 namespace detail {
 
 std::int64_t unix_time_ns();
@@ -124,11 +136,21 @@ std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, cons
 /// body that passed through codecs (entries left empty): what a cheap look at a file costs.
 CheckpointContents contents_of(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts,
                                bool decode_encoded);
-/// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`).
-LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies);
+/// Rebuilds a load's target after the table of contents (ShapedByCheckpoint::state_dict_for).
+using TargetShaper = std::function<void(const std::vector<EntryMeta>& toc, ParamDict& target)>;
+
+template <ShapedByCheckpoint T>
+TargetShaper shaper_of(T& t) {
+    return [&t](const std::vector<EntryMeta>& toc, ParamDict& target) { target = t.state_dict_for(toc); };
+}
+
+/// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`);
+/// `shape`, when given, first rebuilds the target after `src`'s entries.
+LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies,
+                           const TargetShaper* shape = nullptr);
 /// load_checkpoint_into(), likewise.
 LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
-                          bool values_are_copies);
+                          bool values_are_copies, const TargetShaper* shape = nullptr);
 
 }  // namespace detail
 
@@ -162,9 +184,19 @@ LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool str
 /// Into an object's state_dict(): its values are copies, which nothing can write back (a
 /// strict load names them; use views of scalars, ckpt::view_of).
 template <HasStateDict T>
+    requires(!ShapedByCheckpoint<T>)
 LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false) {
     ParamDict views = net.state_dict();
     return detail::load_param_into(views, src, strict, true);
+}
+/// Into a target shaped after `src`'s entries (ShapedByCheckpoint), then finished by its loaded().
+template <ShapedByCheckpoint T>
+LoadReport load_param_into_net(T& target, const ParamDict& src, bool strict = false) {
+    ParamDict views;
+    const auto shape = detail::shaper_of(target);
+    auto report = detail::load_param_into(views, src, strict, false, &shape);
+    target.loaded(report);
+    return report;
 }
 
 /// Loads straight into the memory of `target`'s tensors. Binary archives stream from the file
@@ -182,9 +214,20 @@ LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool str
 /// Into an object's state_dict(): its values are copies, which nothing can write back (a
 /// strict load names them, before anything is loaded; use views of scalars, ckpt::view_of).
 template <HasStateDict T>
+    requires(!ShapedByCheckpoint<T>)
 LoadReport load_checkpoint_into(const PathArg& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
     ParamDict views = net.state_dict();
     return detail::load_file_into(file, views, strict, opts, true);
+}
+/// Into a target shaped after the file's table of contents (ShapedByCheckpoint), then
+/// finished by its loaded().
+template <ShapedByCheckpoint T>
+LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = false, const LoadOptions& opts = {}) {
+    ParamDict views;
+    const auto shape = detail::shaper_of(target);
+    auto report = detail::load_file_into(file, views, strict, opts, false, &shape);
+    target.loaded(report);
+    return report;
 }
 
 }  // namespace ckpt

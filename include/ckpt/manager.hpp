@@ -273,7 +273,7 @@ public:
     /// CheckpointManager::restore() into views; an object's state_dict() values are copies
     /// (`values_are_copies`).
     std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
-                                         bool values_are_copies) const {
+                                         bool values_are_copies, const detail::TargetShaper* shape) const {
         auto files = list_checkpoints(dir_, prefix_, naming_, SaveKind::regular, skipped);
         std::optional<Restored> done;
         // Loads `f` (verified) into the target, or says why it cannot.
@@ -283,7 +283,7 @@ public:
                 // checked the others)
                 if (f.header.encoded())
                     if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name)) return why;
-                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies)};
+                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies, shape)};
                 restored_ = f;
                 return std::nullopt;
             } catch (const FormatError& e) {  // changed between verification and load
@@ -676,16 +676,24 @@ public:
     /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
     /// throws LoadMismatch rather than resuming half a model. Retention keeps the file loaded
     /// until this manager has saved a newer one.
+    /// A target that shapes itself after the file (ShapedByCheckpoint) is asked for views of
+    /// each file tried, and its loaded() runs once one has loaded.
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        if constexpr (HasStateDict<Target>) {
+        if constexpr (ShapedByCheckpoint<Target>) {
+            ParamDict views;
+            const auto shape = detail::shaper_of(target);
+            auto done = restore_into(views, strict, skipped, false, &shape);
+            if (done) target.loaded(done->report);
+            return done;
+        } else if constexpr (HasStateDict<Target>) {
             ParamDict views = target.state_dict();
-            return restore_into(views, strict, skipped, true);
+            return restore_into(views, strict, skipped, true, nullptr);
         } else {
             static_assert(std::is_convertible_v<Target&, ParamDict&>,
                           "restore() loads into a ckpt::ParamDict of views or an object with `ckpt::ParamDict state_dict()`");
-            return restore_into(static_cast<ParamDict&>(target), strict, skipped, false);
+            return restore_into(static_cast<ParamDict&>(target), strict, skipped, false, nullptr);
         }
     }
     /// This run's checkpoints with readable headers, oldest first.
@@ -700,7 +708,7 @@ private:
     Path save_state(const Progress& p, ParamDict dict);
     Path save_exception(const Progress& p, ParamDict dict);
     std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
-                                         bool values_are_copies) const;
+                                         bool values_are_copies, const detail::TargetShaper* shape) const;
 
     std::unique_ptr<Core> core_;
 };
@@ -787,8 +795,9 @@ Path CheckpointManager<S, R, N, A, C>::save_exception(const Progress& p, ParamDi
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 std::optional<Restored> CheckpointManager<S, R, N, A, C>::restore_into(ParamDict& target, bool strict,
                                                                        std::vector<SkippedCheckpoint>* skipped,
-                                                                       bool values_are_copies) const {
-    return core_->restore_into(target, strict, skipped, values_are_copies);
+                                                                       bool values_are_copies,
+                                                                       const detail::TargetShaper* shape) const {
+    return core_->restore_into(target, strict, skipped, values_are_copies, shape);
 }
 
 }  // namespace ckpt

@@ -978,6 +978,7 @@ struct XmlArchive {
 
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -1711,6 +1712,17 @@ concept HasStateDict = requires(T& t) {
     { t.state_dict() } -> std::same_as<ParamDict>;
 };
 
+/// A target whose tensors depend on what the checkpoint holds: an optimizer whose per-parameter
+/// state its first step creates, a container resized to fit. A load calls state_dict_for()
+/// with the file's table of contents before it reads any payload, and loads into the views it
+/// returns (a load that falls back to an older file calls it again, for that file); once a
+/// load has succeeded, loaded() finishes the job (hands a generator's state back, say).
+template <class T>
+concept ShapedByCheckpoint = requires(T& t, const std::vector<EntryInfo>& entries, const LoadReport& report) {
+    { t.state_dict_for(entries) } -> std::same_as<ParamDict>;
+    t.loaded(report);
+};
+
 namespace detail {
 
 std::int64_t unix_time_ns();
@@ -1757,11 +1769,21 @@ std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, cons
 /// body that passed through codecs (entries left empty): what a cheap look at a file costs.
 CheckpointContents contents_of(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts,
                                bool decode_encoded);
-/// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`).
-LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies);
+/// Rebuilds a load's target after the table of contents (ShapedByCheckpoint::state_dict_for).
+using TargetShaper = std::function<void(const std::vector<EntryMeta>& toc, ParamDict& target)>;
+
+template <ShapedByCheckpoint T>
+TargetShaper shaper_of(T& t) {
+    return [&t](const std::vector<EntryMeta>& toc, ParamDict& target) { target = t.state_dict_for(toc); };
+}
+
+/// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`);
+/// `shape`, when given, first rebuilds the target after `src`'s entries.
+LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies,
+                           const TargetShaper* shape = nullptr);
 /// load_checkpoint_into(), likewise.
 LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
-                          bool values_are_copies);
+                          bool values_are_copies, const TargetShaper* shape = nullptr);
 
 }  // namespace detail
 
@@ -1795,9 +1817,19 @@ LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool str
 /// Into an object's state_dict(): its values are copies, which nothing can write back (a
 /// strict load names them; use views of scalars, ckpt::view_of).
 template <HasStateDict T>
+    requires(!ShapedByCheckpoint<T>)
 LoadReport load_param_into_net(T& net, const ParamDict& src, bool strict = false) {
     ParamDict views = net.state_dict();
     return detail::load_param_into(views, src, strict, true);
+}
+/// Into a target shaped after `src`'s entries (ShapedByCheckpoint), then finished by its loaded().
+template <ShapedByCheckpoint T>
+LoadReport load_param_into_net(T& target, const ParamDict& src, bool strict = false) {
+    ParamDict views;
+    const auto shape = detail::shaper_of(target);
+    auto report = detail::load_param_into(views, src, strict, false, &shape);
+    target.loaded(report);
+    return report;
 }
 
 /// Loads straight into the memory of `target`'s tensors. Binary archives stream from the file
@@ -1815,9 +1847,20 @@ LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool str
 /// Into an object's state_dict(): its values are copies, which nothing can write back (a
 /// strict load names them, before anything is loaded; use views of scalars, ckpt::view_of).
 template <HasStateDict T>
+    requires(!ShapedByCheckpoint<T>)
 LoadReport load_checkpoint_into(const PathArg& file, T& net, bool strict = false, const LoadOptions& opts = {}) {
     ParamDict views = net.state_dict();
     return detail::load_file_into(file, views, strict, opts, true);
+}
+/// Into a target shaped after the file's table of contents (ShapedByCheckpoint), then
+/// finished by its loaded().
+template <ShapedByCheckpoint T>
+LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = false, const LoadOptions& opts = {}) {
+    ParamDict views;
+    const auto shape = detail::shaper_of(target);
+    auto report = detail::load_file_into(file, views, strict, opts, false, &shape);
+    target.loaded(report);
+    return report;
 }
 
 }  // namespace ckpt
@@ -3259,7 +3302,8 @@ CKPT_INLINE ParamDict load_checkpoint(const PathArg& file, const LoadOptions& op
 
 namespace detail {
 /// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`).
-CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies) {
+CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies,
+                                       const TargetShaper* shape) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
         detail::EntryMeta e;
@@ -3269,8 +3313,10 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
             e.dtype = t->dtype();
             e.shape = t->shape();
         }
+        if (e.kind != ValueKind::tensor) e.scalar = value;
         toc.push_back(std::move(e));
     }
+    if (shape) (*shape)(toc, target);
     auto plan = detail::plan_load(target, toc, values_are_copies);
     if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
     auto it = src.begin();
@@ -3302,7 +3348,7 @@ namespace detail {
 /// `target`'s tensors, then checks the stored bytes' checksum and any decoding failure.
 template <class Source>
 LoadReport load_binary_into(Source& src, const FileHeader& header, const std::string& path, ParamDict& target,
-                            bool strict, bool values_are_copies) {
+                            bool strict, bool values_are_copies, const TargetShaper* shape) {
     // A parse or decoding error in a body whose checksum also fails is reported as the
     // corruption it is.
     auto corruption_instead = [&](const char* extra) -> std::optional<ChecksumError> {
@@ -3319,6 +3365,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             BodyParser parser(ar, src, path);
             toc = parser.read_toc();
             reject_duplicates(toc, path);
+            if (shape) (*shape)(toc, target);
             plan = plan_load(target, toc, values_are_copies);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
@@ -3360,25 +3407,25 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
 
 namespace detail {
 CKPT_INLINE LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
-                                      bool values_are_copies) {
+                                      bool values_are_copies, const TargetShaper* shape) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     const FileHeader& h = c.header;
     if (h.archive == ArchiveKind::binary && !h.encoded()) {
         detail::BodyReader src(c.fd.get(), path, h.body_length);
-        return detail::load_binary_into(src, h, path, target, strict, values_are_copies);
+        return detail::load_binary_into(src, h, path, target, strict, values_are_copies, shape);
     }
     if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
         const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
         detail::require_key(h, ctx);
         if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
             if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
-                return detail::load_binary_into(*src, h, path, target, strict, values_are_copies);
+                return detail::load_binary_into(*src, h, path, target, strict, values_are_copies, shape);
     }
     auto body = detail::read_decoded_body(c, path, opts);
     ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
     detail::drop_reserved(dict);
-    return detail::load_param_into(target, dict, strict, values_are_copies);
+    return detail::load_param_into(target, dict, strict, values_are_copies, shape);
 }
 }  // namespace detail
 
@@ -4849,7 +4896,7 @@ public:
     /// CheckpointManager::restore() into views; an object's state_dict() values are copies
     /// (`values_are_copies`).
     std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
-                                         bool values_are_copies) const {
+                                         bool values_are_copies, const detail::TargetShaper* shape) const {
         auto files = list_checkpoints(dir_, prefix_, naming_, SaveKind::regular, skipped);
         std::optional<Restored> done;
         // Loads `f` (verified) into the target, or says why it cannot.
@@ -4859,7 +4906,7 @@ public:
                 // checked the others)
                 if (f.header.encoded())
                     if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name)) return why;
-                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies)};
+                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies, shape)};
                 restored_ = f;
                 return std::nullopt;
             } catch (const FormatError& e) {  // changed between verification and load
@@ -5252,16 +5299,24 @@ public:
     /// no checkpoint loads. Strict by default: a checkpoint that does not fit the target
     /// throws LoadMismatch rather than resuming half a model. Retention keeps the file loaded
     /// until this manager has saved a newer one.
+    /// A target that shapes itself after the file (ShapedByCheckpoint) is asked for views of
+    /// each file tried, and its loaded() runs once one has loaded.
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        if constexpr (HasStateDict<Target>) {
+        if constexpr (ShapedByCheckpoint<Target>) {
+            ParamDict views;
+            const auto shape = detail::shaper_of(target);
+            auto done = restore_into(views, strict, skipped, false, &shape);
+            if (done) target.loaded(done->report);
+            return done;
+        } else if constexpr (HasStateDict<Target>) {
             ParamDict views = target.state_dict();
-            return restore_into(views, strict, skipped, true);
+            return restore_into(views, strict, skipped, true, nullptr);
         } else {
             static_assert(std::is_convertible_v<Target&, ParamDict&>,
                           "restore() loads into a ckpt::ParamDict of views or an object with `ckpt::ParamDict state_dict()`");
-            return restore_into(static_cast<ParamDict&>(target), strict, skipped, false);
+            return restore_into(static_cast<ParamDict&>(target), strict, skipped, false, nullptr);
         }
     }
     /// This run's checkpoints with readable headers, oldest first.
@@ -5276,7 +5331,7 @@ private:
     Path save_state(const Progress& p, ParamDict dict);
     Path save_exception(const Progress& p, ParamDict dict);
     std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
-                                         bool values_are_copies) const;
+                                         bool values_are_copies, const detail::TargetShaper* shape) const;
 
     std::unique_ptr<Core> core_;
 };
@@ -5363,8 +5418,9 @@ Path CheckpointManager<S, R, N, A, C>::save_exception(const Progress& p, ParamDi
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 std::optional<Restored> CheckpointManager<S, R, N, A, C>::restore_into(ParamDict& target, bool strict,
                                                                        std::vector<SkippedCheckpoint>* skipped,
-                                                                       bool values_are_copies) const {
-    return core_->restore_into(target, strict, skipped, values_are_copies);
+                                                                       bool values_are_copies,
+                                                                       const detail::TargetShaper* shape) const {
+    return core_->restore_into(target, strict, skipped, values_are_copies, shape);
 }
 
 }  // namespace ckpt

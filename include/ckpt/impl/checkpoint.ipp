@@ -547,7 +547,8 @@ CKPT_INLINE ParamDict load_checkpoint(const PathArg& file, const LoadOptions& op
 
 namespace detail {
 /// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`).
-CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies) {
+CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies,
+                                       const TargetShaper* shape) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
         detail::EntryMeta e;
@@ -557,8 +558,10 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
             e.dtype = t->dtype();
             e.shape = t->shape();
         }
+        if (e.kind != ValueKind::tensor) e.scalar = value;
         toc.push_back(std::move(e));
     }
+    if (shape) (*shape)(toc, target);
     auto plan = detail::plan_load(target, toc, values_are_copies);
     if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
     auto it = src.begin();
@@ -590,7 +593,7 @@ namespace detail {
 /// `target`'s tensors, then checks the stored bytes' checksum and any decoding failure.
 template <class Source>
 LoadReport load_binary_into(Source& src, const FileHeader& header, const std::string& path, ParamDict& target,
-                            bool strict, bool values_are_copies) {
+                            bool strict, bool values_are_copies, const TargetShaper* shape) {
     // A parse or decoding error in a body whose checksum also fails is reported as the
     // corruption it is.
     auto corruption_instead = [&](const char* extra) -> std::optional<ChecksumError> {
@@ -607,6 +610,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             BodyParser parser(ar, src, path);
             toc = parser.read_toc();
             reject_duplicates(toc, path);
+            if (shape) (*shape)(toc, target);
             plan = plan_load(target, toc, values_are_copies);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
@@ -648,25 +652,25 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
 
 namespace detail {
 CKPT_INLINE LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
-                                      bool values_are_copies) {
+                                      bool values_are_copies, const TargetShaper* shape) {
     const std::string path = file.string();
     auto c = detail::open_checkpoint(path, opts);
     const FileHeader& h = c.header;
     if (h.archive == ArchiveKind::binary && !h.encoded()) {
         detail::BodyReader src(c.fd.get(), path, h.body_length);
-        return detail::load_binary_into(src, h, path, target, strict, values_are_copies);
+        return detail::load_binary_into(src, h, path, target, strict, values_are_copies, shape);
     }
     if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
         const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
         detail::require_key(h, ctx);
         if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
             if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
-                return detail::load_binary_into(*src, h, path, target, strict, values_are_copies);
+                return detail::load_binary_into(*src, h, path, target, strict, values_are_copies, shape);
     }
     auto body = detail::read_decoded_body(c, path, opts);
     ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
     detail::drop_reserved(dict);
-    return detail::load_param_into(target, dict, strict, values_are_copies);
+    return detail::load_param_into(target, dict, strict, values_are_copies, shape);
 }
 }  // namespace detail
 

@@ -1,0 +1,272 @@
+// ckpt::TorchState: a libtorch module, optimizer, scheduler and generator saved and resumed
+// bit-exact by another set of objects, as a new process would; strict and non-strict loads;
+// misuse refused with names.
+#include <ckpt/torch.hpp>
+
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/schedulers/step_lr.h>
+
+#include <doctest/doctest.h>
+
+#include "support.hpp"
+
+namespace {
+
+namespace fs = boost::filesystem;
+
+// A small CNN with every kind of state a module has: weights, biases, BatchNorm's running
+// statistics and its int64 counter.
+struct NetImpl : torch::nn::Module {
+    NetImpl() {
+        features = register_module("features", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 3, 3)),
+                                                                     torch::nn::BatchNorm2d(3)));
+        fc = register_module("fc", torch::nn::Linear(3 * 4 * 4, 5));
+    }
+    torch::Tensor forward(torch::Tensor x) {
+        x = torch::relu(features->forward(x));
+        return fc->forward(x.flatten(1));
+    }
+    torch::nn::Sequential features{nullptr};
+    torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Net);
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, Net& net) {
+    namespace o = torch::optim;
+    if (kind == "SGD") return std::make_unique<o::SGD>(net->parameters(), o::SGDOptions(0.05).momentum(0.9).dampening(0.1));
+    if (kind == "Adam") return std::make_unique<o::Adam>(net->parameters(), o::AdamOptions(1e-2).amsgrad(true));
+    if (kind == "AdamW") return std::make_unique<o::AdamW>(net->parameters(), o::AdamWOptions(1e-2));
+    if (kind == "RMSprop")
+        return std::make_unique<o::RMSprop>(net->parameters(), o::RMSpropOptions(1e-2).momentum(0.5).centered(true));
+    return std::make_unique<o::Adagrad>(net->parameters(), o::AdagradOptions(0.1));
+}
+
+// One training step on random data drawn from the default generator.
+void train_step(Net& net, torch::optim::Optimizer& opt) {
+    const auto x = torch::randn({4, 1, 6, 6});
+    const auto y = torch::randint(0, 5, {4});
+    opt.zero_grad();
+    torch::nll_loss(torch::log_softmax(net->forward(x), 1), y).backward();
+    opt.step();
+}
+
+std::vector<torch::Tensor> params_of(Net& net) {
+    std::vector<torch::Tensor> out;
+    for (const auto& t : net->parameters()) out.push_back(t.detach().clone());
+    for (const auto& t : net->buffers()) out.push_back(t.detach().clone());
+    return out;
+}
+
+bool bit_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (!a[i].sizes().equals(b[i].sizes()) ||
+            std::memcmp(a[i].data_ptr(), b[i].data_ptr(), a[i].numel() * a[i].element_size()) != 0)
+            return false;
+    return true;
+}
+
+/// The message of the E that `f` throws (fails the test if it throws nothing or another type).
+template <class E, class F>
+std::string message_of(F&& f) {
+    try {
+        f();
+    } catch (const E& e) {
+        return e.what();
+    }
+    FAIL("expected an exception");
+    return {};
+}
+
+bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("TorchState names a module's parameters and buffers as PyTorch does, and loads into them in place") {
+    test::TempDir dir;
+    torch::manual_seed(1);
+    Net a;
+    ckpt::TorchState sa(a, {.generator = false});
+    const auto dict = sa.state_dict();
+    std::vector<std::string> names;
+    for (const auto& [name, value] : dict) names.push_back(name);
+    CHECK(names == std::vector<std::string>{"model.features.0.weight", "model.features.0.bias", "model.features.1.weight",
+                                            "model.features.1.bias", "model.fc.weight", "model.fc.bias",
+                                            "model.features.1.running_mean", "model.features.1.running_var",
+                                            "model.features.1.num_batches_tracked"});
+    CHECK(dict.at("model.features.1.num_batches_tracked").type_name() == "int64[]");
+    // views: the dict's bytes are the module's
+    CHECK(dict.at("model.fc.weight").get_if<ckpt::Tensor>()->data() ==
+          static_cast<std::byte*>(a->fc->weight.data_ptr()));
+    const auto file = dir / "m.ckpt";
+    ckpt::save_checkpoint(dict, file);
+
+    torch::manual_seed(2);
+    Net b;
+    const auto b_weight = b->fc->weight.data_ptr();
+    ckpt::TorchState sb(b, {.generator = false});
+    const auto report = ckpt::load_checkpoint_into(file, sb, /*strict=*/true);
+    CHECK(report.complete());
+    CHECK(bit_equal(params_of(a), params_of(b)));
+    CHECK(b->fc->weight.data_ptr() == b_weight);  // loaded into the module's own tensor
+}
+
+TEST_CASE("TorchState resumes every supported optimizer bit-exact in fresh objects") {
+    for (const std::string kind : {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad"}) {
+        CAPTURE(kind);
+        test::TempDir dir;
+        torch::manual_seed(7);
+        Net a;
+        auto opt_a = make_optimizer(kind, a);
+        torch::optim::StepLR sched_a(*opt_a, 2, 0.5);
+        for (int i = 0; i < 3; ++i) {
+            train_step(a, *opt_a);
+            sched_a.step();
+        }
+        ckpt::TorchState sa(a, *opt_a);
+        sa.scheduler(sched_a);
+        const auto file = dir / "s.ckpt";
+        ckpt::save_checkpoint(sa.state_dict(), file);
+        for (int i = 0; i < 3; ++i) {  // the uninterrupted run
+            train_step(a, *opt_a);
+            sched_a.step();
+        }
+
+        torch::manual_seed(99);  // another process: other weights, other generator, no optimizer state
+        Net b;
+        auto opt_b = make_optimizer(kind, b);
+        torch::optim::StepLR sched_b(*opt_b, 2, 0.5);
+        ckpt::TorchState sb(b, *opt_b);
+        sb.scheduler(sched_b);
+        const auto report = ckpt::load_checkpoint_into(file, sb, /*strict=*/true);
+        CHECK(report.complete());
+        CHECK(opt_b->state().size() == opt_a->state().size());
+        for (int i = 0; i < 3; ++i) {
+            train_step(b, *opt_b);
+            sched_b.step();
+        }
+        CHECK(bit_equal(params_of(a), params_of(b)));
+        CHECK(opt_b->param_groups()[0].options().get_lr() == opt_a->param_groups()[0].options().get_lr());
+    }
+}
+
+TEST_CASE("TorchState restores through a CheckpointManager with async saves, falling back past a damaged file") {
+    test::TempDir dir;
+    torch::manual_seed(3);
+    Net a;
+    torch::optim::Adam opt_a(a->parameters(), torch::optim::AdamOptions(1e-2));
+    std::int64_t epoch = 0;
+    ckpt::TorchState sa(a, opt_a);
+    sa.add("epoch", ckpt::view_of(epoch));
+    std::vector<torch::Tensor> at_step_2;
+    {
+        ckpt::ManagerOptions mo;
+        mo.async_save = true;
+        ckpt::CheckpointManager<ckpt::EverySteps> mgr(dir.path(), "torch", ckpt::EverySteps{1}, ckpt::KeepLast{5},
+                                                      ckpt::MindSporeNaming{}, mo);
+        for (std::int64_t s = 1; s <= 3; ++s) {
+            epoch = s * 10;
+            train_step(a, opt_a);
+            ckpt::Progress p;
+            p.epoch = 1;
+            p.step = s;
+            p.global_step = s;
+            mgr.on_step(p, sa);
+            if (s == 2) at_step_2 = params_of(a);
+        }
+        mgr.wait();
+    }
+    // the newest file is damaged: the load falls back to step 2, shaping the optimizer again
+    const auto files = ckpt::list_checkpoints(dir.path(), "torch");
+    REQUIRE(files.size() == 3);
+    test::flip_bit(files.back().path, fs::file_size(files.back().path) - 10);
+
+    Net b;
+    torch::optim::Adam opt_b(b->parameters(), torch::optim::AdamOptions(1e-2));
+    std::int64_t epoch_b = -1;
+    ckpt::TorchState sb(b, opt_b);
+    sb.add("epoch", ckpt::view_of(epoch_b));
+    ckpt::CheckpointManager<ckpt::EverySteps> mgr(dir.path(), "torch", ckpt::EverySteps{1});
+    std::vector<ckpt::SkippedCheckpoint> skipped;
+    const auto restored = mgr.restore(sb, true, &skipped);
+    REQUIRE(restored);
+    CHECK(restored->file.path == files[1].path);
+    CHECK(skipped.size() == 1);
+    CHECK(epoch_b == 20);
+    CHECK(bit_equal(params_of(b), at_step_2));
+    const auto* st = dynamic_cast<torch::optim::AdamParamState*>(opt_b.state().begin()->second.get());
+    REQUIRE(st);
+    CHECK(st->step() == 2);
+}
+
+TEST_CASE("TorchState restores the CPU generator, so a resumed run draws the same numbers") {
+    test::TempDir dir;
+    Net net;
+    ckpt::TorchState s(net);
+    torch::manual_seed(11);
+    (void)torch::rand({5});
+    const auto file = dir / "g.ckpt";
+    ckpt::save_checkpoint(s.state_dict(), file);
+    const auto expected = torch::rand({8});
+    torch::manual_seed(12345);
+    ckpt::load_checkpoint_into(file, s, true);
+    CHECK(torch::equal(torch::rand({8}), expected));
+}
+
+TEST_CASE("TorchState loads: strict names what does not fit, non-strict reports it, another optimizer kind is refused") {
+    test::TempDir dir;
+    Net a;
+    torch::optim::SGD opt_a(a->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    train_step(a, opt_a);
+    const auto file = dir / "s.ckpt";
+    ckpt::TorchState sa(a, opt_a, {.generator = false});
+    ckpt::save_checkpoint(sa.state_dict(), file);
+
+    // a module with one more layer
+    struct Wider : torch::nn::Module {
+        Wider() {
+            register_module("features", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 3, 3)),
+                                                              torch::nn::BatchNorm2d(3)));
+            register_module("fc", torch::nn::Linear(3 * 4 * 4, 5));
+            register_module("head", torch::nn::Linear(5, 2));
+        }
+    } wider;
+    ckpt::TorchState sw(wider, {.generator = false});
+    const auto e = message_of<ckpt::LoadMismatch>([&] { ckpt::load_checkpoint_into(file, sw, true); });
+    CHECK(contains(e, "'model.head.weight'"));
+    CHECK(contains(e, "'model.head.bias'"));
+    const auto report = ckpt::load_checkpoint_into(file, sw, false);
+    CHECK(report.param_not_load == std::vector<std::string>{"model.head.weight", "model.head.bias"});
+    CHECK(report.rest.contains("optimizer.kind"));
+
+    Net b;
+    torch::optim::Adam opt_b(b->parameters());
+    ckpt::TorchState sb(b, opt_b, {.generator = false});
+    CHECK(contains(message_of<ckpt::LoadMismatch>([&] { ckpt::load_checkpoint_into(file, sb, true); }),
+                         "holds the state of a SGD optimizer; this one is Adam"));
+}
+
+TEST_CASE("TorchState refuses tensors it cannot view and parameters it cannot name, naming them") {
+    Net net;
+    {
+        torch::NoGradGuard no_grad;
+        net->fc->weight.set_data(net->fc->weight.t().contiguous().t());  // same values, transposed strides
+    }
+    ckpt::TorchState s(net);
+    CHECK(contains(message_of<ckpt::ConfigError>([&] { (void)s.state_dict(); }),
+                         "'model.fc.weight' is not contiguous"));
+
+    Net half;
+    half->to(torch::kBFloat16);
+    ckpt::TorchState sh(half);
+    CHECK(contains(message_of<ckpt::ConfigError>([&] { (void)sh.state_dict(); }), "has dtype BFloat16"));
+
+    Net other;
+    auto stray = torch::zeros({2, 2}, torch::requires_grad());
+    torch::optim::SGD opt({stray}, torch::optim::SGDOptions(0.1));
+    CHECK(contains(message_of<ckpt::ConfigError>([&] { ckpt::TorchState bad(other, opt); }),
+                         "parameter 0 of the optimizer's param group 0 (shape [2, 2]) is not a parameter of the module"));
+}
