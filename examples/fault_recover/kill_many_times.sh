@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Kills fault_recover with SIGKILL at random moments, again and again, and after each kill
-# runs the same command again, as a job scheduler would. The job must end with the
-# parameters of a run that was never killed, bit for bit; no restart may begin from scratch
-# once a checkpoint exists, and some restart must resume in the middle of an epoch.
-#   kill_many_times.sh <fault_recover> <work dir> [kills, default 24]
+# Kills a training example (fault_recover, torch_resume) with SIGKILL at random moments,
+# again and again, and after each kill runs the same command again, as a job scheduler would.
+# The job must end with the parameters of a run that was never killed, bit for bit; no
+# restart may begin from scratch once a checkpoint exists, and some restart must resume in
+# the middle of an epoch.
+#   kill_many_times.sh <program> <work dir> [kills, default 24]
+# The program prints "resuming from …" or "no valid checkpoint …" first, "saved at epoch E,
+# step S of N" once each checkpoint is durable, and final_params_xxh64=… last. Its options
+# for the uninterrupted run and for the killed job (fault_recover's by default):
+#   STRAIGHT_OPTIONS="--no-fault"  KILLED_OPTIONS="--fail-at-epoch 3 --save-steps 2"
 # Most kills come right after the first or second checkpoint a run reports (plus 0-5 ms:
 # inside a step or the next save); one in five at a random time in the run's first 0.3 s.
 set -euo pipefail
 program=$1
 work=$2
 kills=${3:-24}
-min_kills=20
+min_kills=$((kills * 5 / 6))  # the job may finish before the last few
 export OPENBLAS_NUM_THREADS=1
 rm -rf "$work"
 mkdir -p "$work/data"
@@ -39,11 +44,13 @@ subset t10k-labels-idx1-ubyte 320 8 1
 options=(--data "$work/data" --epochs 12 --shuffle 7 --quiet)
 
 # the reference: no failure, no kill, a checkpoint per epoch only (saving changes nothing)
-timeout 120 "$program" --dir "$work/straight" --no-fault "${options[@]}" > "$work/straight.log" 2>&1 ||
+read -r -a straight_options <<< "${STRAIGHT_OPTIONS---no-fault}"
+read -r -a killed_options <<< "${KILLED_OPTIONS---fail-at-epoch 3 --save-steps 2}"
+timeout 120 "$program" --dir "$work/straight" "${straight_options[@]}" "${options[@]}" > "$work/straight.log" 2>&1 ||
     { cat "$work/straight.log" >&2; fail "the uninterrupted run failed"; }
 straight=$(grep '^final_params_xxh64=' "$work/straight.log") || fail "the uninterrupted run printed no hash"
 
-command=("$program" --dir "$work/lenet" "${options[@]}" --fail-at-epoch 3 --save-steps 2)
+command=("$program" --dir "$work/ckpt" "${options[@]}" "${killed_options[@]}")
 echo "command: ${command[*]}"
 
 # next_line: the job's next output line into $line and its log; false at the end of it

@@ -196,7 +196,10 @@ struct KeepBest {
     }
     std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const {
         const auto ranked = ranking(files);
-        if (ranked.empty() && !files.empty())  // a metric never recorded, or misspelled: say so
+        // a metric never recorded, or misspelled: say so, once (files saved between the
+        // checkpoints that measure it, such as step saves before the first epoch end, would
+        // repeat it at every save)
+        if (ranked.empty() && !files.empty() && !std::exchange(said_unranked_, true))
             detail::log(LogLevel::notice, "KeepBest ranks by '" + metric + "', but none of the " +
                                               std::to_string(files.size()) +
                                               " checkpoint(s) in its scope records a finite value of it, so it keeps "
@@ -208,6 +211,10 @@ struct KeepBest {
             if (!keep[i]) out.push_back(i);
         return out;
     }
+
+private:
+    // retention of one manager runs on one thread at a time
+    mutable bool said_unranked_ = false;
 };
 
 /// Keeps a file when any member keeps it: deletes only what every member deletes.
