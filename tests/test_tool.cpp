@@ -7,6 +7,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -21,20 +22,32 @@ struct ToolRun {
     std::string out, err;
 };
 
-/// Runs the tool with `args`, stdout and stderr kept apart; fails the test after 60 s.
-ToolRun ckpt_tool(const std::vector<std::string>& args, const test::fs::path& scratch) {
+/// Runs the tool with `args`, stdout and stderr kept apart; fails the test after 60 s. `env`
+/// ("NAME=value") replaces those variables of the test's environment.
+ToolRun ckpt_tool(const std::vector<std::string>& args, const test::fs::path& scratch,
+                  const std::vector<std::string>& env = {}) {
     const std::string out = (scratch / ".tool.out").string(), err = (scratch / ".tool.err").string();
     std::vector<std::string> argv{CKPT_TOOL};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> raw;
     for (auto& a : argv) raw.push_back(a.data());
     raw.push_back(nullptr);
+    std::vector<std::string> environment(env);
+    for (char** e = environ; *e; ++e) {
+        const std::string entry = *e;
+        const auto name = entry.substr(0, entry.find('=') + 1);
+        if (std::none_of(env.begin(), env.end(), [&](const std::string& o) { return o.starts_with(name); }))
+            environment.push_back(entry);
+    }
+    std::vector<char*> raw_env;
+    for (auto& e : environment) raw_env.push_back(e.data());
+    raw_env.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     pid_t pid = -1;
-    const int rc = posix_spawn(&pid, raw[0], &actions, nullptr, raw.data(), environ);
+    const int rc = posix_spawn(&pid, raw[0], &actions, nullptr, raw.data(), raw_env.data());
     posix_spawn_file_actions_destroy(&actions);
     REQUIRE(rc == 0);
     ToolRun r;
