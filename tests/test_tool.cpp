@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include "support.hpp"
 
@@ -95,7 +96,7 @@ TEST_CASE("ckpt --help and every subcommand's --help exit 0 with usage on stdout
     test::TempDir dir;
     auto top = ckpt_tool({"--help"}, dir.path());
     CHECK(top.status == 0);
-    for (const char* sub : {"ls", "show", "verify", "diff", "export", "import"}) {
+    for (const char* sub : {"ls", "show", "verify", "diff", "export", "import", "plot"}) {
         CAPTURE(sub);
         CHECK(contains(top.out, sub));
         auto r = ckpt_tool({sub, "--help"}, dir.path());
@@ -214,6 +215,98 @@ TEST_CASE("ckpt ls shows each checkpoint's recorded metrics, and --best marks th
 
     CHECK(ckpt_tool({"ls", root.string(), "--best", "accuracy:most"}, dir.path()).status == 2);
     CHECK(ckpt_tool({"ls", root.string(), "--best", "val_loss", "--headers-only"}, dir.path()).status == 2);
+}
+
+TEST_CASE("ckpt plot draws recorded metrics over the global step as a PNG, marks the restart and prints the points") {
+    test::TempDir dir;
+    const auto root = dir / "ckpts";
+    test::LogCapture quiet;
+    std::int64_t step = 0;
+    ckpt::ParamDict state;
+    state.set("step", ckpt::view_of(step));
+    // Run "exp" saves steps 1 to 3; restarted, run "exp_1" saves steps 4 and 5.
+    for (const auto& [first, last] : {std::pair{1, 3}, std::pair{4, 5}}) {
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> mgr(root, "exp", ckpt::EverySteps{1});
+        for (step = first; step <= last; ++step) {
+            auto p = ckpt::Progress::at_iteration(step);
+            p.metrics = {{"val_loss", 1.0 / static_cast<double>(step)}};
+            if (step != 2) p.metrics.emplace_back("accuracy", 0.125 * static_cast<double>(step));
+            mgr.on_step(p, state);
+        }
+    }
+    REQUIRE(test::fs::exists(root / "exp_1-4.ckpt"));
+    test::flip_bit(root / "exp-3.ckpt", test::fs::file_size(root / "exp-3.ckpt") - 1);  // not drawn
+    const auto png = dir / "metrics.png";
+
+    auto r = ckpt_tool({"plot", root.string(), "--metric", "val_loss", "--metric", "accuracy", "-o", png.string()},
+                       dir.path());
+    INFO(r.out, r.err);
+    REQUIRE(r.status == 0);
+    const auto bytes = test::read_bytes(png);
+    const std::vector<std::uint8_t> signature{0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    REQUIRE(bytes.size() > 4000);  // a 1000 x 600 picture with lines and text
+    CHECK(bytes.size() < 1'000'000);
+    CHECK(std::equal(signature.begin(), signature.end(), reinterpret_cast<const std::uint8_t*>(bytes.data())));
+    auto row = [&](const std::string& file) {
+        const auto at = r.out.find("  " + file);
+        REQUIRE(at != std::string::npos);
+        const auto begin = r.out.rfind('\n', at) + 1;
+        std::istringstream line(r.out.substr(begin, r.out.find('\n', at) - begin));
+        std::vector<std::string> fields;
+        for (std::string field; line >> field;) fields.push_back(field);
+        return fields;
+    };
+    CHECK(row("exp-1.ckpt") == std::vector<std::string>{"1", "exp", "1", "0.125", "exp-1.ckpt"});
+    CHECK(row("exp-2.ckpt") == std::vector<std::string>{"2", "exp", "0.5", "-", "exp-2.ckpt"});
+    CHECK(row("exp_1-4.ckpt") == std::vector<std::string>{"4", "exp_1", "0.25", "0.5", "exp_1-4.ckpt"});
+    CHECK(row("exp_1-5.ckpt") == std::vector<std::string>{"5", "exp_1", "0.2", "0.625", "exp_1-5.ckpt"});
+    CHECK(contains(r.out, "restart at step 4: run 'exp_1'\n"));
+    CHECK(contains(r.out, "2 series, 4 points, 1 restart\n"));
+    CHECK_FALSE(contains(r.out, "exp-3.ckpt"));
+    CHECK(contains(r.err, "skipped '" + (root / "exp-3.ckpt").string() + "'"));
+    CHECK(contains(r.err, "corrupt"));
+
+    // An existing picture is kept without --force, replaced with it; no temporary is left.
+    auto again = ckpt_tool({"plot", root.string(), "--metric", "val_loss", "-o", png.string()}, dir.path());
+    CHECK(again.status == 1);
+    CHECK(contains(again.err, "pass --force"));
+    CHECK(test::read_bytes(png) == bytes);
+    CHECK(ckpt_tool({"plot", root.string(), "--metric", "val_loss", "-o", png.string(), "--force"}, dir.path()).status == 0);
+    CHECK(test::read_bytes(png) != bytes);  // one series now
+    for (const auto& e : test::fs::directory_iterator(dir.path()))
+        CHECK_FALSE(contains(e.path().filename().string(), ".tmp-"));
+
+    // A metric no checkpoint records, no gnuplot, a gnuplot that hangs: exit 1, naming DIR
+    // and the metric, and no picture.
+    const auto other = dir / "other.png";
+    auto none = ckpt_tool({"plot", root.string(), "--metric", "bleu", "-o", other.string()}, dir.path());
+    CHECK(none.status == 1);
+    CHECK(contains(none.err, "'" + root.string() + "'"));
+    CHECK(contains(none.err, "metric 'bleu'"));
+    CHECK(contains(none.err, "they record accuracy, val_loss"));
+    test::fs::create_directories(dir / "bin");
+    auto missing = ckpt_tool({"plot", root.string(), "--metric", "val_loss", "-o", other.string()}, dir.path(),
+                             {"PATH=" + (dir / "bin").string()});
+    CHECK(missing.status == 1);
+    CHECK(contains(missing.err, "gnuplot not found: apt-get install gnuplot-nox"));
+    CHECK(contains(missing.err, "'val_loss' of '" + root.string() + "'"));
+    const std::string hang = "#!/bin/sh\nexec sleep 30\n";
+    test::write_bytes(dir / "bin" / "gnuplot", std::vector<char>(hang.begin(), hang.end()));
+    test::fs::permissions(dir / "bin" / "gnuplot", test::fs::perms::owner_all);
+    const auto started = std::chrono::steady_clock::now();
+    auto hung = ckpt_tool({"plot", root.string(), "--metric", "val_loss", "-o", other.string(), "--timeout", "1"},
+                          dir.path(), {"PATH=" + (dir / "bin").string() + ":/usr/bin:/bin"});
+    CHECK(hung.status == 1);
+    CHECK(contains(hung.err, "gnuplot did not finish within 1 s"));
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(20));
+    CHECK_FALSE(test::fs::exists(other));
+
+    // usage errors
+    CHECK(ckpt_tool({"plot", root.string(), "-o", other.string()}, dir.path()).status == 2);
+    CHECK(ckpt_tool({"plot", root.string(), "--metric", "val_loss"}, dir.path()).status == 2);
+    auto jpg = ckpt_tool({"plot", root.string(), "--metric", "val_loss", "-o", (dir / "m.jpg").string()}, dir.path());
+    CHECK(jpg.status == 2);
+    CHECK(contains(jpg.err, "must end in .png"));
 }
 
 TEST_CASE("ckpt show prints the header and entries without reading payloads, --stats adds statistics") {

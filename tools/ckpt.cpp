@@ -1,5 +1,5 @@
-// ckpt: look inside checkpoints, check them, compare them, and move their tensors to and from
-// safetensors and NumPy's npz.
+// ckpt: look inside checkpoints, check them, compare them, move their tensors to and from
+// safetensors and NumPy's npz, and draw the metrics they record.
 //
 //   ckpt ls DIR [--prefix P] [--headers-only] [--best METRIC[:min|max]] [--json]
 //   ckpt show FILE [--stats] [--json]
@@ -7,6 +7,7 @@
 //   ckpt diff A B [--atol X] [--rtol Y]
 //   ckpt export FILE OUT.safetensors|OUT.npz [--select REGEX] [--rename FROM=TO]... [--compress] [--force]
 //   ckpt import IN.safetensors|IN.npz OUT.ckpt [--epoch E] [--step S] [--archive KIND] [--select] [--rename] [--force]
+//   ckpt plot DIR --metric NAME [--metric NAME ...] -o FILE.png [--prefix P] [--force] [--timeout S]
 //
 // Exit status: 0 success (for diff: equal within tolerance; for verify: every file verified),
 // 1 failure (for diff: a difference), 2 a usage error.
@@ -19,16 +20,30 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
+
+extern char** environ;
 
 namespace {
 
@@ -440,6 +455,282 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
 }
 
 // ---------------------------------------------------------------------------------------------
+// plot
+
+/// One checkpoint that `ckpt plot` draws: its place on the x axis, its run and its values.
+struct PlotPoint {
+    const Listed* file = nullptr;
+    double x = 0;
+    std::string run;
+    bool restart = false;                       // the first of a run after the first
+    std::vector<std::optional<double>> values;  // one per metric asked for
+};
+
+/// A checkpoint's global step when it is known: from a name that carries it (StepNaming, last
+/// words) or, in the first epoch, the step (the steps of the first epoch are global steps).
+std::optional<std::int64_t> known_global_step(const Listed& f) {
+    if (f.named && f.parts.global_step >= 0) return f.parts.global_step;
+    if (f.header->epoch <= 1 && f.header->step > 0) return f.header->step;
+    return std::nullopt;
+}
+
+/// Places the points: at their global step when every one has one; otherwise at their epoch,
+/// a save within an epoch at (epoch - 1) + step / the most steps any of them records, so that
+/// a save at the end of epoch e is at e. Returns the axis's name.
+std::string place_points(std::vector<PlotPoint>& points) {
+    bool all_global = true;
+    for (const auto& p : points) all_global &= known_global_step(*p.file).has_value();
+    if (all_global) {
+        for (auto& p : points) p.x = static_cast<double>(*known_global_step(*p.file));
+        return "step";
+    }
+    std::int64_t most = 0;
+    for (const auto& p : points) most = std::max(most, p.file->header->step);
+    for (auto& p : points) {
+        const auto& h = *p.file->header;
+        p.x = most > 0 && h.step > 0 ? static_cast<double>(h.epoch - 1) + static_cast<double>(h.step) / static_cast<double>(most)
+                                     : static_cast<double>(h.epoch);
+    }
+    return "epoch";
+}
+
+std::string number_text(double v, int digits) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    return buf;
+}
+
+/// A string in gnuplot's single quotes, where nothing is escaped but the quote (doubled).
+std::string gnuplot_quoted(const std::string& s) {
+    std::string out = "'";
+    for (const char c : s) out += c == '\'' ? std::string("''") : c == '\n' || c == '\r' ? std::string(" ") : std::string(1, c);
+    return out + "'";
+}
+
+/// A file of our own in the temporary directory, removed when it goes.
+struct ScratchFile {
+    std::string path;
+    explicit ScratchFile(const std::string& what) {
+        path = (fs::temp_directory_path() / ("ckpt-plot-" + what + "-XXXXXX")).string();
+        const int fd = ::mkstemp(path.data());
+        if (fd < 0) throw Failure("cannot create a temporary file '" + path + "': " + std::strerror(errno));
+        ::close(fd);
+    }
+    ScratchFile(const ScratchFile&) = delete;
+    ScratchFile& operator=(const ScratchFile&) = delete;
+    ~ScratchFile() { ::unlink(path.c_str()); }
+};
+
+/// Runs `gnuplot SCRIPT` and waits for it at most `timeout`: past that it is killed. Fails with
+/// a message that starts with `what` when gnuplot is missing, fails, or is killed.
+void run_gnuplot(const std::string& script, const std::string& what, std::chrono::seconds timeout) {
+    ScratchFile errors("stderr");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);  // our stdout is the table
+    posix_spawn_file_actions_addopen(&actions, 2, errors.path.c_str(), O_WRONLY | O_TRUNC, 0);
+    std::string program = "gnuplot", script_arg = script;
+    char* argv[] = {program.data(), script_arg.data(), nullptr};
+    pid_t pid = -1;
+    const int rc = ::posix_spawnp(&pid, program.c_str(), &actions, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc == ENOENT) throw Failure(what + ": gnuplot not found: apt-get install gnuplot-nox");
+    if (rc != 0) throw Failure(what + ": cannot start gnuplot: " + std::strerror(rc));
+
+    // Polls, so that the wait has an end whatever gnuplot does.
+    const auto wait_until = [pid](std::chrono::steady_clock::time_point deadline, int& status) {
+        for (;;) {
+            const pid_t r = ::waitpid(pid, &status, WNOHANG);
+            if (r == pid) return true;
+            if (r < 0 && errno != EINTR) return true;  // not ours to wait for any more
+            if (std::chrono::steady_clock::now() >= deadline) return false;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+    };
+    int status = 0;
+    if (!wait_until(std::chrono::steady_clock::now() + timeout, status)) {
+        ::kill(pid, SIGKILL);
+        const bool gone = wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(5), status);
+        throw Failure(what + ": gnuplot did not finish within " + std::to_string(timeout.count()) + " s (--timeout): " +
+                      (gone ? "killed it" : "killed it, but process " + std::to_string(pid) + " has not exited"));
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+    std::ifstream in(errors.path);
+    std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!said.empty() && std::isspace(static_cast<unsigned char>(said.back()))) said.pop_back();
+    if (said.size() > 2000) said = "..." + said.substr(said.size() - 2000);
+    throw Failure(what + ": gnuplot failed (" +
+                  (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                     : "signal " + std::to_string(WTERMSIG(status))) +
+                  ")" + (said.empty() ? std::string() : ":\n" + said));
+}
+
+/// The gnuplot script drawing `points`: one line-and-points series per metric, the line broken
+/// where a run ends, and a dashed vertical line at the first point of every later run.
+std::string plot_script(const std::vector<PlotPoint>& points, const std::vector<std::string>& metrics,
+                        const std::string& title, const std::string& axis, const std::string& png) {
+    std::ostringstream s;
+    s << "set terminal pngcairo noenhanced size 1000,600 font 'sans,11'\n"
+      << "set output " << gnuplot_quoted(png) << "\n"
+      << "set title " << gnuplot_quoted(title) << "\n"
+      << "set xlabel " << gnuplot_quoted(axis == "step" ? "global step" : "epoch") << "\n"
+      << "set ylabel " << gnuplot_quoted(metrics.size() == 1 ? metrics.front() : "value") << "\n"
+      << "set grid\nset key outside right top\n"
+      << "set offsets graph 0.02, graph 0.02, graph 0.05, graph 0.05\n"
+      << "set datafile missing '-'\n";
+    // Steps and epochs are whole numbers: over a short range, a tic at each rather than at halves.
+    const auto [lo, hi] = std::minmax_element(points.begin(), points.end(),
+                                              [](const PlotPoint& a, const PlotPoint& b) { return a.x < b.x; });
+    if (hi->x - lo->x <= 10) s << "set xtics 1\n";
+    if (hi->x == lo->x) s << "set xrange [" << number_text(lo->x - 1, 17) << ":" << number_text(lo->x + 1, 17) << "]\n";
+    // The data, inline: a blank line between runs breaks the series' line there.
+    s << "$points << EOD\n";
+    for (const auto& p : points) {
+        if (p.restart) s << "\n";
+        s << number_text(p.x, 17);
+        for (const auto& v : p.values) s << " " << (v ? number_text(*v, 17) : "-");
+        s << "\n";
+    }
+    s << "EOD\n";
+    for (const auto& p : points) {
+        if (!p.restart) continue;
+        const std::string x = number_text(p.x, 17);
+        s << "set arrow from " << x << ", graph 0 to " << x << ", graph 1 nohead dashtype 2 linewidth 1.5 "
+          << "linecolor rgb 'gray40' back\n"
+          << "set label 'restart' at " << x << ", graph 1 rotate by 90 right offset character 1.2, character -0.5 "
+          << "textcolor rgb 'gray40'\n";
+    }
+    s << "plot ";
+    for (std::size_t i = 0; i < metrics.size(); ++i)
+        s << (i ? ", \\\n     " : "") << "$points using 1:" << i + 2 << " with linespoints linewidth 2 pointtype 7 "
+          << "pointsize 1.2 title " << gnuplot_quoted(metrics[i]);
+    s << "\n";
+    return s.str();
+}
+
+/// The points as a table on stdout: x, run, one column per metric, and the file.
+void print_points(const std::vector<PlotPoint>& points, const std::vector<std::string>& metrics, const std::string& axis,
+                  const fs::path& dir) {
+    std::size_t run_width = 3;
+    for (const auto& p : points) run_width = std::max(run_width, p.run.size());
+    std::string axis_name = axis;
+    std::transform(axis_name.begin(), axis_name.end(), axis_name.begin(), [](unsigned char c) { return std::toupper(c); });
+    std::printf("  %10s  %-*s", axis_name.c_str(), static_cast<int>(run_width), "RUN");
+    for (const auto& m : metrics) std::printf("  %12s", m.c_str());
+    std::printf("  FILE\n");
+    for (const auto& p : points) {
+        const std::string x = number_text(p.x, axis == "step" ? 17 : 6);
+        if (p.restart) std::printf("  restart at %s %s: run '%s'\n", axis.c_str(), x.c_str(), p.run.c_str());
+        std::printf("  %10s  %-*s", x.c_str(), static_cast<int>(run_width), p.run.c_str());
+        for (std::size_t i = 0; i < metrics.size(); ++i)
+            std::printf("  %*s", static_cast<int>(std::max<std::size_t>(12, metrics[i].size())),
+                        p.values[i] ? number_text(*p.values[i], 6).c_str() : "-");
+        std::printf("  %s\n", p.file->path.lexically_relative(dir).generic_string().c_str());
+    }
+}
+
+int cmd_plot(const fs::path& dir, const std::optional<std::string>& prefix, const std::vector<std::string>& metrics,
+             const fs::path& out, bool force, std::chrono::seconds timeout) {
+    std::set<std::string> seen;
+    for (const auto& m : metrics) {
+        if (m.empty()) throw UsageError("--metric needs the name of a metric, as in --metric val_loss");
+        if (!seen.insert(m).second) throw UsageError("--metric '" + m + "' is given twice");
+    }
+    if (out.extension() != ".png") throw UsageError("the output '" + out.string() + "' must end in .png");
+    if (out.string().find_first_of("\n\r") != std::string::npos)
+        throw UsageError("the output file's name must not contain a line break");
+    refuse_overwrite(out, force);
+
+    std::string names;
+    for (const auto& m : metrics) names += (names.empty() ? "'" : ", '") + m + "'";
+    const std::string where = "'" + dir.string() + "'" + (prefix ? " (prefix '" + *prefix + "')" : "");
+    const std::string what = "cannot plot " + names + " of " + where;
+
+    // The checkpoints as ckpt ls finds, verifies and orders them.
+    auto files = find_checkpoints(dir, prefix);
+    for (auto& f : files) check(f, false);
+    order_and_mark(files);
+    std::size_t skipped = 0;
+    std::vector<const Listed*> recording;  // those that verify and record one of the metrics
+    for (const auto& f : files) {
+        if (f.problem) {
+            std::cerr << "ckpt plot: skipped '" << f.path.string() << "': " << *f.problem << "\n";
+            ++skipped;
+        } else if (f.header->encoded()) {
+            std::cerr << "ckpt plot: skipped '" << f.path.string() << "': its body is stored through "
+                      << f.header->codec_names() << ", whose recorded metrics are not read\n";
+            ++skipped;
+        } else if (std::any_of(metrics.begin(), metrics.end(), [&](const auto& m) { return f.metrics.contains(m); })) {
+            recording.push_back(&f);
+        }
+    }
+    for (const auto& m : metrics) {
+        if (std::any_of(recording.begin(), recording.end(), [&](const Listed* f) { return f->metrics.contains(m); }))
+            continue;
+        std::set<std::string> recorded;  // what they do record, to say
+        for (const auto& f : files)
+            if (!f.problem)
+                for (const auto& [name, value] : f.metrics) recorded.insert(name);
+        std::string others;
+        for (const auto& r : recorded) others += (others.empty() ? "" : ", ") + r;
+        throw Failure("no checkpoint under " + where + (skipped ? " that verifies" : "") + " records metric '" + m +
+                      "'" + (skipped ? " (" + std::to_string(skipped) + " skipped)" : "") +
+                      (files.empty()      ? ": there are no checkpoints"
+                       : recorded.empty() ? ": they record no metrics"
+                                          : ": they record " + others));
+    }
+    std::vector<std::string> groups;  // in order: ordered by group first
+    for (const Listed* f : recording)
+        if (groups.empty() || groups.back() != f->group) groups.push_back(f->group);
+    if (groups.size() > 1) {
+        std::string list;
+        for (const auto& g : groups) list += "\n  " + g;
+        throw UsageError("checkpoints of more than one prefix or directory under '" + dir.string() + "' record " + names +
+                         ":" + list + "\nchoose one with --prefix, or give its directory as DIR");
+    }
+
+    std::vector<PlotPoint> points;
+    for (const Listed* f : recording) {
+        // Last words: one point per step, the lowest rank's (the ranks are ordered within a step).
+        if (f->last_words && !points.empty() && points.back().file->parts.global_step == f->parts.global_step) continue;
+        PlotPoint p;
+        p.file = f;
+        p.run = f->named && !f->last_words ? f->parts.run_prefix : "-";
+        p.restart = !points.empty() && points.back().run != p.run;
+        for (const auto& m : metrics) {
+            const auto it = f->metrics.find(m);
+            p.values.push_back(it == f->metrics.end() ? std::nullopt : std::optional(it->second));
+        }
+        points.push_back(std::move(p));
+    }
+    const std::string axis = place_points(points);
+    const std::size_t restarts = std::count_if(points.begin(), points.end(), [](const PlotPoint& p) { return p.restart; });
+
+    const Listed& first = *points.front().file;
+    ckpt::detail::AtomicFile png(out, force);  // a temporary next to it, renamed over it once drawn
+    ScratchFile script("script");
+    {
+        std::ofstream s(script.path, std::ios::trunc);
+        s << plot_script(points, metrics, first.group, axis, png.temp_path());
+        if (!s.flush()) throw Failure(what + ": cannot write the gnuplot script '" + script.path + "'");
+    }
+    run_gnuplot(script.path, what, timeout);
+    png.reopen_replaced();  // gnuplot wrote it; make what it wrote durable
+    if (fs::file_size(png.temp_path()) == 0) throw Failure(what + ": gnuplot wrote an empty image");
+    png.commit();
+
+    std::cout << first.group << (first.naming.empty() ? "" : " (" + first.naming + ")") << ": " << points.size()
+              << " checkpoint" << (points.size() == 1 ? "" : "s") << ", x axis "
+              << (axis == "step" ? "global step" : "epoch") << "\n";
+    print_points(points, metrics, axis, dir);
+    std::cout << "wrote " << out.string() << " (" << human_size(fs::file_size(out)) << "): " << metrics.size()
+              << " series, " << points.size() << " point" << (points.size() == 1 ? "" : "s") << ", " << restarts << " restart" << (restarts == 1 ? "" : "s")
+              << "\n";
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // show
 
 struct Stats {
@@ -776,8 +1067,8 @@ int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, st
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"ckpt: look inside checkpoints, verify and compare them, and convert them to and from safetensors "
-                 "and NumPy npz.\nExit status: 0 success, 1 failure (diff: a difference), 2 usage error."};
+    CLI::App app{"ckpt: look inside checkpoints, verify and compare them, convert them to and from safetensors "
+                 "and NumPy npz, and plot the metrics they record.\nExit status: 0 success, 1 failure (diff: a difference), 2 usage error."};
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "Help for every subcommand");
 
@@ -845,6 +1136,28 @@ int main(int argc, char** argv) {
     add_key_file(imp, "Encrypt the body with AES-256-GCM under this key (after --zstd)");
     add_selection(imp);
 
+    std::vector<std::string> plot_metrics;
+    int plot_timeout = 60;
+    auto* plot = app.add_subcommand("plot", "Draw metrics the checkpoints under DIR record over the training, with gnuplot, "
+                                            "as a PNG; print the points as a table");
+    plot->add_option("DIR", dir, "Checkpoint directory")->required();
+    plot->add_option("--metric", plot_metrics, "A recorded metric to draw, one series each (repeatable)")
+        ->required()
+        ->allow_extra_args(false);
+    plot->add_option("-o,--output", out, "PNG file to write")->required();
+    plot->add_option("--prefix", prefix, "Only this prefix's checkpoints (all its runs)");
+    plot->add_flag("--force", force, "Replace the output file if it exists");
+    plot->add_option("--timeout", plot_timeout, "Seconds gnuplot may take before it is killed (default 60)")
+        ->check(CLI::Range(1, 3600));
+    plot->footer(
+        "Only checkpoints that verify are drawn; the others are named on stderr, with the reason.\n"
+        "x axis: the global step when every checkpoint drawn has one (StepNaming and last-words names\n"
+        "carry it; in the first epoch the step is the global step). Otherwise the epoch: a save within\n"
+        "an epoch at (epoch - 1) + step / the most steps any of them records, the end of epoch e at e.\n"
+        "Each run of the prefix (exp, exp_1, ...) is its own stretch of line; a dashed vertical line\n"
+        "labelled 'restart' marks the first checkpoint of every run after the first.\n"
+        "Needs gnuplot (apt-get install gnuplot-nox).");
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -866,6 +1179,9 @@ int main(int argc, char** argv) {
         if (*diff) return cmd_diff(a, b, atol, rtol);
         if (*exp) return cmd_export(in, out, sel, compress, force);
         if (*imp) return cmd_import(in, out, sel, epoch, step, archive, zstd_level, force);
+        if (*plot)
+            return cmd_plot(dir, prefix.empty() ? std::nullopt : std::optional(prefix), plot_metrics, out, force,
+                            std::chrono::seconds(plot_timeout));
     } catch (const UsageError& e) {
         std::cerr << "ckpt: " << e.what() << "\n";
         return 2;
