@@ -124,6 +124,19 @@ TEST_CASE("npz round trip, stored and deflated: every dtype, ranks 0 to 4, empty
     CHECK(ckpt::load_npz(dir / "none.npz").empty());
 }
 
+TEST_CASE("empty tensors whose zero is not the first dimension load from safetensors and npz") {
+    test::TempDir dir;
+    // alone in the file: no data bytes at all to weigh the shape against
+    for (const ckpt::Shape& shape : {ckpt::Shape{2, 0}, ckpt::Shape{3, 1, 0}, ckpt::Shape{0, 5}}) {
+        CAPTURE(ckpt::shape_string(shape));
+        const ckpt::ParamDict d{{"e", ckpt::Tensor(ckpt::DType::float32, shape)}};
+        ckpt::save_safetensors(d, dir / "e.safetensors");
+        CHECK(ckpt::load_safetensors(dir / "e.safetensors") == d);
+        ckpt::save_npz(d, dir / "e.npz");
+        CHECK(ckpt::load_npz(dir / "e.npz") == d);
+    }
+}
+
 TEST_CASE("NumPy reads ckpt's npz and safetensors files with identical values") {
     test::TempDir dir;
     const auto state = test::pattern_state();
