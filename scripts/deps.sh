@@ -7,7 +7,7 @@ packages=("$@")
 if [ ${#packages[@]} -eq 0 ]; then
     packages=(g++ cmake make libboost-serialization-dev libboost-filesystem-dev xtensor-dev doctest-dev
               libxxhash-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist ccache libgloo-dev redis-server
-              nlohmann-json3-dev libzip-dev libcli11-dev python3-numpy libzstd-dev libssl-dev)
+              nlohmann-json3-dev libzip-dev libcli11-dev python3-numpy python3-torch libzstd-dev libssl-dev)
 fi
 missing=()
 for p in "${packages[@]}"; do
