@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "alloc_tracker.hpp"
 #include "python_scripts.hpp"
 #include "support.hpp"
 
@@ -166,6 +167,14 @@ TEST_CASE("load_torch refuses other globals, dtypes and files it must not read, 
         require_refusal("cut.pt", "it is not a readable zip archive");
     }
     CHECK_THROWS_WITH_AS(ckpt::load_torch(torch_files::dir() / "absent.pt"), doctest::Contains("absent.pt"), ckpt::IoError);
+
+    // a deflated storage record of 4 KiB claiming the 4 MB its persistent id needs: no block of
+    // the claimed size before the bytes arrive, and they do not
+    test::AllocationWatch watch;
+    require_refusal("claims_too_much.pt", "member 'big/data/0' ends 3995904 bytes early");
+    watch.stop();
+    CHECK(watch.largest_new() < 1'000'000);
+    CHECK(watch.largest_mapping() < 1'000'000);
 }
 
 }  // TEST_SUITE

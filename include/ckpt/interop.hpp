@@ -1458,9 +1458,16 @@ private:
                 torch_fail(path_, what + " holds " + std::to_string(st.size) + " bytes where its " +
                                       std::to_string(s.numel) + " elements of " + std::to_string(width) + " bytes need " +
                                       (overflow ? "more" : std::to_string(s.numel * width)));
-            Block b{allocate_aligned(static_cast<std::size_t>(st.size)), st.size, swap_ ? width : 1};
+            Block b{nullptr, st.size, swap_ ? width : 1};
             MemberReader in(za_, static_cast<zip_uint64_t>(index), st.size, path_, member, "PyTorch");
-            in.read(b.data.get(), st.size);
+            if (st.comp_method == ZIP_CM_STORE) {  // torch.save stores: the size is what the file holds
+                b.data = allocate_aligned(static_cast<std::size_t>(st.size));
+                in.read(b.data.get(), st.size);
+            } else {  // deflated, up to max_deflate_ratio: believed only as the bytes arrive
+                const std::string bytes = in.read_growing(st.size);
+                b.data = allocate_aligned(bytes.size());
+                std::memcpy(b.data.get(), bytes.data(), bytes.size());
+            }
             in.finish();
             if (swap_) swap_bytes(b.data.get(), static_cast<std::size_t>(st.size), width);
             read_ += st.size;

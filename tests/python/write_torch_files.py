@@ -151,6 +151,28 @@ def refused_files(folder):
             if info.filename.endswith("/data/0"):
                 data = data[:-4]
             dst.writestr(info.filename, data)
+    # a storage record deflated from 4 KiB whose zip entry claims the 4 MB that its persistent
+    # id needs (within deflate's 1032:1): nothing that large may be allocated before it arrives
+    torch.save({"w": torch.zeros(1_000_000)}, f"{folder}/big.pt")
+    with zipfile.ZipFile(f"{folder}/big.pt") as src, zipfile.ZipFile(f"{folder}/claims_too_much.pt", "w") as dst:
+        for info in src.infolist():
+            if info.filename.endswith("/data/0"):
+                dst.writestr(info.filename, os.urandom(4096), compress_type=zipfile.ZIP_DEFLATED)
+            else:
+                dst.writestr(info.filename, src.read(info))
+    os.remove(f"{folder}/big.pt")
+    raw = bytearray(open(f"{folder}/claims_too_much.pt", "rb").read())
+    name = b"big/data/0"  # its local header's and its directory entry's uncompressed size
+    for signature, size_at in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        at = 0
+        while True:
+            at = raw.index(signature, at)
+            name_at = at + (30 if signature == b"PK\x03\x04" else 46)
+            if raw[name_at:name_at + len(name)] == name:
+                raw[at + size_at:at + size_at + 4] = (4_000_000).to_bytes(4, "little")
+                break
+            at += 4
+    open(f"{folder}/claims_too_much.pt", "wb").write(raw)
     # pickle's own output for a dict holding a set (protocol 4: EMPTY_SET), an opcode torch.save never writes
     with zipfile.ZipFile(f"{folder}/set.pt", "w") as z:
         z.writestr("set/data.pkl", pickle.dumps({"s": {1, 2}}, protocol=4))
