@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../fuzz/reader_input.hpp"
 #include "alloc_tracker.hpp"
 #include "python_scripts.hpp"
 #include "support.hpp"
@@ -175,6 +176,50 @@ TEST_CASE("load_torch refuses other globals, dtypes and files it must not read, 
     watch.stop();
     CHECK(watch.largest_new() < 1'000'000);
     CHECK(watch.largest_mapping() < 1'000'000);
+}
+
+TEST_CASE("load_torch refuses damaged and crafted pickles, each a FormatError naming the file") {
+    // The pickle of cnn.pt, edited, in a zip of sound records (the fuzzer's torch_pickle mode).
+    const auto records = fuzz::torch_records((torch_files::dir() / "cnn.pt").string());
+    REQUIRE(records.size() == 10);
+    const std::string& pickle = records[0];
+    REQUIRE(pickle.size() > 100);
+    test::TempDir tmp;
+    const std::string path = (tmp / "edited.pt").string();
+    auto load_edited = [&](const std::string& edited_pickle) {
+        std::vector<std::string> parts = records;
+        parts[0] = edited_pickle;
+        const std::string input = char(fuzz::torch_pickle) + fuzz::join_torch_records(parts);
+        std::ofstream(path, std::ios::binary) << fuzz::file_bytes(reinterpret_cast<const std::uint8_t*>(input.data()), input.size());
+        return ckpt::load_torch(path);
+    };
+    // unedited: the harness's file reads as the original
+    CHECK(load_edited(pickle) == ckpt::load_torch(torch_files::dir() / "cnn.pt"));
+    auto refused = [&](const std::string& edited_pickle, const std::string& fragment) {
+        try {
+            load_edited(edited_pickle);
+            FAIL("no error; expected one mentioning: " << fragment);
+        } catch (const ckpt::FormatError& e) {
+            INFO(e.what());
+            CHECK(std::string(e.what()).find(fragment) != std::string::npos);
+            CHECK(e.path() == path);
+        }
+    };
+    refused(pickle.substr(0, pickle.size() / 2), "record 'archive/data.pkl', byte ");
+    refused(pickle.substr(0, pickle.size() - 1), "ends without a STOP opcode");
+    std::string renamed = pickle;
+    renamed.replace(renamed.find("OrderedDict"), 11, "OrderedDixx");
+    refused(renamed, "the Python global 'collections.OrderedDixx'");
+    std::string no_storage = pickle;
+    no_storage.replace(no_storage.find("storage"), 7, "storagf");
+    refused(no_storage, "a persistent id that is not ('storage', storage type, key, location, numel)");
+
+    // Python's pickle of containers that hold each other: bounded by depth and by the bytes of
+    // names, at once
+    using torch_files::require_refusal;
+    require_refusal("shared.pt", "its dicts and lists expand to more than");
+    require_refusal("looped.pt", "its dicts and lists nest more than 64 deep at 'l.0.0.0.");
+    require_refusal("deep.pt", "its dicts and lists nest more than 64 deep at 'k.k.k.");
 }
 
 }  // TEST_SUITE

@@ -173,10 +173,22 @@ def refused_files(folder):
                 break
             at += 4
     open(f"{folder}/claims_too_much.pt", "wb").write(raw)
-    # pickle's own output for a dict holding a set (protocol 4: EMPTY_SET), an opcode torch.save never writes
-    with zipfile.ZipFile(f"{folder}/set.pt", "w") as z:
-        z.writestr("set/data.pkl", pickle.dumps({"s": {1, 2}}, protocol=4))
-        z.writestr("set/version", "3\n")
+    # pickles torch.save never writes, in its zip: a set (protocol 4's EMPTY_SET opcode), lists
+    # holding each other 2**60 times over, a list holding itself, dicts nested 200 deep
+    shared = [1, 2]
+    for _ in range(60):
+        shared = [shared, shared]
+    looped = []
+    looped.append(looped)
+    deep = leaf = {}
+    for _ in range(200):
+        leaf["k"] = {}
+        leaf = leaf["k"]
+    for stem, obj, protocol in (("set", {"s": {1, 2}}, 4), ("shared", {"x": shared}, 2), ("looped", {"l": looped}, 2),
+                                ("deep", deep, 2)):
+        with zipfile.ZipFile(f"{folder}/{stem}.pt", "w") as z:
+            z.writestr(f"{stem}/data.pkl", pickle.dumps(obj, protocol=protocol))
+            z.writestr(f"{stem}/version", "3\n")
 
 
 def main(folder):
