@@ -3,8 +3,10 @@
 // header), binary bodies through the codecs (compressed; encrypted with the fuzz key;
 // compressed for the harness to encrypt), safetensors files (whole; header text and buffer),
 // npz files (stored and deflated) and single .npy members of every dtype, byte order and
-// layout the reader takes.
-//   make_seeds DIR
+// layout the reader takes; and, given a folder of PyTorch files (scripts/fuzz.sh has
+// tests/python/write_torch_files.py write them with python3-torch), each whole and as its
+// records for the harness to zip.
+//   make_seeds DIR [TORCH_FILES_DIR]
 #include "reader_input.hpp"
 
 #include <cstdint>
@@ -48,7 +50,7 @@ std::string raw(std::vector<T> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 2) return 2;
+    if (argc != 2 && argc != 3) return 2;
     const boost::filesystem::path dir = argv[1];
     boost::filesystem::create_directories(dir);
     std::vector<ckpt::ParamDict> dicts(3);
@@ -153,4 +155,17 @@ int main(int argc, char** argv) {
         {"empty", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }", "")},
     };
     for (const auto& [name, bytes] : members) write_seed(dir, "npy-" + name, 7, bytes);
+
+    // modes 11 and 12: PyTorch files, whole, and as their records (the pickle, the storages)
+    if (argc == 3)
+        for (const auto& entry : boost::filesystem::directory_iterator(argv[2])) {
+            const auto& p = entry.path();
+            if (p.extension() != ".pt") continue;
+            const std::string file = read_file(p);
+            if (file.size() > (60u << 10)) continue;  // the fuzzer's inputs stop at 64 KiB
+            write_seed(dir, "torch-" + p.stem().string(), fuzz::torch_file, file);
+            const auto records = fuzz::torch_records(p.string());
+            if (!records.empty())
+                write_seed(dir, "torch-records-" + p.stem().string(), fuzz::torch_pickle, fuzz::join_torch_records(records));
+        }
 }

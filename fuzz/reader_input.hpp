@@ -3,7 +3,7 @@
 // (fuzz/checkpoint_reader.cpp) and the regression test that replays every input it ever
 // crashed on (tests/test_fuzz_regressions.cpp).
 //
-// The first byte, modulo 11, picks what the rest is:
+// The first byte, modulo 13, picks what the rest is:
 //   0      a whole checkpoint file, as it is: the header check and the checksum stand in front
 //   1 2 3  a checkpoint body (binary, text, xml archive) under a valid header with its true
 //          checksum, so that the archive parser itself is exercised
@@ -22,9 +22,15 @@
 //   10     a zstd stored body of a binary archive that the harness encrypts here with
 //          fuzz_key(), under a header listing zstd then aes-256-gcm: authentication passes
 //          whatever the bytes, so that mutations reach zstd decoding behind decryption
+//   11     a whole PyTorch file (torch.save's zip), as it is
+//   12     the records of a PyTorch file, joined by torch_separator: the pickle, then the
+//          storages "0", "1", ...; the harness zips them (as "archive/data.pkl",
+//          "archive/data/0", ...) with their true CRC-32s, so that mutations of the pickle
+//          reach the unpickler instead of failing the CRC check
 // Checkpoints are loaded, with fuzz_key() and max_decoded_bytes at 64 MiB (as a reader of files
 // from elsewhere should: valid zstd frames expand thousands of times), into a fresh dictionary
-// and into a target with a tensor "w"; safetensors with load_safetensors, npz with load_npz.
+// and into a target with a tensor "w"; safetensors with load_safetensors, npz with load_npz,
+// PyTorch files with load_torch.
 // The only acceptable failure is a ckpt::Error (format, checksum, version, key,
 // authentication, mismatch, I/O).
 //
@@ -32,8 +38,9 @@
 // modulo 8 until the codec modes came. Values 0 to 7 mean what they meant, and the inputs kept
 // in tests/fuzz_regressions/ all start with 2, 3 or 6, so they replay as before. Values 8 to
 // 255 used to fold onto modes 0 to 7; only throwaway libFuzzer corpora (build-fuzz/corpus) hold
-// such inputs, and they merely become inputs of other modes. 11 does not divide 256: modes 0
-// to 2 get 24 byte values, the others 23.
+// such inputs, and they merely become inputs of other modes. Modulo 13 since the PyTorch
+// modes came: values 0 to 10 mean what they meant. 13 does not divide 256: modes 0 to 8 get
+// 20 byte values, the others 19.
 
 #include <ckpt/aes_gcm.hpp>
 #include <ckpt/ckpt.hpp>
@@ -50,7 +57,7 @@
 
 namespace fuzz {
 
-inline constexpr int mode_count = 11;
+inline constexpr int mode_count = 13;
 enum Mode : int {
     checkpoint_file = 0,
     safetensors_file = 4,
@@ -59,8 +66,13 @@ enum Mode : int {
     npy_member = 7,
     zstd_body = 8,
     aes_body = 9,
-    zstd_in_aes = 10
+    zstd_in_aes = 10,
+    torch_file = 11,
+    torch_pickle = 12
 };
+
+/// Between the records of a torch_pickle input.
+inline constexpr std::string_view torch_separator = "\xffRECORD\xff";
 
 inline int mode_of(const std::uint8_t* data, std::size_t size) { return size == 0 ? -1 : data[0] % mode_count; }
 
@@ -124,32 +136,89 @@ inline void put32(std::string& out, std::uint32_t v) {
     put16(out, v >> 16);
 }
 
+/// One member of a zip that zip_stored() writes.
+struct ZipMember {
+    std::string name, data, comment;
+};
+
+/// A zip archive of stored members, each with its true CRC-32.
+inline std::string zip_stored(const std::vector<ZipMember>& members) {
+    std::string z;
+    std::vector<std::uint32_t> local_at;
+    auto common = [&](const ZipMember& m) {  // version needed, flags, method, time, date, crc, sizes, name length
+        const auto n = static_cast<std::uint32_t>(m.data.size());
+        put16(z, 20), put16(z, 0), put16(z, 0), put16(z, 0), put16(z, 0x21);  // 1980-01-01
+        put32(z, crc32(m.data)), put32(z, n), put32(z, n), put16(z, static_cast<std::uint32_t>(m.name.size()));
+    };
+    for (const auto& m : members) {
+        local_at.push_back(static_cast<std::uint32_t>(z.size()));
+        put32(z, 0x04034b50u);  // local file header
+        common(m);
+        put16(z, 0);  // extra length
+        z += m.name;
+        z += m.data;
+    }
+    const auto cd_offset = static_cast<std::uint32_t>(z.size());
+    for (std::size_t k = 0; k < members.size(); ++k) {
+        const auto& m = members[k];
+        put32(z, 0x02014b50u);  // central directory entry
+        put16(z, 20);           // version made by
+        common(m);
+        put16(z, 0), put16(z, static_cast<std::uint32_t>(m.comment.size()));  // extra, comment length
+        put16(z, 0), put16(z, 0), put32(z, 0), put32(z, local_at[k]);        // disk, attributes, local header
+        z += m.name;
+        z += m.comment;
+    }
+    const auto cd_size = static_cast<std::uint32_t>(z.size()) - cd_offset;
+    const auto count = static_cast<std::uint32_t>(members.size());
+    put32(z, 0x06054b50u);  // end of central directory
+    put16(z, 0), put16(z, 0), put16(z, count), put16(z, count), put32(z, cd_size), put32(z, cd_offset), put16(z, 0);
+    return z;
+}
+
 /// A zip archive of one stored member `name` holding `data`, with a member comment.
 inline std::string zip_one(std::string_view name, std::string_view data, std::string_view comment) {
-    const auto crc = crc32(data);
-    const auto n = static_cast<std::uint32_t>(data.size());
-    std::string z;
-    auto common = [&] {  // version needed, flags, method, time, date, crc, sizes, name length
-        put16(z, 20), put16(z, 0), put16(z, 0), put16(z, 0), put16(z, 0x21);  // 1980-01-01
-        put32(z, crc), put32(z, n), put32(z, n), put16(z, static_cast<std::uint32_t>(name.size()));
+    return zip_stored({{std::string(name), std::string(data), std::string(comment)}});
+}
+
+/// A torch_pickle input's records (after the mode byte): the pickle, then the storages.
+inline std::string join_torch_records(const std::vector<std::string>& records) {
+    std::string out;
+    for (std::size_t k = 0; k < records.size(); ++k) out += (k ? std::string(torch_separator) : std::string()) + records[k];
+    return out;
+}
+
+/// The records of a PyTorch file: its data.pkl, then its storages "data/0", "data/1", ... for
+/// as long as they follow one another (the keys torch.save gives them); empty if it is none.
+inline std::vector<std::string> torch_records(const std::string& path) {
+    int err = 0;
+    ckpt::detail::ZipArchive zip{zip_open(path.c_str(), ZIP_RDONLY, &err)};
+    if (!zip.za) return {};
+    auto read = [&](zip_int64_t index) {
+        zip_stat_t st;
+        zip_stat_init(&st);
+        std::string out;
+        if (zip_stat_index(zip.za, static_cast<zip_uint64_t>(index), 0, &st) != 0) return out;
+        ckpt::detail::ZipFile f{zip_fopen_index(zip.za, static_cast<zip_uint64_t>(index), 0)};
+        out.resize(static_cast<std::size_t>(st.size));
+        if (!f.zf || zip_fread(f.zf, out.data(), out.size()) != static_cast<zip_int64_t>(out.size())) out.clear();
+        return out;
     };
-    put32(z, 0x04034b50u);  // local file header
-    common();
-    put16(z, 0);  // extra length
-    z += name;
-    z += data;
-    const auto cd_offset = static_cast<std::uint32_t>(z.size());
-    put32(z, 0x02014b50u);  // central directory entry
-    put16(z, 20);           // version made by
-    common();
-    put16(z, 0), put16(z, static_cast<std::uint32_t>(comment.size()));  // extra, comment length
-    put16(z, 0), put16(z, 0), put32(z, 0), put32(z, 0);                  // disk, attributes, local header at 0
-    z += name;
-    z += comment;
-    const auto cd_size = static_cast<std::uint32_t>(z.size()) - cd_offset;
-    put32(z, 0x06054b50u);  // end of central directory
-    put16(z, 0), put16(z, 0), put16(z, 1), put16(z, 1), put32(z, cd_size), put32(z, cd_offset), put16(z, 0);
-    return z;
+    std::vector<std::string> records;
+    for (zip_int64_t k = 0; k < zip_get_num_entries(zip.za, 0); ++k) {
+        const std::string name = zip_get_name(zip.za, static_cast<zip_uint64_t>(k), 0);
+        const auto slash = name.find('/');
+        if (slash == std::string::npos || name.substr(slash + 1) != "data.pkl") continue;
+        const std::string prefix = name.substr(0, slash + 1);
+        records.push_back(read(k));
+        for (int key = 0;; ++key) {
+            const zip_int64_t at = zip_name_locate(zip.za, (prefix + "data/" + std::to_string(key)).c_str(), 0);
+            if (at < 0) break;
+            records.push_back(read(at));
+        }
+        break;
+    }
+    return records;
 }
 
 /// The file bytes an input stands for.
@@ -182,6 +251,20 @@ inline std::string file_bytes(const std::uint8_t* data, std::size_t size) {
             return out;
         }
         case npy_member: return zip_one("w.npy", rest, "ckpt:scalar");
+        case torch_pickle: {
+            std::vector<ZipMember> members;
+            std::size_t at = 0;
+            for (;;) {
+                const auto end = rest.find(torch_separator, at);
+                const std::string record(rest.substr(at, end == std::string_view::npos ? end : end - at));
+                members.push_back({members.empty() ? "archive/data.pkl" : "archive/data/" + std::to_string(members.size() - 1),
+                                   record, ""});
+                if (end == std::string_view::npos) break;
+                at = end + torch_separator.size();
+            }
+            members.push_back({"archive/version", "3\n", ""});
+            return zip_stored(members);
+        }
         default: return std::string(rest);  // a whole file of any kind
     }
 }
@@ -216,6 +299,13 @@ inline void read_input(const std::uint8_t* data, std::size_t size, const std::st
     if (mode == npz_file || mode == npy_member) {
         try {
             touch(ckpt::load_npz(path));
+        } catch (const ckpt::Error&) {
+        }
+        return;
+    }
+    if (mode == torch_file || mode == torch_pickle) {
+        try {
+            touch(ckpt::load_torch(path));
         } catch (const ckpt::Error&) {
         }
         return;

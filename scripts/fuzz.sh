@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the readers (checkpoints, their zstd and aes-256-gcm body codecs included; safetensors
-# and npz from ckpt/interop.hpp) with libFuzzer (Debian clang-14), AddressSanitizer and
+# Fuzzes the readers (checkpoints, their zstd and aes-256-gcm body codecs included; safetensors,
+# npz and PyTorch files from ckpt/interop.hpp) with libFuzzer (Debian clang-14), AddressSanitizer and
 # UndefinedBehaviorSanitizer, for a bounded time, from a seed corpus of real files; one target,
 # whose input's first byte picks the reader (fuzz/reader_input.hpp).
 # Inputs are capped at 64 KiB and a single allocation at 64 MiB: reading a file must never
@@ -10,7 +10,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
-bash "$root/scripts/deps.sh" clang-14 libclang-rt-14-dev nlohmann-json3-dev libzip-dev libzstd-dev libssl-dev
+bash "$root/scripts/deps.sh" clang-14 libclang-rt-14-dev nlohmann-json3-dev libzip-dev libzstd-dev libssl-dev \
+    python3-torch python3-numpy
 out=$root/build-fuzz
 mkdir -p "$out/corpus" "$out/crashes"
 flags=(-std=c++20 -I"$root/include" -DNDEBUG)
@@ -20,8 +21,12 @@ g++ -O1 "${flags[@]}" "$root/fuzz/make_seeds.cpp" -o "$out/make_seeds" "${libs[@
 seeds=$!
 clang++-14 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined "${flags[@]}" \
     "$root/fuzz/checkpoint_reader.cpp" -o "$out/checkpoint_reader" "${libs[@]}"
+# PyTorch files for the seeds, written by torch.save (the test suite's own)
+rm -rf "$out/torch-files" && mkdir -p "$out/torch-files"
+/usr/bin/python3 "$root/tests/python/write_torch_files.py" "$out/torch-files" > "$out/torch-files.log" 2>&1 ||
+    { cat "$out/torch-files.log" >&2; exit 1; }
 wait "$seeds"
-"$out/make_seeds" "$out/seeds"
+"$out/make_seeds" "$out/seeds" "$out/torch-files"
 echo "fuzzing the readers for $seconds s"
 "$out/checkpoint_reader" "$out/corpus" "$out/seeds" "$root/tests/fuzz_regressions" \
     -max_total_time="$seconds" -max_len=65536 -malloc_limit_mb=64 -rss_limit_mb=2048 -timeout=10 \

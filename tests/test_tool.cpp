@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 
+#include "python_scripts.hpp"
 #include "support.hpp"
 
 namespace {
@@ -490,6 +491,49 @@ TEST_CASE("ckpt export and import move entries through safetensors and npz, with
     CHECK(junk.status == 1);
     CHECK(contains(junk.err, "junk.safetensors"));
     CHECK_FALSE(test::fs::exists(dir / "j.ckpt"));
+}
+
+TEST_CASE("ckpt import takes PyTorch .pt and .pth files, show and diff read them, the result verifies") {
+    test::TempDir dir;
+    test::run_python("write_torch_files.py", dir.path());  // torch.save'd files, and what they hold as npz
+    const auto pt = dir / "training.pt", out = dir / "training.ckpt";
+    auto imp = ckpt_tool({"import", pt.string(), out.string(), "--epoch", "3", "--step", "120"}, dir.path());
+    INFO(imp.err);
+    REQUIRE(imp.status == 0);
+    const auto want = ckpt::load_torch(pt);
+    CHECK(contains(imp.out, "imported " + std::to_string(want.size()) + " entries into " + out.string()));
+    CHECK(ckpt::load_checkpoint(out) == want);
+    CHECK(ckpt::read_header(out).epoch == 3);
+    CHECK(ckpt_tool({"verify", out.string()}, dir.path()).status == 0);
+    auto shown = ckpt_tool({"show", out.string()}, dir.path());
+    CHECK(shown.status == 0);
+    CHECK(contains(shown.out, "optimizer.state.0.exp_avg_sq"));
+    CHECK(contains(shown.out, "model.bn.num_batches_tracked"));
+    // the .pt file itself, and a .pth
+    auto shown_pt = ckpt_tool({"show", pt.string(), "--stats"}, dir.path());
+    CHECK(shown_pt.status == 0);
+    CHECK(contains(shown_pt.out, "PyTorch file"));
+    CHECK(contains(shown_pt.out, "optimizer.param_groups.0.betas.1"));
+    CHECK(ckpt_tool({"diff", pt.string(), out.string()}, dir.path()).status == 0);
+    test::fs::copy_file(dir / "cnn.pt", dir / "cnn.pth");
+    CHECK(ckpt_tool({"diff", (dir / "cnn.pth").string(), (dir / "cnn.expected.npz").string()}, dir.path()).status == 0);
+    CHECK(ckpt_tool({"diff", (dir / "cnn.pth").string(), out.string()}, dir.path()).status == 1);
+    REQUIRE(ckpt_tool({"import", (dir / "cnn.pth").string(), (dir / "cnn.ckpt").string(), "--select", "^bn\\."}, dir.path())
+                .status == 0);
+    CHECK(ckpt::load_checkpoint(dir / "cnn.ckpt").size() == 5);
+    // refused files name the file and the reason; nothing is written
+    auto refused = ckpt_tool({"import", (dir / "os_system.pt").string(), (dir / "x.ckpt").string()}, dir.path());
+    CHECK(refused.status == 1);
+    CHECK(contains(refused.err, "os_system.pt"));
+    CHECK(contains(refused.err, "'posix.system'"));
+    CHECK_FALSE(test::fs::exists(dir / "x.ckpt"));
+    // PyTorch files are read, not written
+    auto no_export = ckpt_tool({"export", out.string(), (dir / "back.pt").string()}, dir.path());
+    CHECK(no_export.status == 2);
+    CHECK(contains(no_export.err, "must end in .safetensors or .npz"));
+    auto wrong_in = ckpt_tool({"import", out.string(), (dir / "again.ckpt").string()}, dir.path());
+    CHECK(wrong_in.status == 2);
+    CHECK(contains(wrong_in.err, "must end in .safetensors, .npz, .pt or .pth"));
 }
 
 }  // TEST_SUITE

@@ -1,12 +1,13 @@
 // ckpt: look inside checkpoints, check them, compare them, move their tensors to and from
-// safetensors and NumPy's npz, and draw the metrics they record.
+// safetensors and NumPy's npz, bring in PyTorch's torch.save files, and draw the metrics they
+// record.
 //
 //   ckpt ls DIR [--prefix P] [--headers-only] [--best METRIC[:min|max]] [--json]
 //   ckpt show FILE [--stats] [--json]
 //   ckpt verify FILE|DIR ...
 //   ckpt diff A B [--atol X] [--rtol Y]
 //   ckpt export FILE OUT.safetensors|OUT.npz [--select REGEX] [--rename FROM=TO]... [--compress] [--force]
-//   ckpt import IN.safetensors|IN.npz OUT.ckpt [--epoch E] [--step S] [--archive KIND] [--select] [--rename] [--force]
+//   ckpt import IN.safetensors|IN.npz|IN.pt|IN.pth OUT.ckpt [--epoch E] [--step S] [--archive KIND] [--select] [--rename] [--force]
 //   ckpt plot DIR --metric NAME [--metric NAME ...] -o FILE.png [--prefix P] [--force] [--timeout S]
 //
 // Exit status: 0 success (for diff: equal within tolerance; for verify: every file verified),
@@ -100,15 +101,26 @@ std::string kind_name(ckpt::ValueKind k) { return ckpt::detail::value_kind_name(
 bool is_temporary(const fs::path& p) { return ckpt::detail::temporary_owner(p.filename().string()).has_value(); }
 
 // ---------------------------------------------------------------------------------------------
-// Reading any of the three formats
+// Reading any of the formats: checkpoints, and by extension safetensors, npz and PyTorch files
 
-enum class FileFormat { checkpoint, safetensors, npz };
+enum class FileFormat { checkpoint, safetensors, npz, torch };
 
 FileFormat format_of(const fs::path& p) {
     const auto ext = p.extension().string();
     if (ext == ".safetensors") return FileFormat::safetensors;
     if (ext == ".npz") return FileFormat::npz;
+    if (ext == ".pt" || ext == ".pth") return FileFormat::torch;
     return FileFormat::checkpoint;
+}
+
+const char* format_name(FileFormat f) {
+    switch (f) {
+        case FileFormat::safetensors: return "safetensors";
+        case FileFormat::npz: return "npz";
+        case FileFormat::torch: return "PyTorch";
+        case FileFormat::checkpoint: break;
+    }
+    return "checkpoint";
 }
 
 /// --key-file: the key of encrypted checkpoints, for every subcommand that reads bodies.
@@ -118,6 +130,7 @@ ckpt::ParamDict load_any(const fs::path& p) {
     switch (format_of(p)) {
         case FileFormat::safetensors: return ckpt::load_safetensors(p);
         case FileFormat::npz: return ckpt::load_npz(p);
+        case FileFormat::torch: return ckpt::load_torch(p);
         case FileFormat::checkpoint: break;
     }
     return ckpt::load_checkpoint(p, load_options);
@@ -822,7 +835,7 @@ void print_entries(const std::vector<ckpt::EntryInfo>& entries, const std::optio
     }
 }
 
-/// `show` of a .safetensors or .npz file: its entries, as `diff` and `import` read them.
+/// `show` of a .safetensors, .npz, .pt or .pth file: its entries, as `diff` and `import` read them.
 int cmd_show_dict(const fs::path& file, bool stats, bool as_json) {
     const ckpt::ParamDict dict = load_any(file);
     std::vector<ckpt::EntryInfo> entries;
@@ -840,7 +853,7 @@ int cmd_show_dict(const fs::path& file, bool stats, bool as_json) {
         entries.push_back(std::move(e));
     }
     const std::optional<ckpt::ParamDict> loaded = stats ? std::optional(dict) : std::nullopt;
-    const char* kind = format_of(file) == FileFormat::safetensors ? "safetensors" : "npz";
+    const char* kind = format_name(format_of(file));
     if (as_json) {
         std::cout << json{{"path", file.string()}, {"format", kind}, {"entries", entries_json(entries, loaded)}}.dump(2)
                   << "\n";
@@ -1035,7 +1048,8 @@ int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double
 
 int cmd_export(const fs::path& in, const fs::path& out, const Selection& sel, bool compress, bool force) {
     const auto target = format_of(out);
-    if (target == FileFormat::checkpoint) throw UsageError("the output '" + out.string() + "' must end in .safetensors or .npz");
+    if (target != FileFormat::safetensors && target != FileFormat::npz)
+        throw UsageError("the output '" + out.string() + "' must end in .safetensors or .npz");
     if (compress && target != FileFormat::npz) throw UsageError("--compress applies to .npz output only");
     refuse_overwrite(out, force);
     const auto dict = sel.apply(ckpt::load_checkpoint(in, load_options));
@@ -1048,7 +1062,7 @@ int cmd_export(const fs::path& in, const fs::path& out, const Selection& sel, bo
 int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, std::int64_t epoch, std::int64_t step,
                const std::string& archive, int zstd_level, bool force) {
     if (format_of(in) == FileFormat::checkpoint)
-        throw UsageError("the input '" + in.string() + "' must end in .safetensors or .npz");
+        throw UsageError("the input '" + in.string() + "' must end in .safetensors, .npz, .pt or .pth");
     ckpt::SaveOptions opts;
     opts.epoch = epoch;
     opts.step = step;
@@ -1068,7 +1082,8 @@ int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, st
 
 int main(int argc, char** argv) {
     CLI::App app{"ckpt: look inside checkpoints, verify and compare them, convert them to and from safetensors "
-                 "and NumPy npz, and plot the metrics they record.\nExit status: 0 success, 1 failure (diff: a difference), 2 usage error."};
+                 "and NumPy npz, import PyTorch torch.save files, and plot the metrics they record.\nExit status: 0 success, "
+                 "1 failure (diff: a difference), 2 usage error."};
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "Help for every subcommand");
 
@@ -1094,8 +1109,8 @@ int main(int argc, char** argv) {
                    "Mark in each prefix the checkpoint with the best recorded METRIC that verifies, as ckpt::best() "
                    "finds it (METRIC:max when larger is better)");
 
-    auto* show = app.add_subcommand("show", "Show a checkpoint's header and entries (the payloads are not read), or a .safetensors or .npz file's entries");
-    show->add_option("FILE", file, "Checkpoint file (or .safetensors, .npz)")->required();
+    auto* show = app.add_subcommand("show", "Show a checkpoint's header and entries (the payloads are not read), or a .safetensors, .npz, .pt or .pth file's entries");
+    show->add_option("FILE", file, "Checkpoint file (or .safetensors, .npz, .pt, .pth)")->required();
     show->add_flag("--stats", stats,
                    "Verify the file, read the payloads and add per-tensor min, max, mean, std over finite values, and "
                    "the count of NaN and Inf");
@@ -1106,7 +1121,7 @@ int main(int argc, char** argv) {
     verify->add_option("PATH", verify_paths, "Checkpoint files, or directories searched for *.ckpt")->required();
     add_key_file(verify, "Also decrypt and authenticate encrypted checkpoints with this key (the checksum needs none)");
 
-    auto* diff = app.add_subcommand("diff", "Compare two checkpoints (or .safetensors/.npz files) entry by entry; "
+    auto* diff = app.add_subcommand("diff", "Compare two checkpoints (or .safetensors/.npz/.pt/.pth files) entry by entry; "
                                             "exit 0 when equal within tolerance, 1 otherwise");
     diff->add_option("A", a, "First file")->required();
     diff->add_option("B", b, "Second file")->required();
@@ -1126,8 +1141,9 @@ int main(int argc, char** argv) {
     add_key_file(exp, "Key of an encrypted checkpoint");
     add_selection(exp);
 
-    auto* imp = app.add_subcommand("import", "Write the entries of a .safetensors or .npz file as a checkpoint");
-    imp->add_option("IN", in, "Input file: .safetensors or .npz")->required();
+    auto* imp = app.add_subcommand("import", "Write the entries of a .safetensors, .npz or PyTorch .pt/.pth file (torch.save; "
+                                             "nested dicts flattened with dots) as a checkpoint");
+    imp->add_option("IN", in, "Input file: .safetensors, .npz, .pt or .pth")->required();
     imp->add_option("OUT", out, "Checkpoint file to write")->required();
     imp->add_option("--epoch", epoch, "Epoch recorded in the header")->check(CLI::NonNegativeNumber);
     imp->add_option("--step", step, "Step recorded in the header")->check(CLI::NonNegativeNumber);

@@ -1,10 +1,11 @@
 #pragma once
-// Exchange with other frameworks: safetensors and NumPy's npz. Not part of ckpt.hpp: link
-// the CMake target ckpt::interop (nlohmann-json for the safetensors header, libzip for the
-// npz container) and include this header.
+// Exchange with other frameworks: safetensors, NumPy's npz, and reading PyTorch's torch.save
+// files. Not part of ckpt.hpp: link the CMake target ckpt::interop (nlohmann-json for the
+// safetensors header, libzip for the npz and PyTorch containers) and include this header.
 //
 //   save_safetensors(dict, path)            load_safetensors(path) -> ParamDict
 //   save_npz(dict, path, compressed)        load_npz(path) -> ParamDict
+//                                           load_torch(path) -> ParamDict    (.pt, .pth)
 //
 // safetensors: 8-byte little-endian header length, a JSON header naming each tensor's dtype,
 // shape and [begin, end) byte range in the buffer that follows, then the buffer. Scalars and
@@ -19,6 +20,11 @@
 // NumPy does not see the comment. Reading takes stored and deflated members, either byte
 // order, and Fortran order (transposed to C order on the way in).
 //
+// PyTorch: the zip that torch.save writes (since PyTorch 1.6), read without libtorch or Python
+// by a restricted unpickler that takes dicts, lists, tuples, plain values and tensors and
+// refuses every other Python global; nested dicts come out flattened with dots
+// ("model.fc.weight", "optimizer.state.0.exp_avg"). See load_torch.
+//
 // Writes are atomic and durable like checkpoints (temporary, fsync, rename, fsync of the
 // directory). Every length and offset read from a file is checked against the file's size
 // before anything is allocated; a bad file is a FormatError naming the file and the field.
@@ -32,15 +38,18 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cctype>
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -426,9 +435,12 @@ inline std::string npy_header(std::string_view descr, const Shape& shape) {
     return out + dict;
 }
 
-[[noreturn]] inline void npz_fail(const std::string& path, const std::string& why) {
-    throw FormatError("npz file '" + path + "' is malformed: " + why, path);
+/// A malformed zip-based file: "{format} file '{path}' is malformed: {why}".
+[[noreturn]] inline void zip_format_fail(std::string_view format, const std::string& path, const std::string& why) {
+    throw FormatError(std::string(format) + " file '" + path + "' is malformed: " + why, path);
 }
+
+[[noreturn]] inline void npz_fail(const std::string& path, const std::string& why) { zip_format_fail("npz", path, why); }
 
 /// A cursor over the header's dict literal, with the member's name for errors.
 class NpyHeaderParser {
@@ -563,14 +575,14 @@ inline bool append_utf8(std::string& out, char32_t c) {
     return true;
 }
 
-/// Fortran (column-major) element order → C (row-major) order.
-inline void fortran_to_c(const std::byte* src, std::byte* dst, const Shape& shape, std::size_t width) {
+/// The elements of a strided view of `src` (`stride[k]` elements apart along dimension k) into
+/// `dst` in C (row-major) order; `width` bytes an element.
+inline void gather_strided(const std::byte* src, std::byte* dst, const Shape& shape, const std::vector<std::size_t>& stride,
+                           std::size_t width) {
     const std::size_t rank = shape.size();
     std::size_t numel = 1;
     for (auto d : shape) numel *= static_cast<std::size_t>(d);
     if (numel == 0) return;
-    std::vector<std::size_t> stride(rank, 1);  // column-major strides, in elements
-    for (std::size_t k = 1; k < rank; ++k) stride[k] = stride[k - 1] * static_cast<std::size_t>(shape[k - 1]);
     std::vector<std::size_t> index(rank, 0);
     std::size_t from = 0;
     for (std::size_t out = 0; out < numel; ++out) {
@@ -582,6 +594,13 @@ inline void fortran_to_c(const std::byte* src, std::byte* dst, const Shape& shap
             index[k] = 0;
         }
     }
+}
+
+/// Fortran (column-major) element order → C (row-major) order.
+inline void fortran_to_c(const std::byte* src, std::byte* dst, const Shape& shape, std::size_t width) {
+    std::vector<std::size_t> stride(shape.size(), 1);  // column-major strides, in elements
+    for (std::size_t k = 1; k < shape.size(); ++k) stride[k] = stride[k - 1] * static_cast<std::size_t>(shape[k - 1]);
+    gather_strided(src, dst, shape, stride, width);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -612,23 +631,42 @@ inline std::string zip_error_text(int code) {
 /// Deflate expands at most about 1032:1; a member claiming more is damaged.
 inline constexpr std::uint64_t max_deflate_ratio = 1032;
 
-/// Reads one member in order, never past the size its directory entry gives.
+/// Refuses a member whose directory entry the readers cannot trust: encrypted, compressed
+/// other than stored or deflated, or claiming more bytes than the file can hold.
+inline void check_member_entry(const zip_stat_t& st, std::uint64_t file_bytes, std::string_view format,
+                               const std::string& path, const std::string& member) {
+    auto fail = [&](const std::string& why) { zip_format_fail(format, path, "member '" + member + "' " + why); };
+    if ((st.valid & ZIP_STAT_ENCRYPTION_METHOD) && st.encryption_method != ZIP_EM_NONE) fail("is encrypted");
+    if (!(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_SIZE) || !(st.valid & ZIP_STAT_COMP_METHOD))
+        fail("has no size in the zip directory");
+    if (st.comp_method != ZIP_CM_STORE && st.comp_method != ZIP_CM_DEFLATE)
+        fail("uses compression method " + std::to_string(st.comp_method) + " (stored and deflated are read)");
+    if (st.comp_size > file_bytes || (st.comp_method == ZIP_CM_STORE ? st.size != st.comp_size
+                                                                     : st.size > st.comp_size * max_deflate_ratio + 1024))
+        fail("claims " + std::to_string(st.size) + " bytes from " + std::to_string(st.comp_size) + " stored, in a file of " +
+             std::to_string(file_bytes));
+}
+
+/// Reads one member in order, never past the size its directory entry gives. Errors are
+/// FormatErrors of the `format` ("npz", "PyTorch") naming the file and the member.
 class MemberReader {
 public:
-    MemberReader(zip_t* za, zip_uint64_t index, std::uint64_t size, std::string path, std::string member)
-        : file_{zip_fopen_index(za, index, 0)}, remaining_(size), path_(std::move(path)), member_(std::move(member)) {
-        if (!file_.zf) npz_fail(path_, "member '" + member_ + "' cannot be opened: " + zip_strerror(za));
+    MemberReader(zip_t* za, zip_uint64_t index, std::uint64_t size, std::string path, std::string member,
+                 std::string_view format = "npz")
+        : file_{zip_fopen_index(za, index, 0)}, remaining_(size), path_(std::move(path)), member_(std::move(member)),
+          format_(format) {
+        if (!file_.zf) fail("member '" + member_ + "' cannot be opened: " + zip_strerror(za));
     }
     std::uint64_t remaining() const { return remaining_; }
 
     void read(std::byte* dst, std::uint64_t n) {
         if (n > remaining_)
-            npz_fail(path_, "member '" + member_ + "' has " + std::to_string(remaining_) + " bytes left where " +
-                                std::to_string(n) + " are needed");
+            fail("member '" + member_ + "' has " + std::to_string(remaining_) + " bytes left where " +
+                 std::to_string(n) + " are needed");
         while (n > 0) {
             const zip_int64_t r = zip_fread(file_.zf, dst, std::min<std::uint64_t>(n, std::uint64_t{1} << 30));
-            if (r < 0) npz_fail(path_, "member '" + member_ + "': " + zip_file_strerror(file_.zf));
-            if (r == 0) npz_fail(path_, "member '" + member_ + "' ends " + std::to_string(remaining_) + " bytes early");
+            if (r < 0) fail("member '" + member_ + "': " + zip_file_strerror(file_.zf));
+            if (r == 0) fail("member '" + member_ + "' ends " + std::to_string(remaining_) + " bytes early");
             dst += r;
             n -= static_cast<std::uint64_t>(r);
             remaining_ -= static_cast<std::uint64_t>(r);
@@ -655,14 +693,17 @@ public:
     void finish() {
         std::byte extra{};
         if (zip_fread(file_.zf, &extra, 1) != 0)
-            npz_fail(path_, "member '" + member_ + "' fails its CRC check or is longer than its directory entry: " +
-                                zip_file_strerror(file_.zf));
+            fail("member '" + member_ + "' fails its CRC check or is longer than its directory entry: " +
+                 zip_file_strerror(file_.zf));
     }
 
 private:
+    [[noreturn]] void fail(const std::string& why) const { zip_format_fail(format_, path_, why); }
+
     ZipFile file_;
     std::uint64_t remaining_;
     std::string path_, member_;
+    std::string_view format_;
 };
 
 }  // namespace detail
@@ -765,16 +806,7 @@ inline ParamDict load_npz(const PathArg& file) {
             detail::npz_fail(path, "member '" + member + "' is not a .npy array");
         const std::string name = member.substr(0, member.size() - 4);
         auto fail = [&](const std::string& why) { detail::npz_fail(path, "member '" + member + "' " + why); };
-        if ((st.valid & ZIP_STAT_ENCRYPTION_METHOD) && st.encryption_method != ZIP_EM_NONE) fail("is encrypted");
-        if (!(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_SIZE) || !(st.valid & ZIP_STAT_COMP_METHOD))
-            fail("has no size in the zip directory");
-        if (st.comp_method != ZIP_CM_STORE && st.comp_method != ZIP_CM_DEFLATE)
-            fail("uses compression method " + std::to_string(st.comp_method) + " (stored and deflated are read)");
-        if (st.comp_size > file_bytes || (st.comp_method == ZIP_CM_STORE
-                                              ? st.size != st.comp_size
-                                              : st.size > st.comp_size * detail::max_deflate_ratio + 1024))
-            fail("claims " + std::to_string(st.size) + " bytes from " + std::to_string(st.comp_size) +
-                 " stored, in a file of " + std::to_string(file_bytes));
+        detail::check_member_entry(st, file_bytes, "npz", path, member);
         if (dict.contains(name)) detail::npz_fail(path, "'" + name + "' appears twice");
 
         detail::MemberReader in(zip.za, i, st.size, path, member);
@@ -873,6 +905,705 @@ inline ParamDict load_npz(const PathArg& file) {
             }
         }
         dict.set(name, std::move(t));
+    }
+    return dict;
+}
+
+
+namespace detail {
+
+// ---------------------------------------------------------------------------------------------
+// PyTorch: what torch.save writes since 1.6, a zip of "{archive}/data.pkl" (a pickle of the
+// saved object, protocol 2), "{archive}/data/{key}" (the bytes of each storage, stored),
+// "{archive}/version" and, since 2.1, "{archive}/byteorder". Tensors are pickled as calls of
+// torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad,
+// backward_hooks), each storage as the persistent id ("storage", torch.FloatStorage, key,
+// location, numel). The reader below takes that and nothing more: it builds dicts, lists,
+// tuples and plain values itself, and every global the pickle names is looked up in a fixed
+// table; none is ever called.
+
+[[noreturn]] inline void torch_fail(const std::string& path, const std::string& why) { zip_format_fail("PyTorch", path, why); }
+
+/// What torch.save's pickles before the zip format start with: the legacy magic number
+/// 0x1950a86a20f9469cfc6c as a pickled int (LONG1, 10 bytes).
+inline constexpr std::string_view torch_legacy_magic = "\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+
+/// A global a torch.save pickle may name, and what the reader makes of it.
+struct TorchGlobal {
+    enum Role : std::uint8_t { ordered_dict, rebuild_tensor, rebuild_parameter, device, storage };
+    std::string_view module, name;
+    Role role;
+    std::optional<DType> dtype = std::nullopt;  // a storage type: its elements, when ckpt holds them
+    std::string_view dtype_text = {};           // a storage type: PyTorch's name of its elements
+    std::size_t itemsize = 0;
+};
+
+inline constexpr TorchGlobal torch_globals[] = {
+    {"collections", "OrderedDict", TorchGlobal::ordered_dict},
+    {"torch._utils", "_rebuild_tensor_v2", TorchGlobal::rebuild_tensor},
+    {"torch._utils", "_rebuild_parameter", TorchGlobal::rebuild_parameter},
+    {"torch", "device", TorchGlobal::device},
+    {"torch", "FloatStorage", TorchGlobal::storage, DType::float32, "float32", 4},
+    {"torch", "DoubleStorage", TorchGlobal::storage, DType::float64, "float64", 8},
+    {"torch", "HalfStorage", TorchGlobal::storage, DType::float16, "float16", 2},
+    {"torch", "IntStorage", TorchGlobal::storage, DType::int32, "int32", 4},
+    {"torch", "LongStorage", TorchGlobal::storage, DType::int64, "int64", 8},
+    {"torch", "ByteStorage", TorchGlobal::storage, DType::uint8, "uint8", 1},
+    {"torch", "BoolStorage", TorchGlobal::storage, DType::boolean, "bool", 1},
+    // storage types whose elements ckpt does not hold: known, so that the error names the tensor
+    {"torch", "BFloat16Storage", TorchGlobal::storage, std::nullopt, "bfloat16", 2},
+    {"torch", "CharStorage", TorchGlobal::storage, std::nullopt, "int8", 1},
+    {"torch", "ShortStorage", TorchGlobal::storage, std::nullopt, "int16", 2},
+    {"torch", "ComplexFloatStorage", TorchGlobal::storage, std::nullopt, "complex64", 8},
+    {"torch", "ComplexDoubleStorage", TorchGlobal::storage, std::nullopt, "complex128", 16},
+    {"torch", "QInt8Storage", TorchGlobal::storage, std::nullopt, "qint8", 1},
+    {"torch", "QUInt8Storage", TorchGlobal::storage, std::nullopt, "quint8", 1},
+    {"torch", "QInt32Storage", TorchGlobal::storage, std::nullopt, "qint32", 4},
+    {"torch", "QUInt4x2Storage", TorchGlobal::storage, std::nullopt, "quint4x2", 1},
+    {"torch", "QUInt2x4Storage", TorchGlobal::storage, std::nullopt, "quint2x4", 1},
+};
+
+/// A value of the pickle. Booleans, ints and floats are held here; strings, containers,
+/// storages and tensors are indices into the unpickler's tables, so that what the pickle's
+/// memo shares stays shared, and a container that holds itself is no cycle of owners.
+struct PyRef {
+    enum Kind : std::uint8_t { none, boolean, integer, floating, string, bytes, tuple, list, dict, global, storage, tensor };
+    Kind kind = none;
+    std::int64_t i = 0;  // a boolean's or int's value; the table index of the others
+    double f = 0;
+};
+
+inline std::string py_kind_name(PyRef::Kind k) {
+    switch (k) {
+        case PyRef::none: return "None";
+        case PyRef::boolean: return "bool";
+        case PyRef::integer: return "int";
+        case PyRef::floating: return "float";
+        case PyRef::string: return "str";
+        case PyRef::bytes: return "bytes";
+        case PyRef::tuple: return "tuple";
+        case PyRef::list: return "list";
+        case PyRef::dict: return "dict";
+        case PyRef::global: return "Python global";
+        case PyRef::storage: return "torch storage";
+        case PyRef::tensor: return "tensor";
+    }
+    return "?";
+}
+
+/// A storage as a persistent id names it: the record "data/{key}", its type (an index into
+/// torch_globals) and its number of elements.
+struct TorchStorageRef {
+    std::string key;
+    std::size_t type = 0;
+    std::uint64_t numel = 0;
+};
+
+/// The arguments of one _rebuild_tensor_v2 call, checked for their types only.
+struct TorchTensorRef {
+    std::size_t storage = 0;
+    std::uint64_t offset = 0;
+    Shape size;
+    std::vector<std::uint64_t> stride;
+};
+
+/// The restricted unpickler: the opcodes of protocols 2 to 5 that torch.save's pickles of
+/// dicts, lists, tuples, plain values and tensors use (protocol 2 unless pickle_protocol is
+/// given; FRAME, SHORT_BINUNICODE, STACK_GLOBAL and MEMOIZE come with 4 and 5). Anything else
+/// is a FormatError naming the file, the record and the byte.
+class TorchUnpickler {
+public:
+    TorchUnpickler(std::string_view pickle, std::string path, std::string member)
+        : data_(pickle), path_(std::move(path)), member_(std::move(member)) {}
+
+    std::vector<std::string> strings;            // str and bytes values
+    std::vector<std::vector<PyRef>> containers;  // tuple and list items; a dict's keys and values, alternating
+    std::vector<TorchStorageRef> storages;
+    std::vector<TorchTensorRef> tensors;
+
+    /// The pickled object.
+    PyRef run() {
+        while (pos_ < data_.size()) {
+            op_at_ = pos_;
+            const auto op = static_cast<unsigned char>(data_[pos_++]);
+            switch (op) {
+                case 0x80: {  // PROTO
+                    const unsigned v = byte();
+                    if (v < 2 || v > 5) fail("pickle protocol " + std::to_string(v) + " (2 to 5 are read)");
+                    break;
+                }
+                case 0x95: take(8); break;  // FRAME: the length of what follows, a hint for readers of streams
+                case '.': return pop();     // STOP
+                case '(': marks_.push_back(stack_.size()); break;  // MARK
+                case '}': push(container(PyRef::dict, {})); break;
+                case ']': push(container(PyRef::list, {})); break;
+                case ')': push(container(PyRef::tuple, {})); break;
+                case 't': push(container(PyRef::tuple, pop_mark())); break;
+                case 0x85:  // TUPLE1, TUPLE2, TUPLE3
+                case 0x86:
+                case 0x87: {
+                    const std::size_t n = op - 0x84u;
+                    if (stack_.size() < fence() + n) fail("TUPLE" + std::to_string(n) + " on a stack of fewer items");
+                    std::vector<PyRef> items(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
+                    stack_.resize(stack_.size() - n);
+                    push(container(PyRef::tuple, std::move(items)));
+                    break;
+                }
+                case 'X': push(text(PyRef::string, le<std::uint32_t>())); break;     // BINUNICODE
+                case 0x8c: push(text(PyRef::string, byte())); break;                  // SHORT_BINUNICODE
+                case 0x8d: push(text(PyRef::string, le<std::uint64_t>())); break;     // BINUNICODE8
+                case 'B': push(text(PyRef::bytes, le<std::uint32_t>())); break;       // BINBYTES
+                case 'C': push(text(PyRef::bytes, byte())); break;                    // SHORT_BINBYTES
+                case 'J': push(integer(le<std::int32_t>())); break;                   // BININT
+                case 'K': push(integer(byte())); break;                               // BININT1
+                case 'M': push(integer(le<std::uint16_t>())); break;                  // BININT2
+                case 0x8a: {                                                          // LONG1
+                    const unsigned n = byte();
+                    if (n > 8) fail("an int of " + std::to_string(n) + " bytes (ckpt holds 64-bit ints)");
+                    const auto bytes = take(n);
+                    std::uint64_t u = 0;
+                    for (unsigned k = 0; k < n; ++k) u |= std::uint64_t{static_cast<unsigned char>(bytes[k])} << (8 * k);
+                    if (n > 0 && n < 8 && (static_cast<unsigned char>(bytes[n - 1]) & 0x80))  // negative: sign-extend
+                        u |= ~std::uint64_t{0} << (8 * n);
+                    push(integer(static_cast<std::int64_t>(u)));
+                    break;
+                }
+                case 'G': {  // BINFLOAT: big-endian
+                    const auto bytes = take(8);
+                    std::uint64_t u = 0;
+                    for (unsigned k = 0; k < 8; ++k) u = (u << 8) | static_cast<unsigned char>(bytes[k]);
+                    push(PyRef{PyRef::floating, 0, std::bit_cast<double>(u)});
+                    break;
+                }
+                case 0x88: push(PyRef{PyRef::boolean, 1}); break;  // NEWTRUE
+                case 0x89: push(PyRef{PyRef::boolean, 0}); break;  // NEWFALSE
+                case 'N': push(PyRef{}); break;                     // NONE
+                case 'q': memo_[byte()] = top(); break;             // BINPUT
+                case 'r': memo_[le<std::uint32_t>()] = top(); break;  // LONG_BINPUT
+                case 0x94: {                                          // MEMOIZE
+                    const auto at = static_cast<std::uint32_t>(memo_.size());
+                    memo_[at] = top();
+                    break;
+                }
+                case 'h': push(memo(byte())); break;                  // BINGET
+                case 'j': push(memo(le<std::uint32_t>())); break;     // LONG_BINGET
+                case 'c': {                                           // GLOBAL "module\nname\n"
+                    const std::string module(line()), name(line());
+                    push(global(module, name));
+                    break;
+                }
+                case 0x93: {  // STACK_GLOBAL
+                    const PyRef name = pop(), module = pop();
+                    if (name.kind != PyRef::string || module.kind != PyRef::string)
+                        fail("STACK_GLOBAL of a " + py_kind_name(module.kind) + " and a " + py_kind_name(name.kind));
+                    push(global(strings[static_cast<std::size_t>(module.i)], strings[static_cast<std::size_t>(name.i)]));
+                    break;
+                }
+                case 'R': {  // REDUCE: callable(*args)
+                    const PyRef args = pop(), callable = pop();
+                    if (callable.kind != PyRef::global) fail("REDUCE calls a " + py_kind_name(callable.kind));
+                    if (args.kind != PyRef::tuple) fail("REDUCE with a " + py_kind_name(args.kind) + " of arguments");
+                    push(reduce(torch_globals[callable.i], items_of(args)));
+                    break;
+                }
+                case 'b': {  // BUILD: an OrderedDict's attributes (a state_dict's _metadata); not entries
+                    const PyRef state = pop(), object = top();
+                    if (object.kind != PyRef::dict || state.kind != PyRef::dict)
+                        fail("BUILD of a " + py_kind_name(object.kind) + " from a " + py_kind_name(state.kind) +
+                             " (only an OrderedDict's attributes are taken, and left out)");
+                    break;
+                }
+                case 's': {  // SETITEM
+                    const PyRef value = pop(), key = pop();
+                    add_to(PyRef::dict, {key, value});
+                    break;
+                }
+                case 'u': {  // SETITEMS
+                    auto items = pop_mark();
+                    if (items.size() % 2) fail("SETITEMS with a key and no value");
+                    add_to(PyRef::dict, std::move(items));
+                    break;
+                }
+                case 'a': add_to(PyRef::list, {pop()}); break;    // APPEND
+                case 'e': add_to(PyRef::list, pop_mark()); break;  // APPENDS
+                case 'Q': push(persistent(pop())); break;          // BINPERSID
+                default: {
+                    static constexpr char hex[] = "0123456789abcdef";
+                    fail(std::string("opcode 0x") + hex[op >> 4] + hex[op & 15] + ", which torch.save's pickles do not use");
+                }
+            }
+        }
+        fail("ends without a STOP opcode");
+    }
+
+private:
+    [[noreturn]] void fail(const std::string& why) const {
+        torch_fail(path_, "record '" + member_ + "', byte " + std::to_string(op_at_) + ": " + why);
+    }
+
+    std::string_view take(std::uint64_t n) {
+        if (n > data_.size() - pos_) fail("the record ends inside an opcode's argument");
+        const auto out = data_.substr(pos_, static_cast<std::size_t>(n));
+        pos_ += static_cast<std::size_t>(n);
+        return out;
+    }
+    unsigned byte() { return static_cast<unsigned char>(take(1)[0]); }
+    template <class T>
+    T le() {
+        return get_le<T>(reinterpret_cast<const std::byte*>(take(sizeof(T)).data()));
+    }
+    std::string_view line() {
+        const auto end = data_.find('\n', pos_);
+        if (end == std::string_view::npos || end - pos_ > 256) fail("GLOBAL without a name ending in a newline");
+        const std::size_t n = end - pos_;
+        return take(n + 1).substr(0, n);
+    }
+
+    /// The stack above the innermost MARK is what opcodes take from.
+    std::size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
+    void push(PyRef v) { stack_.push_back(v); }
+    PyRef pop() {
+        if (stack_.size() <= fence()) fail("an opcode takes from an empty stack");
+        const PyRef v = stack_.back();
+        stack_.pop_back();
+        return v;
+    }
+    PyRef top() const {
+        if (stack_.size() <= fence()) fail("an opcode uses the top of an empty stack");
+        return stack_.back();
+    }
+    std::vector<PyRef> pop_mark() {
+        if (marks_.empty()) fail("an opcode takes the items after a MARK, and there is none");
+        const std::size_t at = marks_.back();
+        marks_.pop_back();
+        std::vector<PyRef> items(stack_.begin() + static_cast<std::ptrdiff_t>(at), stack_.end());
+        stack_.resize(at);
+        return items;
+    }
+    PyRef memo(std::uint32_t at) const {
+        const auto it = memo_.find(at);
+        if (it == memo_.end()) fail("memo entry " + std::to_string(at) + " is read before it is written");
+        return it->second;
+    }
+
+    static PyRef integer(std::int64_t v) { return PyRef{PyRef::integer, v}; }
+    PyRef text(PyRef::Kind kind, std::uint64_t n) {
+        strings.emplace_back(take(n));
+        return PyRef{kind, static_cast<std::int64_t>(strings.size() - 1)};
+    }
+    PyRef container(PyRef::Kind kind, std::vector<PyRef> items) {
+        containers.push_back(std::move(items));
+        return PyRef{kind, static_cast<std::int64_t>(containers.size() - 1)};
+    }
+    std::vector<PyRef> items_of(const PyRef& v) const { return containers[static_cast<std::size_t>(v.i)]; }
+    void add_to(PyRef::Kind kind, std::vector<PyRef> items) {
+        const PyRef target = top();
+        if (target.kind != kind)
+            fail((kind == PyRef::dict ? "SETITEM on a " : "APPEND to a ") + py_kind_name(target.kind));
+        auto& to = containers[static_cast<std::size_t>(target.i)];
+        to.insert(to.end(), items.begin(), items.end());
+    }
+
+    PyRef global(std::string_view module, std::string_view name) const {
+        for (std::size_t g = 0; g < std::size(torch_globals); ++g)
+            if (torch_globals[g].module == module && torch_globals[g].name == name)
+                return PyRef{PyRef::global, static_cast<std::int64_t>(g)};
+        throw FormatError("PyTorch file '" + path_ + "' refers to the Python global '" + std::string(module) + "." +
+                              std::string(name) +
+                              "', which ckpt does not load: it reads tensors, dicts, lists, tuples and plain values, "
+                              "and never constructs an object or calls a function that a file names",
+                          path_);
+    }
+
+    /// A storage's persistent id: ("storage", storage type, key, location, numel).
+    PyRef persistent(const PyRef& id) {
+        const auto items = id.kind == PyRef::tuple ? items_of(id) : std::vector<PyRef>{};
+        const auto is = [&](std::size_t k, PyRef::Kind kind) { return items.size() > k && items[k].kind == kind; };
+        if (items.size() != 5 || !is(0, PyRef::string) || strings[static_cast<std::size_t>(items[0].i)] != "storage" ||
+            !is(1, PyRef::global) || torch_globals[items[1].i].role != TorchGlobal::storage || !is(2, PyRef::string) ||
+            !is(3, PyRef::string) || !is(4, PyRef::integer) || items[4].i < 0)
+            fail("a persistent id that is not ('storage', storage type, key, location, numel)");
+        const std::string& key = strings[static_cast<std::size_t>(items[2].i)];
+        if (key.empty() || key.size() > 64 ||
+            !std::all_of(key.begin(), key.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+            fail("a storage key that is not a plain name");
+        storages.push_back({key, static_cast<std::size_t>(items[1].i), static_cast<std::uint64_t>(items[4].i)});
+        return PyRef{PyRef::storage, static_cast<std::int64_t>(storages.size() - 1)};
+    }
+
+    /// Sizes and strides: tuples of non-negative ints, at most max_tensor_rank of them.
+    std::vector<std::uint64_t> dims(const PyRef& v, const char* what) const {
+        if (v.kind != PyRef::tuple) fail(std::string("_rebuild_tensor_v2 with a ") + py_kind_name(v.kind) + " for " + what);
+        const auto& items = containers[static_cast<std::size_t>(v.i)];
+        if (items.size() > max_tensor_rank)
+            fail(std::string("a tensor ") + what + " of more than " + std::to_string(max_tensor_rank) + " dimensions");
+        std::vector<std::uint64_t> out;
+        for (const auto& d : items) {
+            if (d.kind != PyRef::integer || d.i < 0) fail(std::string("a tensor ") + what + " that is not all non-negative ints");
+            out.push_back(static_cast<std::uint64_t>(d.i));
+        }
+        return out;
+    }
+
+    PyRef reduce(const TorchGlobal& g, const std::vector<PyRef>& args) {
+        const std::string call = std::string(g.module) + "." + std::string(g.name) + "() ";
+        switch (g.role) {
+            case TorchGlobal::ordered_dict:
+                if (!args.empty()) fail(call + "with arguments");
+                return container(PyRef::dict, {});
+            case TorchGlobal::rebuild_parameter:  // (data, requires_grad, backward_hooks)
+                if (args.size() != 3 || args[0].kind != PyRef::tensor) fail(call + "with other arguments than a tensor's");
+                return args[0];
+            case TorchGlobal::device: {  // ("cuda", 0) -> "cuda:0"
+                if (args.empty() || args.size() > 2 || args[0].kind != PyRef::string ||
+                    (args.size() == 2 && args[1].kind != PyRef::integer && args[1].kind != PyRef::none))
+                    fail(call + "with other arguments than a device type and index");
+                std::string text = strings[static_cast<std::size_t>(args[0].i)];
+                if (args.size() == 2 && args[1].kind == PyRef::integer) text += ":" + std::to_string(args[1].i);
+                strings.push_back(std::move(text));
+                return PyRef{PyRef::string, static_cast<std::int64_t>(strings.size() - 1)};
+            }
+            case TorchGlobal::rebuild_tensor: {
+                // (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
+                if ((args.size() != 6 && args.size() != 7) || args[0].kind != PyRef::storage ||
+                    args[1].kind != PyRef::integer || args[1].i < 0 || args[4].kind != PyRef::boolean ||
+                    args[5].kind != PyRef::dict ||
+                    (args.size() == 7 && args[6].kind != PyRef::none &&
+                     (args[6].kind != PyRef::dict || !containers[static_cast<std::size_t>(args[6].i)].empty())))
+                    fail(call + "with other arguments than (storage, offset, size, stride, requires_grad, hooks)");
+                TorchTensorRef t;
+                t.storage = static_cast<std::size_t>(args[0].i);
+                t.offset = static_cast<std::uint64_t>(args[1].i);
+                for (const auto d : dims(args[2], "size")) {
+                    if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) fail("an impossible size");
+                    t.size.push_back(static_cast<std::int64_t>(d));
+                }
+                t.stride = dims(args[3], "stride");
+                if (t.stride.size() != t.size.size()) fail(call + "with " + std::to_string(t.size.size()) + " sizes and " +
+                                                           std::to_string(t.stride.size()) + " strides");
+                tensors.push_back(std::move(t));
+                return PyRef{PyRef::tensor, static_cast<std::int64_t>(tensors.size() - 1)};
+            }
+            case TorchGlobal::storage: break;
+        }
+        fail(call + "is not a call torch.save's pickles make");
+    }
+
+    std::string_view data_;
+    std::string path_, member_;
+    std::size_t pos_ = 0, op_at_ = 0;
+    std::vector<PyRef> stack_;
+    std::vector<std::size_t> marks_;
+    std::unordered_map<std::uint32_t, PyRef> memo_;
+};
+
+/// Nested dicts, lists and tuples → (dotted name, leaf) pairs, in the pickle's order.
+class TorchFlattener {
+public:
+    /// Visits may cost at most `budget` (a visit costs its name's length + 1): a small pickle
+    /// whose shared containers hold each other many times over expands exponentially.
+    TorchFlattener(const TorchUnpickler& u, std::string path, std::uint64_t budget)
+        : u_(u), path_(std::move(path)), budget_(budget) {}
+
+    std::vector<std::pair<std::string, PyRef>> entries;
+
+    void walk(const PyRef& v, const std::string& name, std::size_t depth) {
+        const std::string where = name.empty() ? "the top level" : "'" + name + "'";
+        spent_ += name.size() + 1;
+        if (spent_ > budget_)
+            torch_fail(path_, "its dicts and lists expand to more than " + std::to_string(budget_) +
+                                  " bytes of entry names (containers shared many times over)");
+        switch (v.kind) {
+            case PyRef::none: return;
+            case PyRef::dict:
+            case PyRef::list:
+            case PyRef::tuple: {
+                if (depth >= max_depth)
+                    torch_fail(path_, "its dicts and lists nest more than " + std::to_string(max_depth) + " deep at " + where);
+                const auto& items = u_.containers[static_cast<std::size_t>(v.i)];
+                const std::string prefix = name.empty() ? name : name + ".";
+                if (v.kind != PyRef::dict) {
+                    for (std::size_t k = 0; k < items.size(); ++k) walk(items[k], prefix + std::to_string(k), depth + 1);
+                    return;
+                }
+                for (std::size_t k = 0; k + 1 < items.size(); k += 2) {
+                    const PyRef& key = items[k];
+                    if (key.kind == PyRef::string) walk(items[k + 1], prefix + u_.strings[static_cast<std::size_t>(key.i)], depth + 1);
+                    else if (key.kind == PyRef::integer) walk(items[k + 1], prefix + std::to_string(key.i), depth + 1);
+                    else torch_fail(path_, "a dict at " + where + " has a key of type " + py_kind_name(key.kind) + " (str and int keys are read)");
+                }
+                return;
+            }
+            case PyRef::boolean:
+            case PyRef::integer:
+            case PyRef::floating:
+            case PyRef::string:
+            case PyRef::tensor: entries.emplace_back(name, v); return;
+            case PyRef::bytes:
+            case PyRef::global:
+            case PyRef::storage: break;
+        }
+        torch_fail(path_, "entry " + where + " holds a " + py_kind_name(v.kind) +
+                              ", which ckpt does not hold (tensors, ints, floats, bools and strings, in dicts, lists and tuples)");
+    }
+
+    static constexpr std::size_t max_depth = 64;
+
+private:
+    const TorchUnpickler& u_;
+    std::string path_;
+    std::uint64_t budget_, spent_ = 0;
+};
+
+/// Makes the tensors of a torch.save file, reading each storage record once, when a tensor
+/// first needs it. Contiguous tensors alias their storage (tensors that shared memory in
+/// PyTorch share it here too); non-contiguous ones are copied into C order, at most four
+/// times the bytes of the storages read so far.
+class TorchTensorMaker {
+public:
+    TorchTensorMaker(zip_t* za, const TorchUnpickler& u, std::string path, std::string prefix, std::uint64_t file_bytes,
+                     bool swap)
+        : za_(za), u_(u), path_(std::move(path)), prefix_(std::move(prefix)), file_bytes_(file_bytes), swap_(swap),
+          made_(u.tensors.size()) {}
+
+    Tensor make(std::size_t index, const std::string& name) {
+        if (made_[index]) return *made_[index];  // the same tensor object under several names (tied weights)
+        const TorchTensorRef& t = u_.tensors[index];
+        const TorchStorageRef& s = u_.storages[t.storage];
+        const TorchGlobal& type = torch_globals[s.type];
+        auto fail = [&](const std::string& why) { torch_fail(path_, "tensor '" + name + "' " + why); };
+        if (!type.dtype)
+            throw FormatError("PyTorch file '" + path_ + "': tensor '" + name + "' has dtype " + std::string(type.dtype_text) +
+                                  ", which ckpt does not hold (float32, float64, float16, int32, int64, uint8, bool); "
+                                  "convert it before saving, e.g. with .float()",
+                              path_);
+        const DType dtype = *type.dtype;
+        const std::size_t width = itemsize(dtype);
+        const std::string what = std::string(dtype_name(dtype)) + shape_string(t.size);
+        std::size_t numel = 0;
+        try {
+            numel = checked_numel(t.size, std::numeric_limits<std::size_t>::max() / width);
+        } catch (const FormatError&) {
+            fail("has an impossible shape " + shape_string(t.size));
+        }
+        if (numel == 0) return remember(index, Tensor::uninitialized(dtype, t.size));
+        const std::string storage = "storage '" + s.key + "' of " + std::to_string(s.numel) + " elements";
+        if (numel > s.numel)
+            fail("(" + what + ") has more elements than its " + storage +
+                 ": an expanded view, which ckpt does not rebuild; save it with .contiguous()");
+        // The furthest element the view reaches, checked against the storage term by term.
+        if (t.offset >= s.numel) fail("(" + what + ") starts at element " + std::to_string(t.offset) + " of its " + storage);
+        std::uint64_t last = t.offset;
+        for (std::size_t k = 0; k < t.size.size(); ++k) {
+            const auto span = static_cast<std::uint64_t>(t.size[k]) - 1;
+            if (span == 0 || t.stride[k] == 0) continue;
+            if (span > (s.numel - 1 - last) / t.stride[k])
+                fail("(" + what + ", offset " + std::to_string(t.offset) + ", strides " + strides_text(t.stride) +
+                     ") reaches past the end of its " + storage);
+            last += span * t.stride[k];
+        }
+        const std::byte* base = storage_bytes(s, width, name) + t.offset * width;
+        bool contiguous = true;
+        std::uint64_t expected = 1;
+        for (std::size_t k = t.size.size(); k-- > 0;) {
+            if (t.size[k] != 1 && t.stride[k] != expected) contiguous = false;
+            expected *= static_cast<std::uint64_t>(t.size[k]);
+        }
+        Tensor out;
+        if (contiguous) {
+            out = Tensor::aliasing(dtype, t.size, blocks_.at(s.key).data, const_cast<std::byte*>(base));
+        } else {
+            copied_ += numel * width;
+            if (copied_ > 4 * read_)
+                fail("(" + what + ") is one of non-contiguous views that add up to " + std::to_string(copied_) +
+                     " bytes, more than four times the " + std::to_string(read_) +
+                     " bytes of the storages read so far; save them with .contiguous()");
+            out = Tensor::uninitialized(dtype, t.size);
+            gather_strided(base, out.data(), t.size, std::vector<std::size_t>(t.stride.begin(), t.stride.end()), width);
+        }
+        if (dtype == DType::boolean)
+            for (std::size_t b = 0; b < out.nbytes(); ++b)
+                if (static_cast<unsigned>(out.data()[b]) > 1) fail("holds a bool that is neither 0 nor 1");
+        return remember(index, std::move(out));
+    }
+
+private:
+    static std::string strides_text(const std::vector<std::uint64_t>& stride) {
+        std::string out = "[";
+        for (std::size_t k = 0; k < stride.size(); ++k) out += (k ? ", " : "") + std::to_string(stride[k]);
+        return out + "]";
+    }
+
+    Tensor remember(std::size_t index, Tensor t) {
+        made_[index] = t;
+        return t;
+    }
+
+    /// The bytes of storage record "data/{key}", read on first use; its size must be what the
+    /// persistent id says, before anything is allocated.
+    const std::byte* storage_bytes(const TorchStorageRef& s, std::size_t width, const std::string& name) {
+        const std::string member = prefix_ + "data/" + s.key;
+        const std::string what = "storage '" + s.key + "' (record '" + member + "')";
+        const bool overflow = s.numel > std::numeric_limits<std::uint64_t>::max() / width;
+        auto it = blocks_.find(s.key);
+        if (it == blocks_.end()) {
+            const zip_int64_t index = zip_name_locate(za_, member.c_str(), 0);
+            if (index < 0) torch_fail(path_, "tensor '" + name + "' is in " + what + ", which the file does not have");
+            zip_stat_t st;
+            zip_stat_init(&st);
+            if (zip_stat_index(za_, static_cast<zip_uint64_t>(index), 0, &st) != 0)
+                torch_fail(path_, "record '" + member + "': " + zip_strerror(za_));
+            check_member_entry(st, file_bytes_, "PyTorch", path_, member);
+            if (overflow || st.size != s.numel * width)
+                torch_fail(path_, what + " holds " + std::to_string(st.size) + " bytes where its " +
+                                      std::to_string(s.numel) + " elements of " + std::to_string(width) + " bytes need " +
+                                      (overflow ? "more" : std::to_string(s.numel * width)));
+            Block b{nullptr, st.size, swap_ ? width : 1};
+            MemberReader in(za_, static_cast<zip_uint64_t>(index), st.size, path_, member, "PyTorch");
+            if (st.comp_method == ZIP_CM_STORE) {  // torch.save stores: the size is what the file holds
+                b.data = allocate_aligned(static_cast<std::size_t>(st.size));
+                in.read(b.data.get(), st.size);
+            } else {  // deflated, up to max_deflate_ratio: believed only as the bytes arrive
+                const std::string bytes = in.read_growing(st.size);
+                b.data = allocate_aligned(bytes.size());
+                std::memcpy(b.data.get(), bytes.data(), bytes.size());
+            }
+            in.finish();
+            if (swap_) swap_bytes(b.data.get(), static_cast<std::size_t>(st.size), width);
+            read_ += st.size;
+            it = blocks_.emplace(s.key, std::move(b)).first;
+        }
+        const Block& b = it->second;
+        if (overflow || b.bytes != s.numel * width)
+            torch_fail(path_, what + " holds " + std::to_string(b.bytes) + " bytes, and another of its references gives " +
+                                  std::to_string(s.numel) + " elements of " + std::to_string(width) + " bytes");
+        if (swap_ && b.swapped_width != width)
+            torch_fail(path_, what + " of a big-endian file is read as elements of " + std::to_string(b.swapped_width) +
+                                  " and of " + std::to_string(width) + " bytes");
+        return b.data.get();
+    }
+
+    struct Block {
+        std::shared_ptr<std::byte> data;
+        std::uint64_t bytes = 0;
+        std::size_t swapped_width = 1;
+    };
+
+    zip_t* za_;
+    const TorchUnpickler& u_;
+    std::string path_, prefix_;
+    std::uint64_t file_bytes_;
+    bool swap_;
+    std::vector<std::optional<Tensor>> made_;
+    std::unordered_map<std::string, Block> blocks_;
+    std::uint64_t read_ = 0, copied_ = 0;
+};
+
+/// One small record of the archive ("data.pkl", "byteorder") as text.
+inline std::string torch_record(zip_t* za, zip_uint64_t index, std::uint64_t file_bytes, const std::string& path,
+                                const std::string& member) {
+    zip_stat_t st;
+    zip_stat_init(&st);
+    if (zip_stat_index(za, index, 0, &st) != 0) torch_fail(path, "record '" + member + "': " + zip_strerror(za));
+    check_member_entry(st, file_bytes, "PyTorch", path, member);
+    MemberReader in(za, index, st.size, path, member, "PyTorch");
+    std::string out = in.read_growing(st.size);
+    in.finish();
+    return out;
+}
+
+}  // namespace detail
+
+/// Reads a file written by PyTorch's torch.save (the zip format, the default since PyTorch
+/// 1.6): `torch.save(model.state_dict(), path)`, or a dict of state_dicts and plain values
+/// such as `{"model": ..., "optimizer": opt.state_dict(), "epoch": 3}`.
+///
+/// Nested dicts, lists and tuples are flattened with dots, in the file's order: "model.fc.weight",
+/// "optimizer.state.0.exp_avg" (int keys become their decimal text), "optimizer.param_groups.0.betas.1".
+/// Tensors of float32, float64, float16, int32, int64, uint8 and bool become tensors, Python
+/// ints int64, floats double, bools bool, str strings, a torch.device its text ("cuda:0"). None
+/// and empty dicts, lists and tuples give no entry. Tensors that are contiguous share the memory
+/// of the storage read for them (as tensors sharing a storage did in PyTorch); non-contiguous
+/// views (a transpose, a strided slice) are copied into C order.
+///
+/// The pickle inside is read by a restricted unpickler: it knows only the opcodes and globals
+/// torch.save uses for these (collections.OrderedDict, torch._utils._rebuild_tensor_v2 and
+/// _rebuild_parameter, the storage types, torch.device), and never calls or constructs anything
+/// a file names. Any other global is a FormatError naming it (an object of a user's class, a
+/// function), and so are other dtypes (bfloat16, int8, int16, complex; the error names the
+/// tensor), expanded views, legacy non-zip files and TorchScript archives. Every offset, size and
+/// stride is checked against its storage, and each storage's size against the file, before
+/// anything is allocated or read; a damaged file is a FormatError naming the file.
+inline ParamDict load_torch(const PathArg& file) {
+    const std::string path = file.string();
+    std::uint64_t file_bytes = 0;
+    {
+        auto fd = detail::open_for_read(path, "PyTorch file");
+        file_bytes = detail::file_size(fd.get(), path);
+        std::array<char, 32> head{};
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, head.size()));
+        detail::pread_exact(fd.get(), head.data(), n, 0, path);
+        const std::string_view start(head.data(), n);
+        if (start.starts_with('\x80') && start.find(detail::torch_legacy_magic) != std::string_view::npos)
+            throw FormatError("PyTorch file '" + path +
+                                  "' is a legacy torch.save file (before PyTorch 1.6); re-save it with torch.save(..., "
+                                  "_use_new_zipfile_serialization=True)",
+                              path);
+    }
+    int err = 0;
+    detail::ZipArchive zip{zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err)};
+    if (!zip.za) detail::torch_fail(path, "it is not a readable zip archive: " + detail::zip_error_text(err));
+
+    // The archive's folder: the one holding data.pkl ("archive/" since PyTorch 2.0; the file's
+    // stem before).
+    std::string prefix;
+    std::optional<zip_uint64_t> pickle_index;
+    const zip_int64_t count = zip_get_num_entries(zip.za, 0);
+    for (zip_int64_t k = 0; k < count && !pickle_index; ++k) {
+        const char* name = zip_get_name(zip.za, static_cast<zip_uint64_t>(k), 0);
+        const std::string_view member = name ? name : "";
+        const auto slash = member.find('/');
+        if (slash != std::string_view::npos && member.substr(slash + 1) == "data.pkl") {
+            prefix = std::string(member.substr(0, slash + 1));
+            pickle_index = static_cast<zip_uint64_t>(k);
+        }
+    }
+    if (!pickle_index) detail::torch_fail(path, "it has no '{archive}/data.pkl' record: it is a zip, but not one torch.save wrote");
+    if (zip_name_locate(zip.za, (prefix + "constants.pkl").c_str(), 0) >= 0)
+        throw FormatError("PyTorch file '" + path +
+                              "' is a TorchScript archive (torch.jit.save), which holds code; ckpt reads what torch.save "
+                              "writes: save the module's state_dict() with torch.save",
+                          path);
+
+    bool swap = false;  // the storages' byte order differs from this machine's
+    if (const zip_int64_t at = zip_name_locate(zip.za, (prefix + "byteorder").c_str(), 0); at >= 0) {
+        const std::string order = detail::torch_record(zip.za, static_cast<zip_uint64_t>(at), file_bytes, path, prefix + "byteorder");
+        if (order != "little" && order != "big")
+            detail::torch_fail(path, "record '" + prefix + "byteorder' is neither 'little' nor 'big'");
+        swap = (order == "big") != (std::endian::native == std::endian::big);
+    }
+
+    const std::string pickle = detail::torch_record(zip.za, *pickle_index, file_bytes, path, prefix + "data.pkl");
+    detail::TorchUnpickler unpickler(pickle, path, prefix + "data.pkl");
+    const detail::PyRef root = unpickler.run();
+    if (root.kind != detail::PyRef::dict && root.kind != detail::PyRef::list && root.kind != detail::PyRef::tuple)
+        detail::torch_fail(path, "it holds a single " + detail::py_kind_name(root.kind) +
+                                     ", not a dict: ckpt reads what torch.save(model.state_dict()) or torch.save({...}) writes");
+    detail::TorchFlattener flat(unpickler, path, 16 * std::uint64_t{pickle.size()} + (std::uint64_t{1} << 20));
+    flat.walk(root, "", 0);
+
+    detail::TorchTensorMaker maker(zip.za, unpickler, path, prefix, file_bytes, swap);
+    ParamDict dict;
+    for (const auto& [name, v] : flat.entries) {
+        if (dict.contains(name))
+            detail::torch_fail(path, "'" + name + "' appears twice once nested dicts are flattened with dots");
+        switch (v.kind) {
+            case detail::PyRef::boolean: dict.set(name, v.i != 0); break;
+            case detail::PyRef::integer: dict.set(name, v.i); break;
+            case detail::PyRef::floating: dict.set(name, v.f); break;
+            case detail::PyRef::string: dict.set(name, unpickler.strings[static_cast<std::size_t>(v.i)]); break;
+            default: dict.set(name, maker.make(static_cast<std::size_t>(v.i), name)); break;
+        }
     }
     return dict;
 }

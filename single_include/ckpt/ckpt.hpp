@@ -309,12 +309,15 @@ inline std::shared_ptr<std::byte> allocate_aligned(std::size_t n) {
 }
 
 /// Number of elements of a shape; throws on negative dimensions or overflow past `limit`.
+/// A shape with a zero anywhere has no elements, whatever the dimensions before the zero.
 inline std::size_t checked_numel(const Shape& shape, std::size_t limit) {
+    for (auto d : shape)
+        if (d < 0) throw FormatError("negative dimension in shape " + shape_string(shape), "");
+    if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
     std::size_t n = 1;
     for (auto d : shape) {
-        if (d < 0) throw FormatError("negative dimension in shape " + shape_string(shape), "");
         const auto ud = static_cast<std::size_t>(d);
-        if (ud != 0 && n > limit / ud) throw FormatError("shape " + shape_string(shape) + " is too large", "");
+        if (n > limit / ud) throw FormatError("shape " + shape_string(shape) + " is too large", "");
         n *= ud;
     }
     return n;
