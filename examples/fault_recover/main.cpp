@@ -139,13 +139,15 @@ void print_tree(const fs::path& dir, const std::string& prefix) {
         std::cout << "     " << (i + 1 < lines.size() ? "├── " : "└── ") << lines[i] << "\n";
 }
 
-// Prints the test accuracy after every epoch.
+// Prints the test accuracy after every epoch, and hands it to the epoch's checkpoint (listed
+// before the checkpoint callback): `ckpt ls DIR --best accuracy:max` finds the best epoch.
 struct TestAccuracy {
     nn::Trainer<nn::LeNet5, nn::Momentum>* trainer;
     const nn::MnistDataset* test;
     double last = 0;
     void on_epoch_end(nn::RunContext& ctx) {
         last = trainer->evaluate(*test);
+        ctx.metrics.emplace_back("accuracy", last);
         std::printf("epoch: %lld test accuracy: %.4f\n", static_cast<long long>(ctx.epoch), last);
         std::fflush(stdout);
     }
@@ -220,7 +222,7 @@ std::optional<std::string> session(const Options& o, const std::optional<fs::pat
     nn::TimeMonitor time_cb(log);
     nn::FailAtEpochEnd crash(inject && initial_epoch < o.fail_at_epoch ? o.fail_at_epoch : -1);
     try {
-        trainer.train(o.epochs, train, nn::callbacks(ckpt_cb, saves, loss_cb, time_cb, accuracy, crash), initial_epoch);
+        trainer.train(o.epochs, train, nn::callbacks(accuracy, ckpt_cb, saves, loss_cb, time_cb, crash), initial_epoch);
     } catch (const nn::InjectedFault& e) {
         std::printf("Some errors happen. (%s)\n", e.what());
         return std::nullopt;
