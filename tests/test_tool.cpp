@@ -1,6 +1,7 @@
 // The ckpt command-line tool (tools/ckpt.cpp): every subcommand, its output and its exit codes.
 #include <ckpt/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
+#include <ckpt/zstd.hpp>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -216,6 +217,18 @@ TEST_CASE("ckpt ls shows each checkpoint's recorded metrics, and --best marks th
 
     CHECK(ckpt_tool({"ls", root.string(), "--best", "accuracy:most"}, dir.path()).status == 2);
     CHECK(ckpt_tool({"ls", root.string(), "--best", "val_loss", "--headers-only"}, dir.path()).status == 2);
+
+    // compressed bodies need no key: their metrics are shown too
+    ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming, ckpt::BinaryArchive, ckpt::Zstd> packed(
+        root / "zstd", "fit", ckpt::EverySteps{1}, {}, {}, {}, ckpt::Zstd{3});
+    auto p = ckpt::Progress::at_iteration(1);
+    p.metrics = {{"val_loss", 0.25}};
+    packed.on_step(p, state);
+    auto zstd = ckpt_tool({"ls", (root / "zstd").string(), "--best", "val_loss"}, dir.path());
+    INFO(zstd.out, zstd.err);
+    CHECK(zstd.status == 0);
+    CHECK(contains(zstd.out, "val_loss=0.25"));
+    CHECK(contains(zstd.out, "<- best val_loss"));
 }
 
 TEST_CASE("ckpt plot draws recorded metrics over the global step as a PNG, marks the restart and prints the points") {

@@ -296,7 +296,9 @@ void check(Listed& f, bool headers_only) {
         return;
     }
     take_recorded_owner(f);
-    if (!f.header->encoded()) {  // an encoded body is decoded only with a key (ckpt show --key)
+    // An encrypted body is decoded only with a key (ckpt show --key-file); a compressed one is
+    // decoded whole for its metrics, unless only headers were asked for.
+    if (!f.header->encrypted() && !(f.header->encoded() && headers_only)) {
         try {
             f.metrics = ckpt::detail::recorded_metrics(ckpt::read_contents(f.path).entries);
         } catch (const ckpt::Error&) {
