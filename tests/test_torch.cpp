@@ -7,6 +7,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/lbfgs.h>
 #include <torch/optim/schedulers/step_lr.h>
 
 #include <doctest/doctest.h>
@@ -112,6 +113,33 @@ TEST_CASE("TorchState names a module's parameters and buffers as PyTorch does, a
     CHECK(report.complete());
     CHECK(bit_equal(params_of(a), params_of(b)));
     CHECK(b->fc->weight.data_ptr() == b_weight);  // loaded into the module's own tensor
+}
+
+TEST_CASE("TorchState saves and loads modules of every floating dtype libtorch trains in, bit-exact") {
+    test::TempDir dir;
+    for (const auto dtype : {torch::kFloat64, torch::kFloat16}) {
+        CAPTURE(c10::toString(dtype));
+        torch::manual_seed(4);
+        Net a;
+        a->to(dtype);
+        ckpt::TorchState sa(a, {.generator = false});
+        const auto file = dir / "typed.ckpt";
+        ckpt::save_checkpoint(sa.state_dict(), file);
+        CHECK(ckpt::read_contents(file).entries.front().dtype ==
+              (dtype == torch::kFloat64 ? ckpt::DType::float64 : ckpt::DType::float16));
+        torch::manual_seed(5);
+        Net b;
+        b->to(dtype);
+        ckpt::TorchState sb(b, {.generator = false});
+        CHECK(ckpt::load_checkpoint_into(file, sb, true).complete());
+        CHECK(bit_equal(params_of(a), params_of(b)));
+        Net wrong;  // float32: each tensor is named as a mismatch
+        ckpt::TorchState sw(wrong, {.generator = false});
+        CHECK(contains(message_of<ckpt::LoadMismatch>([&] { ckpt::load_checkpoint_into(file, sw, true); }),
+                       "'model.fc.weight': checkpoint has " +
+                           std::string(dtype == torch::kFloat64 ? "float64" : "float16") +
+                           "[5, 48], target has float32[5, 48]"));
+    }
 }
 
 TEST_CASE("TorchState resumes every supported optimizer bit-exact in fresh objects") {
@@ -263,6 +291,11 @@ TEST_CASE("TorchState refuses tensors it cannot view and parameters it cannot na
     half->to(torch::kBFloat16);
     ckpt::TorchState sh(half);
     CHECK(contains(message_of<ckpt::ConfigError>([&] { (void)sh.state_dict(); }), "has dtype BFloat16"));
+
+    Net lbfgs_net;
+    torch::optim::LBFGS lbfgs(lbfgs_net->parameters());
+    CHECK(contains(message_of<ckpt::ConfigError>([&] { ckpt::TorchState bad(lbfgs_net, lbfgs); }),
+                   "saves the state of SGD, Adam, AdamW, RMSprop and Adagrad; this optimizer is another kind"));
 
     Net other;
     auto stray = torch::zeros({2, 2}, torch::requires_grad());
