@@ -58,19 +58,25 @@ std::vector<at::Tensor> state_tensors(torch::nn::Sequential& m, torch::optim::Op
     return out;
 }
 
-void plain_write(const std::string& path, const std::vector<at::Tensor>& ts) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) bench::die("open " + path);
+// Every tensor's bytes in turn through `io` (::read or ::write), whole.
+template <class Io>
+void each_tensor(int fd, const std::vector<at::Tensor>& ts, Io io, const std::string& what) {
     for (const auto& t : ts) {
-        const auto* p = static_cast<const char*>(t.data_ptr());
+        auto* p = static_cast<char*>(t.data_ptr());
         std::size_t left = t.numel() * t.element_size();
         while (left) {
-            const ssize_t n = ::write(fd, p, left);
-            if (n <= 0) bench::die("write " + path);
+            const ssize_t n = io(fd, p, left);
+            if (n <= 0) bench::die(what);
             p += n;
             left -= static_cast<std::size_t>(n);
         }
     }
+}
+
+void plain_write(const std::string& path, const std::vector<at::Tensor>& ts) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) bench::die("open " + path);
+    each_tensor(fd, ts, ::write, "write " + path);
     if (::fsync(fd) != 0) bench::die("fsync " + path);
     ::close(fd);
 }
@@ -78,16 +84,7 @@ void plain_write(const std::string& path, const std::vector<at::Tensor>& ts) {
 void plain_read(const std::string& path, const std::vector<at::Tensor>& ts) {
     const int fd = ::open(path.c_str(), O_RDONLY);
     if (fd < 0) bench::die("open " + path);
-    for (const auto& t : ts) {
-        auto* p = static_cast<char*>(t.data_ptr());
-        std::size_t left = t.numel() * t.element_size();
-        while (left) {
-            const ssize_t n = ::read(fd, p, left);
-            if (n <= 0) bench::die("read " + path);
-            p += n;
-            left -= static_cast<std::size_t>(n);
-        }
-    }
+    each_tensor(fd, ts, ::read, "read " + path);
     ::close(fd);
 }
 

@@ -7,18 +7,26 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace examples {
 
-inline std::string params_xxh64(const std::vector<nn::Parameter*>& params) {
+/// xxh64 of the byte ranges in order, as 16 hex digits.
+inline std::string xxh64_hex(const std::vector<std::pair<const void*, std::size_t>>& ranges) {
     XXH64_state_t* st = XXH64_createState();
     XXH64_reset(st, 0);
-    for (const nn::Parameter* p : params) XXH64_update(st, p->value.data(), p->value.size() * sizeof(float));
+    for (const auto& [data, size] : ranges) XXH64_update(st, data, size);
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64_digest(st)));
     XXH64_freeState(st);
     return hex;
+}
+
+inline std::string params_xxh64(const std::vector<nn::Parameter*>& params) {
+    std::vector<std::pair<const void*, std::size_t>> ranges;
+    for (const nn::Parameter* p : params) ranges.emplace_back(p->value.data(), p->value.size() * sizeof(float));
+    return xxh64_hex(ranges);
 }
 
 }  // namespace examples

@@ -10,6 +10,7 @@
 #include <ckpt/torch.hpp>
 #include <nn/data.hpp>
 #include "../common/cli.hpp"
+#include "../common/params_hash.hpp"
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/dropout.h>
@@ -18,8 +19,6 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
-
-#include <xxhash.h>
 
 #include <cstdio>
 #include <deque>
@@ -166,15 +165,12 @@ Validation validate(Net& net, const Data& test) {
     return v;
 }
 
+// The parameters' and buffers' bytes, hashed (examples/common/params_hash.hpp).
 std::string params_xxh64(Net& net) {
-    XXH64_state_t* st = XXH64_createState();
-    XXH64_reset(st, 0);
-    for (const auto& t : net->parameters()) XXH64_update(st, t.data_ptr(), t.numel() * t.element_size());
-    for (const auto& t : net->buffers()) XXH64_update(st, t.data_ptr(), t.numel() * t.element_size());
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64_digest(st)));
-    XXH64_freeState(st);
-    return hex;
+    std::vector<std::pair<const void*, std::size_t>> ranges;
+    for (const auto& t : net->parameters()) ranges.emplace_back(t.data_ptr(), t.numel() * t.element_size());
+    for (const auto& t : net->buffers()) ranges.emplace_back(t.data_ptr(), t.numel() * t.element_size());
+    return examples::xxh64_hex(ranges);
 }
 
 // Saves every `steps` global steps (when > 0) and at every epoch end.
