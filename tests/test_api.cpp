@@ -139,6 +139,19 @@ TEST_CASE("a target shaped by the checkpoint is fitted to the file a load reads,
     CHECK(g.loaded_calls == 1);
 }
 
+TEST_CASE("error messages are printable whatever bytes they quote: controls and invalid UTF-8 escaped, UTF-8 kept") {
+    using ckpt::detail::printable;
+    CHECK(printable("tensor 'conv1.weight'\n\tline") == "tensor 'conv1.weight'\n\tline");
+    CHECK(printable("caf\xc3\xa9 \xe2\x80\xa6 \xf0\x9f\x98\x80") == "caf\xc3\xa9 \xe2\x80\xa6 \xf0\x9f\x98\x80");
+    CHECK(printable("\x1b[31mred\x7f") == "\\x1b[31mred\\x7f");
+    CHECK(printable("\xff\xc3") == "\\xff\\xc3");                  // invalid, and a sequence cut short
+    CHECK(printable("\xc0\xaf\xed\xa0\x80") == "\\xc0\\xaf\\xed\\xa0\\x80");  // overlong, a surrogate
+    CHECK(printable("\xc2\x9b") == "\\xc2\\x9b");                  // C1 CSI
+    CHECK(printable(std::string_view("a\0b", 3)) == "a\\x00b");
+    const ckpt::FormatError e("bad name '\x1b[2J'", "f.ckpt");
+    CHECK(std::string(e.what()) == "bad name '\\x1b[2J'");
+}
+
 TEST_CASE("every function that takes a path takes a std::filesystem::path, a Boost path and a string") {
     test::TempDir tmp;
     const stdfs::path dir = stdfs::path(tmp.path().string()) / "std";

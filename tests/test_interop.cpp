@@ -202,6 +202,28 @@ TEST_CASE("damaged safetensors files are FormatErrors naming the file and the fi
         with_header("{\"a\": [", parts.buffer);
         require_format_error(load, path, "not valid JSON");
     }
+    SUBCASE("a header with bytes no terminal should get: the message quotes them escaped") {
+        auto message = [&] {
+            try {
+                load();
+            } catch (const ckpt::FormatError& e) {
+                return std::string(e.what());
+            }
+            FAIL("loaded");
+            return std::string();
+        };
+        // JSON's \u escapes put an escape sequence in a tensor name
+        with_header("{\"\\u001b]0;owned\\u0007\":{\"dtype\":\"Q9\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                    parts.buffer);
+        auto msg = message();
+        CHECK(msg.find_first_of("\x1b\x07") == std::string::npos);
+        CHECK(msg.find("tensor '\\x1b]0;owned\\x07' has dtype Q9,") != std::string::npos);
+        // a byte that is not UTF-8, quoted by the JSON parser's message
+        with_header("{\"a\xff\":1}", parts.buffer);
+        msg = message();
+        CHECK(msg.find("not valid JSON") != std::string::npos);
+        CHECK(msg.find('\xff') == std::string::npos);
+    }
     SUBCASE("offsets out of range") {
         with_header(R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"I32","shape":[2],"data_offsets":[16,40]}})",
                     parts.buffer);

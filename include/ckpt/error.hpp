@@ -14,15 +14,65 @@
 //   ├── LoadMismatch           strict load found missing, unexpected or mismatched tensors
 //   └── ConfigError            invalid policy or configuration values
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace ckpt {
 
+namespace detail {
+/// `text` safe to print whatever bytes a damaged or hostile file put in it: valid UTF-8 stays
+/// as it is but for control characters (C0 other than newline and tab, DEL, C1: terminal
+/// escape sequences), which become \xNN, as does every byte of an invalid sequence.
+inline std::string printable(std::string_view text) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(text.size());
+    auto escape = [&](unsigned char b) {
+        out += "\\x";
+        out += hex[b >> 4];
+        out += hex[b & 15];
+    };
+    for (std::size_t i = 0; i < text.size();) {
+        const auto b = static_cast<unsigned char>(text[i]);
+        if (b < 0x80) {
+            if ((b < 0x20 && b != '\n' && b != '\t') || b == 0x7f) escape(b);
+            else out += static_cast<char>(b);
+            ++i;
+            continue;
+        }
+        // a multi-byte sequence: its length, smallest code point and continuation bytes checked
+        const std::size_t n = b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+        std::uint32_t cp = n == 2 ? b & 0x1fu : n == 3 ? b & 0x0fu : b & 0x07u;
+        bool valid = n != 0 && i + n <= text.size();
+        for (std::size_t k = 1; valid && k < n; ++k) {
+            const auto c = static_cast<unsigned char>(text[i + k]);
+            valid = (c & 0xc0) == 0x80;
+            cp = (cp << 6) | (c & 0x3fu);
+        }
+        valid = valid && !(n == 3 && cp < 0x800) && !(n == 4 && (cp < 0x10000 || cp > 0x10ffff)) &&
+                !(cp >= 0xd800 && cp <= 0xdfff);
+        if (!valid) {
+            escape(b);
+            ++i;
+        } else if (cp >= 0x80 && cp <= 0x9f) {  // C1 controls
+            for (std::size_t k = 0; k < n; ++k) escape(static_cast<unsigned char>(text[i + k]));
+            i += n;
+        } else {
+            out.append(text.substr(i, n));
+            i += n;
+        }
+    }
+    return out;
+}
+}  // namespace detail
+
+/// Its message is printable whatever bytes of a file it quotes (detail::printable).
 class Error : public std::runtime_error {
 public:
-    explicit Error(const std::string& what) : std::runtime_error(what) {}
+    explicit Error(const std::string& what) : std::runtime_error(detail::printable(what)) {}
 };
 
 class IoError : public Error {
