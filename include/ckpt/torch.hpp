@@ -308,13 +308,6 @@ public:
         }
     }
 
-    /// The name a TorchState gives a parameter of its module (without model_prefix).
-    const std::string& parameter_name(const at::Tensor& p) const {
-        const auto it = param_names_.find(detail::torch_glue::state_key(p));
-        if (it == param_names_.end()) throw ConfigError("the tensor is not a parameter of the module");
-        return it->second;
-    }
-
 private:
     using Kind = detail::torch_glue::OptimizerKind;
 
@@ -330,6 +323,7 @@ private:
         for (const auto& item : model_.named_parameters(/*recurse=*/true))
             by_key.emplace(detail::torch_glue::state_key(item.value()), item.key());
         const auto& groups = optimizer_->param_groups();
+        group_names_.resize(groups.size());
         for (std::size_t g = 0; g < groups.size(); ++g) {
             const auto& params = groups[g].params();
             for (std::size_t i = 0; i < params.size(); ++i) {
@@ -340,7 +334,6 @@ private:
                                       std::to_string(g) + " (shape " + c10::str(params[i].sizes()) +
                                       ") is not a parameter of the module: its state could not be named");
                 param_names_.emplace(key, it->second);
-                group_names_.resize(groups.size());
                 group_names_[g] += (group_names_[g].empty() ? "" : "\n") + it->second;
             }
         }
