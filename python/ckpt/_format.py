@@ -1,0 +1,616 @@
+"""The bytes of a checkpoint file (docs/FORMAT.md): the header, and the body in each of the
+three archive kinds, read and written. Nothing here touches a file."""
+
+import base64
+import binascii
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from .errors import ChecksumError, ConfigError, FormatError, VersionError
+from . import codecs as _codecs
+
+MAGIC = b"\x89CKPT\r\n\x1a"
+HEADER_SIZE = 64
+ALIGNMENT = 64
+MAX_RANK = 64
+BOOST_ARCHIVE_VERSION = 18   # what Boost 1.74's archives write, as the C++ library built on it does
+RESERVED_PREFIX = "__ckpt."
+METRIC_PREFIX = "__ckpt.metric."
+
+ARCHIVES = ("binary", "text", "xml")
+TENSOR, INT64, DOUBLE, BOOL, STRING = range(5)
+DTYPES = (np.dtype("<f4"), np.dtype("<f8"), np.dtype("<f2"), np.dtype("<i4"), np.dtype("<i8"), np.dtype("u1"),
+          np.dtype("?"))
+DTYPE_NAMES = ("float32", "float64", "float16", "int32", "int64", "uint8", "bool")
+_DTYPE_CODES = {(d.kind, d.itemsize): i for i, d in enumerate(DTYPES)}
+
+
+def xxh3(data):
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def dtype_code(dtype, name, path=None):
+    """The format's code of a numpy dtype (of either byte order), or a ConfigError naming the
+    entry."""
+    d = np.dtype(dtype)
+    code = _DTYPE_CODES.get((d.kind, d.itemsize))
+    if code is None:
+        raise ConfigError("tensor '%s' has dtype %s, which a checkpoint cannot hold (it holds %s)"
+                          % (name, d, ", ".join(DTYPE_NAMES)), path)
+    return code
+
+
+# --------------------------------------------------------------------------- the header
+
+_HEADER = struct.Struct("<8sIB3BQQqqqQ")
+
+
+@dataclass(frozen=True)
+class Header:
+    """A file's header (docs/FORMAT.md section 2)."""
+    version: int
+    archive: str                 # "binary", "text" or "xml"
+    codecs: tuple                # names of the codecs, in the order applied: ("zstd", "aes-256-gcm")
+    body_length: int
+    body_checksum: int
+    epoch: int
+    step: int
+    save_time_ns: int
+    header_check: int
+    raw: bytes = field(repr=False, default=b"")
+
+    @property
+    def compressed(self):
+        return "zstd" in self.codecs
+
+    @property
+    def encrypted(self):
+        return "aes-256-gcm" in self.codecs
+
+
+def parse_header(raw, path, file_size):
+    """Checks steps 2 to 8 of section 8 on the first 64 bytes of a file of `file_size` bytes."""
+    if len(raw) < 8 or raw[:8] != MAGIC:
+        raise FormatError("'%s' is not a ckpt checkpoint (its first bytes are not the checkpoint magic)" % path, path)
+    if len(raw) < HEADER_SIZE:
+        raise FormatError("checkpoint '%s' is truncated: %d bytes, shorter than the %d-byte header"
+                          % (path, len(raw), HEADER_SIZE), path)
+    magic, version, archive, c0, c1, c2, length, checksum, epoch, step, when, check = _HEADER.unpack_from(raw)
+    if version not in (1, 2):
+        raise VersionError("checkpoint '%s' has format version %d; this reader knows versions 1 and 2"
+                           % (path, version), path)
+    if xxh3(raw[:56]) != check:
+        raise ChecksumError("checkpoint '%s' has a corrupt header (its header check does not match)" % path, path)
+    if archive > 2:
+        raise FormatError("checkpoint '%s' has unknown archive kind %d" % (path, archive), path)
+    stages = (c0, c1, c2)
+    for c in stages:
+        if c > 2:
+            raise FormatError("checkpoint '%s' names unknown codec %d" % (path, c), path)
+    listed = [c for c in stages if c]
+    if stages[:len(listed)] != tuple(listed) or (version == 1 and listed):
+        raise FormatError("checkpoint '%s' has a malformed codec list %02x %02x %02x for format version %d"
+                          % (path, c0, c1, c2, version), path)
+    if file_size - HEADER_SIZE != length:
+        if file_size - HEADER_SIZE < length:
+            raise FormatError("checkpoint '%s' is truncated: its header says %d body bytes, the file has %d"
+                              % (path, length, file_size - HEADER_SIZE), path)
+        raise FormatError("checkpoint '%s' has %d trailing bytes after its %d-byte body"
+                          % (path, file_size - HEADER_SIZE - length, length), path)
+    return Header(version, ARCHIVES[archive], tuple(_codecs.CODEC_NAMES[c] for c in listed), length, checksum, epoch,
+                  step, when, check, bytes(raw[:HEADER_SIZE]))
+
+
+def header_prefix(archive, codecs, epoch, step, save_time_ns):
+    """Header bytes 0 to 55 with the body length and checksum left zero (what AES-GCM
+    authenticates)."""
+    ids = [{"zstd": _codecs.ZSTD, "aes-256-gcm": _codecs.AES_256_GCM}[c] for c in codecs] + [0] * (3 - len(codecs))
+    return _HEADER.pack(MAGIC, 2 if codecs else 1, ARCHIVES.index(archive), *ids, 0, 0, epoch, step,
+                        save_time_ns, 0)[:56]
+
+
+def finish_header(prefix56, body_length, body_checksum):
+    head = prefix56[:16] + struct.pack("<QQ", body_length, body_checksum) + prefix56[32:56]
+    return head + struct.pack("<Q", xxh3(head))
+
+
+# --------------------------------------------------------------------------- entries
+
+@dataclass
+class Entry:
+    """One entry of a table of contents. For a tensor, `offset` is its payload's offset in the
+    body buffer it was parsed from (binary bodies), or its decoded payload is in `data`."""
+    name: str
+    kind: int
+    dtype: int = 0
+    shape: tuple = ()
+    nbytes: int = 0
+    value: object = None
+    offset: int = -1
+    data: bytes = None
+
+
+def decode_name(raw):
+    return bytes(raw).decode("utf-8", "surrogateescape")
+
+
+def encode_name(text):
+    return text.encode("utf-8", "surrogateescape")
+
+
+class _Parser:
+    """Shared checks of section 8's list of limits."""
+
+    def __init__(self, path, length):
+        self.path, self.length = path, length
+        self.names = set()
+        self.payload_total = 0
+
+    def fail(self, why):
+        raise FormatError("checkpoint '%s' is malformed: %s" % (self.path, why), self.path)
+
+    def entry(self, name, kind):
+        if name in self.names:
+            self.fail("entry '%s' appears twice" % name)
+        self.names.add(name)
+        if kind > STRING:
+            self.fail("entry '%s' has unknown value kind %d" % (name, kind))
+        return Entry(name, kind)
+
+    def tensor_meta(self, e, dtype, dims, nbytes):
+        if dtype > 6:
+            self.fail("tensor '%s' has unknown dtype code %d" % (e.name, dtype))
+        numel = 1
+        for d in dims:
+            if d < 0:
+                self.fail("tensor '%s' has an impossible shape %s" % (e.name, list(dims)))
+            numel *= d
+        if numel and numel > self.length:  # every element takes a byte at least
+            self.fail("tensor '%s' has an impossible shape %s" % (e.name, list(dims)))
+        want = numel * DTYPES[dtype].itemsize
+        if want != nbytes:
+            self.fail("tensor '%s' of %s%s should hold %d bytes, not %d"
+                      % (e.name, DTYPE_NAMES[dtype], list(dims), want, nbytes))
+        self.payload_total += nbytes
+        if self.payload_total > self.length:
+            self.fail("tensor payloads add up to more than the body's %d bytes" % self.length)
+        e.dtype, e.shape, e.nbytes = dtype, tuple(dims), nbytes
+
+
+# --------------------------------------------------------------------------- binary bodies
+
+def parse_binary(buf, path):
+    """The entries of a binary body held in `buf` (a memoryview of bytes), with their payload
+    offsets in `buf`."""
+    p = _Parser(path, len(buf))
+    n = len(buf)
+    at = 0
+
+    def take(size, what):
+        nonlocal at
+        if size > n - at:
+            p.fail("%s needs %d bytes, the body has %d left" % (what, size, n - at))
+        at += size
+        return at - size
+
+    def u32(what):
+        return struct.unpack_from("<I", buf, take(4, what))[0]
+
+    def u64(what):
+        return struct.unpack_from("<Q", buf, take(8, what))[0]
+
+    def string(what):
+        size = u64(what)
+        start = take(size, "%s of %d bytes" % (what, size))
+        return bytes(buf[start:start + size])
+
+    count = u64("the entry count")
+    if count > n - at:
+        p.fail("entry count %d exceeds the body size" % count)
+    entries = []
+    for _ in range(count):
+        name = decode_name(string("an entry name"))
+        e = p.entry(name, u32("entry '%s'" % name))
+        if e.kind == TENSOR:
+            dtype, rank = u32("tensor '%s'" % name), u32("tensor '%s'" % name)
+            if rank > MAX_RANK:
+                p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
+            dims = struct.unpack_from("<%dq" % rank, buf, take(8 * rank, "tensor '%s'" % name))
+            p.tensor_meta(e, dtype, dims, u64("tensor '%s'" % name))
+        elif e.kind == INT64:
+            e.value = struct.unpack_from("<q", buf, take(8, "entry '%s'" % name))[0]
+        elif e.kind == DOUBLE:
+            e.value = struct.unpack_from("<d", buf, take(8, "entry '%s'" % name))[0]
+        elif e.kind == BOOL:
+            v = u32("entry '%s'" % name)
+            if v > 1:
+                p.fail("entry '%s' holds bool value %d" % (name, v))
+            e.value = v == 1
+        else:
+            e.value = decode_name(string("the value of '%s'" % name))
+        entries.append(e)
+    for e in entries:
+        if e.kind != TENSOR:
+            continue
+        pad = u32("the padding before '%s'" % e.name)
+        if pad >= ALIGNMENT:
+            p.fail("payload padding of %d bytes is invalid" % pad)
+        take(pad, "the padding before '%s'" % e.name)
+        e.offset = take(e.nbytes, "tensor '%s'" % e.name)
+    if at != n:
+        p.fail("%d bytes follow the last payload" % (n - at))
+    return entries
+
+
+def binary_writes(entries, path=None):
+    """A binary body of `entries` as the archive writes it: (bytes-like, direct) pieces, direct
+    for a string or payload large enough for the C++ writer to hand on from memory."""
+    chunk = bytearray()
+    out = []
+
+    def small(b):
+        chunk.extend(b)
+
+    def large(b):
+        nonlocal chunk
+        if len(b) >= _codecs.BLOCK_SIZE:
+            if chunk:
+                out.append((bytes(chunk), False))
+                chunk = bytearray()
+            out.append((b, True))
+        else:
+            chunk.extend(b)
+
+    position = 0
+    small(struct.pack("<Q", len(entries)))
+    for name, kind, v in entries:
+        raw = encode_name(name)
+        small(struct.pack("<Q", len(raw)))
+        large(raw)
+        small(struct.pack("<I", kind))
+        if kind == TENSOR:
+            small(struct.pack("<II", dtype_code(v.dtype, name), v.ndim))
+            small(struct.pack("<%dq" % v.ndim, *v.shape))
+            small(struct.pack("<Q", v.nbytes))
+        elif kind == INT64:
+            small(struct.pack("<q", v))
+        elif kind == DOUBLE:
+            small(struct.pack("<d", v))
+        elif kind == BOOL:
+            small(struct.pack("<I", 1 if v else 0))
+        else:
+            s = encode_name(v)
+            small(struct.pack("<Q", len(s)))
+            large(s)
+    position += len(chunk) + sum(len(b) for b, _ in out)
+    for name, kind, v in entries:
+        if kind != TENSOR:
+            continue
+        pad = (ALIGNMENT - (position + 4) % ALIGNMENT) % ALIGNMENT
+        small(struct.pack("<I", pad) + bytes(pad))
+        data = _payload(v)
+        large(data)
+        position += 4 + pad + len(data)
+    if chunk:
+        out.append((bytes(chunk), False))
+    return out
+
+
+def _payload(a):
+    """The payload bytes of a C-contiguous little-endian array, without a copy."""
+    return a.reshape(-1).view(np.uint8).data
+
+
+# --------------------------------------------------------------------------- text bodies
+
+_B64_LINE = 76
+_WS = b" \t\r\n\f\v"
+_SIGNATURE = b"22 serialization::archive "
+
+
+def _b64(data):
+    """Base64 in lines of 76 characters, as Boost's archives write it."""
+    text = base64.b64encode(bytes(data))
+    if len(text) <= _B64_LINE:
+        return text
+    return b"\n".join(text[i:i + _B64_LINE] for i in range(0, len(text), _B64_LINE))
+
+
+def _f64_text(v, name, path):
+    if not math.isfinite(v):
+        raise ConfigError("entry '%s' holds %r, which text and xml archives cannot store (use a binary archive)"
+                          % (name, v), path)
+    return b"%.17e" % v
+
+
+class _TextReader:
+    def __init__(self, buf, path):
+        self.buf, self.at, self.p = bytes(buf), 0, _Parser(path, len(buf))
+
+    def skip_ws(self):
+        b, n = self.buf, len(self.buf)
+        while self.at < n and b[self.at] in _WS:
+            self.at += 1
+
+    _NUMBER = re.compile(rb"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+    def number(self, what, signed=False, real=False):
+        self.skip_ws()
+        m = self._NUMBER.match(self.buf, self.at)
+        if not m or (m.group(1) or m.group(2)) and not real or (m.group(0).startswith(b"-") and not (signed or real)):
+            self.p.fail("expected %s at byte %d of the body" % (what, self.at))
+        self.at = m.end()
+        if self.at < len(self.buf) and self.buf[self.at] not in _WS:
+            self.p.fail("expected %s at byte %d of the body" % (what, m.start()))
+        return float(m.group(0)) if real else int(m.group(0))
+
+    def u(self, bits, what):
+        v = self.number(what)
+        if v >= 1 << bits:
+            self.p.fail("%s is %d, more than %d bits" % (what, v, bits))
+        return v
+
+    def i64(self, what):
+        v = self.number(what, signed=True)
+        if not -(1 << 63) <= v < 1 << 63:
+            self.p.fail("%s is %d, outside int64" % (what, v))
+        return v
+
+    def block(self, n, what):
+        """n bytes of base64, with any white space between its characters."""
+        if n > len(self.buf) - self.at:
+            self.p.fail("%s of %d bytes exceeds the body size" % (what, n))
+        want = 4 * -(-n // 3)
+        if want == 0:
+            return b""
+        self.skip_ws()
+        # the lines as written: 76 characters and a line feed
+        end = self.at + want + max(0, (want - 1) // _B64_LINE)
+        text = self.buf[self.at:end].translate(None, _WS)
+        if len(text) != want or (end < len(self.buf) and self.buf[end] not in _WS):
+            text, end = self._collect(want, what)
+        self.at = end
+        try:
+            data = base64.b64decode(text, validate=True)
+        except binascii.Error:
+            self.p.fail("%s is not valid base64" % what)
+        if len(data) != n:
+            self.p.fail("%s decodes to %d bytes, not %d" % (what, len(data), n))
+        return data
+
+    def _collect(self, want, what):
+        got, at, b, n = [], self.at, self.buf, len(self.buf)
+        count = 0
+        while count < want:
+            while at < n and b[at] in _WS:
+                at += 1
+            start = at
+            while at < n and b[at] not in _WS and count + (at - start) < want:
+                at += 1
+            if at == start:
+                self.p.fail("%s ends early: %d of %d base64 characters" % (what, count, want))
+            got.append(b[start:at])
+            count += at - start
+        if at < n and b[at] not in _WS:
+            self.p.fail("%s has more base64 characters than its length says" % what)
+        return b"".join(got), at
+
+    def string(self, what):
+        n = self.u(64, "the length of " + what)
+        return decode_name(self.block(n, what))
+
+
+def parse_text(buf, path):
+    r = _TextReader(buf, path)
+    if not r.buf.startswith(_SIGNATURE):
+        r.p.fail("a text body starts with '22 serialization::archive ', this one does not")
+    r.at = len(_SIGNATURE)
+    r.u(32, "the archive version")
+    count = r.u(64, "the entry count")
+    if count > len(r.buf) - r.at:
+        r.p.fail("entry count %d exceeds the body size" % count)
+    entries = []
+    for _ in range(count):
+        name = r.string("an entry name")
+        e = r.p.entry(name, r.u(32, "the kind of '%s'" % name))
+        _read_value(r, e, lambda what: r.u(32, what), lambda what: r.u(64, what), r.i64,
+                    lambda what: r.number(what, real=True), r.string)
+        entries.append(e)
+    for e in entries:
+        if e.kind == TENSOR:
+            e.data = r.block(e.nbytes, "the payload of '%s'" % e.name)
+    r.skip_ws()
+    if r.at != len(r.buf):
+        r.p.fail("%d bytes follow the last item" % (len(r.buf) - r.at))
+    return entries
+
+
+def _read_value(r, e, u32, u64, i64, f64, string):
+    name = e.name
+    if e.kind == TENSOR:
+        dtype, rank = u32("the dtype of '%s'" % name), u32("the rank of '%s'" % name)
+        if rank > MAX_RANK:
+            r.p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
+        dims = [i64("a dim of '%s'" % name) for _ in range(rank)]
+        r.p.tensor_meta(e, dtype, dims, u64("the size of '%s'" % name))
+    elif e.kind == INT64:
+        e.value = i64("the value of '%s'" % name)
+    elif e.kind == DOUBLE:
+        e.value = f64("the value of '%s'" % name)
+    elif e.kind == BOOL:
+        v = u32("the value of '%s'" % name)
+        if v > 1:
+            r.p.fail("entry '%s' holds bool value %d" % (name, v))
+        e.value = v == 1
+    else:
+        e.value = string("the value of '%s'" % name)
+
+
+class _TextWriter:
+    def __init__(self):
+        self.parts = [b"22 serialization::archive %d" % BOOST_ARCHIVE_VERSION]
+        self.after_block = False
+
+    def number(self, text):
+        self.parts.append((b"\n" if self.after_block else b" ") + text)
+        self.after_block = False
+
+    def block(self, data):
+        self.parts.append(b"\n\n" + _b64(data) if len(data) else b"\n")
+        self.after_block = True
+
+
+def text_writes(entries, path=None):
+    w = _TextWriter()
+    w.number(b"%d" % len(entries))
+    for name, kind, v in entries:
+        raw = encode_name(name)
+        w.number(b"%d" % len(raw))
+        w.block(raw)
+        w.number(b"%d" % kind)
+        if kind == TENSOR:
+            w.number(b"%d" % dtype_code(v.dtype, name))
+            w.number(b"%d" % v.ndim)
+            for d in v.shape:
+                w.number(b"%d" % d)
+            w.number(b"%d" % v.nbytes)
+        elif kind == INT64:
+            w.number(b"%d" % v)
+        elif kind == DOUBLE:
+            w.number(_f64_text(v, name, path))
+        elif kind == BOOL:
+            w.number(b"1" if v else b"0")
+        else:
+            s = encode_name(v)
+            w.number(b"%d" % len(s))
+            w.block(s)
+    for name, kind, v in entries:
+        if kind == TENSOR:
+            w.block(_payload(v))
+    w.parts.append(b"\n")
+    return [(b"".join(w.parts), False)]
+
+
+# --------------------------------------------------------------------------- xml bodies
+
+_XML_HEAD = re.compile(rb'<\?xml version="1\.0" encoding="UTF-8" standalone="yes" \?>\n<!DOCTYPE boost_serialization>\n'
+                       rb'<boost_serialization signature="serialization::archive" version="[0-9]+">\n')
+_XML_ESCAPES = ((b"&", b"&amp;"), (b"<", b"&lt;"), (b">", b"&gt;"), (b'"', b"&quot;"), (b"'", b"&apos;"))
+_XML_ENTITY = re.compile(rb"&(amp|lt|gt|quot|apos);|&")
+_XML_UNESCAPE = {b"amp": b"&", b"lt": b"<", b"gt": b">", b"quot": b'"', b"apos": b"'"}
+
+
+def _xml_escape(raw):
+    for a, b in _XML_ESCAPES:
+        raw = raw.replace(a, b)
+    return raw
+
+
+class _XmlReader(_TextReader):
+    def element(self, tag):
+        self.skip_ws()
+        open_, close = b"<" + tag + b">", b"</" + tag + b">"
+        if not self.buf.startswith(open_, self.at):
+            self.p.fail("expected <%s> at byte %d of the body" % (tag.decode(), self.at))
+        start = self.at + len(open_)
+        end = self.buf.find(close, start)
+        if end < 0:
+            self.p.fail("<%s> at byte %d is not closed" % (tag.decode(), self.at))
+        self.at = end + len(close)
+        return self.buf[start:end]
+
+    def xnumber(self, tag, what, signed=False, real=False, bits=64):
+        text = self.element(tag)
+        m = self._NUMBER.fullmatch(text)
+        if not m or (m.group(1) or m.group(2)) and not real or (text.startswith(b"-") and not (signed or real)):
+            self.p.fail("%s is '%s', not a number of its kind" % (what, decode_name(text[:40])))
+        v = float(text) if real else int(text)
+        if not real and not signed and v >= 1 << bits or signed and not -(1 << 63) <= v < 1 << 63:
+            self.p.fail("%s is %d, out of range" % (what, v))
+        return v
+
+    def xstring(self, tag, what):
+        raw = self.element(tag)
+
+        def unescape(m):
+            if m.group(1) is None:
+                self.p.fail("%s holds a '&' that starts no entity" % what)
+            return _XML_UNESCAPE[m.group(1)]
+        return decode_name(_XML_ENTITY.sub(unescape, raw))
+
+
+def parse_xml(buf, path):
+    r = _XmlReader(buf, path)
+    m = _XML_HEAD.match(r.buf)
+    if not m:
+        r.p.fail("an xml body starts with Boost's xml declaration, doctype and <boost_serialization ...>")
+    r.at = m.end()
+    count = r.xnumber(b"entries", "the entry count")
+    if count > len(r.buf) - r.at:
+        r.p.fail("entry count %d exceeds the body size" % count)
+    entries = []
+    for _ in range(count):
+        name = r.xstring(b"name", "an entry name")
+        e = r.p.entry(name, r.xnumber(b"kind", "the kind of '%s'" % name, bits=32))
+        tags = iter((b"dtype", b"rank")) if e.kind == TENSOR else None
+
+        def u32(what, tags=tags):
+            return r.xnumber(next(tags) if tags else b"value", what, bits=32)
+        _read_value(r, e, u32, lambda what: r.xnumber(b"nbytes", what),
+                    lambda what: r.xnumber(b"dim" if e.kind == TENSOR else b"value", what, signed=True),
+                    lambda what: r.xnumber(b"value", what, real=True), lambda what: r.xstring(b"value", what))
+        entries.append(e)
+    for e in entries:
+        if e.kind != TENSOR:
+            continue
+        text = r.element(b"data")
+        sub = _TextReader(text, path)
+        e.data = sub.block(e.nbytes, "the payload of '%s'" % e.name)
+        sub.skip_ws()
+        if sub.at != len(sub.buf):
+            r.p.fail("the payload of '%s' has more base64 characters than its size says" % e.name)
+    r.skip_ws()
+    if not r.buf.startswith(b"</boost_serialization>", r.at) or r.buf[r.at + 22:].strip(_WS):
+        r.p.fail("an xml body ends with </boost_serialization>")
+    return entries
+
+
+def xml_writes(entries, path=None):
+    parts = [b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
+             b'<boost_serialization signature="serialization::archive" version="%d">\n' % BOOST_ARCHIVE_VERSION]
+
+    def el(tag, text):
+        parts.append(b"<%s>%s</%s>\n" % (tag, text, tag))
+    el(b"entries", b"%d" % len(entries))
+    for name, kind, v in entries:
+        el(b"name", _xml_escape(encode_name(name)))
+        el(b"kind", b"%d" % kind)
+        if kind == TENSOR:
+            el(b"dtype", b"%d" % dtype_code(v.dtype, name))
+            el(b"rank", b"%d" % v.ndim)
+            for d in v.shape:
+                el(b"dim", b"%d" % d)
+            el(b"nbytes", b"%d" % v.nbytes)
+        elif kind == INT64:
+            el(b"value", b"%d" % v)
+        elif kind == DOUBLE:
+            el(b"value", _f64_text(v, name, path))
+        elif kind == BOOL:
+            el(b"value", b"1" if v else b"0")
+        else:
+            el(b"value", _xml_escape(encode_name(v)))
+    for name, kind, v in entries:
+        if kind == TENSOR:
+            data = _payload(v)
+            el(b"data", b"\n" + _b64(data) + b"\n" if len(data) else b"\n")
+    parts.append(b"</boost_serialization>\n\n")
+    return [(b"".join(parts), False)]
+
+
+PARSERS = {"binary": parse_binary, "text": parse_text, "xml": parse_xml}
+WRITERS = {"binary": binary_writes, "text": text_writes, "xml": xml_writes}

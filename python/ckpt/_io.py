@@ -1,0 +1,405 @@
+"""Loading, saving and checking checkpoint files."""
+
+import errno as _errno
+import itertools
+import math
+import mmap as _mmap
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from . import _format as F
+from . import codecs as C
+from .errors import ChecksumError, ConfigError, Error, FormatError, IoError, LoadMismatch
+
+__all__ = ["load", "load_into", "save", "header", "verify", "contents", "EntryInfo", "LoadReport"]
+
+
+def _io_error(what, path, e):
+    return IoError("cannot %s '%s': %s" % (what, path, e.strerror or e), path, e.errno or 0)
+
+
+def _read_exactly(fd, view, offset, path):
+    """Fills `view` from file offset `offset`; a short read is a truncated file."""
+    done = 0
+    while done < len(view):
+        try:
+            got = os.preadv(fd, [view[done:]], offset + done)
+        except OSError as e:
+            raise _io_error("read", path, e) from None
+        if got == 0:
+            raise FormatError("checkpoint '%s' is truncated: it ended while being read" % path, path)
+        done += got
+
+
+class _Opened:
+    """An open checkpoint whose header passed section 8's steps 1 to 8."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise _io_error("open", self.path, e) from None
+        try:
+            self.size = os.fstat(self.fd).st_size
+            raw = os.pread(self.fd, F.HEADER_SIZE, 0)
+            self.header = F.parse_header(raw, self.path, self.size)
+        except OSError as e:
+            self.close()
+            raise _io_error("read", self.path, e) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def checksum_failure(self):
+        return ChecksumError("checkpoint '%s' has a corrupt body (its checksum does not match)" % self.path, self.path)
+
+    def mapped_body(self):
+        """The body as a read-only memory map, its checksum checked."""
+        flags = _mmap.MAP_SHARED | getattr(_mmap, "MAP_POPULATE", 0)
+        if self.size == 0:
+            raise FormatError("checkpoint '%s' is empty" % self.path, self.path)
+        try:
+            mm = _mmap.mmap(self.fd, self.size, flags=flags, prot=_mmap.PROT_READ)
+        except OSError as e:
+            raise _io_error("map", self.path, e) from None
+        body = memoryview(mm)[F.HEADER_SIZE:]
+        if F.xxh3(body) != self.header.body_checksum:
+            body.release()
+            mm.close()
+            raise self.checksum_failure()
+        return mm, body
+
+    def stored_body(self):
+        """The stored body read into memory, its checksum checked."""
+        buf = np.empty(self.header.body_length, dtype=np.uint8)
+        _read_exactly(self.fd, memoryview(buf).cast("B"), F.HEADER_SIZE, self.path)
+        if F.xxh3(buf) != self.header.body_checksum:
+            raise self.checksum_failure()
+        return buf
+
+    def decoded_body(self, key, max_decoded_bytes):
+        """Section 8 steps 10 to 12: the archive's bytes, as a uint8 array."""
+        body = self.stored_body()
+        h = self.header
+        key = C.as_key(key)
+        if h.encrypted and key is None:
+            raise C.CkptKeyError("checkpoint '%s' is encrypted (aes-256-gcm): pass its key (key=..., a key file or "
+                                 "32 bytes)" % self.path, self.path)
+        for codec in reversed(h.codecs):
+            if codec == "aes-256-gcm":
+                body = C.aes_decode(body, key, h.raw[:56], self.path)
+            else:
+                body = C.zstd_decode(body, self.path, max_decoded_bytes)
+        return body
+
+
+def _parse(opened, key, use_mmap, max_decoded_bytes):
+    """The entries of an opened file and the buffer their payload offsets refer to."""
+    h = opened.header
+    if h.archive == "binary" and not h.codecs and use_mmap:
+        mm, body = opened.mapped_body()
+        try:
+            entries = F.parse_binary(body, opened.path)
+        finally:
+            body.release()
+        return entries, mm, F.HEADER_SIZE
+    body = opened.decoded_body(key, max_decoded_bytes) if h.codecs else opened.stored_body()
+    view = memoryview(body).cast("B")
+    entries = F.PARSERS[h.archive](view, opened.path)
+    return entries, body, 0
+
+
+def _tensor(e, buf, base, writable):
+    dtype = F.DTYPES[e.dtype]
+    if e.data is not None:
+        a = np.frombuffer(e.data, dtype=dtype).reshape(e.shape)
+        return a.copy() if writable else a
+    return np.ndarray(e.shape, dtype=dtype, buffer=buf, offset=base + e.offset)
+
+
+def _read(path, key, mmap, max_decoded_bytes):
+    with _Opened(path) as opened:
+        return _parse(opened, key, mmap, max_decoded_bytes)
+
+
+def load(path, key=None, mmap=True, max_decoded_bytes=None):
+    """The entries of checkpoint `path` as a dict, in the file's order: tensors as numpy
+    arrays, int64, double, bool and string values as int, float, bool and str. Entries the
+    writer reserved (`__ckpt.*`) are left out.
+
+    With `mmap` (the default), the tensors of a binary body without codecs are read-only views
+    into a memory map of the file: nothing is copied. `mmap=False` reads the body into memory
+    of its own, which the arrays share. Compressed, encrypted, text and xml bodies are decoded
+    into memory. The body's checksum is checked before anything is returned.
+
+    `key`: for encrypted files, a ckpt.Key, 32 bytes or a key file's path.
+    `max_decoded_bytes`: refuse a compressed body that decodes to more (files from elsewhere).
+    """
+    entries, buf, base = _read(path, key, mmap, max_decoded_bytes)
+    out = {}
+    for e in entries:
+        if e.name.startswith(F.RESERVED_PREFIX):
+            continue
+        out[e.name] = _tensor(e, buf, base, writable=not mmap) if e.kind == F.TENSOR else e.value
+    return out
+
+
+@dataclass
+class LoadReport:
+    """What load_into() did: target arrays the file did not fill, file tensors with no target,
+    names whose dtype or shape differ (also in one of the other two), and the file's other
+    entries (scalars and tensors not loaded)."""
+    missing: list = field(default_factory=list)
+    unexpected: list = field(default_factory=list)
+    mismatched: list = field(default_factory=list)
+    rest: dict = field(default_factory=dict)
+
+    @property
+    def complete(self):
+        return not self.missing and not self.unexpected
+
+
+def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None):
+    """Writes the tensors of checkpoint `path` into the arrays of `arrays` (a mapping of names
+    to writable numpy arrays), checking dtypes and shapes first: nothing is written unless
+    the whole load can be done. `strict`: a target the file does not fill, a file tensor with
+    no target, or another dtype or shape is a LoadMismatch; otherwise those are reported and
+    the rest is loaded."""
+    path = os.fspath(path)
+    entries, buf, base = _read(path, key, True, max_decoded_bytes)
+    report = LoadReport()
+    plan = []
+    found = set()
+    for e in entries:
+        if e.name.startswith(F.RESERVED_PREFIX):
+            continue
+        if e.kind != F.TENSOR:
+            report.rest[e.name] = e.value
+            continue
+        target = arrays.get(e.name)
+        if target is None:
+            report.unexpected.append(e.name)
+            report.rest[e.name] = _tensor(e, buf, base, writable=True)
+            continue
+        found.add(e.name)
+        if not isinstance(target, np.ndarray):
+            raise ConfigError("load_into: the target of '%s' is a %s, not a numpy array" % (e.name, type(target).__name__))
+        dtype = F.DTYPES[e.dtype]
+        if target.dtype.newbyteorder("=") != dtype.newbyteorder("=") or tuple(target.shape) != e.shape:
+            report.mismatched.append("%s: checkpoint %s%s, target %s%s" % (e.name, F.DTYPE_NAMES[e.dtype], list(e.shape),
+                                                                         target.dtype, list(target.shape)))
+            report.missing.append(e.name)
+            report.unexpected.append(e.name)
+            continue
+        if not target.flags.writeable:
+            raise ConfigError("load_into: the target of '%s' is read-only" % e.name)
+        plan.append((target, e))
+    report.missing.extend(n for n in arrays if n not in found)
+    if strict and (report.missing or report.unexpected):
+        parts = []
+        if report.mismatched:
+            parts.append("of another dtype or shape: " + "; ".join(report.mismatched))
+        only_missing = [n for n in report.missing if n in arrays and n not in found]
+        if only_missing:
+            parts.append("not in the checkpoint: " + ", ".join(only_missing))
+        extra = [n for n in report.unexpected if n not in arrays]
+        if extra:
+            parts.append("without a target: " + ", ".join(extra))
+        raise LoadMismatch("strict load of '%s' failed, nothing was written: %s" % (path, "; ".join(parts)), path)
+    for target, e in plan:
+        np.copyto(target, _tensor(e, buf, base, writable=False), casting="no")
+    return report
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One entry of a table of contents: a tensor's dtype name, shape and size, or a scalar's
+    value."""
+    name: str
+    kind: str                   # "tensor", "int64", "double", "bool" or "string"
+    dtype: str = None
+    shape: tuple = None
+    nbytes: int = 0
+    value: object = None
+
+
+_KIND_NAMES = ("tensor", "int64", "double", "bool", "string")
+
+
+def contents(path, key=None, max_decoded_bytes=None):
+    """The table of contents of checkpoint `path` (reserved `__ckpt.*` entries included), in
+    order, without the payloads; the checksum is checked."""
+    entries, _, _ = _read(path, key, True, max_decoded_bytes)
+    return [EntryInfo(e.name, _KIND_NAMES[e.kind], F.DTYPE_NAMES[e.dtype] if e.kind == F.TENSOR else None,
+                      e.shape if e.kind == F.TENSOR else None, e.nbytes, e.value) for e in entries]
+
+
+def header(path):
+    """The header of checkpoint `path`, checked (magic, version, header check, archive kind,
+    codec list, body length); the body is not read."""
+    with _Opened(path) as opened:
+        return opened.header
+
+
+def verify(path, key=None):
+    """Checks that `path` is a whole checkpoint whose body matches its checksum (no key
+    needed) and returns its header. With `key`, an encrypted body is also decrypted and
+    authenticated, and every body parsed."""
+    with _Opened(path) as opened:
+        if key is None:
+            opened.stored_body()
+        else:
+            _parse(opened, key, True, None)
+        return opened.header
+
+
+# --------------------------------------------------------------------------- saving
+
+_sequence = itertools.count()
+
+
+def _normalize(entries, path):
+    items = entries.items() if isinstance(entries, Mapping) else entries
+    out, seen = [], set()
+    for name, v in items:
+        if not isinstance(name, str):
+            raise ConfigError("entry names are str, not %s (%r)" % (type(name).__name__, name), path)
+        if name in seen:
+            raise ConfigError("entry '%s' appears twice" % name, path)
+        seen.add(name)
+        if name.startswith(F.RESERVED_PREFIX):
+            raise ConfigError("entry name '%s' starts with '%s', which is reserved for what ckpt records itself"
+                              % (name, F.RESERVED_PREFIX), path)
+        if type(v) is bool:
+            out.append((name, F.BOOL, v))
+        elif isinstance(v, int) and not isinstance(v, bool):
+            if not -(1 << 63) <= v < 1 << 63:
+                raise ConfigError("entry '%s' holds %d, outside int64" % (name, v), path)
+            out.append((name, F.INT64, int(v)))
+        elif isinstance(v, float) and not isinstance(v, np.generic):
+            out.append((name, F.DOUBLE, float(v)))
+        elif isinstance(v, str):
+            out.append((name, F.STRING, v))
+        elif isinstance(v, (np.ndarray, np.generic)) or hasattr(v, "__array__"):
+            a = np.asarray(v)
+            F.dtype_code(a.dtype, name, path)
+            if a.ndim > F.MAX_RANK:
+                raise ConfigError("tensor '%s' has rank %d (at most %d)" % (name, a.ndim, F.MAX_RANK), path)
+            if a.dtype.byteorder == ">":
+                a = a.astype(a.dtype.newbyteorder("<"))
+            out.append((name, F.TENSOR, a if a.flags.c_contiguous else a.copy(order="C")))  # (ascontiguousarray makes 0-d 1-d)
+        else:
+            raise ConfigError("entry '%s' is a %s; a checkpoint holds numpy arrays, int, float, bool and str"
+                              % (name, type(v).__name__), path)
+    return out
+
+
+def _write_all(fd, data, path):
+    view = memoryview(data).cast("B")
+    while len(view):
+        try:
+            n = os.write(fd, view)
+        except OSError as e:
+            raise _io_error("write", path, e) from None
+        view = view[n:]
+
+
+def _fsync_dir(directory, path):
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise _io_error("open the directory of", path, e) from None
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise _io_error("fsync the directory of", path, e) from None
+    finally:
+        os.close(fd)
+
+
+def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, overwrite=True):
+    """Writes `entries` (a mapping, or pairs, of names to numpy arrays, int, float, bool and
+    str) as checkpoint `path`, atomically: into a temporary beside it, fsynced, renamed over
+    `path`, the directory fsynced. A crash leaves the old file or the new one, whole.
+
+    `archive`: "binary", "text" or "xml". `zstd`: a compression level (1 .. 22), or None.
+    `key`: encrypt with AES-256-GCM (a ckpt.Key, 32 bytes or a key file's path). `epoch` and
+    `step` go into the header. `overwrite=False` refuses to replace an existing file.
+
+    For the same entries, position and options the file holds the bytes the C++ library
+    writes, but for the save time (and the salt and ciphertext of an encrypted body)."""
+    path = os.fspath(path)
+    if archive not in F.ARCHIVES:
+        raise ConfigError("archive is one of %s, not %r" % (", ".join(F.ARCHIVES), archive), path)
+    if zstd is not None and (type(zstd) is not int or zstd == 0 or not -(1 << 17) <= zstd <= 22):
+        raise ConfigError("zstd is a compression level in -131072 .. 22 other than 0, or None; got %r" % (zstd,), path)
+    for what, v in (("epoch", epoch), ("step", step)):
+        if type(v) is not int or not 0 <= v < 1 << 63:
+            raise ConfigError("%s is a non-negative int, not %r" % (what, v), path)
+    key = C.as_key(key)
+    items = _normalize(entries, path)
+    codecs = (["zstd"] if zstd is not None else []) + (["aes-256-gcm"] if key is not None else [])
+    prefix56 = F.header_prefix(archive, codecs, epoch, step, time.time_ns())
+    pieces = F.WRITERS[archive](items, path)
+    if zstd is not None:
+        pieces = C.zstd_encode(C.zstd_blocks(pieces), zstd)
+    else:
+        pieces = [data for data, _ in pieces]
+    if key is not None:
+        pieces = C.aes_encode(pieces, key, prefix56)
+    directory = os.path.dirname(path) or "."
+    temp = os.path.join(directory, ".%s.tmp-%d-%d" % (os.path.basename(path), os.getpid(), next(_sequence)))
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise _io_error("create a temporary for", path, e) from None
+    try:
+        try:
+            hasher = xxhash.xxh3_64()
+            length = 0
+            _write_all(fd, bytes(F.HEADER_SIZE), path)
+            for data in pieces:
+                hasher.update(data)
+                _write_all(fd, data, path)
+                length += len(memoryview(data).cast("B"))
+            os.pwrite(fd, F.finish_header(prefix56, length, hasher.intdigest()), 0)
+            os.fsync(fd)
+        except OSError as e:
+            raise _io_error("write", path, e) from None
+        finally:
+            os.close(fd)
+        try:
+            if overwrite:
+                os.replace(temp, path)
+            else:
+                os.link(temp, path)
+                os.unlink(temp)
+        except OSError as e:
+            if e.errno == _errno.EEXIST:
+                raise IoError("checkpoint '%s' exists and overwrite=False: not replaced" % path, path, e.errno) from None
+            raise _io_error("rename a temporary to", path, e) from None
+        _fsync_dir(directory, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    return path

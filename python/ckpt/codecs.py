@@ -1,0 +1,275 @@
+"""Body codecs of format version 2 (docs/FORMAT.md section 9): zstd blocks and AES-256-GCM
+segments, and the key files the `ckpt` tool takes. The writers make the same choices as the
+C++ library's, so that a file compressed here holds the bytes the C++ library writes."""
+
+import os
+import struct
+
+from .errors import ConfigError, FormatError, AuthenticationError, KeyError as CkptKeyError, IoError
+
+ZSTD, AES_256_GCM = 1, 2
+CODEC_NAMES = {ZSTD: "zstd", AES_256_GCM: "aes-256-gcm"}
+
+BLOCK_SIZE = 1 << 20          # zstd blocks and AES-GCM segments the writer makes
+PROBE_SIZE = 16 << 10         # a block of at least 2 probes is compressed only if its first probe shrinks 2%
+AES_PREFIX_SIZE = 64
+AES_TAG_SIZE = 16
+MAX_SEGMENT_SIZE = 1 << 30
+KEY_SIZE = 32
+
+
+def _need(module, package):
+    try:
+        return __import__(module)
+    except ImportError as e:  # pragma: no cover - the package's dependencies are installed
+        raise ConfigError("this checkpoint needs the Python module '%s' (Debian: apt-get install %s)"
+                          % (module, package)) from e
+
+
+# --------------------------------------------------------------------------- keys
+
+class Key:
+    """A 256-bit AES key. Its bytes are never printed; `id` names it (section 9.3)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw):
+        raw = bytes(raw)
+        if len(raw) != KEY_SIZE:
+            raise ConfigError("a key holds %d bytes, not %d" % (KEY_SIZE, len(raw)))
+        self._raw = raw
+
+    @classmethod
+    def from_file(cls, path):
+        """A key file as the `ckpt` tool reads it: 32 raw bytes, or 64 hexadecimal digits
+        and an optional line end."""
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(2 * KEY_SIZE + 3)
+        except OSError as e:
+            raise IoError("cannot read key file '%s': %s" % (path, e.strerror), path, e.errno) from None
+        digits = data.rstrip(b"\r\n")
+        if len(digits) == 2 * KEY_SIZE and all(c in b"0123456789abcdefABCDEF" for c in digits):
+            return cls(bytes.fromhex(digits.decode("ascii")))
+        if len(data) == KEY_SIZE:
+            return cls(data)
+        raise ConfigError("key file '%s' holds %s%d bytes; expected %d raw bytes or %d hexadecimal digits"
+                          % (path, "more than " if len(data) == 2 * KEY_SIZE + 3 else "", len(data), KEY_SIZE,
+                             2 * KEY_SIZE), path)
+
+    @classmethod
+    def random(cls):
+        return cls(os.urandom(KEY_SIZE))
+
+    @property
+    def id(self):
+        """The 8-byte key id: HKDF-SHA256(key, empty salt, "ckpt key id")."""
+        return _hkdf(self._raw, None, b"ckpt key id", 8)
+
+    def raw(self):
+        return self._raw
+
+    def __repr__(self):
+        return "ckpt.Key(id=%s)" % self.id.hex()
+
+
+def as_key(key):
+    """None, a Key, 32 bytes, or the path of a key file."""
+    if key is None or isinstance(key, Key):
+        return key
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return Key(key)
+    if isinstance(key, (str, os.PathLike)):
+        return Key.from_file(key)
+    raise ConfigError("a key is 32 bytes, a key file's path or a ckpt.Key, not %s" % type(key).__name__)
+
+
+def _hkdf(key, salt, info, length):
+    _need("cryptography", "python3-cryptography")
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(key)
+
+
+# --------------------------------------------------------------------------- zstd
+
+def zstd_blocks(writes):
+    """Cuts the archive's bytes into blocks where the C++ writer cuts them. `writes` are the
+    archive's writes in order, as (bytes-like, direct): a direct write is one the C++ writer
+    hands on straight from memory (a write larger than its 64 KiB stream buffer has room for);
+    a direct write of at least a block begins a new block. Yields memoryviews."""
+    staged = bytearray()
+    for data, direct in writes:
+        data = memoryview(data).cast("B")
+        n = len(data)
+        if direct and n >= BLOCK_SIZE:
+            if staged:
+                yield memoryview(bytes(staged))
+                staged = bytearray()
+            whole = n - n % BLOCK_SIZE
+            for at in range(0, whole, BLOCK_SIZE):
+                yield data[at:at + BLOCK_SIZE]
+            staged += data[whole:]
+            continue
+        at = 0
+        while at < n:
+            take = min(n - at, BLOCK_SIZE - len(staged))
+            staged += data[at:at + take]
+            at += take
+            if len(staged) == BLOCK_SIZE:
+                yield memoryview(bytes(staged))
+                staged = bytearray()
+    if staged:
+        yield memoryview(bytes(staged))
+
+
+def zstd_encode(blocks, level):
+    """Section 9.2's stored form of `blocks`, as a list of byte strings."""
+    zstandard = _need("zstandard", "python3-zstandard")
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True)
+    out = []
+    for block in blocks:
+        n = len(block)
+        frame = None
+        if n < 2 * PROBE_SIZE or len(cctx.compress(block[:PROBE_SIZE])) < PROBE_SIZE - PROBE_SIZE // 50:
+            frame = cctx.compress(block)
+            if len(frame) >= n:
+                frame = None
+        if frame is None:
+            out.append(struct.pack("<II", n, n))
+            out.append(block)
+        else:
+            out.append(struct.pack("<II", n, len(frame)))
+            out.append(frame)
+    return out
+
+
+def zstd_decode(stored, path, max_decoded_bytes=None):
+    """Undoes section 9.2: checks every block header first, then decompresses into one
+    buffer of the decoded size (a numpy uint8 array, so that payloads stay aligned)."""
+    import numpy as np
+    zstandard = _need("zstandard", "python3-zstandard")
+    stored = memoryview(stored).cast("B")
+    blocks, total, at = [], 0, 0
+
+    def malformed(offset, why):
+        return FormatError("checkpoint '%s' has a malformed zstd body: at byte %d of the stored body, %s"
+                           % (path, offset, why), path)
+
+    while at < len(stored):
+        if len(stored) - at < 8:
+            raise malformed(at, "%d bytes where a block header of 8 is expected" % (len(stored) - at))
+        plain, kept = struct.unpack_from("<II", stored, at)
+        if plain == 0 or plain > BLOCK_SIZE:
+            raise malformed(at, "a block of %d bytes (1 .. %d)" % (plain, BLOCK_SIZE))
+        if kept > plain:
+            raise malformed(at, "a block stored in %d bytes, more than its %d" % (kept, plain))
+        if len(stored) - at - 8 < kept:
+            raise malformed(at, "a block of %d stored bytes, %d left" % (kept, len(stored) - at - 8))
+        if kept < plain:
+            try:
+                declared = zstandard.frame_content_size(stored[at + 8:at + 8 + kept])
+            except zstandard.ZstdError:
+                declared = -1
+            if declared != plain:
+                raise malformed(at, "a zstd frame that does not declare the block's %d bytes" % plain)
+        total += plain
+        if max_decoded_bytes is not None and total > max_decoded_bytes:
+            raise FormatError("checkpoint '%s' decodes to more than the limit of %d bytes"
+                              % (path, max_decoded_bytes), path)
+        blocks.append((at + 8, plain, kept))
+        at += 8 + kept
+    out = np.empty(total, dtype=np.uint8)
+    dctx = zstandard.ZstdDecompressor()
+    pos = 0
+    for (start, plain, kept) in blocks:
+        src = stored[start:start + kept]
+        if kept == plain:
+            out[pos:pos + plain] = np.frombuffer(src, dtype=np.uint8)
+        else:
+            try:
+                got = dctx.decompress(src, max_output_size=plain)
+            except zstandard.ZstdError as e:
+                raise malformed(start - 8, "zstd says: %s" % e) from None
+            if len(got) != plain:
+                raise malformed(start - 8, "a frame that decompresses to %d bytes, not %d" % (len(got), plain))
+            out[pos:pos + plain] = np.frombuffer(got, dtype=np.uint8)
+        pos += plain
+    return out
+
+
+# --------------------------------------------------------------------------- AES-256-GCM
+
+def _aad(header56, prefix):
+    return bytes(header56[:16]) + bytes(16) + bytes(header56[32:56]) + bytes(prefix)
+
+
+def _nonce(i, last):
+    return struct.pack("<QB3x", i, 1 if last else 0)
+
+
+def aes_encode(plain, key, header56):
+    """Section 9.3's stored form of `plain` (a list of byte strings, in order), under `key`,
+    authenticating `header56` (the header's first 56 bytes; 16 to 31 are left out)."""
+    _need("cryptography", "python3-cryptography")
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    salt = os.urandom(16)
+    prefix = key.id + salt + struct.pack("<I", BLOCK_SIZE) + bytes(36)
+    aead = AESGCM(_hkdf(key.raw(), salt, b"ckpt aes-256-gcm body", 32))
+    aad = _aad(header56, prefix)
+    data = b"".join(bytes(p) for p in plain)
+    count = max(1, -(-len(data) // BLOCK_SIZE))
+    out = [prefix]
+    for i in range(count):
+        out.append(aead.encrypt(_nonce(i, i == count - 1), data[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE], aad))
+    return out
+
+
+def aes_decode(stored, key, header56, path):
+    """Undoes section 9.3, checking as its table says; nothing of the plaintext is returned
+    unless every tag matched."""
+    import numpy as np
+    stored = memoryview(stored).cast("B")
+    if len(stored) < AES_PREFIX_SIZE + AES_TAG_SIZE:
+        raise FormatError("checkpoint '%s' has a malformed aes-256-gcm body: %d bytes, fewer than its prefix and a tag"
+                          % (path, len(stored)), path)
+    prefix = bytes(stored[:AES_PREFIX_SIZE])
+    if any(prefix[28:]):
+        raise FormatError("checkpoint '%s' has a malformed aes-256-gcm body: reserved prefix bytes are not zero" % path,
+                          path)
+    seg = struct.unpack_from("<I", prefix, 24)[0]
+    if seg == 0 or seg > MAX_SEGMENT_SIZE:
+        raise FormatError("checkpoint '%s' has a malformed aes-256-gcm body: segment size %d (1 .. 2^30)"
+                          % (path, seg), path)
+    if key is None:
+        raise CkptKeyError("checkpoint '%s' is encrypted (aes-256-gcm, key id %s): pass its key"
+                           % (path, prefix[:8].hex()), path)
+    if prefix[:8] != key.id:
+        raise CkptKeyError("checkpoint '%s' was encrypted with key id %s, not with the key given (key id %s)"
+                           % (path, prefix[:8].hex(), key.id.hex()), path)
+    body = len(stored) - AES_PREFIX_SIZE
+    rest = body % (seg + AES_TAG_SIZE)
+    if rest != 0 and rest < AES_TAG_SIZE:
+        raise FormatError("checkpoint '%s' has a malformed aes-256-gcm body: its last segment is shorter than a tag"
+                          % path, path)
+    count = -(-body // (seg + AES_TAG_SIZE))
+    _need("cryptography", "python3-cryptography")
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    aead = AESGCM(_hkdf(key.raw(), prefix[8:24], b"ckpt aes-256-gcm body", 32))
+    aad = _aad(header56, prefix)
+    out = np.empty(body - AES_TAG_SIZE * count, dtype=np.uint8)
+    at, pos = AES_PREFIX_SIZE, 0
+    for i in range(count):
+        n = min(seg + AES_TAG_SIZE, len(stored) - at)
+        try:
+            plain = aead.decrypt(_nonce(i, i == count - 1), bytes(stored[at:at + n]), aad)
+        except InvalidTag:
+            out.fill(0)
+            raise AuthenticationError("checkpoint '%s' fails authentication at segment %d of %d: its body or header "
+                                      "was altered after it was written" % (path, i, count), path) from None
+        out[pos:pos + len(plain)] = np.frombuffer(plain, dtype=np.uint8)
+        at += n
+        pos += len(plain)
+    return out
