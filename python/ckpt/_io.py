@@ -264,7 +264,9 @@ def verify(path, key=None):
     authenticated, and every body parsed."""
     with _Opened(path) as opened:
         if key is None:
-            opened.stored_body()
+            mm, body = opened.mapped_body()  # hashed in place: no copy of a large body
+            body.release()
+            mm.close()
         else:
             _parse(opened, key, True, None)
         return opened.header
