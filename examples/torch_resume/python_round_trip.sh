@@ -4,8 +4,12 @@
 #     network written in Python with load_state_dict(strict=True), which then scores exactly
 #     the test accuracy the C++ run printed;
 #  2. a state_dict saved in Python with torch.save, imported with `ckpt import`, starts a C++
-#     run that scores what Python scored for it, and training goes on from it.
-#   python_round_trip.sh <torch_resume> <ckpt tool> <work dir>
+#     run that scores what Python scored for it, and training goes on from it;
+#  3. the whole training state: a run stopped after its first epoch is loaded into the Python
+#     network, Adam and generator (ckpt.torch.load_training_state) and written again from them
+#     (save_training_state); with the C++ files set aside, the C++ run resumed from the Python
+#     file ends with the parameters of the run that never stopped (1.), bit for bit.
+#   python_round_trip.sh <torch_resume> <ckpt tool> <work dir>   (PYTHONPATH must reach python/)
 set -euo pipefail
 program=$1
 tool=$2
@@ -45,4 +49,18 @@ after=$(grep -o 'final test accuracy: [0-9.]* ([0-9]*/[0-9]*)' <<< "$resumed") |
 after=${after##*(}
 echo "after 2 epochs from them: ${after%)} correct"
 [ "${after%%/*}" -gt "${init_counts%/*}" ] || fail "training from the imported weights did not improve them"
+
+hash=$(grep -o 'final_params_xxh64=[0-9a-f]*' <<< "$trained") || fail "no final hash: $trained"
+"$program" --dir "$work/stopped" --data "$data" --epochs 1 --limit 640 --test-limit 320 --quiet > /dev/null || fail "torch_resume --epochs 1 failed"
+newest=$("$python" -c 'import ckpt, sys; print(ckpt.latest(sys.argv[1], "torch"))' "$work/stopped")
+[ "$newest" != None ] || fail "no checkpoint after the first epoch"
+mv "$work/stopped" "$work/stopped.cpp"
+mkdir "$work/stopped"
+"$python" "$here/torch_net.py" resave "$work/stopped.cpp/${newest##*/}" "$newest"
+cmp -s "$work/stopped.cpp/${newest##*/}" "$newest" && fail "the Python file is the C++ file's copy"
+resumed=$("$program" --dir "$work/stopped" "${options[@]}") || fail "torch_resume from the Python file failed"
+grep -q "^resuming from $newest" <<< "$resumed" || fail "torch_resume did not resume from the Python file: $resumed"
+resumed_hash=$(grep -o 'final_params_xxh64=[0-9a-f]*' <<< "$resumed")
+echo "resumed from the Python-written training state: $resumed_hash; never stopped: $hash"
+[ "$resumed_hash" = "$hash" ] || fail "the run resumed from the Python file ends otherwise than the one that never stopped"
 echo "OK"

@@ -6,7 +6,11 @@
   torch_net.py init OUT.pt DATA_DIR TEST_LIMIT SEED
       saves a freshly initialized network's state_dict with torch.save and prints its
       "correct=K total=N"
-Uses Debian's python3-torch and python3-numpy only."""
+  torch_net.py resave IN.ckpt OUT.ckpt
+      loads a checkpoint of torch_resume into the network, Adam and the CPU generator with
+      ckpt.torch.load_training_state, and writes them again, from those objects, with
+      save_training_state (the example's own entries passed on), at the same epoch and step
+Uses Debian's python3-torch and python3-numpy, and for resave the ckpt package (python/)."""
 import gzip
 import json
 import struct
@@ -86,6 +90,20 @@ def main():
         model = Net()
         torch.save(model.state_dict(), out)
         k, n = correct(model, data_dir, limit)
+    elif command == "resave":
+        import ckpt
+        import ckpt.torch
+        source, out = sys.argv[2], sys.argv[3]
+        model = Net()
+        optimizer = torch.optim.Adam(model.parameters())
+        rest = ckpt.torch.load_training_state(source, model, optimizer)
+        header = ckpt.header(source)
+        ckpt.torch.save_training_state(out, model, optimizer, extra=rest, epoch=header.epoch, step=header.step,
+                                       overwrite=False)
+        steps = {int(s["step"]) for s in optimizer.state.values()}
+        print(f"resaved epoch {header.epoch} step {header.step}: {len(optimizer.state)} parameters' Adam state "
+              f"at step {sorted(steps)}, lr {optimizer.param_groups[0]['lr']}, other entries {sorted(rest)}")
+        return
     else:
         sys.exit(f"unknown command {command!r}")
     print(f"correct={k} total={n}")

@@ -98,3 +98,81 @@ def test_import_ckpt_does_not_import_torch():
     code = "import sys, ckpt; ckpt.load; assert 'torch' not in sys.modules, 'torch imported'"
     env = dict(os.environ)
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def dropout_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.3),
+                               torch.nn.Linear(8, 2))
+
+
+def train(model, opt, sched, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 6, generator=g)).square().mean().backward()
+        opt.step()
+        sched.step()
+
+
+OPTIMIZERS = {
+    "SGD": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+    "Adam": lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True),
+    "AdamW": lambda p: torch.optim.AdamW(p, lr=0.01),
+    "RMSprop": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True),
+    "Adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_a_training_state_resumes_bit_exact(tmp_path, kind):
+    model = dropout_net()
+    opt = OPTIMIZERS[kind](model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+    train(model, opt, sched, 3, seed=0)
+    ct.save_training_state(tmp_path / "s.ckpt", model, opt, sched, extra={"epoch": 3})
+    train(model, opt, sched, 3, seed=1)  # dropout draws from the generator saved with the state
+    expected = [t.clone() for t in model.state_dict().values()]
+
+    fresh = dropout_net()
+    fresh_opt = OPTIMIZERS[kind](fresh.parameters())
+    fresh_sched = torch.optim.lr_scheduler.StepLR(fresh_opt, 2, 0.5)
+    assert ct.load_training_state(tmp_path / "s.ckpt", fresh, fresh_opt, fresh_sched) == {"epoch": 3}
+    train(fresh, fresh_opt, fresh_sched, 3, seed=1)
+    for a, b in zip(expected, fresh.state_dict().values()):
+        assert torch.equal(a, b)
+    assert fresh_sched.last_epoch == 6 and fresh_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+
+
+def test_a_training_state_is_named_as_the_cpp_torch_state_names_it(tmp_path):
+    model = dropout_net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    train(model, opt, torch.optim.lr_scheduler.StepLR(opt, 5), 1, seed=0)
+    entries = ct.training_state(model, opt)
+    assert entries["optimizer.kind"] == "Adam"
+    assert entries["optimizer.group.0.params"] == "0.weight\n0.bias\n1.weight\n1.bias\n3.weight\n3.bias"
+    assert entries["optimizer.group.0.betas.1"] == 0.999 and entries["optimizer.group.0.amsgrad"].dtype == bool
+    assert entries["optimizer.state.3.weight.step"] == 1 and entries["optimizer.state.3.weight.step"].dtype == np.int64
+    assert np.array_equal(entries["optimizer.state.0.bias.exp_avg"], opt.state[model[0].bias]["exp_avg"].numpy())
+    assert "optimizer.state.0.bias.max_exp_avg_sq" not in entries  # amsgrad off: no such tensor
+    assert entries["model.1.num_batches_tracked"].dtype == np.int64
+    assert entries["torch.cpu_generator"].dtype == np.uint8
+
+
+def test_a_training_state_of_another_optimizer_or_network_is_refused_and_nothing_changes(tmp_path):
+    model = dropout_net()
+    opt = torch.optim.Adam(model.parameters())
+    train(model, opt, torch.optim.lr_scheduler.StepLR(opt, 5), 1, seed=0)
+    ct.save_training_state(tmp_path / "s.ckpt", model, opt)
+    other = dropout_net()
+    before = [t.clone() for t in other.state_dict().values()]
+    with pytest.raises(ckpt.LoadMismatch, match="holds the state of a Adam optimizer; this one is SGD"):
+        ct.load_training_state(tmp_path / "s.ckpt", other, torch.optim.SGD(other.parameters(), lr=0.1))
+    with pytest.raises(ckpt.LoadMismatch, match="param group 0 .* holds other parameters"):
+        ct.load_training_state(tmp_path / "s.ckpt", other, torch.optim.Adam(list(other.parameters())[:2]))
+    wider = torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.BatchNorm1d(9), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(9, 2))
+    with pytest.raises(ckpt.LoadMismatch, match=r"'model.0.weight' as float32\[8, 6\], the target is torch.float32\[9, 6\]"):
+        ct.load_training_state(tmp_path / "s.ckpt", wider)
+    for a, b in zip(before, other.state_dict().values()):
+        assert torch.equal(a, b)
