@@ -313,6 +313,17 @@ def _normalize(entries, path):
     return out
 
 
+def _metric_entries(metrics, path):
+    out = []
+    for name, v in (metrics or {}).items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError("a metric needs a name, not %r" % (name,), path)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+            raise ConfigError("metric '%s' is %r; a metric is a finite number" % (name, v), path)
+        out.append((F.METRIC_PREFIX + name, F.DOUBLE, float(v)))
+    return out
+
+
 def _write_all(fd, data, path):
     view = memoryview(data).cast("B")
     while len(view):
@@ -336,7 +347,7 @@ def _fsync_dir(directory, path):
         os.close(fd)
 
 
-def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, overwrite=True):
+def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, overwrite=True, metrics=None):
     """Writes `entries` (a mapping, or pairs, of names to numpy arrays, int, float, bool and
     str) as checkpoint `path`, atomically: into a temporary beside it, fsynced, renamed over
     `path`, the directory fsynced. A crash leaves the old file or the new one, whole.
@@ -344,6 +355,8 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
     `archive`: "binary", "text" or "xml". `zstd`: a compression level (1 .. 22), or None.
     `key`: encrypt with AES-256-GCM (a ckpt.Key, 32 bytes or a key file's path). `epoch` and
     `step` go into the header. `overwrite=False` refuses to replace an existing file.
+    `metrics` (names to finite numbers, e.g. {"val_loss": 0.31}) are recorded as the C++
+    manager records them (`__ckpt.metric.{name}`), for best(), `ckpt ls --best` and KeepBest.
 
     For the same entries, position and options the file holds the bytes the C++ library
     writes, but for the save time (and the salt and ciphertext of an encrypted body)."""
@@ -356,7 +369,7 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
         if type(v) is not int or not 0 <= v < 1 << 63:
             raise ConfigError("%s is a non-negative int, not %r" % (what, v), path)
     key = C.as_key(key)
-    items = _normalize(entries, path)
+    items = _normalize(entries, path) + _metric_entries(metrics, path)
     codecs = (["zstd"] if zstd is not None else []) + (["aes-256-gcm"] if key is not None else [])
     prefix56 = F.header_prefix(archive, codecs, epoch, step, time.time_ns())
     pieces = F.WRITERS[archive](items, path)
