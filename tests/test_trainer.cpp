@@ -302,7 +302,22 @@ TEST_CASE("a callback's metrics are recorded by the checkpoint saved after it, a
     nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> per_step(steps_dir.path(), "m", {},
                                                                                    ckpt::EverySteps(1));
     t.trainer.train(2, data, nn::callbacks(eval_t, per_step));
+    CHECK_FALSE(accuracy_in(steps_dir / "m-1.ckpt"));
     CHECK_FALSE(accuracy_in(steps_dir / "m-3.ckpt"));  // the first step after epoch 1's evaluation
+    // an epoch's last step is saved after the epoch's evaluation, with its measurement
+    CHECK(accuracy_in(steps_dir / "m-2.ckpt") == eval_t.accuracies[0]);
+    CHECK(accuracy_in(steps_dir / "m-4.ckpt") == eval_t.accuracies[1]);
+
+    // an epoch-end hook before the checkpoint fails: the epoch's last step is saved all the same
+    struct FailAtEpochEnd {
+        void on_epoch_end(nn::RunContext&) { throw std::runtime_error("evaluation failed"); }
+    } fail;
+    TempDir failed_dir;
+    Session u;
+    nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> after_fail(failed_dir.path(), "m", {},
+                                                                                     ckpt::EverySteps(2));
+    CHECK_THROWS_WITH(u.trainer.train(2, data, nn::callbacks(fail, after_fail)), "evaluation failed");
+    CHECK(test::names_in(failed_dir.path()) == std::vector<std::string>{"m-2.ckpt", "m-graph.meta"});
 }
 
 TEST_CASE("make_model_checkpoint follows a CheckpointConfig, the monitors print the seed's lines") {

@@ -15,6 +15,7 @@
 
 #include <boost/filesystem.hpp>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -40,6 +41,15 @@ public:
                    std::move(options), std::move(codec)) {}
 
     void on_step_end(RunContext& ctx) {
+        // An epoch's last step goes to the save policy after the epoch's hooks that come before
+        // this one, so that its file records what an evaluation there measured: a policy that
+        // saves at that step (every N steps) writes the file the epoch's end would have, with
+        // the metrics (KeepBest ranks it).
+        if (ctx.step == ctx.steps_per_epoch && !signalled()) {
+            deferred_ = ctx.metrics;
+            last_.reset();
+            return;
+        }
         last_ = manager_.on_step(ctx.progress(ckpt::Event::step_end), ctx.state);
         if (!signalled()) return;
         // preempted: this step is the last; save it unless the policy just did, make it durable
@@ -51,7 +61,8 @@ public:
                               ckpt::TerminationSignals::signal());
     }
     void on_epoch_end(RunContext& ctx) {
-        last_ = manager_.on_epoch_end(ctx.progress(ckpt::Event::epoch_end), ctx.state);
+        save_deferred_step(ctx);
+        if (auto f = manager_.on_epoch_end(ctx.progress(ckpt::Event::epoch_end), ctx.state)) last_ = f;
     }
     void on_train_end(RunContext& ctx) {
         if (auto f = manager_.on_train_end(ctx.progress(ckpt::Event::train_end), ctx.state)) last_ = f;
@@ -59,6 +70,7 @@ public:
     /// Writes "{prefix}-{epoch}_{step}_breakpoint.ckpt" when exception_save is on, unless the
     /// failure struck inside an optimizer update (then the state is torn and is not saved).
     void on_exception(RunContext& ctx) {
+        save_deferred_step(ctx);  // an epoch-end hook before this one failed: the step is whole
         if (!manager_.options().exception_save) return;
         try {  // a preemption has saved already
             throw;
@@ -83,8 +95,24 @@ public:
 private:
     bool signalled() const { return manager_.options().save_on_signal && ckpt::TerminationSignals::requested(); }
 
+    /// Offers the epoch's last step to the save policy, with the step's metrics and the epoch's.
+    void save_deferred_step(RunContext& ctx) {
+        if (!deferred_) return;
+        ckpt::Progress p = ctx.progress(ckpt::Event::step_end);
+        ckpt::Metrics metrics = std::move(*deferred_);
+        deferred_.reset();
+        for (auto& m : p.metrics) {
+            auto same = std::find_if(metrics.begin(), metrics.end(), [&](const auto& e) { return e.first == m.first; });
+            if (same != metrics.end()) same->second = m.second;
+            else metrics.push_back(std::move(m));
+        }
+        p.metrics = std::move(metrics);
+        last_ = manager_.on_step(std::move(p), ctx.state);
+    }
+
     Manager manager_;
     std::optional<ckpt::Path> last_;
+    std::optional<ckpt::Metrics> deferred_;  ///< the epoch's last step, not offered yet: its metrics
 };
 
 /// A ModelCheckpoint configured the seed's way, by a CheckpointConfig.
