@@ -224,7 +224,8 @@ def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None):
             parts.append("without a target: " + ", ".join(extra))
         raise LoadMismatch("strict load of '%s' failed, nothing was written: %s" % (path, "; ".join(parts)), path)
     for target, e in plan:
-        np.copyto(target, _tensor(e, buf, base, writable=False), casting="no")
+        # "equiv": the checks above let a target of either byte order through
+        np.copyto(target, _tensor(e, buf, base, writable=False), casting="equiv")
     return report
 
 
