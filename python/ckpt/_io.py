@@ -126,12 +126,16 @@ def _parse(opened, key, use_mmap, max_decoded_bytes):
     return entries, body, 0
 
 
-def _tensor(e, buf, base, writable):
+def _tensor(e, buf, base, writable, path=None):
     dtype = F.DTYPES[e.dtype]
-    if e.data is not None:
-        a = np.frombuffer(e.data, dtype=dtype).reshape(e.shape)
-        return a.copy() if writable else a
-    return np.ndarray(e.shape, dtype=dtype, buffer=buf, offset=base + e.offset)
+    try:
+        if e.data is not None:
+            a = np.frombuffer(e.data, dtype=dtype).reshape(e.shape)
+            return a.copy() if writable else a
+        return np.ndarray(e.shape, dtype=dtype, buffer=buf, offset=base + e.offset)
+    except ValueError as err:  # a shape NumPy cannot hold: rank over 32, or dims beside a 0 beyond its sizes
+        raise FormatError("checkpoint '%s': tensor '%s' of shape %s cannot be a NumPy array (%s)"
+                          % (path, e.name, list(e.shape), err), path) from None
 
 
 def _read(path, key, mmap, max_decoded_bytes):
@@ -152,12 +156,13 @@ def load(path, key=None, mmap=True, max_decoded_bytes=None):
     `key`: for encrypted files, a ckpt.Key, 32 bytes or a key file's path.
     `max_decoded_bytes`: refuse a compressed body that decodes to more (files from elsewhere).
     """
+    path = os.fspath(path)
     entries, buf, base = _read(path, key, mmap, max_decoded_bytes)
     out = {}
     for e in entries:
         if e.name.startswith(F.RESERVED_PREFIX):
             continue
-        out[e.name] = _tensor(e, buf, base, writable=not mmap) if e.kind == F.TENSOR else e.value
+        out[e.name] = _tensor(e, buf, base, writable=not mmap, path=path) if e.kind == F.TENSOR else e.value
     return out
 
 
@@ -196,7 +201,7 @@ def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None):
         target = arrays.get(e.name)
         if target is None:
             report.unexpected.append(e.name)
-            report.rest[e.name] = _tensor(e, buf, base, writable=True)
+            report.rest[e.name] = _tensor(e, buf, base, writable=True, path=path)
             continue
         found.add(e.name)
         if not isinstance(target, np.ndarray):
