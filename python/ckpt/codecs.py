@@ -189,9 +189,13 @@ def zstd_decode(stored, path, max_decoded_bytes=None):
             out[pos:pos + plain] = np.frombuffer(src, dtype=np.uint8)
         else:
             try:
-                got = dctx.decompress(src, max_output_size=plain)
+                frame = dctx.decompressobj()
+                got = frame.decompress(src)
             except zstandard.ZstdError as e:
                 raise malformed(start - 8, "zstd says: %s" % e) from None
+            if not frame.eof or frame.unused_data:  # the stored bytes are one whole frame
+                raise malformed(start - 8, "%d stored bytes after its zstd frame" % len(frame.unused_data)
+                                if frame.eof else "a zstd frame cut short")
             if len(got) != plain:
                 raise malformed(start - 8, "a frame that decompresses to %d bytes, not %d" % (len(got), plain))
             out[pos:pos + plain] = np.frombuffer(got, dtype=np.uint8)
