@@ -1,0 +1,297 @@
+"""load_into's checks and report, save's refusals, and what a failed save leaves behind."""
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ckpt
+import support
+
+
+def _state():
+    return {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, -2, 3], dtype=np.int64),
+            "mask": np.array([True, False]), "lr": 0.5, "epoch_seen": 7, "name": "net", "flag": True}
+
+
+def _targets(fill=-9):
+    """Targets shaped like _state()'s tensors, filled with a value the file does not hold."""
+    return {"w": np.full((2, 3), fill, dtype=np.float32), "b": np.full(3, fill, dtype=np.int64),
+            "mask": np.ones(2, dtype=bool)}
+
+
+def _untouched(targets, fill=-9):
+    return all((a == fill).all() if a.dtype != bool else a.all() for a in targets.values())
+
+
+@pytest.fixture
+def saved(tmp_path):
+    return ckpt.save(str(tmp_path / "s.ckpt"), _state())
+
+
+@pytest.mark.parametrize("name", sorted(support.GOLDEN_FILES))
+def test_load_into_every_golden_file(name):
+    want = dict(support.golden_state())
+    targets = {n: np.zeros_like(v) for n, v in want.items() if isinstance(v, np.ndarray)}
+    report = ckpt.load_into(support.golden(name), targets, key=support.GOLDEN_KEY)
+    assert report.complete and report.missing == report.unexpected == report.mismatched == []
+    for n, a in targets.items():
+        assert a.tobytes() == want[n].tobytes(), n
+    assert list(report.rest) == [n for n, v in want.items() if not isinstance(v, np.ndarray)]
+    for n, v in report.rest.items():
+        assert support.same_value(v, want[n]), n
+
+
+def test_load_into_fills_the_targets(saved):
+    targets = _targets()
+    report = ckpt.load_into(saved, targets)
+    for n, a in targets.items():
+        assert a.tobytes() == _state()[n].tobytes()
+    assert report.rest == {"lr": 0.5, "epoch_seen": 7, "name": "net", "flag": True}
+
+
+@pytest.mark.parametrize("change,what", [
+    (("w", np.zeros((2, 3), dtype=np.float64)), "w: checkpoint float32[2, 3], target float64[2, 3]"),
+    (("w", np.zeros((3, 2), dtype=np.float32)), "w: checkpoint float32[2, 3], target float32[3, 2]"),
+    (("b", np.zeros(3, dtype=np.int32)), "b: checkpoint int64[3], target int32[3]"),
+    (("mask", np.zeros(2, dtype=np.uint8)), "mask: checkpoint bool[2], target uint8[2]"),
+    (("extra", np.zeros(1)), "not in the checkpoint: extra"),
+])
+def test_strict_load_into_writes_nothing_when_it_fails(saved, change, what):
+    targets = _targets()
+    name, target = change
+    targets[name] = target
+    before = target.copy()
+    with pytest.raises(ckpt.LoadMismatch) as info:
+        ckpt.load_into(saved, targets)
+    assert what in str(info.value) and saved in str(info.value) and "nothing was written" in str(info.value)
+    assert _untouched({n: a for n, a in targets.items() if n != name})
+    assert target.tobytes() == before.tobytes()
+
+
+def test_strict_load_into_refuses_a_tensor_without_target(saved):
+    targets = _targets()
+    del targets["b"]
+    with pytest.raises(ckpt.LoadMismatch, match="without a target: b"):
+        ckpt.load_into(saved, targets)
+    assert _untouched(targets)
+
+
+def test_non_strict_load_into_reports_and_loads_the_rest(saved):
+    targets = _targets()
+    del targets["b"]
+    targets["w"] = np.zeros((3, 2), dtype=np.float32)
+    targets["absent"] = np.zeros(4)
+    report = ckpt.load_into(saved, targets, strict=False)
+    assert report.mismatched == ["w: checkpoint float32[2, 3], target float32[3, 2]"]
+    assert sorted(report.missing) == ["absent", "w"] and sorted(report.unexpected) == ["b", "w"]
+    assert not report.complete
+    assert (targets["w"] == 0).all() and (targets["absent"] == 0).all()
+    assert targets["mask"].tobytes() == _state()["mask"].tobytes()
+    assert report.rest["b"].tobytes() == _state()["b"].tobytes()
+    assert report.rest["lr"] == 0.5 and report.rest["name"] == "net"
+
+
+def test_load_into_targets_of_other_layouts(saved):
+    """A big-endian target and a strided view: the values arrive, in the target's layout."""
+    big = np.zeros((2, 3), dtype=">f4")
+    backing = np.zeros(6, dtype=np.int64)
+    view = backing[::2]
+    ckpt.load_into(saved, {"w": big, "b": view, "mask": np.zeros(2, dtype=bool)})
+    assert big.dtype == np.dtype(">f4") and (big == _state()["w"]).all()
+    assert list(backing) == [1, 0, -2, 0, 3, 0]
+
+
+def test_load_into_a_big_endian_target_after_others(tmp_path):
+    """The target of another byte order comes after one that was written: all or nothing."""
+    path = ckpt.save(str(tmp_path / "o.ckpt"), {"first": np.arange(3.0), "second": np.arange(4, dtype=np.int32)})
+    first, second = np.zeros(3), np.zeros(4, dtype=">i4")
+    ckpt.load_into(path, {"first": first, "second": second})
+    assert list(first) == [0, 1, 2] and list(second) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("target,match", [(np.zeros((2, 3), dtype=np.float32), "read-only"),
+                                          ([0.0] * 6, "not a numpy array")])
+def test_load_into_unusable_targets(saved, target, match):
+    if isinstance(target, np.ndarray):
+        target.flags.writeable = False
+    targets = _targets()
+    targets["w"] = target
+    with pytest.raises(ckpt.ConfigError, match=match):
+        ckpt.load_into(saved, targets)
+    assert _untouched({n: a for n, a in targets.items() if n != "w"})
+
+
+def test_load_into_encrypted(tmp_path, other_key_file):
+    path = ckpt.save(str(tmp_path / "e.ckpt"), _state(), zstd=3, key=support.GOLDEN_KEY)
+    with pytest.raises(ckpt.KeyError):
+        ckpt.load_into(path, _targets())
+    with pytest.raises(ckpt.KeyError):
+        ckpt.load_into(path, _targets(), key=other_key_file)
+    targets = _targets()
+    ckpt.load_into(path, targets, key=support.GOLDEN_KEY)
+    assert targets["w"].tobytes() == _state()["w"].tobytes()
+
+
+# --------------------------------------------------------------------------- save
+
+def _left_behind(directory):
+    return sorted(os.listdir(directory))
+
+
+BAD_ENTRIES = {
+    "reserved name": ({"__ckpt.prefix": "exp"}, "reserved"),
+    "reserved metric": ({"__ckpt.metric.loss": 0.5}, "reserved"),
+    "int8": ({"t": np.zeros(2, dtype=np.int8)}, "dtype int8"),
+    "int16": ({"t": np.zeros(2, dtype=np.int16)}, "dtype int16"),
+    "uint16": ({"t": np.zeros(2, dtype=np.uint16)}, "dtype uint16"),
+    "uint32": ({"t": np.zeros(2, dtype=np.uint32)}, "dtype uint32"),
+    "uint64": ({"t": np.zeros(2, dtype=np.uint64)}, "dtype uint64"),
+    "complex64": ({"t": np.zeros(2, dtype=np.complex64)}, "dtype complex64"),
+    "complex128": ({"t": np.zeros(2, dtype=np.complex128)}, "dtype complex128"),
+    "longdouble": ({"t": np.zeros(2, dtype=np.longdouble)}, "dtype float128"),
+    "object": ({"t": np.array([1, "a"], dtype=object)}, "dtype object"),
+    "str array": ({"t": np.array(["a", "b"])}, "dtype <U1"),
+    "datetime": ({"t": np.zeros(2, dtype="datetime64[s]")}, "datetime64"),
+    "numpy int8 scalar": ({"t": np.int8(3)}, "dtype int8"),
+    "None": ({"t": None}, "NoneType"),
+    "list": ({"t": [1, 2]}, "list"),
+    "bytes": ({"t": b"raw"}, "bytes"),
+    "int over int64": ({"t": 2**63}, "outside int64"),
+    "int under int64": ({"t": -2**63 - 1}, "outside int64"),
+    "name not str": ({1: 2}, "names are str"),
+    "name bytes": ({b"x": 2}, "names are str"),
+    "duplicate pairs": ([("a", 1), ("a", 2)], "appears twice"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ENTRIES))
+def test_save_refuses_what_a_checkpoint_cannot_hold(tmp_path, case):
+    entries, match = BAD_ENTRIES[case]
+    path = str(tmp_path / "r.ckpt")
+    for archive in ("binary", "xml"):
+        with pytest.raises(ckpt.ConfigError, match=match) as info:
+            ckpt.save(path, entries, archive=archive)
+        assert isinstance(info.value, ValueError)
+        assert _left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("archive", ["text", "xml"])
+def test_non_finite_doubles_only_in_binary(tmp_path, archive, value):
+    path = str(tmp_path / "n.ckpt")
+    with pytest.raises(ckpt.ConfigError, match="entry 'loss' holds %r" % value):
+        ckpt.save(path, {"w": np.zeros(2), "loss": value}, archive=archive, zstd=3)
+    assert _left_behind(tmp_path) == []
+    ckpt.save(path, {"loss": value}, archive="binary")
+    assert support.same_value(ckpt.load(path)["loss"], value)
+    # non-finite tensor elements are stored in every archive kind
+    ckpt.save(path, {"w": np.array([value])}, archive=archive)
+    assert ckpt.load(path)["w"].tobytes() == np.array([value]).tobytes()
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"zstd": 0}, "zstd is a compression level"), ({"zstd": 23}, "zstd is a compression level"),
+    ({"zstd": -200000}, "zstd is a compression level"), ({"zstd": 3.0}, "zstd is a compression level"),
+    ({"zstd": "3"}, "zstd is a compression level"), ({"zstd": True}, "zstd is a compression level"),
+    ({"archive": "json"}, "archive is one of"), ({"archive": "BINARY"}, "archive is one of"),
+    ({"epoch": -1}, "epoch is a non-negative int"), ({"step": 2**63}, "step is a non-negative int"),
+    ({"epoch": 1.0}, "epoch is a non-negative int"), ({"step": np.int64(3)}, "step is a non-negative int"),
+    ({"key": bytes(31)}, "a key holds 32 bytes, not 31"), ({"key": 12345}, "a key is 32 bytes"),
+])
+def test_save_refuses_bad_options(tmp_path, options, match):
+    with pytest.raises(ckpt.ConfigError, match=match):
+        ckpt.save(str(tmp_path / "o.ckpt"), _state(), **options)
+    assert _left_behind(tmp_path) == []
+
+
+def test_save_with_a_key_file_that_is_not_there(tmp_path):
+    with pytest.raises(ckpt.IoError, match="cannot read key file"):
+        ckpt.save(str(tmp_path / "o.ckpt"), _state(), key=str(tmp_path / "missing.key"))
+    assert _left_behind(tmp_path) == []
+
+
+def test_a_refused_save_leaves_the_old_file(tmp_path, saved):
+    before = support.read(saved)
+    for bad in ({"t": np.zeros(1, dtype=np.int8)}, {"loss": float("nan")}):
+        with pytest.raises(ckpt.ConfigError):
+            ckpt.save(saved, dict(_state(), **bad), archive="text")
+    assert support.read(saved) == before and _left_behind(tmp_path) == ["s.ckpt"]
+
+
+def test_overwrite_false_refuses_an_existing_file(tmp_path, saved):
+    before = support.read(saved)
+    with pytest.raises(ckpt.IoError, match="exists and overwrite=False") as info:
+        ckpt.save(saved, {"other": 1}, overwrite=False)
+    assert info.value.errno == errno.EEXIST and info.value.path == saved
+    assert support.read(saved) == before and _left_behind(tmp_path) == ["s.ckpt"]
+    fresh = ckpt.save(str(tmp_path / "fresh.ckpt"), {"other": 1}, overwrite=False)
+    assert ckpt.load(fresh) == {"other": 1}
+    assert _left_behind(tmp_path) == ["fresh.ckpt", "s.ckpt"]
+    ckpt.save(saved, {"other": 2})  # overwrite=True, the default, replaces it
+    assert ckpt.load(saved) == {"other": 2}
+
+
+def test_a_save_that_fails_while_writing_leaves_the_old_file(tmp_path, saved):
+    """The file size limit cuts the write short (EFBIG): an IoError, the old file as it was, no
+    temporary left."""
+    before = support.read(saved)
+    script = textwrap.dedent("""
+        import resource, signal, sys
+        import numpy as np
+        import ckpt
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+        try:
+            ckpt.save(sys.argv[1], {"big": np.ones(1 << 16)})
+        except ckpt.IoError as e:
+            print("IoError", e.errno, e)
+            sys.exit(0)
+        sys.exit("the save did not fail")
+        """)
+    env = dict(os.environ, PYTHONPATH=os.path.join(support.SOURCE, "python"), PYTHONDONTWRITEBYTECODE="1")
+    r = subprocess.run([sys.executable, "-c", script, saved], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("IoError %d" % errno.EFBIG) and saved in r.stdout
+    assert support.read(saved) == before and _left_behind(tmp_path) == ["s.ckpt"]
+
+
+def test_save_into_a_missing_directory(tmp_path):
+    with pytest.raises(ckpt.IoError) as info:
+        ckpt.save(str(tmp_path / "no" / "such" / "dir.ckpt"), _state())
+    assert info.value.errno == errno.ENOENT
+
+
+def test_save_takes_arrays_of_any_layout(tmp_path):
+    fortran = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    big = np.arange(6, dtype=">i4").reshape(2, 3)
+    strided = np.arange(20, dtype=np.float64)[::3]
+    path = ckpt.save(str(tmp_path / "l.ckpt"), [("f", fortran), ("big", big), ("s", strided), ("np_scalar",
+                                                                                               np.float32(2.5))])
+    got = ckpt.load(path)
+    assert list(got) == ["f", "big", "s", "np_scalar"]  # the order given
+    for name, want in (("f", fortran), ("big", big), ("s", strided)):
+        assert got[name].dtype == want.dtype.newbyteorder("<") and (got[name] == want).all()
+        assert got[name].dtype.byteorder in "<=|"
+    assert got["np_scalar"].shape == () and got["np_scalar"].dtype == np.float32  # a 0-d tensor
+    # the bytes of C order: what the C++ library reads
+    assert support.read(path)[64:].find(np.ascontiguousarray(fortran).tobytes()) > 0
+
+
+def test_python_scalar_kinds_stay_apart(tmp_path):
+    path = ckpt.save(tmp_path / "k.ckpt", {"t": True, "one": 1, "f": 1.0, "s": "1"})
+    got = ckpt.load(path)
+    assert [type(v) for v in got.values()] == [bool, int, float, str]
+    assert [e.kind for e in ckpt.contents(path)] == ["bool", "int64", "double", "string"]
+
+
+def test_arrays_loaded_by_mmap_survive_a_replacing_save(tmp_path):
+    """Saves rename a new file over the old one: a map of the old file keeps its values."""
+    path = ckpt.save(str(tmp_path / "m.ckpt"), {"w": np.arange(100.0)})
+    old = ckpt.load(path)["w"]
+    ckpt.save(path, {"w": np.zeros(100)})
+    assert (old == np.arange(100.0)).all() and (ckpt.load(path)["w"] == 0).all()
+    assert _left_behind(tmp_path) == ["m.ckpt"]
