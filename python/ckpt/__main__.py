@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
@@ -15,12 +16,20 @@ def _when(ns):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
 
 
+def _json_value(v):
+    """JSON has no NaN or infinity: those as the C++ tool prints them."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
+    return v
+
+
 def _ls(args):
     found = ls(args.dir, args.prefix, key=args.key_file)
     if args.json:
         print(json.dumps({"directory": args.dir, "checkpoints": [
             {"path": c.path, "prefix": c.prefix, "run": c.run, "epoch": c.epoch, "step": c.step, "kind": c.kind,
-             "valid": c.problem is None, "problem": c.problem, "latest": c.latest, "metrics": c.metrics,
+             "valid": c.problem is None, "problem": c.problem, "latest": c.latest,
+             "metrics": {k: _json_value(v) for k, v in c.metrics.items()},
              "save_time": _when(c.header.save_time_ns) if c.header else None} for c in found]}, indent=2))
         return 0
     if not found:
@@ -48,7 +57,8 @@ def _show(args):
         if entries is not None:
             out["entries"] = [{"name": e.name, "kind": e.kind, **({"dtype": e.dtype, "shape": list(e.shape),
                                                                    "nbytes": e.nbytes} if e.kind == "tensor"
-                                                                  else {"value": e.value})} for e in entries]
+                                                                  else {"value": _json_value(e.value)})}
+                              for e in entries]
         print(json.dumps(out, indent=2, ensure_ascii=False))
         return 0
     for k, v in out.items():
