@@ -143,3 +143,25 @@ def test_cpp_files_read_in_python(tool, tmp_path, data, kind):
     tool.import_(tmp_path / "g.npz", tmp_path / "g.ckpt", archive=archive, zstd=2 if "zstd" in codec else None,
                  key_file=key_file if "aes" in codec else None)
     support.assert_entries(ckpt.load(tmp_path / "g.ckpt", key=KEY), entries)
+
+
+M = 1 << 20
+BOUNDARY_SIZES = [0, 1, 100, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, M - 100, M - 1, M, M + 1, 2 * M + 3]
+
+
+@generated(12)
+@given(layout=st.lists(st.tuples(st.sampled_from(BOUNDARY_SIZES), st.sampled_from(["random", "zeros", "string"])),
+                       min_size=1, max_size=4),
+       level=st.sampled_from([1, 3]))
+def test_zstd_blocks_cut_where_the_cpp_library_cuts_them(tool, tmp_path, layout, level):
+    """Payloads and strings of sizes around the 64 KiB stream buffer and the 1 MiB block, in a
+    row: the same blocks, hence the same bytes, as the C++ library's binary body."""
+    rng = np.random.default_rng(len(layout))
+    entries = {"first": np.arange(3, dtype=np.int32)}
+    for i, (size, fill) in enumerate(layout):
+        entries["e%d" % i] = ("s" * size if fill == "string" else np.zeros(size, dtype=np.uint8) if fill == "zeros"
+                              else rng.integers(0, 256, size, dtype=np.uint8))
+    support.write_npz(tmp_path / "b.npz", entries)
+    cpp = support.read(tool.import_(tmp_path / "b.npz", tmp_path / "cpp.ckpt", zstd=level))
+    py = support.read(ckpt.save(str(tmp_path / "py.ckpt"), entries, zstd=level))
+    assert py[:48] == cpp[:48] and py[64:] == cpp[64:]

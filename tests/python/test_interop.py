@@ -132,6 +132,21 @@ def test_key_file_of_raw_bytes(tool, tmp_path):
     support.assert_entries(ckpt.load(tmp_path / "cpp.ckpt", key=raw), entries)
 
 
+def test_names_and_strings_that_are_not_utf8(tool, tmp_path):
+    """Names and strings are bytes (FORMAT.md section 3): bytes that are not UTF-8 come back as
+    the same bytes when a loaded dictionary is saved again, in every archive kind."""
+    from support import i64, make_file, string, u32, u64
+    body = u64(2) + string(b"bad\xff\xfename") + u32(4) + string(b"v\xc3") + string(b"ok") + u32(1) + i64(5)
+    original = support.write(tmp_path / "raw.ckpt", make_file(body))
+    loaded = ckpt.load(original)
+    assert list(loaded) == ["bad\udcff\udcfename", "ok"]
+    for archive in ARCHIVES:
+        again = ckpt.save(str(tmp_path / ("again-%s.ckpt" % archive)), loaded, archive=archive)
+        assert ckpt.load(again) == loaded
+        tool.assert_bit_equal(original, again)
+    assert support.read(tmp_path / "again-binary.ckpt")[64:] == body
+
+
 # --------------------------------------------------------------------------- byte identity
 
 def identity_entries():
@@ -186,6 +201,23 @@ def test_same_bytes_as_the_cpp_library(tool, tmp_path, identity_npz, archive, zs
         blocks = _blocks(py[64:])
         assert any(plain < 1 << 20 for plain, _ in blocks[:-1])
         assert any(plain == kept for plain, kept in blocks) and any(kept < plain for plain, kept in blocks)
+
+
+def test_the_probe_decides_as_in_the_cpp_library(tool, tmp_path):
+    """Blocks whose first 16 KiB are random but for a run of zeros, the rest zeros: the probe
+    (FORMAT.md 9.2: compress the block only if its first 16 KiB shrink below 16 057 bytes) lets
+    some through and stores others as they are, on both sides of the threshold alike."""
+    rng = np.random.default_rng(3)
+    data = np.zeros((8, 1 << 20), dtype=np.uint8)
+    for block, run in zip(data, (260, 300, 330, 345, 355, 370, 410, 450)):
+        block[run:16 << 10] = rng.integers(0, 256, (16 << 10) - run, dtype=np.uint8)
+    entries = {"blocks": data}
+    support.write_npz(tmp_path / "p.npz", entries)
+    cpp = support.read(tool.import_(tmp_path / "p.npz", tmp_path / "cpp.ckpt", zstd=1))
+    py = support.read(ckpt.save(str(tmp_path / "py.ckpt"), entries, zstd=1))
+    kinds = [kept < plain for plain, kept in _blocks(py[64:])]
+    assert True in kinds[1:] and False in kinds[1:], kinds  # (block 0 is the table of contents)
+    assert py[:48] == cpp[:48] and py[64:] == cpp[64:]
 
 
 @pytest.mark.parametrize("archive,zstd", [("binary", 19), ("text", 19), ("xml", 7)])
