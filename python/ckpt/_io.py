@@ -283,12 +283,23 @@ def verify(path, key=None):
 _sequence = itertools.count()
 
 
+def _encodable(text, what, path):
+    """A ConfigError unless `text` has bytes to write: UTF-8, or the bytes of a name or string
+    that was not UTF-8 in the file it was loaded from (surrogate escapes)."""
+    try:
+        F.encode_name(text)
+    except UnicodeEncodeError as e:
+        raise ConfigError("%s holds %r at character %d, which has no UTF-8 bytes" % (what, text[e.start], e.start),
+                          path) from None
+
+
 def _normalize(entries, path):
     items = entries.items() if isinstance(entries, Mapping) else entries
     out, seen = [], set()
     for name, v in items:
         if not isinstance(name, str):
             raise ConfigError("entry names are str, not %s (%r)" % (type(name).__name__, name), path)
+        _encodable(name, "entry name %r" % name, path)
         if name in seen:
             raise ConfigError("entry '%s' appears twice" % name, path)
         seen.add(name)
@@ -304,6 +315,7 @@ def _normalize(entries, path):
         elif isinstance(v, float) and not isinstance(v, np.generic):
             out.append((name, F.DOUBLE, float(v)))
         elif isinstance(v, str):
+            _encodable(v, "the string of entry %r" % name, path)
             out.append((name, F.STRING, v))
         elif isinstance(v, (np.ndarray, np.generic)) or hasattr(v, "__array__"):
             a = np.asarray(v)
