@@ -165,6 +165,8 @@ BAD_ENTRIES = {
     "name not str": ({1: 2}, "names are str"),
     "name bytes": ({b"x": 2}, "names are str"),
     "duplicate pairs": ([("a", 1), ("a", 2)], "appears twice"),
+    "surrogate in a name": ({"x\ud800": 1}, r"entry name 'x\\ud800' holds '\\ud800' at character 1"),
+    "surrogate in a string": ({"s": "v\udfff"}, r"the string of entry 's' holds '\\udfff'"),
 }
 
 
@@ -212,6 +214,14 @@ def test_save_with_a_key_file_that_is_not_there(tmp_path):
     with pytest.raises(ckpt.IoError, match="cannot read key file"):
         ckpt.save(str(tmp_path / "o.ckpt"), _state(), key=str(tmp_path / "missing.key"))
     assert _left_behind(tmp_path) == []
+
+
+def test_names_and_strings_loaded_from_bytes_that_are_not_utf8_save_again(tmp_path):
+    """Bytes that are not UTF-8 load as surrogate escapes, and save as the same bytes."""
+    entries = {"name\udcff": "value\udc80\udcfe", "plain": "ok"}
+    path = ckpt.save(str(tmp_path / "b.ckpt"), entries, archive="xml")
+    assert ckpt.load(path) == entries
+    assert b"<name>name\xff</name>" in support.read(path)
 
 
 def test_a_refused_save_leaves_the_old_file(tmp_path, saved):
