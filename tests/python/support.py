@@ -96,6 +96,7 @@ def write_npz(path, entries):
             if isinstance(value, (bool, int, float)):
                 info.comment = b"ckpt:scalar"
             z.writestr(info, buf.getvalue())
+    return path
 
 
 def write_key(path, raw):

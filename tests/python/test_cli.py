@@ -1,24 +1,44 @@
 """python3 -m ckpt ls|show|verify: exit codes, what they print, JSON that strict parsers read,
 and the same entries as the C++ tool's `ckpt show --json`."""
+import contextlib
+import io
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 
 import numpy as np
 
 import ckpt
+from ckpt import __main__ as cli
 import support
 
 
 def run(*args, expect=0):
-    env = dict(os.environ, PYTHONPATH=os.path.join(support.SOURCE, "python"), PYTHONDONTWRITEBYTECODE="1")
-    r = subprocess.run([sys.executable, "-m", "ckpt", *map(str, args)], capture_output=True, text=True, env=env,
-                       timeout=60)
+    """`python3 -m ckpt ARGS`, run in this process (its main(), what `-m` runs): exit status,
+    stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    sigpipe = signal.getsignal(signal.SIGPIPE)  # main() sets it for a pipe into `head`
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = cli.main(list(map(str, args)))
+    finally:
+        signal.signal(signal.SIGPIPE, sigpipe)
+    r = subprocess.CompletedProcess(args, status, out.getvalue(), err.getvalue())
     assert r.returncode == expect, "python3 -m ckpt %s: exit %d\n%s%s" % (" ".join(map(str, args)), r.returncode,
                                                                        r.stdout, r.stderr)
     return r
+
+
+def test_python_minus_m_ckpt():
+    env = dict(os.environ, PYTHONPATH=os.path.join(support.SOURCE, "python"), PYTHONDONTWRITEBYTECODE="1")
+    r = subprocess.run([sys.executable, "-m", "ckpt", "show", support.golden("v1-text.ckpt")], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 0 and "archive:        text" in r.stdout and "string.utf8" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "ckpt", "verify"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "usage:" in r.stderr
 
 
 def strict_json(text):

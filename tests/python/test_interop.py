@@ -229,16 +229,19 @@ def test_same_bytes_at_other_levels(tool, tmp_path, archive, zstd):
     assert py[:48] == cpp[:48] and py[64:] == cpp[64:]
 
 
-@pytest.mark.parametrize("zstd", [None, 3])
-@pytest.mark.parametrize("archive", ARCHIVES)
-def test_encrypted_files_hold_the_same_plaintext(tool, tmp_path, key_file, identity_npz, archive, zstd):
+@pytest.mark.parametrize("archive,zstd,large", [(a, z, False) for a in ARCHIVES for z in (None, 3)]
+                         + [("binary", 3, True), ("text", None, True)])
+def test_encrypted_files_hold_the_same_plaintext(tool, tmp_path, key_file, identity_npz, archive, zstd, large):
+    """The small entries, and the large ones (bodies of several 1 MiB segments)."""
     key = ckpt.Key.from_file(key_file)
-    cpp_path = tool.import_(identity_npz, tmp_path / "cpp.ckpt", archive=archive, zstd=zstd, key_file=key_file,
-                            epoch=EPOCH, step=STEP)
-    py_path = ckpt.save(str(tmp_path / "py.ckpt"), identity_entries(), epoch=EPOCH, step=STEP, archive=archive,
-                        zstd=zstd, key=key)
-    again = ckpt.save(str(tmp_path / "again.ckpt"), identity_entries(), epoch=EPOCH, step=STEP, archive=archive,
-                      zstd=zstd, key=key)
+    entries = identity_entries() if large else interop_entries(non_finite_scalars=archive == "binary")
+    npz = identity_npz if large else support.write_npz(tmp_path / "in.npz", entries)
+    cpp_path = tool.import_(npz, tmp_path / "cpp.ckpt", archive=archive, zstd=zstd, key_file=key_file, epoch=EPOCH,
+                            step=STEP)
+    py_path = ckpt.save(str(tmp_path / "py.ckpt"), entries, epoch=EPOCH, step=STEP, archive=archive, zstd=zstd,
+                        key=key)
+    again = ckpt.save(str(tmp_path / "again.ckpt"), entries, epoch=EPOCH, step=STEP, archive=archive, zstd=zstd,
+                      key=key)
     cpp, py = support.read(cpp_path), support.read(py_path)
     assert py[:16] == cpp[:16] and py[32:48] == cpp[32:48]   # all but lengths, checksums, save time
     prefixes = [f[64:128] for f in (cpp, py, support.read(again))]
@@ -248,8 +251,7 @@ def test_encrypted_files_hold_the_same_plaintext(tool, tmp_path, key_file, ident
     plain = [bytes(C.aes_decode(np.frombuffer(f, np.uint8)[64:], key, f[:56], "f")) for f in (cpp, py)]
     assert plain[0] == plain[1]
     # the plaintext is what the same save without encryption stores
-    unencrypted = support.read(ckpt.save(str(tmp_path / "plain.ckpt"), identity_entries(), archive=archive,
-                                         zstd=zstd))
+    unencrypted = support.read(ckpt.save(str(tmp_path / "plain.ckpt"), entries, archive=archive, zstd=zstd))
     assert plain[1] == unencrypted[64:]
     assert len(py) == len(cpp)
 
