@@ -4,6 +4,7 @@ confirmed by the headers, verified by the checksums; and the C++ tool's choice b
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -38,12 +39,12 @@ def with_record(tool, directory, name, epoch, step, record, **metrics):
     return str(out)
 
 
-@pytest.fixture
-def runs(tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
     """Two runs of "exp" (the second restarted as exp_1), the newest file of run 1 damaged, one
     whose header disagrees with its name, a temporary, StepNaming files of "st", and names that
-    only look like checkpoints of "exp"."""
-    d = str(tmp_path)
+    only look like checkpoints of "exp". Tests that add files take a copy (own_runs)."""
+    d = str(tmp_path_factory.mktemp("runs"))
     put(d, "exp-1_100.ckpt", 1, 100)
     put(d, "exp-2_200.ckpt", 2, 200)
     put(d, "exp_1-1_50.ckpt", 1, 50)
@@ -60,6 +61,11 @@ def runs(tmp_path):
     put(d, "st-300.ckpt", 2, 50)              # a later epoch: its step is within the global step
     put(d, "st-400.ckpt", 1, 399)             # epoch 1, yet not the global step of its name
     return d
+
+
+@pytest.fixture
+def own_runs(runs, tmp_path):
+    return shutil.copytree(runs, str(tmp_path / "runs"))
 
 
 def test_latest_skips_damaged_and_disagreeing_files(runs, caplog):
@@ -162,8 +168,9 @@ def test_latest_after_each_change(tool, tmp_path):
     assert ckpt.latest(d, "exp") == _cpp_latest(tool, d, "exp") == os.path.join(d, "exp_1-1_1.ckpt")
 
 
-def test_a_file_recording_another_owner_is_not_latest(tool, runs):
+def test_a_file_recording_another_owner_is_not_latest(tool, own_runs):
     """Named as run 2 of "exp", it records prefix "other": it is another job's."""
+    runs = own_runs
     with_record(tool, runs, "exp_2-1_1.ckpt", 1, 1, {"prefix": "other", "run": "other_2"})
     with_record(tool, runs, "exp_1-2_85.ckpt", 2, 85, {"prefix": "exp", "run": "exp_1"})
     skipped = []
