@@ -7,7 +7,6 @@ import struct
 import time
 import tracemalloc
 
-import numpy as np
 import pytest
 import zstandard
 
@@ -294,6 +293,8 @@ def _binary(toc, payloads=b""):
 
 
 HUGE = 1 << 40
+XML_HEAD = (b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
+            b'<boost_serialization signature="serialization::archive" version="18">\n')
 HOSTILE = {
     # binary bodies
     "entry count 2^60": (_binary(u64(1 << 60) + bytes(64)), "entry count"),
@@ -335,20 +336,15 @@ HOSTILE = {
         "impossible shape"),
     "text negative count": (make_file(b"22 serialization::archive 18 -1\n", archive=1), "entry count"),
     # xml bodies
-    "xml entry count 2^60": (make_file(
-        b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
-        b'<boost_serialization signature="serialization::archive" version="18">\n<entries>1152921504606846976</entries>\n'
-        b"</boost_serialization>\n\n", archive=2), "entry count"),
+    "xml entry count 2^60": (make_file(XML_HEAD + b"<entries>1152921504606846976</entries>\n"
+                                       b"</boost_serialization>\n\n", archive=2), "entry count"),
     "xml dims claiming terabytes": (make_file(
-        b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
-        b'<boost_serialization signature="serialization::archive" version="18">\n<entries>1</entries>\n'
+        XML_HEAD + b"<entries>1</entries>\n"
         b"<name>t</name>\n<kind>0</kind>\n<dtype>1</dtype>\n<rank>2</rank>\n<dim>1099511627776</dim>\n"
         b"<dim>1099511627776</dim>\n<nbytes>9671406556917033397649408</nbytes>\n</boost_serialization>\n\n",
         archive=2), "out of range|impossible shape"),
-    "xml element never closed": (make_file(
-        b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
-        b'<boost_serialization signature="serialization::archive" version="18">\n<entries>1</entries>\n<name>'
-        + b"x" * 1000, archive=2), "not closed"),
+    "xml element never closed": (make_file(XML_HEAD + b"<entries>1</entries>\n<name>" + b"x" * 1000, archive=2),
+                                 "not closed"),
 }
 
 

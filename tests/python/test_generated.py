@@ -2,7 +2,6 @@
 and non-ASCII names and scalars at their extremes, saved and loaded in Python for each archive
 kind and codec chain; and a smaller set across languages, checked by the C++ tool."""
 import math
-import string as _string
 
 import numpy as np
 import pytest
