@@ -1,6 +1,7 @@
 """Python and the C++ library read each other's files: every kind the C++ tool writes (archive
 kind x codecs) loads in Python equal to its source, every kind Python writes passes the C++
 tool's verify and diff; and for the same entries Python writes the C++ library's bytes."""
+import functools
 import math
 import os
 import struct
@@ -149,10 +150,11 @@ def test_names_and_strings_that_are_not_utf8(tool, tmp_path):
 
 # --------------------------------------------------------------------------- byte identity
 
+@functools.lru_cache(maxsize=None)
 def identity_entries():
     """Arrays over 1 MiB (a payload that starts a block; random bytes, which the zstd writer's
     probe leaves uncompressed; a ramp, which compresses), a string over 1 MiB, and small entries
-    of every kind around them."""
+    of every kind around them. Made once: the tests only read them."""
     rng = np.random.default_rng(7)
     out = {"small.f32": _values("<f4", (3, 4), 1), "random.u8": rng.integers(0, 256, (5 << 18) + 3, dtype=np.uint8),
            "step": 12345, "lr": 0.001, "nesterov": True, "note": "ünïcode",
