@@ -298,6 +298,10 @@ def ls(directory, prefix=None, key=None):
             continue
         f = _File(os.path.join(directory, n), name)
         problem = _problem(f)
+        owner = _owner(f.path) if problem is None else None
+        if _foreign(owner, base, name):  # another's file (as latest() sees it, and `ckpt ls`)
+            problem = ("named as run '%s' of prefix '%s' but it records prefix '%s' (run '%s'): not that prefix's "
+                       "checkpoint" % (name.run_prefix, base, owner[0], owner[1]))
         metrics = {}
         if problem is None and (key is not None or not f.header.encrypted):
             try:
