@@ -177,6 +177,15 @@ def test_a_file_recording_another_owner_is_not_latest(tool, own_runs):
     assert ckpt.latest(runs, "exp", skipped=skipped) == os.path.join(runs, "exp_1-2_85.ckpt")
     assert not any("exp_2" in s.path for s in skipped)
     assert ckpt.latest(runs, "exp") == _cpp_latest(tool, runs, "exp")
+    # ls() says so too, as `ckpt ls` does, and marks as latest what latest() returns
+    listed = {os.path.basename(c.path): c for c in ckpt.ls(runs, "exp")}
+    assert listed["exp_2-1_1.ckpt"].problem == ("named as run 'exp_2' of prefix 'exp' but it records prefix 'other' "
+                                                "(run 'other_2'): not that prefix's checkpoint")
+    assert [n for n, c in listed.items() if c.latest] == ["exp_1-2_85.ckpt"]
+    cpp = _cpp_listed(tool, runs, "exp")
+    assert cpp["exp_2-1_1.ckpt"]["problem"] == listed["exp_2-1_1.ckpt"].problem
+    assert {n: (c.problem is None, c.latest) for n, c in listed.items()} == {
+        n: (c["valid"], c["latest"]) for n, c in cpp.items()}
 
 
 def test_an_exception_save_written_last_is_the_newest_state(tool, tmp_path):
