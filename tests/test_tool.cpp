@@ -460,6 +460,21 @@ TEST_CASE("ckpt diff reports missing, extra, mismatched and differing entries, w
     auto unreadable = ckpt_tool({"diff", a.string(), (dir / "missing.ckpt").string()}, dir.path());
     CHECK(unreadable.status == 1);
     CHECK(contains(unreadable.err, "missing.ckpt"));
+
+    // double values compare bit for bit, as tensors do: a NaN equals itself, -0.0 is not 0.0
+    ckpt::ParamDict nan, zero, negative_zero;
+    nan.set("x", std::numeric_limits<double>::quiet_NaN());
+    zero.set("x", 0.0);
+    negative_zero.set("x", -0.0);
+    ckpt::save_checkpoint(nan, dir / "nan.ckpt");
+    ckpt::save_checkpoint(zero, dir / "zero.ckpt");
+    ckpt::save_checkpoint(negative_zero, dir / "negative_zero.ckpt");
+    auto nan_self = ckpt_tool({"diff", (dir / "nan.ckpt").string(), (dir / "nan.ckpt").string()}, dir.path());
+    CHECK(nan_self.status == 0);
+    CHECK(contains(nan_self.out, "1 bit-equal, 0 within tolerance, 0 different"));
+    auto zeros = ckpt_tool({"diff", (dir / "zero.ckpt").string(), (dir / "negative_zero.ckpt").string()}, dir.path());
+    CHECK(zeros.status == 0);
+    CHECK(contains(zeros.out, "0 bit-equal, 1 within tolerance, 0 different"));
 }
 
 TEST_CASE("ckpt export and import move entries through safetensors and npz, with --select and --rename") {

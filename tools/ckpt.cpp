@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -995,6 +996,13 @@ Closeness compare(const ckpt::Tensor& a, const ckpt::Tensor& b, double atol, dou
     return c;
 }
 
+/// Bit for bit, as tensors compare: a NaN equals itself, -0.0 does not equal 0.0.
+bool bit_equal(const ckpt::Value& a, const ckpt::Value& b) {
+    if (const double* x = a.get_if<double>())
+        return std::bit_cast<std::uint64_t>(*x) == std::bit_cast<std::uint64_t>(*b.get_if<double>());
+    return a == b;
+}
+
 int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double rtol) {
     const auto a = load_any(a_path), b = load_any(b_path);
     std::size_t differ = 0, same_bits = 0, close = 0;
@@ -1014,7 +1022,7 @@ int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double
             report("'" + name + "': A has " + va.type_name() + ", B has " + vb->type_name());
             continue;
         }
-        if (va == *vb) {
+        if (bit_equal(va, *vb)) {
             ++same_bits;
             continue;
         }
