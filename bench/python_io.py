@@ -144,6 +144,19 @@ def machine_facts(directory):
     print("load average: %.2f %.2f %.2f" % os.getloadavg())
 
 
+def busy_seconds():
+    """CPU seconds spent by the whole machine (from /proc/stat; None if unreadable) and by
+    this process, so far."""
+    mine = sum(os.times()[:2])
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None, mine
+    # user nice system idle iowait irq softirq steal ...: everything but idle and iowait
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK"), mine
+
+
 def same(state, loaded):
     if list(loaded) != list(state):
         return False
@@ -243,6 +256,7 @@ def run(args, directory):
     del files[3:]
 
     times = {name: [] for name in list(loads) + list(saves)}
+    busy0, mine0, wall0 = *busy_seconds(), time.perf_counter()
     for r in range(args.rounds):
         order = list(loads)
         order = order[r % len(order):] + order[:r % len(order)]
@@ -262,8 +276,13 @@ def run(args, directory):
             times[name].append(t)
         if args.verbose:
             print("round %d: %s" % (r + 1, ", ".join("%s %.1f" % (n, v[-1] * 1e3) for n, v in times.items())))
+    busy1, mine1, wall1 = *busy_seconds(), time.perf_counter()
     for p in files:
         os.unlink(p)
+    if busy0 is not None:
+        print("\nduring the timed rounds (%.1f s) the rest of the machine (other processes, kernel threads such as "
+              "writeback) used %.1f CPU-seconds, this process %.1f"
+              % (wall1 - wall0, max(0.0, busy1 - busy0 - (mine1 - mine0)), mine1 - mine0))
 
     med = {name: statistics.median(v) for name, v in times.items()}
     print("\n%-36s %9s %9s %9s %9s" % ("medians of %d rounds" % args.rounds, "ms", "MB/s", "min ms", "max ms"))
