@@ -4,7 +4,8 @@
 #                                tools, examples, test programs) and runs ctest
 #   bash scripts/test.sh --all   what CI runs: the above, and the header checks (each public
 #                                header compiles alone; the core's in both modes), the
-#                                benchmarks' build, the unit suite in compiled mode
+#                                benchmarks' build (and a run of bench/python_io.py on a
+#                                4 MiB state), the unit suite in compiled mode
 #                                (ckpt::ckpt_compiled), the sanitizers (scripts/sanitize.sh:
 #                                the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer,
 #                                the threaded parts under ThreadSanitizer) and a minute of fuzzing
@@ -80,6 +81,12 @@ ctest --test-dir "$build" --output-on-failure -j"$jobs" || status=$?
 took "ctest (both modes)"
 wait "$extra_build" || { cat "$build/extra-build.log" >&2; exit 1; }
 took "rest of the header checks' and benchmarks' build"
+# The Python package's benchmark has nothing to build: one round on a 4 MiB state instead (a
+# few seconds; the figures mean nothing at that size), so that it keeps working.
+bash scripts/deps.sh python3-numpy python3-xxhash python3-torch
+/usr/bin/python3 bench/python_io.py --mib 4 --rounds 1 > "$build/python_io-smoke.log" 2>&1 ||
+    { cat "$build/python_io-smoke.log" >&2; exit 1; }
+took "bench/python_io.py on 4 MiB"
 if [ -n "$sanitizer_build" ]; then
     wait "$sanitizer_build" || { cat "$build/sanitizer-build.log" >&2; exit 1; }
     sanitizer_build=

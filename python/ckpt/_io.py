@@ -5,6 +5,7 @@ import itertools
 import math
 import mmap as _mmap
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,83 @@ def _read_exactly(fd, view, offset, path):
         if got == 0:
             raise FormatError("checkpoint '%s' is truncated: it ended while being read" % path, path)
         done += got
+
+
+_CHUNK = 4 << 20              # what a reading thread preads at a time
+_THREADED_MIN = 32 << 20      # bodies from this size are read by two threads
+
+
+def _read_hashed(fd, buf, offset, path):
+    """Fills `buf` (a uint8 array) from file offset `offset` and returns the xxh3 of its bytes,
+    hashing each chunk right after it is read, while it is in the cache. A large body is read
+    by two threads that take chunks in turn (pread releases the GIL, and each thread faults in
+    its own part of the new memory); the calling thread hashes the chunks in order as they
+    arrive."""
+    view = memoryview(buf).cast("B")
+    n = len(view)
+    cuts = [*range(0, n, _CHUNK), n]
+    count = len(cuts) - 1
+    hasher = xxhash.xxh3_64()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if n < _THREADED_MIN or cpus < 2:
+        for i in range(count):
+            chunk = view[cuts[i]:cuts[i + 1]]
+            _read_exactly(fd, chunk, offset + cuts[i], path)
+            hasher.update(chunk)
+        return hasher.intdigest()
+    done = bytearray(count)
+    claim = itertools.count()     # both threads take the next chunk from it
+    arrived = threading.Condition()
+    helper_failed, stop, helper_done = [], [], []
+
+    def read(i):
+        _read_exactly(fd, view[cuts[i]:cuts[i + 1]], offset + cuts[i], path)
+        with arrived:
+            done[i] = 1
+            arrived.notify()
+
+    def helper():
+        try:
+            for i in claim:
+                if i >= count or stop:
+                    break
+                read(i)
+        except BaseException as e:
+            helper_failed.append(e)
+        finally:
+            with arrived:
+                helper_done.append(True)
+                arrived.notify()
+
+    hashed = 0
+
+    def hash_arrived():
+        nonlocal hashed
+        while hashed < count and done[hashed]:
+            hasher.update(view[cuts[hashed]:cuts[hashed + 1]])
+            hashed += 1
+
+    thread = threading.Thread(target=helper, name="ckpt-read", daemon=True)
+    thread.start()
+    try:
+        for i in claim:
+            if i >= count or helper_failed:
+                break
+            read(i)
+            hash_arrived()
+        while hashed < count and not helper_failed:
+            with arrived:
+                while not done[hashed] and not helper_done:
+                    arrived.wait()
+            hash_arrived()
+            if hashed < count and helper_done:
+                break
+    finally:
+        stop.append(True)
+        thread.join()
+    if helper_failed:
+        raise helper_failed[0]
+    return hasher.intdigest()
 
 
 class _Opened:
@@ -89,8 +167,7 @@ class _Opened:
     def stored_body(self):
         """The stored body read into memory, its checksum checked."""
         buf = np.empty(self.header.body_length, dtype=np.uint8)
-        _read_exactly(self.fd, memoryview(buf).cast("B"), F.HEADER_SIZE, self.path)
-        if F.xxh3(buf) != self.header.body_checksum:
+        if _read_hashed(self.fd, buf, F.HEADER_SIZE, self.path) != self.header.body_checksum:
             raise self.checksum_failure()
         return buf
 
