@@ -83,7 +83,6 @@ wait "$extra_build" || { cat "$build/extra-build.log" >&2; exit 1; }
 took "rest of the header checks' and benchmarks' build"
 # The Python package's benchmark has nothing to build: one round on a 4 MiB state instead (a
 # few seconds; the figures mean nothing at that size), so that it keeps working.
-bash scripts/deps.sh python3-numpy python3-xxhash python3-torch
 /usr/bin/python3 bench/python_io.py --mib 4 --rounds 1 > "$build/python_io-smoke.log" 2>&1 ||
     { cat "$build/python_io-smoke.log" >&2; exit 1; }
 took "bench/python_io.py on 4 MiB"
