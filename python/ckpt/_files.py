@@ -185,7 +185,8 @@ def _run_number(prefix, run_prefix):
 
 def _check_prefix(prefix):
     if not isinstance(prefix, str) or not prefix or "/" in prefix:
-        raise ConfigError("a checkpoint prefix is a non-empty name without '/', not %r" % (prefix,))
+        raise ConfigError("a checkpoint prefix is a non-empty name without '/', not %r: the directory comes first, "
+                          "then the prefix (latest('runs', 'exp'))" % (prefix,))
 
 
 def latest(directory, prefix, skipped=None, key=None):

@@ -20,6 +20,13 @@ from .errors import ChecksumError, ConfigError, Error, FormatError, IoError, Loa
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "EntryInfo", "LoadReport"]
 
 
+def _fspath(path):
+    if path is None:
+        raise ConfigError("no checkpoint path (None); ckpt.latest() returns None when a directory holds no "
+                          "checkpoint of the prefix")
+    return os.fspath(path)
+
+
 def _io_error(what, path, e):
     return IoError("cannot %s '%s': %s" % (what, path, e.strerror or e), path, e.errno or 0)
 
@@ -118,7 +125,7 @@ class _Opened:
     """An open checkpoint whose header passed section 8's steps 1 to 8."""
 
     def __init__(self, path):
-        self.path = os.fspath(path)
+        self.path = _fspath(path)
         try:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -233,7 +240,7 @@ def load(path, key=None, mmap=True, max_decoded_bytes=None):
     `key`: for encrypted files, a ckpt.Key, 32 bytes or a key file's path.
     `max_decoded_bytes`: refuse a compressed body that decodes to more (files from elsewhere).
     """
-    path = os.fspath(path)
+    path = _fspath(path)
     entries, buf, base = _read(path, key, mmap, max_decoded_bytes)
     out = {}
     for e in entries:
@@ -264,7 +271,7 @@ def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None):
     the whole load can be done. `strict`: a target the file does not fill, a file tensor with
     no target, or another dtype or shape is a LoadMismatch; otherwise those are reported and
     the rest is loaded."""
-    path = os.fspath(path)
+    path = _fspath(path)
     entries, buf, base = _read(path, key, True, max_decoded_bytes)
     report = LoadReport()
     plan = []
@@ -455,7 +462,7 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
 
     For the same entries, position and options the file holds the bytes the C++ library
     writes, but for the save time (and the salt and ciphertext of an encrypted body)."""
-    path = os.fspath(path)
+    path = _fspath(path)
     if archive not in F.ARCHIVES:
         raise ConfigError("archive is one of %s, not %r" % (", ".join(F.ARCHIVES), archive), path)
     if zstd is not None and (type(zstd) is not int or zstd == 0 or not -(1 << 17) <= zstd <= 22):

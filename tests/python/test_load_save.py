@@ -305,3 +305,11 @@ def test_arrays_loaded_by_mmap_survive_a_replacing_save(tmp_path):
     ckpt.save(path, {"w": np.zeros(100)})
     assert (old == np.arange(100.0)).all() and (ckpt.load(path)["w"] == 0).all()
     assert _left_behind(tmp_path) == ["m.ckpt"]
+
+
+def test_the_obvious_misuses_get_an_error_that_says_what_to_do(tmp_path):
+    # what ckpt.load(ckpt.latest(...)) meets in a directory without checkpoints
+    with pytest.raises(ckpt.ConfigError, match="latest\\(\\) returns None"):
+        ckpt.load(ckpt.latest(tmp_path, "exp"))
+    with pytest.raises(ckpt.ConfigError, match="the directory comes first, then the prefix"):
+        ckpt.latest(tmp_path, "runs/exp")
