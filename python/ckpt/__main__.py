@@ -46,23 +46,30 @@ def _ls(args):
 
 
 def _show(args):
+    """The C++ tool's `ckpt show` (--json: the same layout and names)."""
     h = header(args.file)
-    out = {"path": args.file, "format_version": h.version, "archive": h.archive, "codecs": list(h.codecs),
-           "epoch": h.epoch, "step": h.step, "save_time": _when(h.save_time_ns), "body_bytes": h.body_length,
-           "body_xxh3": "%016x" % h.body_checksum}
     entries = None
     if not h.encrypted or args.key_file:
-        entries = contents(args.file, key=args.key_file)
+        entries = contents(args.file, key=args.key_file)  # checks the checksum
+    else:
+        verify(args.file)
     if args.json:
-        if entries is not None:
-            out["entries"] = [{"name": e.name, "kind": e.kind, **({"dtype": e.dtype, "shape": list(e.shape),
-                                                                   "nbytes": e.nbytes} if e.kind == "tensor"
-                                                                  else {"value": _json_value(e.value)})}
-                              for e in entries]
+        out = {"path": args.file,
+               "header": {"format_version": h.version, "archive": h.archive, "codecs": "+".join(h.codecs) or "none",
+                          "body_bytes": h.body_length, "epoch": h.epoch, "step": h.step,
+                          "save_time": _when(h.save_time_ns), "checksum_xxh3": "%016x" % h.body_checksum},
+               "checksum_verified": True,
+               "entries": None if entries is None else [
+                   {"name": e.name, "kind": _JSON_KINDS.get(e.kind, e.kind),
+                    **({"dtype": e.dtype, "shape": list(e.shape), "bytes": e.nbytes} if e.kind == "tensor"
+                       else {"value": _json_value(e.value)})} for e in entries]}
         print(json.dumps(out, indent=2, ensure_ascii=False))
         return 0
-    for k, v in out.items():
-        print("%-15s %s" % (k + ":", (", ".join(v) or "none") if isinstance(v, list) else v))
+    for k, v in (("path", args.file), ("format_version", h.version), ("archive", h.archive),
+                 ("codecs", ", ".join(h.codecs) or "none"), ("epoch", h.epoch), ("step", h.step),
+                 ("save_time", _when(h.save_time_ns)), ("body_bytes", h.body_length),
+                 ("body_xxh3", "%016x" % h.body_checksum)):
+        print("%-15s %s" % (k + ":", v))
     if entries is None:
         print("entries         encrypted: pass --key-file to list them")
         return 0
@@ -71,6 +78,9 @@ def _show(args):
         what = "%s%s %d bytes" % (e.dtype, list(e.shape), e.nbytes) if e.kind == "tensor" else "%s %r" % (e.kind, e.value)
         print("  %-40s %s" % (e.name, what))
     return 0
+
+
+_JSON_KINDS = {"double": "float64"}  # the C++ tool's names of the kinds
 
 
 def _verify(args):

@@ -65,17 +65,29 @@ def test_verify_exit_codes(tmp_path):
 
 def test_show_json_of_every_golden_file():
     want = support.golden_state()
-    kinds = {np.ndarray: "tensor", int: "int64", float: "double", bool: "bool", str: "string"}
+    kinds = {np.ndarray: "tensor", int: "int64", float: "float64", bool: "bool", str: "string"}
     for name, (version, archive, codecs, epoch, step) in support.GOLDEN_FILES.items():
         out = strict_json(run("show", "--json", support.golden(name), "--key-file", support.GOLDEN_KEY).stdout)
-        assert (out["format_version"], out["archive"], out["codecs"], out["epoch"], out["step"]) == (
-            version, archive, list(codecs), epoch, step)
+        h = out["header"]
+        assert (h["format_version"], h["archive"], h["codecs"], h["epoch"], h["step"]) == (
+            version, archive, "+".join(codecs) or "none", epoch, step)
+        assert out["checksum_verified"] is True
         assert [(e["name"], e["kind"]) for e in out["entries"]] == [(n, kinds[type(v)]) for n, v in want]
         for e, (n, v) in zip(out["entries"], want):
             if isinstance(v, np.ndarray):
-                assert (e["dtype"], e["shape"], e["nbytes"]) == (str(v.dtype), list(v.shape), v.nbytes)
+                assert (e["dtype"], e["shape"], e["bytes"]) == (str(v.dtype), list(v.shape), v.nbytes)
             else:
                 assert e["value"] == v and type(e["value"]) is type(v), n
+
+
+def test_show_json_has_the_cpp_tools_layout(tool):
+    """The same document as `ckpt show --json` but for checksum_verified (the C++ tool checks
+    the checksum only with --stats or a key; Python always does)."""
+    for name in support.GOLDEN_FILES:
+        args = ["show", "--json", support.golden(name)]
+        py, cpp = strict_json(run(*args).stdout), strict_json(tool.run(*args).stdout)
+        py.pop("checksum_verified"), cpp.pop("checksum_verified")
+        assert py == cpp, name
 
 
 def test_show_json_is_json_with_non_finite_values(tool, tmp_path):
