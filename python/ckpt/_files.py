@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from . import _format as F
-from ._io import _Opened, contents, verify
+from ._io import _Opened, contents, header, verify
 from .errors import ConfigError, Error, IoError
 
 __all__ = ["latest", "best", "ls", "Listed", "Skipped"]
@@ -106,10 +106,14 @@ def _owner(path):
                 entries = F.PARSERS[opened.header.archive](memoryview(opened.stored_body()), path)
     except Error:
         return None
-    record = {e.name: e.value for e in entries if e.name.startswith(F.RESERVED_PREFIX) and e.kind == F.STRING}
-    if "__ckpt.prefix" not in record:
+    return _owner_in({e.name: e.value for e in entries if e.kind == F.STRING})
+
+
+def _owner_in(strings):
+    """The owner record (prefix, run, follows_run) among a file's string entries, or None."""
+    if "__ckpt.prefix" not in strings:
         return None
-    return record.get("__ckpt.prefix"), record.get("__ckpt.run", ""), record.get("__ckpt.follows_run", "")
+    return strings["__ckpt.prefix"], strings.get("__ckpt.run", ""), strings.get("__ckpt.follows_run", "")
 
 
 def _foreign(owner, prefix, name):
@@ -151,6 +155,11 @@ def _problem(f):
         f.header = verify(f.path)
     except Error as e:
         return str(e)
+    return _against_name(f)
+
+
+def _against_name(f):
+    """Why the header of `f` (read already) disagrees with its name, or None."""
     h, n = f.header, f.name
     if n.epoch_in_name:
         if (h.epoch, h.step) != (n.epoch, n.step):
@@ -209,12 +218,10 @@ def latest(directory, prefix, skipped=None, key=None):
             _skip(bp, why, skipped)
             continue
         try:
-            record = {e.name: e.value for e in contents(bp.path, key=key) if e.kind == "string"}
+            owner = _owner_in({e.name: e.value for e in contents(bp.path, key=key) if e.kind == "string"})
         except Error as e:
             _skip(bp, str(e), skipped)
             continue
-        owner = (record["__ckpt.prefix"], record.get("__ckpt.run", ""), record.get("__ckpt.follows_run", "")) \
-            if "__ckpt.prefix" in record else None
         if _foreign(owner, prefix, bp.name):
             continue
         if owner is None or not owner[2]:
@@ -247,14 +254,15 @@ def best(directory, prefix, metric, mode="min", skipped=None, key=None):
     ranked = []
     for i, f in enumerate(_list(directory, prefix)):
         try:
-            v = _metric(contents(f.path, key=key), metric)
+            v = _metric(contents(f.path, key=key), metric)  # (which checks the checksum)
+            f.header = header(f.path)
         except Error as e:
             _skip(f, str(e), skipped)
             continue
         if v is not None:
             ranked.append((v if mode == "min" else -v, -i, f))
     for _, _, f in sorted(ranked, key=lambda t: t[:2]):
-        why = _problem(f)
+        why = _against_name(f)
         if why is None:
             return f.path
         _skip(f, why, skipped)
@@ -298,24 +306,25 @@ def ls(directory, prefix=None, key=None):
         if name is None:
             continue
         f = _File(os.path.join(directory, n), name)
-        problem = _problem(f)
-        owner = _owner(f.path) if problem is None else None
-        if _foreign(owner, base, name):  # another's file (as latest() sees it, and `ckpt ls`)
+        problem, entries, metrics = None, [], {}
+        try:
+            f.header = header(f.path)
+            if key is None and f.header.encrypted:
+                verify(f.path)  # the checksum needs no key; the entries do
+            else:
+                entries = contents(f.path, key=key)  # checks the checksum
+            problem = _against_name(f)
+        except Error as e:
+            problem = str(e)
+        # another's file (as latest() sees it, and `ckpt ls`); records of coded bodies are not read
+        owner = _owner_in({e.name: e.value for e in entries if e.kind == "string"}) \
+            if problem is None and not f.header.codecs else None
+        if _foreign(owner, base, name):
             problem = ("named as run '%s' of prefix '%s' but it records prefix '%s' (run '%s'): not that prefix's "
                        "checkpoint" % (name.run_prefix, base, owner[0], owner[1]))
-        metrics = {}
-        if problem is None and (key is not None or not f.header.encrypted):
-            try:
-                metrics = {e.name[len(F.METRIC_PREFIX):]: e.value for e in contents(f.path, key=key)
-                           if e.name.startswith(F.METRIC_PREFIX) and e.kind == "double"}
-            except Error as e:
-                problem = str(e)
-        if f.header is None:
-            try:
-                from ._io import header as _header
-                f.header = _header(f.path)
-            except Error:
-                pass
+        if problem is None:
+            metrics = {e.name[len(F.METRIC_PREFIX):]: e.value for e in entries
+                       if e.name.startswith(F.METRIC_PREFIX) and e.kind == "double"}
         out.append(Listed(f.path, base, name.run, name.epoch, name.step, name.global_step,
                           "breakpoint" if name.breakpoint else "regular", f.header, problem, metrics))
     out.sort(key=lambda c: (c.prefix, c.run, c.global_step, c.epoch, c.step, c.kind))

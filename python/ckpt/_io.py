@@ -15,7 +15,7 @@ import xxhash
 
 from . import _format as F
 from . import codecs as C
-from .errors import ChecksumError, ConfigError, Error, FormatError, IoError, LoadMismatch
+from .errors import ChecksumError, ConfigError, FormatError, IoError, LoadMismatch
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "EntryInfo", "LoadReport"]
 

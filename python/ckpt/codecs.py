@@ -222,7 +222,7 @@ def aes_encode(plain, key, header56):
     prefix = key.id + salt + struct.pack("<I", BLOCK_SIZE) + bytes(36)
     aead = AESGCM(_hkdf(key.raw(), salt, b"ckpt aes-256-gcm body", 32))
     aad = _aad(header56, prefix)
-    data = b"".join(bytes(p) for p in plain)
+    data = b"".join(plain)  # (join takes memoryviews: no copy of each piece first)
     count = max(1, -(-len(data) // BLOCK_SIZE))
     out = [prefix]
     for i in range(count):
