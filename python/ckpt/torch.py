@@ -59,7 +59,7 @@ def _flatten(prefix, value, out, torch):
             _flatten("%s.%d." % (name, i), v, out, torch)
         return
     if isinstance(value, torch.Tensor):
-        if value.dtype not in _DTYPES(torch):
+        if value.dtype not in _torch_dtypes(torch):
             raise ConfigError("tensor '%s' is %s, which a checkpoint cannot hold (float32, float64, float16, int32, "
                               "int64, uint8 and bool can be held)" % (name, value.dtype))
         value = value.detach().cpu().numpy()
@@ -71,10 +71,10 @@ def _flatten(prefix, value, out, torch):
 
 
 def _torch_dtype(dtype, torch):
-    return dict(zip(("float32", "float64", "float16", "int32", "int64", "uint8", "bool"), _DTYPES(torch))).get(str(dtype))
+    return dict(zip(("float32", "float64", "float16", "int32", "int64", "uint8", "bool"), _torch_dtypes(torch))).get(str(dtype))
 
 
-def _DTYPES(torch):
+def _torch_dtypes(torch):
     return (torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.uint8, torch.bool)
 
 
@@ -143,7 +143,7 @@ def _param_names(model, optimizer):
 
 
 def _array(t, name, torch):
-    if t.dtype not in _DTYPES(torch):
+    if t.dtype not in _torch_dtypes(torch):
         raise ConfigError("tensor '%s' is %s, which a checkpoint cannot hold" % (name, t.dtype))
     return t.detach().cpu().contiguous().numpy()
 
