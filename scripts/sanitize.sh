@@ -54,7 +54,7 @@ build() {  # build dir, -fsanitize= list, more cmake settings
 
 # The test sources whose threads the ThreadSanitizer pass runs (the selections in tsan()).
 tsan_sources="test_last_words;test_data_parallel;test_uce;test_comm;test_cluster;test_memory_level"
-tsan_sources+=";test_checkpoint;test_codec;test_manager;test_reshard;test_trainer"
+tsan_sources+=";test_checkpoint;test_codec;test_manager;test_reshard;test_trainer;test_durable_level"
 
 build_asan() { build build-asan address,undefined -DCKPT_TEST_ONLY=; }
 build_tsan() { build build-tsan thread -DCKPT_TEST_ONLY="$tsan_sources"; }
@@ -82,7 +82,7 @@ tsan() {
     # the selections, doctest's arguments separated by '|'; two at a time, the heavy one first
     local selections=(
         "-sf=*test_last_words.cpp"
-        "-sf=*test_data_parallel.cpp,*test_uce.cpp,*test_comm.cpp,*test_cluster.cpp,*test_memory_level.cpp"
+        "-sf=*test_data_parallel.cpp,*test_uce.cpp,*test_comm.cpp,*test_cluster.cpp,*test_memory_level.cpp,*test_durable_level.cpp"
         "-ts=async save,codec"
         "-tc=large bodies are read by two threads*,a step saved by 4 ranks loads into*"
         "-sf=*test_trainer.cpp|-tc=a termination signal*"

@@ -143,3 +143,35 @@ TEST_CASE("membership, elastic: a dead node is waited for a while only, one that
     joiner.join();
     CHECK(formed == std::vector<int>{0, 1, 2});
 }
+
+TEST_CASE("agree_on_checkpoint over two levels: a step counts when either level holds it whole, the local copy first") {
+    test::TempDir tmp;
+    const auto local = [&](int r) { return tmp / ("local_" + std::to_string(r)); };
+    const auto shared = [&](int r) { return tmp / ("shared_" + std::to_string(r)); };
+    // both ranks saved steps 5 and 10 on both levels, and step 15 locally (not copied yet)
+    for (int r = 0; r < 2; ++r) {
+        for (int s : {5, 10}) {
+            save_step(local(r), 1, s);
+            save_step(shared(r), 1, s);
+        }
+        save_step(local(r), 1, 15);
+    }
+    // rank 1's node is replaced: its local level is gone, and with it step 15
+    test::fs::remove_all(local(1));
+    std::vector<fault::AgreedCheckpoint> got(2);
+    test::LogCapture log;
+    fault::ThreadGroup group(2, std::chrono::seconds(10));
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        const int r = comm.rank();
+        got[static_cast<std::size_t>(r)] = fault::agree_on_checkpoint(comm, {ckpt::Path(local(r)), ckpt::Path(shared(r))}, "net");
+    }).rethrow();
+    REQUIRE(got[0].file);
+    REQUIRE(got[1].file);
+    CHECK(got[0].step == 10);
+    CHECK(got[1].step == 10);
+    CHECK(*got[0].file == local(0) / "net-1_10.ckpt");   // the local copy where there is one
+    CHECK(*got[1].file == shared(1) / "net-1_10.ckpt");  // the durable one where there is not, said
+    CHECK(std::any_of(log.infos.begin(), log.infos.end(), [&](const std::string& m) {
+        return m.find("resuming from '" + (shared(1) / "net-1_10.ckpt").string()) != std::string::npos;
+    }));
+}

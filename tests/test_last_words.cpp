@@ -31,6 +31,7 @@ struct Job {
     bool recover = false;
     When when = When::after_update;
     int shard_size = 1;
+    std::optional<ckpt::Path> durable{};
 };
 
 struct LastWordsRun {
@@ -67,7 +68,9 @@ struct LastWordsRun {
                 initial_epoch = rp.initial_epoch;
             }
             fault::LastWordsCheckpoint last_words(comm, last_words_dir,
-                                                  {.layout = layout, .pieces = [&stack] { return stack.opt().piece_map(); }});
+                                                  {.layout = layout,
+                                                   .pieces = [&stack] { return stack.opt().piece_map(); },
+                                                   .durable = job.durable});
             const std::int64_t at = fails_here ? fail_step : 0;
             nn::FailAtStep after(when == When::after_update ? at : 0, comm.rank());
             nn::FailBeforeUpdate before(when == When::before_update ? at : 0, comm.rank());
@@ -360,4 +363,31 @@ TEST_CASE("a second failure during the last words: a saver's write fails, the ot
                                : std::vector<std::string>{"index-step_6.ckpt", "rank_1", "rank_2"}));
         for (int r = 0; r < 4; ++r) CHECK(fault::latest_last_words(dir.path(), {shard_size}, r));
     }
+}
+
+TEST_CASE("last words with a durable level: the committed step directory is copied whole, and found there") {
+    TempDir dir, shared;
+    LastWordsRun crashed{Job{.fail_ranks = {2}, .fail_step = 5, .last_words_dir = dir.path(), .durable = shared.path()}, {}, {}};
+    crashed.run();
+    const std::string step = "tft_saved_checkpoints-step_5";
+    REQUIRE(fs::is_directory(dir / step));
+    REQUIRE(fs::is_directory(shared / step));
+    std::vector<std::string> local_files, durable_files;
+    for (fs::recursive_directory_iterator it(dir / step), end; it != end; ++it)
+        if (fs::is_regular_file(it->path())) local_files.push_back(fs::relative(it->path(), dir / step).string());
+    for (fs::recursive_directory_iterator it(shared / step), end; it != end; ++it)
+        if (fs::is_regular_file(it->path())) durable_files.push_back(fs::relative(it->path(), shared / step).string());
+    std::sort(local_files.begin(), local_files.end());
+    std::sort(durable_files.begin(), durable_files.end());
+    CHECK(local_files == durable_files);
+    for (const auto& f : local_files) CHECK(test::read_bytes(dir / step / f) == test::read_bytes(shared / step / f));
+    for (const auto& n : test::names_in(shared.path())) CHECK(n.find(".tmp-") == std::string::npos);
+
+    const std::vector<ckpt::Path> levels{dir.path(), shared.path()};
+    CHECK(fault::latest_last_words(levels, {}, 1) == dir / step / "rank_0/ttp_rank_0-1_5.ckpt");
+    fs::remove_all(dir.path());
+    test::LogCapture log;
+    CHECK(fault::latest_last_words(levels, {}, 1) == shared / step / "rank_0/ttp_rank_0-1_5.ckpt");
+    CHECK(std::any_of(log.infos.begin(), log.infos.end(),
+                      [](const std::string& m) { return m.find("holds no complete copy") != std::string::npos; }));
 }

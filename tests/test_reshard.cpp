@@ -323,3 +323,49 @@ TEST_CASE("every save of per-rank checkpoints gets a global index, and the index
     CHECK_FALSE(fs::exists(indexes[0].second));
     CHECK(fs::exists(indexes[1].second));
 }
+
+TEST_CASE("with a durable level, each index follows its ranks' files there, and a lost local level resumes from it") {
+    constexpr int ranks = 4;
+    test::TempDir local, shared;
+    auto rank_dir = [](const fs::path& root, int r) { return root / ("rank_" + std::to_string(r)); };
+    fault::ThreadGroup group(ranks, std::chrono::seconds(20));
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        auto data = test::shard_of(ranks, comm.rank());
+        nn::UceNet net(7);
+        test::DpStack stack(net, comm, 2);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+        ckpt::ManagerOptions options;
+        // every second save goes to the durable level, which keeps the newest 2 of them
+        options.durable = ckpt::DurableLevel{rank_dir(shared.path(), comm.rank()), ckpt::KeepLast{2}, 2};
+        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(rank_dir(local.path(), comm.rank()), "net", options,
+                                                                    ckpt::EverySteps{1}, ckpt::KeepLast{2});
+        fault::GlobalIndexer indexer(comm, files, local.path(), [&] { return stack.opt().piece_map(); });
+        trainer.train(1, data, nn::callbacks(files, indexer));  // 8 steps, each saved; 2, 4, 6, 8 copied
+    }).rethrow();
+    // the durable level: the indexes of steps 6 and 8 (its retention deleted 2 and 4 with their files)
+    const auto durable = fault::detail::global_indexes(shared.path());
+    REQUIRE(durable.size() == 2);
+    CHECK(durable[0].first == 8);
+    CHECK(durable[1].first == 6);
+    CHECK(fault::latest_global_index(shared.path()) == durable[0].second);
+    for (int r = 0; r < ranks; ++r)
+        CHECK(test::names_in(rank_dir(shared.path(), r)) ==
+              std::vector<std::string>{"net-1_6.ckpt", "net-1_8.ckpt", "net-graph.meta"});
+
+    // the local level of every rank lost: the newest index is the durable one, and it loads on 2 ranks
+    fs::remove_all(local.path());
+    fs::create_directories(local.path());
+    std::vector<std::int64_t> loaded(2, -1);
+    fault::ThreadGroup two(2, std::chrono::seconds(20));
+    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+        nn::UceNet net(7);
+        test::DpStack stack(net, comm, 2);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+        const auto got = fault::load_latest_resharded(comm, {ckpt::Path(local.path()), ckpt::Path(shared.path())},
+                                                      trainer.load_target(), stack.opt().piece_map());
+        REQUIRE(got);
+        CHECK(got->index == durable[0].second);
+        loaded[static_cast<std::size_t>(comm.rank())] = got->global_step;
+    }).rethrow();
+    CHECK(loaded == std::vector<std::int64_t>{8, 8});
+}

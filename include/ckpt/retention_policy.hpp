@@ -30,6 +30,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -264,5 +265,35 @@ private:
             if (i < doomed.size()) doomed[i] = true;
     }
 };
+
+/// Any retention policy, held by value and chosen at run time: for the durable level of a
+/// two-level manager (DurableLevel), whose policy is a setting rather than a template
+/// parameter, and for programs that read their policy from a configuration. It runs once per
+/// save, so the indirection costs nothing measurable.
+class AnyRetention {
+public:
+    template <class R>
+        requires(!std::same_as<R, AnyRetention> && RetentionPolicy<R>)  // in this order: no recursion
+    AnyRetention(R policy)  // NOLINT: implicit, so that any policy converts
+        : to_delete_([p = std::move(policy)](std::span<const StoredCheckpoint> files) { return p.to_delete(files); }),
+          uses_metrics_(detail::uses_metrics<R>()) {}
+
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const { return to_delete_(files); }
+    /// Whether the policy ranks files by their metrics (KeepBest), which are then read for it.
+    bool uses_metrics() const noexcept { return uses_metrics_; }
+
+private:
+    std::function<std::vector<std::size_t>(std::span<const StoredCheckpoint>)> to_delete_;
+    bool uses_metrics_;
+};
+
+namespace detail {
+/// Whether `policy` ranks files by their metrics: known at compile time but for AnyRetention.
+template <RetentionPolicy R>
+bool ranks_by_metrics(const R& policy) {
+    if constexpr (std::same_as<R, AnyRetention>) return policy.uses_metrics();
+    else return uses_metrics<R>();
+}
+}  // namespace detail
 
 }  // namespace ckpt

@@ -76,13 +76,23 @@ inline std::string why_no_common_step(const std::vector<CheckpointOffer>& offers
 /// Agrees over `comm` on the newest (epoch, step) of which every rank holds a valid
 /// checkpoint of `prefix` in its own `dir` (each rank passes its own directory), and returns
 /// this rank's file of it. Every rank must call it; a collective.
+///
+/// With two levels (ckpt::DurableLevel), pass both of this rank's directories, the local one
+/// first: a step counts as held when either holds a copy that verifies, and the local copy
+/// is taken when both do (the durable one is said).
 template <Communicator Comm, ckpt::NamingPolicy N = ckpt::MindSporeNaming>
-AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::string_view prefix,
+AgreedCheckpoint agree_on_checkpoint(Comm& comm, const std::vector<ckpt::Path>& levels, std::string_view prefix,
                                      const N& naming = {}) {
     using Key = std::pair<std::int64_t, std::int64_t>;
+    if (levels.empty()) throw ckpt::ConfigError("agree_on_checkpoint: no directory given");
+    const ckpt::Path& dir = levels.front();
     // this rank's valid files, newest first; of two files of one step (runs before and after
-    // a rollback), the newer run's
-    auto files = ckpt::list_checkpoints(dir, prefix, naming);
+    // a rollback), the newer run's; of two copies of one file, the first level's
+    std::vector<ckpt::StoredCheckpoint> files;
+    for (const auto& level : levels) {
+        auto more = ckpt::list_checkpoints(level, prefix, naming);
+        files.insert(files.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    }
     std::stable_sort(files.begin(), files.end(), [](const ckpt::StoredCheckpoint& a, const ckpt::StoredCheckpoint& b) {
         return std::tie(a.name.epoch, a.name.step, a.name.run) > std::tie(b.name.epoch, b.name.step, b.name.run);
     });
@@ -111,7 +121,11 @@ AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::
                 if (o.epoch[i] == key.first && o.step[i] == key.second) return true;
             return false;
         });
-        if (everyone) return {candidate.second, key.first, key.second, {}};
+        if (!everyone) continue;
+        if (candidate.second.parent_path() != dir && !candidate.second.string().starts_with(dir.string() + "/"))
+            ckpt::detail::log(ckpt::LogLevel::notice, "cluster recovery: resuming from '" + candidate.second.string() +
+                                                          "': '" + dir.string() + "' holds no copy of that step that verifies");
+        return {candidate.second, key.first, key.second, {}};
     }
     std::string why = detail::why_no_common_step(offers, prefix);
     if (why.empty() && files.empty()) {  // nothing of this prefix anywhere: of another, here?
@@ -124,6 +138,13 @@ AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::
                   "'";
     }
     return {std::nullopt, 0, 0, why};
+}
+
+/// One directory per rank: see above.
+template <Communicator Comm, ckpt::NamingPolicy N = ckpt::MindSporeNaming>
+AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::string_view prefix,
+                                     const N& naming = {}) {
+    return agree_on_checkpoint(comm, std::vector<ckpt::Path>{ckpt::Path(dir)}, prefix, naming);
 }
 
 }  // namespace fault

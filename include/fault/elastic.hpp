@@ -16,7 +16,6 @@
 
 #include <boost/filesystem.hpp>
 
-#include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -46,21 +45,44 @@ struct ElasticResume {
 /// damaged file), every rank says so and they go on to the next older index together, as
 /// latest() falls back past a damaged file. Nothing when no index loads: a fresh start. A
 /// collective.
+///
+/// With two levels (ckpt::DurableLevel), pass both directories of the indexes, the local one
+/// first (every rank the same list): the newest index on either, the local copy first.
 template <Communicator Comm>
-std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
-                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector<ckpt::Path>& levels,
+                                                   const ckpt::ParamDict& like, const ckpt::PieceMap& places = {},
+                                                   const ckpt::LoadOptions& opts = {}) {
     struct Record {
         std::int64_t value;
     };
-    for (std::int64_t before = INT64_MAX;;) {
-        Record mine{-1};
-        if (comm.rank() == 0)
-            if (const auto latest = latest_global_index(dir, /*verify_files=*/false, before))
-                mine.value = ckpt::read_global_index(*latest).global_step;
-        const std::int64_t step = detail::allgather_records(comm, mine)[0].value;
+    struct Choice {
+        std::int64_t step, level;
+    };
+    // rank 0's candidates: every level's indexes, newest step first, the first level's copy first
+    std::vector<std::pair<std::int64_t, std::int64_t>> candidates;  // (step, level)
+    if (comm.rank() == 0)
+        for (std::size_t l = 0; l < levels.size(); ++l)
+            for (const auto& [step, path] : detail::global_indexes(levels[l]))
+                candidates.emplace_back(step, static_cast<std::int64_t>(l));
+    std::stable_sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    auto next = candidates.begin();
+    for (;;) {
+        Choice mine{-1, 0};
+        for (; comm.rank() == 0 && next != candidates.end(); ++next) {
+            const auto path = global_index_path(levels[static_cast<std::size_t>(next->second)], next->first);
+            if (auto why = detail::global_index_problem(path)) {
+                ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index '" + path.string() + "': " + *why);
+                continue;
+            }
+            mine = {next->first, next->second};
+            ++next;
+            break;
+        }
+        const Choice chosen = detail::allgather_records(comm, mine)[0];
+        const std::int64_t step = chosen.step;
         if (step < 0) return std::nullopt;
         ElasticResume r;
-        r.index = global_index_path(dir, step);
+        r.index = global_index_path(levels.at(static_cast<std::size_t>(chosen.level)), step);
         std::string why;
         try {
             const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
@@ -84,9 +106,14 @@ std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathA
         if (ranks.empty()) return r;
         ckpt::detail::log(ckpt::LogLevel::warning,
                           "global index of step " + std::to_string(step) + " does not load on rank(s) " + ranks +
-                              (why.empty() ? "" : " (here: " + why + ")") + "; trying the next older index");
-        before = step;
+                              (why.empty() ? "" : " (here: " + why + ")") + "; trying the next index after '" +
+                              r.index.string() + "'");
     }
+}
+template <Communicator Comm>
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
+                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
+    return load_latest_resharded(comm, std::vector<ckpt::Path>{ckpt::Path(dir)}, like, places, opts);
 }
 
 /// Thrown by TakeInJoiners on every rank of a generation at the same step, once that step's

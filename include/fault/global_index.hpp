@@ -160,16 +160,31 @@ inline std::optional<std::string> global_index_files_problem(const boost::filesy
 /// checkpoint; older indexes are tried in turn, each one passed over with a warning saying
 /// why. Nothing when there is none. Verifying reads every file of the step; without it,
 /// each piece's chunks are still checked when it is loaded.
-inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir, bool verify_files = true,
+///
+/// With two levels (ckpt::DurableLevel), pass both directories of the indexes, the local one
+/// first: the newest step whose index is whole on either, the first level's copy first.
+inline std::optional<boost::filesystem::path> latest_global_index(const std::vector<ckpt::Path>& levels,
+                                                                  bool verify_files = true,
                                                                   std::int64_t before_step = INT64_MAX) {
-    for (const auto& [step, path] : detail::global_indexes(dir)) {
+    std::vector<std::pair<std::int64_t, boost::filesystem::path>> indexes;
+    for (const auto& dir : levels) {
+        auto more = detail::global_indexes(dir);
+        indexes.insert(indexes.end(), more.begin(), more.end());
+    }
+    std::stable_sort(indexes.begin(), indexes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const auto& [step, path] : indexes) {
         if (step >= before_step) continue;
         auto why = detail::global_index_problem(path);
         if (!why && verify_files) why = detail::global_index_files_problem(path);
         if (!why) return path;
-        ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index of step " + std::to_string(step) + ": " + *why);
+        ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index of step " + std::to_string(step) + " in '" +
+                                                       path.parent_path().string() + "': " + *why);
     }
     return std::nullopt;
+}
+inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir, bool verify_files = true,
+                                                                  std::int64_t before_step = INT64_MAX) {
+    return latest_global_index(std::vector<ckpt::Path>{ckpt::Path(dir)}, verify_files, before_step);
 }
 
 /// Removes the global indexes in `dir` whose files are gone (deleted by a retention policy).
@@ -206,7 +221,27 @@ private:
         indexed_ = saved;
         last_index_ = commit_global_index(comm_, dir_, c.global_step, *saved, pieces_ ? pieces_() : ckpt::PieceMap{},
                                           1u << 20, files_.manager().load_options());
-        if (comm_.rank() == 0) remove_stale_global_indexes(dir_);
+        if (comm_.rank() != 0) return;
+        remove_stale_global_indexes(dir_);
+        copy_to_durable_level(*saved);
+    }
+
+    // With a durable level (ckpt::DurableLevel), the index follows the ranks' files there once
+    // they have all arrived (each rank's manager copies its own): rank 0's copier waits for
+    // them, so an index on the durable level never names a file that is not there yet. Its
+    // place there mirrors its place beside the manager's directory ({dir}/rank_0 copied to
+    // {shared}/rank_0: the index goes to {shared}). Every rank copies the same steps
+    // (DurableLevel::every counts saves), so the files come.
+    void copy_to_durable_level(const boost::filesystem::path& saved) {
+        const auto& manager = files_.manager();
+        const auto* durable = manager.durable_directory();
+        if (!durable || !manager.copies_to_durable(saved)) return;
+        const auto target_dir = (*durable / boost::filesystem::relative(dir_, manager.directory())).lexically_normal();
+        std::vector<ckpt::Path> needs;
+        for (const auto& p : ckpt::read_global_index(*last_index_).pieces)
+            if (const auto f = target_dir / p.file; std::find(needs.begin(), needs.end(), f) == needs.end()) needs.push_back(f);
+        manager.queue_durable_copy(*last_index_, target_dir / last_index_->filename(), std::move(needs),
+                                   [target_dir] { remove_stale_global_indexes(target_dir); });
     }
 
     Comm& comm_;

@@ -46,6 +46,7 @@
 
 #include "../ckpt/checkpoint.hpp"
 #include "../ckpt/detail/atomic_file.hpp"
+#include "../ckpt/detail/flusher.hpp"
 #include "../ckpt/detail/posix_io.hpp"
 #include "../ckpt/latest.hpp"
 #include "../ckpt/log.hpp"
@@ -87,6 +88,11 @@ struct LastWordsOptions {
     /// With it, or without sharding, the step directory also holds a global index,
     /// index-step_{g}.ckpt, to load the last words on another number of ranks.
     std::function<ckpt::PieceMap()> pieces{};
+    /// Set: once committed, the step directory is copied here as well (a durable shared
+    /// directory, see ckpt::DurableLevel): every file checked against its checksum as it is
+    /// copied, the copy renamed into place whole. A failed copy is logged; the local step
+    /// directory stands.
+    std::optional<ckpt::Path> durable{};
 };
 
 namespace detail {
@@ -400,6 +406,38 @@ private:
             group.declare_failed();
             throw;
         }
+        if (options_.durable) copy_to_durable(final_dir, final_name);
+    }
+
+    // The committed step directory, copied whole to the durable level: into a temporary
+    // there, each file checked, then renamed into place.
+    void copy_to_durable(const fs::path& final_dir, const std::string& final_name) const {
+        const fs::path to = *options_.durable / final_name;
+        const fs::path staging = *options_.durable / ckpt::detail::temporary_name(final_name);
+        try {
+            fs::create_directories(*options_.durable);
+            ckpt::detail::Pacer unpaced(0);
+            for (fs::recursive_directory_iterator it(final_dir), end; it != end; ++it) {
+                const fs::path target = staging / fs::relative(it->path(), final_dir);
+                if (fs::is_directory(it->status())) {
+                    fs::create_directories(target);
+                    continue;
+                }
+                fs::create_directories(target.parent_path());
+                ckpt::detail::copy_file_checked(it->path(), target, it->path().extension() == ".ckpt", unpaced);
+            }
+            boost::system::error_code ec;
+            fs::remove_all(to, ec);  // an earlier, incomplete attempt at this step
+            fs::rename(staging, to);
+            ckpt::detail::fsync_directory(options_.durable->string());
+            ckpt::detail::log(ckpt::LogLevel::info, "last words copied to the durable level: '" + to.string() + "'");
+        } catch (const std::exception& e) {
+            boost::system::error_code ec;
+            fs::remove_all(staging, ec);
+            ckpt::detail::log(ckpt::LogLevel::warning, "could not copy the last words '" + final_dir.string() +
+                                                           "' to the durable level '" + options_.durable->string() +
+                                                           "': " + e.what());
+        }
     }
 
     std::shared_ptr<detail::WatchedSignals> signals_;  // SIGTERM and co. turned into a flag while this lives
@@ -414,17 +452,36 @@ private:
 /// complete (every replica group of `layout` has a file there that verifies), the file of
 /// the rank that saved this rank's piece of the optimizer state. Nothing if no step is
 /// complete. All ranks get the same step.
-inline std::optional<fs::path> latest_last_words(const ckpt::PathArg& dir, const ShardLayout& layout = {}, int rank = 0) {
-    if (!fs::is_directory(dir)) return std::nullopt;
-    const auto files = ckpt::list_checkpoints(dir, "ttp", ckpt::LastWordsNaming{});
-    for (auto it = files.rbegin(); it != files.rend(); ++it) {
-        if (it != files.rbegin() && it->name.global_step == std::prev(it)->name.global_step) continue;
-        if (auto pieces = detail::complete_step(files, it->name.global_step, layout))
+///
+/// With two levels (LastWordsOptions::durable), pass both directories, the local one first:
+/// the newest complete step on either, the local copy first.
+inline std::optional<fs::path> latest_last_words(const std::vector<ckpt::Path>& levels, const ShardLayout& layout = {},
+                                                 int rank = 0) {
+    std::vector<std::vector<ckpt::StoredCheckpoint>> files(levels.size());
+    std::vector<std::pair<std::int64_t, std::size_t>> steps;  // (step, level), newest first, the first level first
+    for (std::size_t l = 0; l < levels.size(); ++l) {
+        if (!fs::is_directory(levels[l])) continue;
+        files[l] = ckpt::list_checkpoints(levels[l], "ttp", ckpt::LastWordsNaming{});
+        for (const auto& f : files[l])
+            if (steps.empty() || steps.back() != std::pair(f.name.global_step, l)) steps.emplace_back(f.name.global_step, l);
+    }
+    std::stable_sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    for (const auto& [step, l] : steps) {
+        if (auto pieces = detail::complete_step(files[l], step, layout)) {
+            if (l > 0)
+                ckpt::detail::log(ckpt::LogLevel::notice, "last words of step " + std::to_string(step) + " from '" +
+                                                              levels[l].string() + "': '" + levels.front().string() +
+                                                              "' holds no complete copy of them");
             return (*pieces)[static_cast<std::size_t>(layout.shard_of(rank))];
-        ckpt::detail::log(ckpt::LogLevel::warning, "skipping last-words step " + std::to_string(it->name.global_step) +
-                                                       " in '" + dir.string() + "': some replica group has no file that verifies");
+        }
+        ckpt::detail::log(ckpt::LogLevel::warning, "skipping last-words step " + std::to_string(step) + " in '" +
+                                                       levels[l].string() + "': some replica group has no file that verifies");
     }
     return std::nullopt;
+}
+inline std::optional<fs::path> latest_last_words(const ckpt::PathArg& dir, const ShardLayout& layout = {}, int rank = 0) {
+    return latest_last_words(std::vector<ckpt::Path>{ckpt::Path(dir)}, layout, rank);
 }
 
 }  // namespace fault

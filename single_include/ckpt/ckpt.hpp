@@ -3537,6 +3537,7 @@ CKPT_INLINE LoadReport load_checkpoint_into(const PathArg& file, ParamDict& targ
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -3755,6 +3756,279 @@ private:
 };
 
 }  // namespace ckpt::detail
+// The durable level's copier (ManagerOptions::durable): checkpoints written to a fast local
+// directory are copied, on a thread of their own, to a durable shared one. Each copy goes
+// to a temporary, is checked while it is copied (the size and the body checksum its header
+// announces: a damaged source is never published), made durable, and only then renamed into
+// place; a process killed mid-copy leaves a temporary, which no listing takes and the next
+// manager removes. The training thread only queues jobs: it never waits for a copy.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+namespace ckpt {
+
+/// What the copies to the durable level did so far (CheckpointManager::flush_stats()).
+struct FlushStats {
+    std::int64_t flushed = 0;    ///< files copied, checked and in place on the durable level
+    std::int64_t failed = 0;     ///< copies that failed (each logged; the local file stays)
+    std::int64_t given_up = 0;   ///< global indexes whose files never reached the durable level in time
+    std::int64_t pending = 0;    ///< queued or being copied now
+    std::uint64_t bytes = 0;     ///< bytes copied
+    double seconds = 0;          ///< copier time spent copying, pacing included
+    std::string last_error;      ///< the newest failure's message
+};
+
+namespace detail {
+
+/// Keeps a copy at or under `bytes_per_second` (0: no limit) by sleeping between blocks.
+class Pacer {
+public:
+    explicit Pacer(double bytes_per_second) : rate_(bytes_per_second) {}
+    /// The block size that keeps sleeps short (about a tenth of a second of copying).
+    std::size_t block() const {
+        constexpr std::size_t most = 4u << 20, least = 64u << 10;
+        if (rate_ <= 0) return most;
+        return std::clamp(static_cast<std::size_t>(rate_ / 10), least, most);
+    }
+    void start() {
+        start_ = std::chrono::steady_clock::now();
+        done_ = 0;
+    }
+    /// After `n` more bytes: sleeps until they are due.
+    void account(std::size_t n) {
+        done_ += n;
+        if (rate_ <= 0) return;
+        const auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(static_cast<double>(done_) / rate_));
+        std::this_thread::sleep_until(due);
+    }
+
+private:
+    double rate_;
+    std::chrono::steady_clock::time_point start_{};
+    std::uint64_t done_ = 0;
+};
+
+/// Copies `src` to `dst` atomically and durably (temporary, fsync, rename, directory fsync).
+/// With `checkpoint`, `src` must be a whole checkpoint: its header is checked and its body
+/// hashed as it is copied, and the copy is published only when the size and the checksum
+/// match what the header says (ChecksumError or FormatError naming `src` otherwise).
+/// Returns the bytes copied. The previous file at `dst`, if any, is replaced only by a whole,
+/// checked copy; on any error it is untouched and no temporary is left.
+inline std::uint64_t copy_file_checked(const fs::path& src, const fs::path& dst, bool checkpoint, Pacer& pace) {
+    const std::string from = src.string(), to = dst.string();
+    Fd in = open_for_read(from, checkpoint ? "checkpoint" : "file");
+    ::posix_fadvise(in.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    const std::uint64_t size = file_size(in.get(), from);
+    AtomicFile out(dst);
+    auto buffer = std::make_unique_for_overwrite<std::byte[]>(pace.block());
+    FileHeader header;
+    Xxh3 hash;
+    std::uint64_t copied = 0;
+    pace.start();
+    while (copied < size) {
+        const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(pace.block(), size - copied));
+        const std::size_t got = read_full(in.get(), buffer.get(), want, from);
+        if (got != want)
+            throw IoError("cannot copy '" + from + "' to '" + to + "': it shrank while it was copied", from, EIO);
+        std::size_t body_from = 0;
+        if (checkpoint && copied == 0) {
+            header = decode_header(buffer.get(), got, size, from);
+            body_from = header_size;
+        }
+        if (checkpoint) hash.update(buffer.get() + body_from, got - body_from);
+        write_all(out.fd(), buffer.get(), got, to);
+        copied += got;
+        pace.account(got);
+    }
+    if (checkpoint) {
+        if (size < header_size) decode_header(buffer.get(), static_cast<std::size_t>(size), size, from);  // says why
+        if (hash.digest() != header.body_hash)
+            throw ChecksumError("cannot copy checkpoint '" + from + "' to '" + to +
+                                    "': its body does not match its checksum (the local copy is damaged)",
+                                from);
+    }
+    out.commit();
+    return copied;
+}
+
+/// Copies files to the durable level in the order they were queued, on a thread of its own.
+class Flusher {
+public:
+    struct Job {
+        fs::path source, target;
+        bool checkpoint = true;  ///< checked as it is copied (copy_file_checked)
+        /// Copy only once these all exist (a global index: the ranks' files it names, which the
+        /// ranks' own copiers bring); given up, with a warning, at `give_up`.
+        std::vector<fs::path> needs{};
+        std::chrono::steady_clock::time_point give_up{};
+        /// After the copy is in place, on the copier's thread (the durable level's retention).
+        std::function<void(const fs::path& target)> done{};
+    };
+
+    explicit Flusher(double bytes_per_second) : pace_(bytes_per_second), thread_([this] { run(); }) {}
+    Flusher(const Flusher&) = delete;
+    Flusher& operator=(const Flusher&) = delete;
+    /// Finishes every job queued (so that a program that ends normally leaves its copies in place).
+    ~Flusher() {
+        {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+        }
+        wake_.notify_all();
+        thread_.join();
+    }
+
+    /// Queues `job`; never waits for a copy.
+    void submit(Job job) {
+        {
+            std::lock_guard lock(mutex_);
+            queue_.push_back(std::move(job));
+        }
+        wake_.notify_all();
+    }
+
+    /// Whether `source` is queued or being copied (the local level's retention keeps it).
+    bool pinned(const fs::path& source) const {
+        std::lock_guard lock(mutex_);
+        if (current_ && *current_ == source) return true;
+        return std::any_of(queue_.begin(), queue_.end(), [&](const Job& j) { return j.source == source; });
+    }
+
+    /// Blocks until every job queued so far has ended: copied, failed or given up.
+    FlushStats wait() {
+        std::unique_lock lock(mutex_);
+        idle_.wait(lock, [&] { return queue_.empty() && !current_; });
+        return stats_locked();
+    }
+
+    FlushStats stats() const {
+        std::lock_guard lock(mutex_);
+        return stats_locked();
+    }
+
+    /// The error of the newest failed copy of `source`, if its newest copy failed.
+    std::optional<std::string> failure_of(const fs::path& source) const {
+        std::lock_guard lock(mutex_);
+        if (last_failed_ == source) return stats_.last_error;
+        return std::nullopt;
+    }
+
+private:
+    FlushStats stats_locked() const {
+        FlushStats s = stats_;
+        s.pending = static_cast<std::int64_t>(queue_.size()) + (current_ ? 1 : 0);
+        return s;
+    }
+
+    static bool all_exist(const std::vector<fs::path>& files) {
+        return std::all_of(files.begin(), files.end(), [](const fs::path& f) {
+            struct stat st {};
+            return ::stat(f.c_str(), &st) == 0;
+        });
+    }
+
+    // The first job that can run now: in order, except that a job waiting for files lets later
+    // jobs pass (a rank's own checkpoints must not wait for the other ranks'). Drops the jobs
+    // whose files did not come in time.
+    std::optional<Job> next_locked() {
+        const auto now = std::chrono::steady_clock::now();
+        for (auto it = queue_.begin(); it != queue_.end();) {
+            if (it->needs.empty() || all_exist(it->needs)) {
+                Job job = std::move(*it);
+                queue_.erase(it);
+                return job;
+            }
+            if (now < it->give_up) {
+                ++it;
+                continue;
+            }
+            ++stats_.given_up;
+            log(LogLevel::warning, "not copying '" + it->source.string() + "' to the durable level: '" +
+                                       it->needs.front().string() + "' and the other files it names did not all arrive there in time");
+            it = queue_.erase(it);
+        }
+        return std::nullopt;
+    }
+
+    void run() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            std::optional<Job> job = next_locked();
+            if (!job) {
+                if (queue_.empty()) {
+                    idle_.notify_all();
+                    if (stop_) return;
+                    wake_.wait(lock);
+                } else {
+                    wake_.wait_for(lock, std::chrono::milliseconds(100));  // files some job waits for
+                }
+                continue;
+            }
+            current_ = job->source;
+            lock.unlock();
+            const auto start = std::chrono::steady_clock::now();
+            std::optional<std::string> error;
+            std::uint64_t copied = 0;
+            try {
+                copied = copy_file_checked(job->source, job->target, job->checkpoint, pace_);
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+            if (!error && job->done) {
+                try {
+                    job->done(job->target);
+                } catch (const std::exception& e) {
+                    log(LogLevel::warning, "after copying '" + job->target.string() + "': " + e.what());
+                }
+            }
+            if (error)
+                log(LogLevel::warning, "could not copy '" + job->source.string() + "' to the durable level: " + *error);
+            const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            lock.lock();
+            stats_.seconds += took;
+            if (error) {
+                ++stats_.failed;
+                stats_.last_error = *error;
+                last_failed_ = job->source;
+            } else {
+                ++stats_.flushed;
+                stats_.bytes += copied;
+                if (last_failed_ == job->source) last_failed_.reset();
+            }
+            current_.reset();
+        }
+    }
+
+    Pacer pace_;  // the copier thread's own
+    mutable std::mutex mutex_;
+    std::condition_variable wake_, idle_;
+    std::deque<Job> queue_;
+    std::optional<fs::path> current_, last_failed_;
+    FlushStats stats_;
+    bool stop_ = false;
+    std::thread thread_;  // last: started once the rest is in place
+};
+
+}  // namespace detail
+}  // namespace ckpt
 // Finding checkpoints again after a restart: by the run, epoch and step in their names,
 // confirmed by their headers and verified by their checksums. Never by file times.
 
@@ -4118,6 +4392,7 @@ struct SingleFileNaming {
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -4347,6 +4622,36 @@ private:
             if (i < doomed.size()) doomed[i] = true;
     }
 };
+
+/// Any retention policy, held by value and chosen at run time: for the durable level of a
+/// two-level manager (DurableLevel), whose policy is a setting rather than a template
+/// parameter, and for programs that read their policy from a configuration. It runs once per
+/// save, so the indirection costs nothing measurable.
+class AnyRetention {
+public:
+    template <class R>
+        requires(!std::same_as<R, AnyRetention> && RetentionPolicy<R>)  // in this order: no recursion
+    AnyRetention(R policy)  // NOLINT: implicit, so that any policy converts
+        : to_delete_([p = std::move(policy)](std::span<const StoredCheckpoint> files) { return p.to_delete(files); }),
+          uses_metrics_(detail::uses_metrics<R>()) {}
+
+    std::vector<std::size_t> to_delete(std::span<const StoredCheckpoint> files) const { return to_delete_(files); }
+    /// Whether the policy ranks files by their metrics (KeepBest), which are then read for it.
+    bool uses_metrics() const noexcept { return uses_metrics_; }
+
+private:
+    std::function<std::vector<std::size_t>(std::span<const StoredCheckpoint>)> to_delete_;
+    bool uses_metrics_;
+};
+
+namespace detail {
+/// Whether `policy` ranks files by their metrics: known at compile time but for AnyRetention.
+template <RetentionPolicy R>
+bool ranks_by_metrics(const R& policy) {
+    if constexpr (std::same_as<R, AnyRetention>) return policy.uses_metrics();
+    else return uses_metrics<R>();
+}
+}  // namespace detail
 
 }  // namespace ckpt
 
@@ -4756,6 +5061,29 @@ struct AsyncSaveStats {
     double max_write_seconds = 0;    ///< the longest single one: keep the save interval above it
 };
 
+/// The durable level of a two-level manager (ManagerOptions::durable). The manager writes
+/// each checkpoint to its own directory, the fast level (a node-local disk), and a thread of
+/// its own copies them to `directory`, the durable level (a shared file system), where the
+/// level's own `retention` keeps them. Saving never waits for a copy; the local level's
+/// retention keeps every file until its copy is done. A copy is checked against the file's
+/// checksum before it is renamed into place, so a process killed mid-copy leaves nothing
+/// that latest() or restore() would take. restore() and latest() look at both levels and
+/// take the newest checkpoint that verifies, the local copy first; when the local level is
+/// gone or damaged they take the durable one and say so.
+struct DurableLevel {
+    Path directory;                       ///< created when missing
+    AnyRetention retention = KeepLast{};  ///< this level's own; KeepUnion{KeepLast{20}, KeepOnePerMinutes{60}}
+    /// Copy every `every`-th checkpoint of the run (the first copied is the `every`-th); the
+    /// end of training's and exception saves are always copied.
+    std::int64_t every = 1;
+    /// Pace the copies to this many bytes per second, so that they leave the shared file
+    /// system's bandwidth to others; 0: as fast as they go.
+    double max_bytes_per_second = 0;
+    /// How long the copy of a global index waits for the files it names (the other ranks'
+    /// copies) to reach the durable level before it is given up (fault::GlobalIndexer).
+    std::chrono::milliseconds index_timeout = std::chrono::minutes(2);
+};
+
 struct ManagerOptions {
     AppendInfo append_info;       ///< values added to every checkpoint (the seed's append_info)
     bool exception_save = false;  ///< on_exception() writes a "_breakpoint" checkpoint
@@ -4778,6 +5106,9 @@ struct ManagerOptions {
     /// (a bound across restarts). Unset: the naming policy's default (MindSporeNaming: the
     /// current run, StepNaming: every run).
     std::optional<RetentionScope> retention_scope;
+    /// Set: checkpoints are copied in the background to a second, durable directory (see
+    /// DurableLevel); restore() and latest() look at both.
+    std::optional<DurableLevel> durable;
 };
 
 /// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
@@ -4835,14 +5166,22 @@ public:
         for (const auto& c : codecs_)
             if (!c.key.empty()) load_options_.key = c.key;
         if (options_.async_buffers == 0) throw ConfigError("async_buffers must be at least 1, got 0");
-        boost::system::error_code ec;
-        fs::create_directories(dir_, ec);
-        if (ec || !fs::is_directory(dir_))
-            throw IoError("cannot create checkpoint directory '" + dir_.string() + "': " +
-                              (ec ? ec.message() : std::string("a file of that name exists")),
-                          dir_.string(), ec.value());
-        detail::remove_stale_temporaries(dir_, prefix_);
-        run_prefix_ = naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::regular);
+        prepare_directory(dir_);
+        if (const auto& d = options_.durable) {
+            if (d->directory.empty()) throw ConfigError("the durable level of prefix '" + prefix_ + "' has no directory");
+            if (d->every < 1) throw ConfigError("DurableLevel::every must be at least 1, got " + std::to_string(d->every));
+            if (!(d->max_bytes_per_second >= 0))
+                throw ConfigError("DurableLevel::max_bytes_per_second must be 0 (no limit) or positive, got " +
+                                  std::to_string(d->max_bytes_per_second));
+            durable_dir_ = d->directory;
+            prepare_directory(durable_dir_);
+            if (fs::equivalent(dir_, durable_dir_))
+                throw ConfigError("the durable level '" + durable_dir_.string() + "' is the checkpoint directory '" +
+                                  dir_.string() + "' itself: give it a directory of its own");
+            flusher_ = std::make_unique<detail::Flusher>(d->max_bytes_per_second);
+        }
+        // a run's files may be on either level (the local one lost, say): number runs after both
+        run_prefix_ = naming_.run_prefix(prefix_, level_names(), SaveKind::regular);
     }
 
     const fs::path& directory() const noexcept { return dir_; }
@@ -4890,16 +5229,51 @@ public:
     Path save_exception(const Progress& p, ParamDict dict) {
         if (breakpoint_prefix_.empty())
             breakpoint_prefix_ =
-                naming_.run_prefix(prefix_, detail::list_names(dir_, naming_.depth()), SaveKind::breakpoint);
+                naming_.run_prefix(prefix_, level_names(), SaveKind::breakpoint);
         background_.wait();  // the breakpoint is the newest state: let no older save land after it
         const fs::path file = dir_ / naming_.checkpoint_name(breakpoint_prefix_, p, SaveKind::breakpoint);
         check_state(dict, p);
         write(file, p, dict, {prefix_, breakpoint_prefix_, run_prefix_});
+        if (flusher_) {  // the newest state, and the process may be about to end: copied now
+            queue_copy(file, p, restored_);
+            flusher_->wait();
+        }
         return file;
     }
 
     /// Rethrows the error of a background save, if one failed.
     void check_background() { background_.check(); }
+
+    /// See CheckpointManager::wait_flushed().
+    FlushStats wait_flushed() {
+        background_.wait();
+        if (!flusher_) return {};
+        if (last_file_ && !last_copied_) {  // the newest state, saved when no copy was due
+            queue_copy(*last_file_, last_progress_, restored_);
+            last_copied_ = true;
+        }
+        FlushStats stats = flusher_->wait();
+        if (last_file_)
+            if (auto why = flusher_->failure_of(*last_file_))
+                throw IoError("the newest checkpoint '" + last_file_->string() + "' is not on the durable level '" +
+                                  durable_dir_.string() + "': " + *why,
+                              last_file_->string());
+        return stats;
+    }
+    FlushStats flush_stats() const { return flusher_ ? flusher_->stats() : FlushStats{}; }
+    const fs::path* durable_directory() const noexcept { return flusher_ ? &durable_dir_ : nullptr; }
+    bool copies_to_durable(const fs::path& file) const { return last_copied_ && last_file_ == file; }
+    void queue_durable_copy(const fs::path& source, const fs::path& target, std::vector<fs::path> needs,
+                            std::function<void()> done) const {
+        if (!flusher_) throw ConfigError("prefix '" + prefix_ + "' has no durable level to copy '" + source.string() + "' to");
+        detail::Flusher::Job job;
+        job.source = source;
+        job.target = target;
+        job.needs = std::move(needs);
+        job.give_up = std::chrono::steady_clock::now() + options_.durable->index_timeout;
+        if (done) job.done = [done = std::move(done)](const fs::path&) { done(); };
+        flusher_->submit(std::move(job));
+    }
 
     /// Saves `dict` now, then applies retention (with async_save, in the background).
     Path save_state(const Progress& p, ParamDict dict) {
@@ -4928,10 +5302,16 @@ public:
                 }
             }
         }
+        // the every-th save of the run goes to the durable level, and the end of training's
+        const bool copy = flusher_ && (++saves_ % options_.durable->every == 0 || p.event == Event::train_end);
+        last_file_ = file;
+        last_progress_ = p;
+        last_copied_ = copy;
         if (options_.async_save) {
             const auto start = std::chrono::steady_clock::now();
-            const bool waited = background_.submit(dict, [this, file, p, restored = restored_](const ParamDict& snap) {
+            const bool waited = background_.submit(dict, [this, file, p, copy, restored = restored_](const ParamDict& snap) {
                 write(file, p, snap, {prefix_, run_prefix_, {}});
+                if (copy) queue_copy(file, p, restored);
                 apply_retention(file, p, restored);
             });
             const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -4941,6 +5321,7 @@ public:
             async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
             write(file, p, dict, {prefix_, run_prefix_, {}});
+            if (copy) queue_copy(file, p, restored_);
             apply_retention(file, p, restored_);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
@@ -4949,15 +5330,29 @@ public:
     }
 
     /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
+    /// With a durable level, the newest on either level, the local copy first.
     std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_);
+        if (!flusher_) return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_);
+        auto files = level_checkpoints(nullptr);
+        std::optional<StoredCheckpoint> found;
+        for (auto it = files.rbegin(); it != files.rend() && !found; ++it) {
+            if (auto why = checkpoint_problem(*it)) detail::note_skipped(*it, *why, skipped);
+            else found = std::move(*it);
+        }
+        if (auto bp = newer_breakpoint(found, skipped)) {
+            detail::log(LogLevel::notice, "the newest state of prefix '" + prefix_ + "' is the exception save '" +
+                                              bp->path.string() + "', written after every regular checkpoint");
+            return bp;
+        }
+        if (found) say_if_durable(*found, "the newest checkpoint is");
+        return found;
     }
 
     /// CheckpointManager::restore() into views; an object's state_dict() values are copies
     /// (`values_are_copies`).
     std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
                                          bool values_are_copies, const detail::TargetShaper* shape) const {
-        auto files = list_checkpoints(dir_, prefix_, naming_, SaveKind::regular, skipped);
+        auto files = level_checkpoints(skipped);
         std::optional<Restored> done;
         // Loads `f` (verified) into the target, or says why it cannot.
         auto load = [&](StoredCheckpoint& f) -> std::optional<std::string> {
@@ -4982,7 +5377,7 @@ public:
             if (!placed_breakpoint && (end || !why)) {
                 placed_breakpoint = true;
                 const auto regular = end ? std::nullopt : std::optional<StoredCheckpoint>(*it);
-                if (auto bp = detail::newer_breakpoint(dir_, prefix_, naming_, regular, load_options_, skipped)) {
+                if (auto bp = newer_breakpoint(regular, skipped)) {
                     if (auto failed = load(*bp)) {
                         detail::note_skipped(*bp, *failed, skipped);
                     } else {
@@ -4994,12 +5389,16 @@ public:
                 }
             }
             if (end) break;
-            if (!why && !(why = load(*it))) return done;
+            if (!why && !(why = load(*it))) {
+                say_if_durable(*it, "restoring");
+                return done;
+            }
             detail::note_skipped(*it, *why, skipped);
         }
         if (files.empty()) {
             detail::warn_unreadable(dir_, prefix_, naming_);
             detail::log(LogLevel::notice, "no checkpoint of prefix '" + prefix_ + "' in '" + dir_.string() +
+                                              (flusher_ ? "' nor in '" + durable_dir_.string() : std::string()) +
                                               "': starting from the beginning");
         }
         return std::nullopt;
@@ -5039,6 +5438,67 @@ public:
     }
 
 private:
+    /// Every level's regular checkpoints, oldest first by (run, position); at the same position
+    /// the durable copy before the local one, so that a walk from the newest tries the local
+    /// copy first.
+    std::vector<StoredCheckpoint> level_checkpoints(std::vector<SkippedCheckpoint>* skipped) const {
+        auto local = list_checkpoints(dir_, prefix_, naming_, SaveKind::regular, skipped);
+        if (!flusher_) return local;
+        auto files = list_checkpoints(durable_dir_, prefix_, naming_, SaveKind::regular, skipped);
+        files.insert(files.end(), std::make_move_iterator(local.begin()), std::make_move_iterator(local.end()));
+        std::stable_sort(files.begin(), files.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+            return position(a.name) < position(b.name);
+        });
+        return files;
+    }
+
+    /// An exception save written after `regular` (see detail::newer_breakpoint): the local
+    /// level's, else the durable level's.
+    std::optional<StoredCheckpoint> newer_breakpoint(const std::optional<StoredCheckpoint>& regular,
+                                                     std::vector<SkippedCheckpoint>* skipped) const {
+        auto bp = detail::newer_breakpoint(dir_, prefix_, naming_, regular, load_options_, skipped);
+        if (!bp && flusher_) bp = detail::newer_breakpoint(durable_dir_, prefix_, naming_, regular, load_options_, skipped);
+        return bp;
+    }
+
+    bool on_durable_level(const StoredCheckpoint& f) const {
+        return flusher_ && f.path.string().starts_with(durable_dir_.string() + "/");
+    }
+
+    /// Says so when `f`, the file taken, is the durable level's: the local level lost it or
+    /// holds a damaged copy.
+    void say_if_durable(const StoredCheckpoint& f, const std::string& what) const {
+        if (!on_durable_level(f)) return;
+        boost::system::error_code ec;
+        const bool local_gone = !fs::exists(dir_ / f.path.lexically_relative(durable_dir_), ec);
+        detail::log(LogLevel::notice, what + " '" + f.path.string() + "', on the durable level: the local level '" +
+                                          dir_.string() + "' " +
+                                          (local_gone ? "has no copy of it" : "has a copy that does not verify") +
+                                          " and nothing newer that verifies");
+    }
+
+    /// Creates `dir` when missing and removes the temporaries crashed writers of this prefix left.
+    void prepare_directory(const fs::path& dir) const {
+        boost::system::error_code ec;
+        fs::create_directories(dir, ec);
+        if (ec || !fs::is_directory(dir))
+            throw IoError("cannot create checkpoint directory '" + dir.string() + "': " +
+                              (ec ? ec.message() : std::string("a file of that name exists")),
+                          dir.string(), ec.value());
+        detail::remove_stale_temporaries(dir, prefix_);
+    }
+
+    /// The names on every level: the local one's, and the durable one's.
+    std::vector<std::string> level_names() const {
+        auto names = detail::list_names(dir_, naming_.depth());
+        if (flusher_) {
+            auto more = detail::list_names(durable_dir_, naming_.depth());
+            names.insert(names.end(), more.begin(), more.end());
+            std::sort(names.begin(), names.end());
+            names.erase(std::unique(names.begin(), names.end()), names.end());
+        }
+        return names;
+    }
 
     ParamDict with_append_info(ParamDict dict, const Progress& p) const {
         options_.append_info.apply(dict, p);
@@ -5108,9 +5568,16 @@ private:
     // save was asked for. Called only once `just_written` is durable.
     void apply_retention(const fs::path& just_written, const Progress& p,
                          const std::optional<StoredCheckpoint>& restored) const {
-        const auto all = list_checkpoints(dir_, prefix_, naming_);
+        retain(dir_, retention_, just_written, p, restored);
+    }
+
+    /// Retention over the checkpoints in `dir` (a level), by `policy`.
+    template <RetentionPolicy Policy>
+    void retain(const fs::path& dir, const Policy& policy, const fs::path& just_written, const Progress& p,
+                const std::optional<StoredCheckpoint>& restored) const {
+        const auto all = list_checkpoints(dir, prefix_, naming_);
         auto files = readable_checkpoints(retention_scope(), p.rank, all);
-        if constexpr (detail::uses_metrics<R>())
+        if (detail::ranks_by_metrics(policy))
             for (auto& f : files) f.metrics = metrics_of(f);
         const auto it = std::find_if(files.begin(), files.end(),
                                      [&](const StoredCheckpoint& f) { return f.path == just_written; });
@@ -5127,18 +5594,21 @@ private:
         // The file restore() loaded, until the file just written is newer.
         if (restored && position(files[w].name) <= position(restored->name))
             for (std::size_t j = 0; j < files.size(); ++j) keep[j] = keep[j] || files[j].path == restored->path;
+        // Files still to be copied to the durable level.
+        if (flusher_ && dir == dir_)
+            for (std::size_t j = 0; j < files.size(); ++j) keep[j] = keep[j] || flusher_->pinned(files[j].path);
         // The file just written goes last whatever its name says; it is never deleted.
         std::rotate(files.begin() + static_cast<std::ptrdiff_t>(w), files.begin() + static_cast<std::ptrdiff_t>(w) + 1,
                     files.end());
         keep.erase(keep.begin() + static_cast<std::ptrdiff_t>(w));
         keep.push_back(true);
         std::vector<const StoredCheckpoint*> doomed;
-        for (std::size_t i : retention_.to_delete(std::span<const StoredCheckpoint>(files)))
+        for (std::size_t i : policy.to_delete(std::span<const StoredCheckpoint>(files)))
             if (i < files.size() && !keep[i]) {
                 keep[i] = true;  // a policy may name a file twice
                 if (may_delete(files[i])) doomed.push_back(&files[i]);
             }
-        remove_meta_of_emptied_runs(doomed, all);
+        remove_meta_of_emptied_runs(dir, doomed, all);
         for (const StoredCheckpoint* f : doomed) {
             boost::system::error_code ec;
             fs::remove(f->path, ec);
@@ -5150,6 +5620,24 @@ private:
             std::lock_guard lock(cache_mutex_);
             metrics_read_.erase(f->path.string());
         }
+    }
+
+    /// Queues the copy of `file` (just written, durable) to the durable level; once it is in
+    /// place, the durable level's retention runs and the run's meta file follows it there.
+    /// `restored` is kept there as on the local level.
+    void queue_copy(const fs::path& file, const Progress& p, const std::optional<StoredCheckpoint>& restored) const {
+        detail::Flusher::Job job;
+        job.source = file;
+        job.target = durable_dir_ / file.lexically_relative(dir_);
+        job.done = [this, p, restored](const fs::path& copied) {
+            retain(durable_dir_, options_.durable->retention, copied, p, restored);
+            const auto meta = options_.write_meta ? naming_.meta_name(run_prefix_) : std::string();
+            if (boost::system::error_code ec; !meta.empty() && !fs::exists(durable_dir_ / meta, ec) && fs::exists(dir_ / meta, ec)) {
+                detail::Pacer unpaced(0);
+                detail::copy_file_checked(dir_ / meta, durable_dir_ / meta, false, unpaced);
+            }
+        };
+        flusher_->submit(std::move(job));
     }
 
     /// The metrics `f` records (StoredCheckpoint::metrics), read once per file and body: a
@@ -5218,7 +5706,7 @@ private:
     /// Deletes the meta file of each run (but the current one) whose every checkpoint in `all`
     /// (readable or not, any rank) is in `doomed`. Before the checkpoints themselves, so that
     /// a process killed in between leaves no meta file without checkpoints behind.
-    void remove_meta_of_emptied_runs(const std::vector<const StoredCheckpoint*>& doomed,
+    void remove_meta_of_emptied_runs(const fs::path& dir, const std::vector<const StoredCheckpoint*>& doomed,
                                      const std::vector<StoredCheckpoint>& all) const {
         std::vector<std::string> runs;
         for (const StoredCheckpoint* f : doomed)
@@ -5236,12 +5724,12 @@ private:
             });
             if (meta.empty() || left) continue;
             boost::system::error_code ec;
-            if (fs::remove(dir_ / meta, ec))
-                detail::log(LogLevel::info, "retention deleted '" + (dir_ / meta).string() +
+            if (fs::remove(dir / meta, ec))
+                detail::log(LogLevel::info, "retention deleted '" + (dir / meta).string() +
                                                 "' with the last checkpoints of run " + run);
             else if (ec)
                 detail::log(LogLevel::warning,
-                            "retention could not delete '" + (dir_ / meta).string() + "': " + ec.message());
+                            "retention could not delete '" + (dir / meta).string() + "': " + ec.message());
         }
     }
 
@@ -5261,13 +5749,21 @@ private:
     // its retention).
     mutable std::optional<StoredCheckpoint> restored_;
     AsyncSaveStats async_stats_;
+    fs::path durable_dir_;                      // with ManagerOptions::durable
+    std::int64_t saves_ = 0;                    // regular saves of this run (DurableLevel::every)
+    std::optional<fs::path> last_file_;         // the newest regular save, its position, whether it is copied
+    Progress last_progress_;
+    bool last_copied_ = false;
     // Files without an owner record that retention found intact (by body checksum): left alone,
     // said once. Retention runs on the writer thread with async_save.
     // And the metrics read of each file (by body checksum), for policies that rank by them.
     mutable std::mutex cache_mutex_;
     mutable std::map<std::string, std::uint64_t> unowned_intact_;
     mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
-    detail::BackgroundSaver background_{options_.async_buffers};  // last: drained before the members its jobs read
+    // The copier, then the writer, last: drained before the members their jobs read (the writer
+    // queues copies, so it is drained first).
+    std::unique_ptr<detail::Flusher> flusher_;
+    detail::BackgroundSaver background_{options_.async_buffers};
 };
 
 }  // namespace detail
@@ -5331,13 +5827,30 @@ public:
     std::optional<Path> on_train_end(Progress p, State&& state) {
         std::optional<Path> file;
         if (due_at_train_end(p)) file = save_state(p, detail::collect_state(state));
-        wait();
+        wait_flushed();
         return file;
     }
     /// Blocks until every background save in flight is durable; rethrows the first error.
     void wait();
     /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
     AsyncSaveStats async_stats() const;
+    /// With a durable level: waits for the saves in flight, then for every copy queued so far
+    /// (the newest checkpoint's among them, queued now if no copy was due at its step).
+    /// Throws IoError when the newest checkpoint's copy failed. on_train_end() calls it.
+    /// Without one: wait().
+    FlushStats wait_flushed();
+    /// With a durable level: what its copies did so far.
+    FlushStats flush_stats() const;
+    /// The durable level's directory, or null without one.
+    const fs::path* durable_directory() const noexcept;
+    /// Whether `file`, the newest save, is being copied to the durable level (DurableLevel::every).
+    bool copies_to_durable(const PathArg& file) const;
+    /// Queues the copy of `source` to `target` on the durable level, checked like a checkpoint's,
+    /// once every file of `needs` exists (given up after DurableLevel::index_timeout); `done`
+    /// runs on the copier's thread once it is in place. For a step's global index, which may be
+    /// copied only once every rank's file is there (fault::GlobalIndexer).
+    void queue_durable_copy(const PathArg& source, const PathArg& target, std::vector<Path> needs = {},
+                            std::function<void()> done = {}) const;
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
     std::optional<Path> on_exception(const Progress& p, State&& state) {
@@ -5439,6 +5952,28 @@ void CheckpointManager<S, R, N, A, C>::wait() { core_->wait(); }
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 AsyncSaveStats CheckpointManager<S, R, N, A, C>::async_stats() const { return core_->async_stats(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+FlushStats CheckpointManager<S, R, N, A, C>::wait_flushed() { return core_->wait_flushed(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+FlushStats CheckpointManager<S, R, N, A, C>::flush_stats() const { return core_->flush_stats(); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+const fs::path* CheckpointManager<S, R, N, A, C>::durable_directory() const noexcept {
+    return core_->durable_directory();
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+bool CheckpointManager<S, R, N, A, C>::copies_to_durable(const PathArg& file) const {
+    return core_->copies_to_durable(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::queue_durable_copy(const PathArg& source, const PathArg& target,
+                                                          std::vector<Path> needs, std::function<void()> done) const {
+    core_->queue_durable_copy(source, target, std::vector<fs::path>(needs.begin(), needs.end()), std::move(done));
+}
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 std::optional<StoredCheckpoint> CheckpointManager<S, R, N, A, C>::latest(

@@ -499,13 +499,23 @@ inline std::string why_no_common_step(const std::vector<CheckpointOffer>& offers
 /// Agrees over `comm` on the newest (epoch, step) of which every rank holds a valid
 /// checkpoint of `prefix` in its own `dir` (each rank passes its own directory), and returns
 /// this rank's file of it. Every rank must call it; a collective.
+///
+/// With two levels (ckpt::DurableLevel), pass both of this rank's directories, the local one
+/// first: a step counts as held when either holds a copy that verifies, and the local copy
+/// is taken when both do (the durable one is said).
 template <Communicator Comm, ckpt::NamingPolicy N = ckpt::MindSporeNaming>
-AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::string_view prefix,
+AgreedCheckpoint agree_on_checkpoint(Comm& comm, const std::vector<ckpt::Path>& levels, std::string_view prefix,
                                      const N& naming = {}) {
     using Key = std::pair<std::int64_t, std::int64_t>;
+    if (levels.empty()) throw ckpt::ConfigError("agree_on_checkpoint: no directory given");
+    const ckpt::Path& dir = levels.front();
     // this rank's valid files, newest first; of two files of one step (runs before and after
-    // a rollback), the newer run's
-    auto files = ckpt::list_checkpoints(dir, prefix, naming);
+    // a rollback), the newer run's; of two copies of one file, the first level's
+    std::vector<ckpt::StoredCheckpoint> files;
+    for (const auto& level : levels) {
+        auto more = ckpt::list_checkpoints(level, prefix, naming);
+        files.insert(files.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    }
     std::stable_sort(files.begin(), files.end(), [](const ckpt::StoredCheckpoint& a, const ckpt::StoredCheckpoint& b) {
         return std::tie(a.name.epoch, a.name.step, a.name.run) > std::tie(b.name.epoch, b.name.step, b.name.run);
     });
@@ -534,7 +544,11 @@ AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::
                 if (o.epoch[i] == key.first && o.step[i] == key.second) return true;
             return false;
         });
-        if (everyone) return {candidate.second, key.first, key.second, {}};
+        if (!everyone) continue;
+        if (candidate.second.parent_path() != dir && !candidate.second.string().starts_with(dir.string() + "/"))
+            ckpt::detail::log(ckpt::LogLevel::notice, "cluster recovery: resuming from '" + candidate.second.string() +
+                                                          "': '" + dir.string() + "' holds no copy of that step that verifies");
+        return {candidate.second, key.first, key.second, {}};
     }
     std::string why = detail::why_no_common_step(offers, prefix);
     if (why.empty() && files.empty()) {  // nothing of this prefix anywhere: of another, here?
@@ -547,6 +561,13 @@ AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::
                   "'";
     }
     return {std::nullopt, 0, 0, why};
+}
+
+/// One directory per rank: see above.
+template <Communicator Comm, ckpt::NamingPolicy N = ckpt::MindSporeNaming>
+AgreedCheckpoint agree_on_checkpoint(Comm& comm, const ckpt::PathArg& dir, std::string_view prefix,
+                                     const N& naming = {}) {
+    return agree_on_checkpoint(comm, std::vector<ckpt::Path>{ckpt::Path(dir)}, prefix, naming);
 }
 
 }  // namespace fault
@@ -979,7 +1000,6 @@ private:
 
 #include <boost/filesystem.hpp>
 
-#include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -1839,16 +1859,31 @@ inline std::optional<std::string> global_index_files_problem(const boost::filesy
 /// checkpoint; older indexes are tried in turn, each one passed over with a warning saying
 /// why. Nothing when there is none. Verifying reads every file of the step; without it,
 /// each piece's chunks are still checked when it is loaded.
-inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir, bool verify_files = true,
+///
+/// With two levels (ckpt::DurableLevel), pass both directories of the indexes, the local one
+/// first: the newest step whose index is whole on either, the first level's copy first.
+inline std::optional<boost::filesystem::path> latest_global_index(const std::vector<ckpt::Path>& levels,
+                                                                  bool verify_files = true,
                                                                   std::int64_t before_step = INT64_MAX) {
-    for (const auto& [step, path] : detail::global_indexes(dir)) {
+    std::vector<std::pair<std::int64_t, boost::filesystem::path>> indexes;
+    for (const auto& dir : levels) {
+        auto more = detail::global_indexes(dir);
+        indexes.insert(indexes.end(), more.begin(), more.end());
+    }
+    std::stable_sort(indexes.begin(), indexes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const auto& [step, path] : indexes) {
         if (step >= before_step) continue;
         auto why = detail::global_index_problem(path);
         if (!why && verify_files) why = detail::global_index_files_problem(path);
         if (!why) return path;
-        ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index of step " + std::to_string(step) + ": " + *why);
+        ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index of step " + std::to_string(step) + " in '" +
+                                                       path.parent_path().string() + "': " + *why);
     }
     return std::nullopt;
+}
+inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::PathArg& dir, bool verify_files = true,
+                                                                  std::int64_t before_step = INT64_MAX) {
+    return latest_global_index(std::vector<ckpt::Path>{ckpt::Path(dir)}, verify_files, before_step);
 }
 
 /// Removes the global indexes in `dir` whose files are gone (deleted by a retention policy).
@@ -1885,7 +1920,27 @@ private:
         indexed_ = saved;
         last_index_ = commit_global_index(comm_, dir_, c.global_step, *saved, pieces_ ? pieces_() : ckpt::PieceMap{},
                                           1u << 20, files_.manager().load_options());
-        if (comm_.rank() == 0) remove_stale_global_indexes(dir_);
+        if (comm_.rank() != 0) return;
+        remove_stale_global_indexes(dir_);
+        copy_to_durable_level(*saved);
+    }
+
+    // With a durable level (ckpt::DurableLevel), the index follows the ranks' files there once
+    // they have all arrived (each rank's manager copies its own): rank 0's copier waits for
+    // them, so an index on the durable level never names a file that is not there yet. Its
+    // place there mirrors its place beside the manager's directory ({dir}/rank_0 copied to
+    // {shared}/rank_0: the index goes to {shared}). Every rank copies the same steps
+    // (DurableLevel::every counts saves), so the files come.
+    void copy_to_durable_level(const boost::filesystem::path& saved) {
+        const auto& manager = files_.manager();
+        const auto* durable = manager.durable_directory();
+        if (!durable || !manager.copies_to_durable(saved)) return;
+        const auto target_dir = (*durable / boost::filesystem::relative(dir_, manager.directory())).lexically_normal();
+        std::vector<ckpt::Path> needs;
+        for (const auto& p : ckpt::read_global_index(*last_index_).pieces)
+            if (const auto f = target_dir / p.file; std::find(needs.begin(), needs.end(), f) == needs.end()) needs.push_back(f);
+        manager.queue_durable_copy(*last_index_, target_dir / last_index_->filename(), std::move(needs),
+                                   [target_dir] { remove_stale_global_indexes(target_dir); });
     }
 
     Comm& comm_;
@@ -2556,21 +2611,44 @@ struct ElasticResume {
 /// damaged file), every rank says so and they go on to the next older index together, as
 /// latest() falls back past a damaged file. Nothing when no index loads: a fresh start. A
 /// collective.
+///
+/// With two levels (ckpt::DurableLevel), pass both directories of the indexes, the local one
+/// first (every rank the same list): the newest index on either, the local copy first.
 template <Communicator Comm>
-std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
-                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector<ckpt::Path>& levels,
+                                                   const ckpt::ParamDict& like, const ckpt::PieceMap& places = {},
+                                                   const ckpt::LoadOptions& opts = {}) {
     struct Record {
         std::int64_t value;
     };
-    for (std::int64_t before = INT64_MAX;;) {
-        Record mine{-1};
-        if (comm.rank() == 0)
-            if (const auto latest = latest_global_index(dir, /*verify_files=*/false, before))
-                mine.value = ckpt::read_global_index(*latest).global_step;
-        const std::int64_t step = detail::allgather_records(comm, mine)[0].value;
+    struct Choice {
+        std::int64_t step, level;
+    };
+    // rank 0's candidates: every level's indexes, newest step first, the first level's copy first
+    std::vector<std::pair<std::int64_t, std::int64_t>> candidates;  // (step, level)
+    if (comm.rank() == 0)
+        for (std::size_t l = 0; l < levels.size(); ++l)
+            for (const auto& [step, path] : detail::global_indexes(levels[l]))
+                candidates.emplace_back(step, static_cast<std::int64_t>(l));
+    std::stable_sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    auto next = candidates.begin();
+    for (;;) {
+        Choice mine{-1, 0};
+        for (; comm.rank() == 0 && next != candidates.end(); ++next) {
+            const auto path = global_index_path(levels[static_cast<std::size_t>(next->second)], next->first);
+            if (auto why = detail::global_index_problem(path)) {
+                ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index '" + path.string() + "': " + *why);
+                continue;
+            }
+            mine = {next->first, next->second};
+            ++next;
+            break;
+        }
+        const Choice chosen = detail::allgather_records(comm, mine)[0];
+        const std::int64_t step = chosen.step;
         if (step < 0) return std::nullopt;
         ElasticResume r;
-        r.index = global_index_path(dir, step);
+        r.index = global_index_path(levels.at(static_cast<std::size_t>(chosen.level)), step);
         std::string why;
         try {
             const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
@@ -2594,9 +2672,14 @@ std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathA
         if (ranks.empty()) return r;
         ckpt::detail::log(ckpt::LogLevel::warning,
                           "global index of step " + std::to_string(step) + " does not load on rank(s) " + ranks +
-                              (why.empty() ? "" : " (here: " + why + ")") + "; trying the next older index");
-        before = step;
+                              (why.empty() ? "" : " (here: " + why + ")") + "; trying the next index after '" +
+                              r.index.string() + "'");
     }
+}
+template <Communicator Comm>
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
+                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
+    return load_latest_resharded(comm, std::vector<ckpt::Path>{ckpt::Path(dir)}, like, places, opts);
 }
 
 /// Thrown by TakeInJoiners on every rank of a generation at the same step, once that step's
@@ -2837,6 +2920,11 @@ struct LastWordsOptions {
     /// With it, or without sharding, the step directory also holds a global index,
     /// index-step_{g}.ckpt, to load the last words on another number of ranks.
     std::function<ckpt::PieceMap()> pieces{};
+    /// Set: once committed, the step directory is copied here as well (a durable shared
+    /// directory, see ckpt::DurableLevel): every file checked against its checksum as it is
+    /// copied, the copy renamed into place whole. A failed copy is logged; the local step
+    /// directory stands.
+    std::optional<ckpt::Path> durable{};
 };
 
 namespace detail {
@@ -3150,6 +3238,38 @@ private:
             group.declare_failed();
             throw;
         }
+        if (options_.durable) copy_to_durable(final_dir, final_name);
+    }
+
+    // The committed step directory, copied whole to the durable level: into a temporary
+    // there, each file checked, then renamed into place.
+    void copy_to_durable(const fs::path& final_dir, const std::string& final_name) const {
+        const fs::path to = *options_.durable / final_name;
+        const fs::path staging = *options_.durable / ckpt::detail::temporary_name(final_name);
+        try {
+            fs::create_directories(*options_.durable);
+            ckpt::detail::Pacer unpaced(0);
+            for (fs::recursive_directory_iterator it(final_dir), end; it != end; ++it) {
+                const fs::path target = staging / fs::relative(it->path(), final_dir);
+                if (fs::is_directory(it->status())) {
+                    fs::create_directories(target);
+                    continue;
+                }
+                fs::create_directories(target.parent_path());
+                ckpt::detail::copy_file_checked(it->path(), target, it->path().extension() == ".ckpt", unpaced);
+            }
+            boost::system::error_code ec;
+            fs::remove_all(to, ec);  // an earlier, incomplete attempt at this step
+            fs::rename(staging, to);
+            ckpt::detail::fsync_directory(options_.durable->string());
+            ckpt::detail::log(ckpt::LogLevel::info, "last words copied to the durable level: '" + to.string() + "'");
+        } catch (const std::exception& e) {
+            boost::system::error_code ec;
+            fs::remove_all(staging, ec);
+            ckpt::detail::log(ckpt::LogLevel::warning, "could not copy the last words '" + final_dir.string() +
+                                                           "' to the durable level '" + options_.durable->string() +
+                                                           "': " + e.what());
+        }
     }
 
     std::shared_ptr<detail::WatchedSignals> signals_;  // SIGTERM and co. turned into a flag while this lives
@@ -3164,17 +3284,36 @@ private:
 /// complete (every replica group of `layout` has a file there that verifies), the file of
 /// the rank that saved this rank's piece of the optimizer state. Nothing if no step is
 /// complete. All ranks get the same step.
-inline std::optional<fs::path> latest_last_words(const ckpt::PathArg& dir, const ShardLayout& layout = {}, int rank = 0) {
-    if (!fs::is_directory(dir)) return std::nullopt;
-    const auto files = ckpt::list_checkpoints(dir, "ttp", ckpt::LastWordsNaming{});
-    for (auto it = files.rbegin(); it != files.rend(); ++it) {
-        if (it != files.rbegin() && it->name.global_step == std::prev(it)->name.global_step) continue;
-        if (auto pieces = detail::complete_step(files, it->name.global_step, layout))
+///
+/// With two levels (LastWordsOptions::durable), pass both directories, the local one first:
+/// the newest complete step on either, the local copy first.
+inline std::optional<fs::path> latest_last_words(const std::vector<ckpt::Path>& levels, const ShardLayout& layout = {},
+                                                 int rank = 0) {
+    std::vector<std::vector<ckpt::StoredCheckpoint>> files(levels.size());
+    std::vector<std::pair<std::int64_t, std::size_t>> steps;  // (step, level), newest first, the first level first
+    for (std::size_t l = 0; l < levels.size(); ++l) {
+        if (!fs::is_directory(levels[l])) continue;
+        files[l] = ckpt::list_checkpoints(levels[l], "ttp", ckpt::LastWordsNaming{});
+        for (const auto& f : files[l])
+            if (steps.empty() || steps.back() != std::pair(f.name.global_step, l)) steps.emplace_back(f.name.global_step, l);
+    }
+    std::stable_sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    for (const auto& [step, l] : steps) {
+        if (auto pieces = detail::complete_step(files[l], step, layout)) {
+            if (l > 0)
+                ckpt::detail::log(ckpt::LogLevel::notice, "last words of step " + std::to_string(step) + " from '" +
+                                                              levels[l].string() + "': '" + levels.front().string() +
+                                                              "' holds no complete copy of them");
             return (*pieces)[static_cast<std::size_t>(layout.shard_of(rank))];
-        ckpt::detail::log(ckpt::LogLevel::warning, "skipping last-words step " + std::to_string(it->name.global_step) +
-                                                       " in '" + dir.string() + "': some replica group has no file that verifies");
+        }
+        ckpt::detail::log(ckpt::LogLevel::warning, "skipping last-words step " + std::to_string(step) + " in '" +
+                                                       levels[l].string() + "': some replica group has no file that verifies");
     }
     return std::nullopt;
+}
+inline std::optional<fs::path> latest_last_words(const ckpt::PathArg& dir, const ShardLayout& layout = {}, int rank = 0) {
+    return latest_last_words(std::vector<ckpt::Path>{ckpt::Path(dir)}, layout, rank);
 }
 
 }  // namespace fault

@@ -1637,7 +1637,7 @@ public:
         if (!signalled()) return;
         // preempted: this step is the last; save it unless the policy just did, make it durable
         if (!last_) last_ = manager_.save(ctx.progress(ckpt::Event::step_end), ctx.state);
-        manager_.wait();
+        manager_.wait_flushed();  // and on the durable level, if there is one
         throw ckpt::Preempted("training stopped by signal " + std::to_string(ckpt::TerminationSignals::signal()) +
                                   " after global step " + std::to_string(ctx.global_step) + "; saved '" + last_->string() +
                                   "'",
