@@ -349,3 +349,24 @@ TEST_CASE("durable level: settings that cannot work are refused, naming what is 
     CHECK_THROWS_WITH_AS(Manager(L.local, "sim", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, two_levels(L.root / "file")),
                          doctest::Contains("cannot create checkpoint directory"), ckpt::IoError);
 }
+
+TEST_CASE("durable level: a copy to another kind of file system goes through a buffer, checked the same way") {
+    if (!fs::is_directory("/dev/shm")) return;  // no tmpfs here: nothing to cross
+    Levels L;
+    TempDir other("/dev/shm");
+    Sim sim;
+    sim.field.assign(1 << 19, 3.0);  // 4 MiB: more than one block
+    KeepingAll mgr(L.local, "sim", ckpt::EverySteps{1}, ckpt::KeepAll{}, {}, two_levels(other.path()));
+    sim.advance_to(1);
+    const auto file = mgr.save(at(1), sim);
+    CHECK(mgr.wait_flushed().flushed == 1);
+    CHECK(test::read_bytes(other / "sim-1.ckpt") == test::read_bytes(file));
+    // and a damaged file is refused on that path too
+    sim.advance_to(2);
+    ckpt::detail::Pacer unpaced(0);
+    const auto second = mgr.save(at(2), sim);
+    mgr.wait_flushed();
+    test::flip_bit(second, ckpt::header_size + 4096);
+    CHECK_THROWS_AS(ckpt::detail::copy_file_checked(second, other / "again.ckpt", true, unpaced), ckpt::ChecksumError);
+    CHECK_FALSE(fs::exists(other / "again.ckpt"));
+}

@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/filesystem.hpp>
 
@@ -76,46 +77,68 @@ private:
 };
 
 /// Copies `src` to `dst` atomically and durably (temporary, fsync, rename, directory fsync).
-/// With `checkpoint`, `src` must be a whole checkpoint: its header is checked and its body
-/// hashed as it is copied, and the copy is published only when the size and the checksum
-/// match what the header says (ChecksumError or FormatError naming `src` otherwise).
-/// Returns the bytes copied. The previous file at `dst`, if any, is replaced only by a whole,
-/// checked copy; on any error it is untouched and no temporary is left.
+/// The bytes are copied in the kernel (copy_file_range) where the two file systems allow it,
+/// through a buffer where they do not, and each block's write to the disk is started at once.
+/// With `checkpoint`, the copy must be a whole checkpoint: each block is read back from the
+/// copy (from the page cache), its
+/// header checked and its body hashed, and the copy is renamed into place only when the
+/// body matches the header's checksum (ChecksumError or FormatError naming `src` otherwise):
+/// a damaged source is never published. Returns the bytes copied. The previous file at
+/// `dst`, if any, is replaced only by a whole, checked copy; on any error it is untouched
+/// and no temporary is left.
 inline std::uint64_t copy_file_checked(const fs::path& src, const fs::path& dst, bool checkpoint, Pacer& pace) {
     const std::string from = src.string(), to = dst.string();
     Fd in = open_for_read(from, checkpoint ? "checkpoint" : "file");
-    ::posix_fadvise(in.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     const std::uint64_t size = file_size(in.get(), from);
     AtomicFile out(dst);
+    Fd copy = checkpoint ? open_for_read(out.temp_path()) : Fd();
     auto buffer = std::make_unique_for_overwrite<std::byte[]>(pace.block());
     FileHeader header;
     Xxh3 hash;
-    std::uint64_t copied = 0;
+    bool in_kernel = true;
     pace.start();
-    while (copied < size) {
-        const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(pace.block(), size - copied));
-        const std::size_t got = read_full(in.get(), buffer.get(), want, from);
-        if (got != want)
-            throw IoError("cannot copy '" + from + "' to '" + to + "': it shrank while it was copied", from, EIO);
-        std::size_t body_from = 0;
-        if (checkpoint && copied == 0) {
-            header = decode_header(buffer.get(), got, size, from);
-            body_from = header_size;
+    for (std::uint64_t done = 0; done < size;) {
+        const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(pace.block(), size - done));
+        std::size_t got = 0;
+        if (in_kernel) {
+            const ssize_t r = ::copy_file_range(in.get(), nullptr, out.fd(), nullptr, want, 0);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && done == 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+                in_kernel = false;
+                continue;
+            }
+            if (r < 0) throw_io("copy '" + from + "' to", to);
+            got = static_cast<std::size_t>(r);
+            if (checkpoint && read_full(copy.get(), buffer.get(), got, to) != got)
+                throw IoError("cannot read back the copy '" + out.temp_path() + "' of '" + from + "'", to, EIO);
+        } else {
+            got = read_full(in.get(), buffer.get(), want, from);
+            write_all(out.fd(), buffer.get(), got, to);
         }
-        if (checkpoint) hash.update(buffer.get() + body_from, got - body_from);
-        write_all(out.fd(), buffer.get(), got, to);
-        copied += got;
+        if (got == 0) throw IoError("cannot copy '" + from + "' to '" + to + "': it shrank while it was copied", from, EIO);
+        // start writing the block to the disk now, while the next ones are copied: commit()'s
+        // fsync then has little left to wait for
+        ::sync_file_range(out.fd(), static_cast<off_t>(done), static_cast<off_t>(got), SYNC_FILE_RANGE_WRITE);
+        if (checkpoint) {
+            std::size_t body_from = 0;
+            if (done == 0) {
+                header = decode_header(buffer.get(), got, size, from);
+                body_from = header_size;
+            }
+            hash.update(buffer.get() + body_from, got - body_from);
+        }
+        done += got;
         pace.account(got);
     }
     if (checkpoint) {
-        if (size < header_size) decode_header(buffer.get(), static_cast<std::size_t>(size), size, from);  // says why
+        if (size == 0) decode_header(buffer.get(), 0, 0, from);  // says why
         if (hash.digest() != header.body_hash)
             throw ChecksumError("cannot copy checkpoint '" + from + "' to '" + to +
                                     "': its body does not match its checksum (the local copy is damaged)",
                                 from);
     }
     out.commit();
-    return copied;
+    return size;
 }
 
 /// Copies files to the durable level in the order they were queued, on a thread of its own.

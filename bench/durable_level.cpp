@@ -1,0 +1,168 @@
+// What a durable level costs (ManagerOptions::durable): checkpoints written to a local
+// directory and copied in the background to a second one.
+//
+//   1. The training thread's cost of a save. A loop saves a state of M MiB, then computes
+//      (spins) for G ms before the next save, as a training loop does between checkpoints.
+//      Rounds alternate a manager with a durable level and one without; each save's time on
+//      the training thread is recorded. Figure: median save time with the durable level /
+//      median save time without it (target <= 1.05). The compute gap must be longer than a
+//      copy: otherwise saves queue faster than they are copied, and the copies compete with
+//      every save for the disk.
+//   2. The copier's throughput. The same checkpoint files are copied, alternately, by the
+//      durable level's copier (read, hashed and checked, written, fsync, rename) and by a
+//      plain copy (std::filesystem::copy_file, then fsync of the file and the directory).
+//      Figure: plain copy time / copier time, i.e. the copier's throughput relative to a
+//      plain copy's (target >= 0.9).
+//
+//   durable_level [--mib M] [--saves N] [--gap-ms G] [--rounds R] [--dir DIR]
+// Last line: durable_level save_with_copy/save_alone=X copy/plain_copy=Y
+// Both levels are directories of DIR (default: a new directory under /var/tmp), so on this
+// machine they share one disk: a worst case for (1).
+
+#include <ckpt/ckpt.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bench_support.hpp"
+
+namespace {
+
+namespace fs = boost::filesystem;
+using Manager = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming>;
+
+struct Options {
+    std::size_t mib = 64;
+    int saves = 6;
+    int gap_ms = 600;
+    int rounds = 3;
+    std::string dir;
+};
+
+void spin_for(std::chrono::milliseconds d) {
+    const auto until = bench::Clock::now() + d;
+    volatile std::uint64_t x = 0;
+    while (bench::Clock::now() < until) x = x + 1;
+}
+
+/// The training thread's time of each of `o.saves` saves of `state`, with a compute gap after each.
+std::vector<double> save_times(const fs::path& local, const std::optional<fs::path>& durable, const Options& o,
+                               std::vector<float>& state, std::int64_t& step) {
+    ckpt::ManagerOptions options;
+    options.write_meta = false;
+    if (durable) options.durable = ckpt::DurableLevel{*durable, ckpt::KeepLast{2}};
+    Manager mgr(local, "bench", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, options);
+    ckpt::ParamDict d;
+    d.set("state", ckpt::view_of(state));
+    std::vector<double> times;
+    for (int i = 0; i < o.saves; ++i) {
+        ++step;
+        state[0] = static_cast<float>(step);
+        ckpt::Progress p;
+        p.epoch = 1;
+        p.step = p.global_step = step;
+        times.push_back(bench::timed([&] { mgr.save(p, d); }));
+        spin_for(std::chrono::milliseconds(o.gap_ms));
+    }
+    const auto stats = mgr.wait_flushed();
+    if (durable && stats.flushed != o.saves) throw std::runtime_error("not every save was copied");
+    return times;
+}
+
+void fsync_path(const std::string& path, int flags) {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) bench::die("fsync " + path);
+    ::close(fd);
+}
+
+int run(const std::string& dir, const Options& o) {
+    bench::print_machine(dir);
+    std::printf("state: %zu MiB, %d saves a round, %d ms of computing after each, %d rounds\n", o.mib, o.saves, o.gap_ms,
+                o.rounds);
+    const fs::path local = fs::path(dir) / "local", shared = fs::path(dir) / "shared";
+    std::vector<float> state(o.mib << 18);
+    bench::fill_random_floats(state.data(), state.size(), 7);
+    std::int64_t step = 0;
+
+    // 1. the training thread's cost
+    std::vector<double> with, alone;
+    save_times(local, shared, {o.mib, 2, 0, 1, dir}, state, step);  // warm-up: page cache, allocator
+    for (int r = 0; r < o.rounds; ++r) {
+        for (int k = 0; k < 2; ++k) {
+            const bool copy = (k == 0) == (r % 2 == 0);
+            auto t = save_times(local, copy ? std::optional<fs::path>(shared) : std::nullopt, o, state, step);
+            (copy ? with : alone).insert((copy ? with : alone).end(), t.begin(), t.end());
+        }
+    }
+    const double save_ratio = bench::median(with) / bench::median(alone);
+    std::printf("save, training thread: %.1f ms with the durable level, %.1f ms without (medians of %zu)\n",
+                bench::median(with), bench::median(alone), with.size());
+
+    // 2. the copier's throughput against a plain copy of the same files
+    std::vector<fs::path> files;
+    for (const auto& f : ckpt::list_checkpoints(local, "bench", ckpt::StepNaming{})) files.push_back(f.path);
+    const fs::path to = fs::path(dir) / "copies";
+    fs::create_directories(to);
+    std::vector<double> copier, plain;
+    std::uint64_t bytes = 0;
+    ckpt::detail::Pacer unpaced(0);
+    for (int r = 0; r < o.rounds; ++r)
+        for (const auto& f : files) {
+            const auto target = to / f.filename();
+            for (int k = 0; k < 2; ++k) {
+                fs::remove(target);
+                if ((k == 0) == (r % 2 == 0)) {
+                    copier.push_back(bench::timed([&] { ckpt::detail::copy_file_checked(f, target, true, unpaced); }));
+                } else {
+                    plain.push_back(bench::timed([&] {
+                        std::filesystem::copy_file(f.string(), target.string());
+                        fsync_path(target.string(), O_RDONLY);
+                        fsync_path(to.string(), O_RDONLY | O_DIRECTORY);
+                    }));
+                }
+            }
+            bytes = fs::file_size(f);
+        }
+    const double copy_ratio = bench::median(plain) / bench::median(copier);
+    std::printf("copy of a %.1f MiB checkpoint: %.1f ms by the copier, %.1f ms by a plain copy (medians of %zu)\n",
+                static_cast<double>(bytes) / (1 << 20), bench::median(copier), bench::median(plain), copier.size());
+    std::printf("durable_level save_with_copy/save_alone=%.3f copy/plain_copy=%.3f\n", save_ratio, copy_ratio);
+    for (const auto& d : {local, shared, to}) fs::remove_all(d);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "durable_level: %s needs a value\n", a.c_str());
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (a == "--mib") o.mib = std::stoul(value());
+        else if (a == "--saves") o.saves = std::stoi(value());
+        else if (a == "--gap-ms") o.gap_ms = std::stoi(value());
+        else if (a == "--rounds") o.rounds = std::stoi(value());
+        else if (a == "--dir") o.dir = value();
+        else if (a == "--help") {
+            std::printf("durable_level [--mib M] [--saves N] [--gap-ms G] [--rounds R] [--dir DIR]\n");
+            return 0;
+        } else {
+            std::fprintf(stderr, "durable_level: unknown option '%s' (try --help)\n", a.c_str());
+            return 2;
+        }
+    }
+    ckpt::set_log_sink([](ckpt::LogLevel, std::string_view) {});
+    return bench::run_in_directory(o.dir, {}, [&](const std::string& dir) { return run(dir, o); });
+}
