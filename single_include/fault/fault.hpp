@@ -1895,10 +1895,41 @@ inline void remove_stale_global_indexes(const ckpt::PathArg& dir) {
     }
 }
 
+/// After every rank's `manager` saved `file` at `global_step` (each its own, under `dir`):
+/// waits for the save to be durable, commits the step's global index in `dir`
+/// (commit_global_index), and on rank 0 removes the indexes whose files retention deleted.
+/// With a durable level (ckpt::DurableLevel) the index follows the ranks' files there once
+/// they have all arrived (each rank's manager copies its own; rank 0's copier waits for the
+/// others', up to DurableLevel::index_timeout), so an index on the durable level never
+/// names a file that is not there yet. Its place there mirrors its place beside the
+/// manager's directory: with the manager in {dir}/rank_0 and its durable level in
+/// {shared}/rank_0, the index goes to {shared}. Every rank copies the same steps
+/// (DurableLevel::every counts saves), so the files come. Returns the index's path. A
+/// collective; a loop without nn's callbacks calls it after each save (GlobalIndexer does).
+template <Communicator Comm, class Manager>
+boost::filesystem::path index_saved_checkpoint(Comm& comm, Manager& manager, const ckpt::PathArg& dir,
+                                               std::int64_t global_step, const ckpt::PathArg& file,
+                                               const ckpt::PieceMap& places = {}) {
+    manager.wait();  // durable before it is described
+    const auto index = commit_global_index(comm, dir, global_step, file, places, 1u << 20, manager.load_options());
+    if (comm.rank() != 0) return index;
+    remove_stale_global_indexes(dir);
+    const auto* durable = manager.durable_directory();
+    if (!durable || !manager.copies_to_durable(file)) return index;
+    const auto target_dir = (*durable / boost::filesystem::relative(dir, manager.directory())).lexically_normal();
+    std::vector<ckpt::Path> needs;
+    for (const auto& p : ckpt::read_global_index(index).pieces)
+        if (const auto f = target_dir / p.file; std::find(needs.begin(), needs.end(), f) == needs.end()) needs.push_back(f);
+    manager.queue_durable_copy(index, target_dir / index.filename(), std::move(needs),
+                               [target_dir] { remove_stale_global_indexes(target_dir); });
+    return index;
+}
+
 /// The callback that commits the global index of each step `files` saves (an
 /// nn::ModelCheckpoint of this rank, saving into a directory under `dir`); list it after
 /// them. `pieces` says where sharded state sits (a DataParallelOptimizer's piece_map);
-/// without it every tensor is whole. Every rank must save at the same steps.
+/// without it every tensor is whole. Every rank must save at the same steps. See
+/// index_saved_checkpoint() for what it does.
 template <Communicator Comm, class Files>
 class GlobalIndexer {
 public:
@@ -1916,31 +1947,9 @@ private:
     void index(nn::RunContext& c) {
         const auto& saved = files_.last_saved();
         if (!saved || saved == indexed_) return;
-        files_.manager().wait();  // durable before it is described
         indexed_ = saved;
-        last_index_ = commit_global_index(comm_, dir_, c.global_step, *saved, pieces_ ? pieces_() : ckpt::PieceMap{},
-                                          1u << 20, files_.manager().load_options());
-        if (comm_.rank() != 0) return;
-        remove_stale_global_indexes(dir_);
-        copy_to_durable_level(*saved);
-    }
-
-    // With a durable level (ckpt::DurableLevel), the index follows the ranks' files there once
-    // they have all arrived (each rank's manager copies its own): rank 0's copier waits for
-    // them, so an index on the durable level never names a file that is not there yet. Its
-    // place there mirrors its place beside the manager's directory ({dir}/rank_0 copied to
-    // {shared}/rank_0: the index goes to {shared}). Every rank copies the same steps
-    // (DurableLevel::every counts saves), so the files come.
-    void copy_to_durable_level(const boost::filesystem::path& saved) {
-        const auto& manager = files_.manager();
-        const auto* durable = manager.durable_directory();
-        if (!durable || !manager.copies_to_durable(saved)) return;
-        const auto target_dir = (*durable / boost::filesystem::relative(dir_, manager.directory())).lexically_normal();
-        std::vector<ckpt::Path> needs;
-        for (const auto& p : ckpt::read_global_index(*last_index_).pieces)
-            if (const auto f = target_dir / p.file; std::find(needs.begin(), needs.end(), f) == needs.end()) needs.push_back(f);
-        manager.queue_durable_copy(*last_index_, target_dir / last_index_->filename(), std::move(needs),
-                                   [target_dir] { remove_stale_global_indexes(target_dir); });
+        last_index_ = index_saved_checkpoint(comm_, files_.manager(), dir_, c.global_step, *saved,
+                                             pieces_ ? pieces_() : ckpt::PieceMap{});
     }
 
     Comm& comm_;
