@@ -121,7 +121,6 @@ int run(const Options& o, fault::MpiComm& mpi, const std::string& dir) {
         std::printf("mpi_comm ranks=%d allreduce GlooComm/MpiComm=%.2f checkpoint GlooComm/MpiComm=%.2f\n", ranks,
                     allreduce_ratio, checkpoint_ratio);
     }
-    mpi.barrier();
     return 0;
 }
 
@@ -176,6 +175,7 @@ int main(int argc, char** argv) {
         std::fflush(stderr);
         std::exit(2);  // before MPI_Finalize: mpirun ends the job
     }
+    mpi.barrier();  // every rank's GlooComm gone: nothing writes into the store any more
     if (mpi.rank() == 0) {
         boost::system::error_code ec;
         if (o.dir.empty()) fs::remove_all(dir, ec);
