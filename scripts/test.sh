@@ -5,7 +5,8 @@
 #   bash scripts/test.sh --all   what CI runs: the above, and the header checks (each public
 #                                header compiles alone; the core's in both modes), the
 #                                benchmarks' build (and a run of bench/python_io.py on a
-#                                4 MiB state), the unit suite in compiled mode
+#                                4 MiB state, and of bench/mpi_comm on small sizes), the unit
+#                                suite in compiled mode
 #                                (ckpt::ckpt_compiled), the sanitizers (scripts/sanitize.sh:
 #                                the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer,
 #                                the threaded parts under ThreadSanitizer) and a minute of fuzzing
@@ -86,6 +87,11 @@ took "rest of the header checks' and benchmarks' build"
 /usr/bin/python3 bench/python_io.py --mib 4 --rounds 1 > "$build/python_io-smoke.log" 2>&1 ||
     { cat "$build/python_io-smoke.log" >&2; exit 1; }
 took "bench/python_io.py on 4 MiB"
+# MpiComm against GlooComm likewise: one round of small sizes on 2 ranks under mpirun (under a
+# second), so that the benchmark and scripts/mpirun.sh keep working.
+bash scripts/mpirun.sh -np 2 "$build/bench/mpi_comm" --reps 1 --max-mib 1 --state-mib 1 > "$build/mpi_comm-smoke.log" 2>&1 ||
+    { cat "$build/mpi_comm-smoke.log" >&2; exit 1; }
+took "bench/mpi_comm on small sizes"
 if [ -n "$sanitizer_build" ]; then
     wait "$sanitizer_build" || { cat "$build/sanitizer-build.log" >&2; exit 1; }
     sanitizer_build=

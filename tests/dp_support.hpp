@@ -9,7 +9,9 @@
 namespace test {
 
 using Params = std::vector<std::vector<float>>;
-using DpOpt = fault::DataParallelOptimizer<nn::Momentum, fault::ThreadComm>;
+template <class Comm = fault::ThreadComm>
+using DpOptOn = fault::DataParallelOptimizer<nn::Momentum, Comm>;
+using DpOpt = DpOptOn<>;
 
 /// Rank `rank`'s slice of every batch of 32 over 256 test images (8 steps an epoch).
 inline nn::MnistDataset shard_of(int ranks, int rank, bool shuffle = true) {
@@ -26,16 +28,17 @@ inline std::vector<float> flat(const std::vector<nn::Parameter*>& params) {
     return out;
 }
 
-/// Momentum(0.01, 0.9) in a DataParallelOptimizer; with shard_size > 1 each rank keeps the
-/// optimizer state of its piece of the parameters only.
+/// Momentum(0.01, 0.9) in a DataParallelOptimizer over `Comm`; with shard_size > 1 each rank
+/// keeps the optimizer state of its piece of the parameters only.
+template <class Comm = fault::ThreadComm>
 class DpStack {
 public:
-    DpStack(nn::UceNet& net, fault::ThreadComm& comm, int shard_size)
+    DpStack(nn::UceNet& net, Comm& comm, int shard_size)
         : stack_(net.parameters(), comm, fault::ShardLayout{shard_size}, 0.01, 0.9) {}
-    DpOpt& opt() { return stack_.optimizer(); }
+    DpOptOn<Comm>& opt() { return stack_.optimizer(); }
 
 private:
-    fault::ShardedOptimizer<nn::Momentum, fault::ThreadComm> stack_;
+    fault::ShardedOptimizer<nn::Momentum, Comm> stack_;
 };
 
 }  // namespace test

@@ -25,6 +25,8 @@
 // target ckpt::gloo):
 //   GlooComm, GlooOptions, open_store("file:///dir" | "redis://host:port")  gloo_comm.hpp
 //   RedisStore                                                          redis_store.hpp
+// Ranks under mpirun (not included here: they need MPI, target ckpt::mpi):
+//   MpiSession, MpiComm, MpiOptions                                     mpi_comm.hpp
 
 #include "../ckpt/ckpt.hpp"
 #include "../nn/nn.hpp"
