@@ -71,7 +71,7 @@ bool mentions(const std::vector<std::string>& lines, const std::string& part) {
 
 }  // namespace
 
-TEST_CASE("durable level: every save is copied and verifies there; each level keeps what its retention says") {
+TEST_CASE("durable level: every save is copied and verifies there, and each level keeps what its retention says") {
     Levels L;
     Sim sim;
     {
