@@ -624,6 +624,22 @@ TEST_CASE("a storage order record that does not fit is a FormatError naming the 
         ckpt::ParamDict target{{"m", ckpt::Tensor(ckpt::DType::float64, {2, 2})}};
         CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(file, target), doctest::Contains(c.message), ckpt::FormatError);
     }
+    // a record twice is a duplicate name, as any other
+    {
+        ckpt::save_checkpoint({{"m", numbered(2, 2, ckpt::Order::row_major)}, {"__ckpt_order.m", "column_major"},
+                               {"__ckpt_order_m", "column_major"}},
+                              file);
+        auto b = test::read_bytes(file);
+        std::string bytes(b.begin(), b.end());
+        for (auto at = bytes.find("__ckpt_order"); at != std::string::npos; at = bytes.find("__ckpt_order", at + 1)) {
+            b[at + 6] = '.';
+            b[at + 12] = '.';
+        }
+        test::write_bytes(file, b);
+        reseal(file);
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(file), doctest::Contains("entry '__ckpt.order.m' appears twice"),
+                             ckpt::FormatError);
+    }
     // the record in its place is what a column-major tensor reads as
     written({{"m", numbered(2, 2, ckpt::Order::row_major)}, {"__ckpt_order.m", "column_major"}});
     const std::vector<double> bytes{0, 1, 100, 101};  // m(i, j) = 100 i + j, row by row

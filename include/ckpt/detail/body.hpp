@@ -260,6 +260,8 @@ private:
             if (it == tensors.end())
                 fail("the storage order record '" + e.name + "' names no tensor entry ('" + tensor + "')");
             EntryMeta& t = *it->second;
+            if (t.order == Order::column_major)  // reject_duplicates() runs after the records are gone
+                fail("entry '" + e.name + "' appears twice");
             if (t.shape.size() < 2)
                 fail("the storage order record '" + e.name + "' marks tensor '" + tensor + "' of rank " +
                      std::to_string(t.shape.size()) + " column-major; only tensors of rank 2 or more have an order");
