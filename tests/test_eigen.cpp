@@ -248,7 +248,7 @@ TEST_CASE("EigenState resizes dynamic objects to the file's sizes, through a man
     Eigen::Tensor<double, 3> t2;
     std::int64_t step2 = 0;
     ckpt::EigenState state;
-    state.add("u", u2).add("v", v2).add("a", a2).add("three_cols", three_cols2).add("t", t2).add("step", ckpt::view_of(step2));
+    state.add("u", u2).add("v", v2).add("a", a2).add("three_cols", three_cols2).add("t", t2).add("step", step2);
     ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> mgr(dir.path(), "sim", ckpt::EverySteps{1},
                                                                                    ckpt::KeepLast{2});
     const auto restored = mgr.restore(state);

@@ -7,7 +7,7 @@
 //   d.set("u", ckpt::view_of(u));             // float64[n, n] column-major, over u's memory
 //
 //   ckpt::EigenState state;                   // restore() resizes u, v to the file's sizes
-//   state.add("u", u).add("v", v).add("step", ckpt::view_of(step));
+//   state.add("u", u).add("v", v).add("step", step);
 //
 // view_of() takes a Matrix or Array (fixed or dynamic sizes, either order), a Map of one
 // (contiguous only), an Eigen::Tensor or a TensorMap of one (any rank, either layout). A vector
@@ -208,22 +208,24 @@ Tensor view_of(const Eigen::DenseBase<Derived>&) {
 ///
 ///   Eigen::MatrixXd u;                              // sized by the checkpoint
 ///   ckpt::EigenState state;
-///   state.add("u", u).add("step", ckpt::view_of(step));
+///   state.add("u", u).add("step", step);            // views of both
 ///   mgr.restore(state);
 ///   mgr.on_step(progress, state);
 class EigenState {
 public:
-    /// Adds `x` under `name`: a Matrix, Array or Eigen::Tensor (resized on load when dynamic), or a
-    /// Map or TensorMap (viewed as it is; a map cannot be resized).
+    /// Adds a view of `x` under `name`: a Matrix, Array or Eigen::Tensor (resized on load when
+    /// dynamic), a Map or TensorMap (viewed as it is; a map cannot be resized), or anything else
+    /// ckpt::view_of takes (a scalar variable, a std::vector).
     template <class X>
-        requires requires(X& x) { view_of(x); } && (!std::is_convertible_v<X&, Value>)
+        requires requires(X& x) { view_of(x); }
     EigenState& add(std::string name, X& x) {
         Item item{std::move(name), [&x] { return view_of(x); }, {}, {}};
         if constexpr (detail::eigen::Resizable<X>)
             item.resize = [&x, n = item.name](const EntryInfo& e, bool apply) { detail::eigen::resize_to(x, n, e, apply); };
         return insert(std::move(item));
     }
-    /// Adds any other value: a view of a scalar (ckpt::view_of(step)), of a std::vector, a string...
+    /// Adds a value as it is: a view made elsewhere, or a copy (a string, a constant), which is
+    /// saved but cannot be loaded back.
     EigenState& add(std::string name, Value value) { return insert(Item{std::move(name), {}, {}, std::move(value)}); }
 
     /// Views of the objects and the values: what a save writes.
