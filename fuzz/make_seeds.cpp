@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
     if (argc != 2 && argc != 3) return 2;
     const boost::filesystem::path dir = argv[1];
     boost::filesystem::create_directories(dir);
-    std::vector<ckpt::ParamDict> dicts(3);
+    std::vector<ckpt::ParamDict> dicts(4);
     dicts[0].set("w", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}));
     dicts[1].set("w", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}));
     dicts[1].set("epoch_num", std::int64_t{7});
@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
     dicts[1].set("note", std::string("seed"));
     dicts[2].set("b", ckpt::Tensor::from(std::vector<std::int32_t>{1, -2}, {2}));
     dicts[2].set("d", ckpt::Tensor::from(std::vector<double>{0.5}, {1}));
+    // column-major tensors with their storage order records; "w" loads into the harness's
+    // row-major target element by element
+    dicts[3].set("w", ckpt::Tensor::from(std::vector<float>{1, 4, 2, 5, 3, 6}, {2, 3}, ckpt::Order::column_major));
+    dicts[3].set("c", ckpt::Tensor::from(std::vector<std::int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 2, 2},
+                                         ckpt::Order::column_major));
     int n = 0;
     for (const auto kind : {ckpt::ArchiveKind::binary, ckpt::ArchiveKind::text, ckpt::ArchiveKind::xml})
         for (const auto& d : dicts) {

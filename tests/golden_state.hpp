@@ -1,5 +1,5 @@
 #pragma once
-// The entries of every golden checkpoint file (tests/golden/v1-*.ckpt): written once by
+// The entries of the golden checkpoint files (tests/golden/*.ckpt): written once by
 // tools/make_golden.cpp, recomputed by tests/test_golden.cpp. A fixed function of nothing (no
 // clock, no randomness). Never change it for an existing format version: the checked-in files
 // hold these values.
@@ -48,6 +48,32 @@ inline ckpt::ParamDict golden_state() {
     d.set("bool.false", false);
     d.set("f32.rank0", Tensor::from(std::vector<float>{42.5f}, Shape{}));
     d.set("f32.empty", Tensor(ckpt::DType::float32, Shape{0, 3}));
+    return d;
+}
+
+/// The entries of tests/golden/v1-column-major.ckpt: column-major tensors (stored as their
+/// transposes, each with its storage order record), a row-major one of the same matrix beside
+/// them. Each tensor's values are listed in memory order.
+inline ckpt::ParamDict golden_column_major_state() {
+    using ckpt::Order;
+    using ckpt::Shape;
+    using ckpt::Tensor;
+    ckpt::ParamDict d;
+    // m(i, j) = 10 i + j + 0.5: column by column, then the same matrix row by row
+    d.set("f64.column_major", Tensor::from(std::vector<double>{0.5, 10.5, 1.5, 11.5, 2.5, 12.5}, Shape{2, 3},
+                                           Order::column_major));
+    d.set("f64.row_major", Tensor::from(std::vector<double>{0.5, 1.5, 2.5, 10.5, 11.5, 12.5}, Shape{2, 3}));
+    d.set("step", std::int64_t{3600});
+    // c(i, j, k) = 100 i + 10 j + k, the first index fastest
+    std::vector<float> cube;
+    for (int k = 0; k < 4; ++k)
+        for (int j = 0; j < 3; ++j)
+            for (int i = 0; i < 2; ++i) cube.push_back(static_cast<float>(100 * i + 10 * j + k));
+    d.set("f32.rank3", Tensor::from(cube, Shape{2, 3, 4}, Order::column_major));
+    // s(i, j) = 3 i + j - 4: a square matrix, which read as row-major would be its transpose
+    d.set("i32.square", Tensor::from(std::vector<std::int32_t>{-4, -1, 2, -3, 0, 3, -2, 1, 4}, Shape{3, 3},
+                                     Order::column_major));
+    d.set("f32.empty", Tensor(ckpt::DType::float32, Shape{0, 3}, Order::column_major));
     return d;
 }
 

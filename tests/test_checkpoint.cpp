@@ -5,12 +5,15 @@
 #include <cmath>
 #include <limits>
 #include <locale>
+#include <numeric>
 
 #include <sys/resource.h>
 
 #include <random>
 #include <csignal>
 #include <unistd.h>
+
+#include <ckpt/zstd.hpp>
 
 #include "support.hpp"
 
@@ -462,3 +465,202 @@ TEST_CASE("random corruption is always a ckpt::Error, never a crash or a wrong l
     CHECK(rejected >= 300);
 }
 }
+
+TEST_SUITE("storage order") {
+
+namespace {
+
+namespace fs = test::fs;
+
+/// The matrix m(i, j) = 100 i + j of `rows` x `cols`, laid out in `order`.
+ckpt::Tensor numbered(std::int64_t rows, std::int64_t cols, ckpt::Order order) {
+    std::vector<double> v(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < cols; ++j)
+            v[static_cast<std::size_t>(order == ckpt::Order::row_major ? i * cols + j : j * rows + i)] = 100.0 * i + j;
+    return ckpt::Tensor::from(v, {rows, cols}, order);
+}
+
+std::string body_text(const fs::path& file) {
+    const auto b = test::read_bytes(file);
+    return {b.begin() + 64, b.end()};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("a column-major tensor is stored as its transpose with a record, and loads in its order", A,
+                   ckpt::BinaryArchive, ckpt::TextArchive, ckpt::XmlArchive) {
+    TempDir dir;
+    ckpt::ParamDict d;
+    d.set("m", numbered(2, 3, ckpt::Order::column_major));
+    d.set("r", numbered(2, 3, ckpt::Order::row_major));
+    d.set("v", ckpt::Tensor(ckpt::DType::float32, {4}, ckpt::Order::column_major));  // rank 1: no order
+    d.set("step", std::int64_t{3});
+    ckpt::save_checkpoint(d, dir / "o.ckpt", with_archive<A>());
+    const auto contents = ckpt::read_contents(dir / "o.ckpt");
+    std::vector<std::string> names;
+    for (const auto& e : contents.entries) names.push_back(e.name);
+    CHECK(names == std::vector<std::string>{"m", "r", "v", "step"});  // the record is folded into "m"
+    CHECK(contents.entries[0].order == ckpt::Order::column_major);
+    CHECK(contents.entries[0].shape == ckpt::Shape{3, 2});
+    CHECK(contents.entries[0].logical_shape() == ckpt::Shape{2, 3});
+    CHECK(contents.entries[1].order == ckpt::Order::row_major);
+    CHECK(contents.entries[2].order == ckpt::Order::row_major);
+    const auto loaded = ckpt::load_checkpoint(dir / "o.ckpt");
+    CHECK(loaded == d);
+    CHECK(loaded.tensor("m").describe() == "float64[2, 3] column-major");
+    // in the body: the transpose's dims, and the record right after the tensor
+    const std::string body = body_text(dir / "o.ckpt");
+    if constexpr (std::is_same_v<A, ckpt::BinaryArchive>) {
+        const std::string m_entry = std::string("\x01\0\0\0\0\0\0\0" "m" "\0\0\0\0" "\x01\0\0\0" "\x02\0\0\0"
+                                                "\x03\0\0\0\0\0\0\0" "\x02\0\0\0\0\0\0\0" "\x30\0\0\0\0\0\0\0"
+                                                "\x0e\0\0\0\0\0\0\0" "__ckpt.order.m" "\x04\0\0\0"
+                                                "\x0c\0\0\0\0\0\0\0" "column_major",
+                                                8 + 1 + 4 + 4 + 4 + 16 + 8 + 8 + 14 + 4 + 8 + 12);
+        CHECK(body.substr(0, 8) == std::string("\x05\0\0\0\0\0\0\0", 8));  // 4 entries and a record
+        CHECK(body.substr(8, m_entry.size()) == m_entry);
+        CHECK(body.find("__ckpt.order.r") == std::string::npos);
+        CHECK(body.find("__ckpt.order.v") == std::string::npos);
+    } else if constexpr (std::is_same_v<A, ckpt::XmlArchive>) {
+        CHECK(body.find("<name>m</name>\n<kind>0</kind>\n<dtype>1</dtype>\n<rank>2</rank>\n<dim>3</dim>\n<dim>2</dim>\n"
+                        "<nbytes>48</nbytes>\n<name>__ckpt.order.m</name>\n<kind>4</kind>\n"
+                        "<value>column_major</value>\n") != std::string::npos);
+    }
+}
+
+TEST_CASE("loading into a target of the other order moves the elements: a square matrix is never transposed") {
+    TempDir dir;
+    for (const auto file_order : {ckpt::Order::row_major, ckpt::Order::column_major}) {
+        const auto target_order = file_order == ckpt::Order::row_major ? ckpt::Order::column_major : ckpt::Order::row_major;
+        CAPTURE(ckpt::order_name(file_order));
+        ckpt::ParamDict saved;
+        saved.set("square", numbered(3, 3, file_order));
+        saved.set("wide", numbered(37, 70, file_order));  // tiles of 32 and their remainders
+        std::vector<float> cube(2 * 3 * 4);
+        std::iota(cube.begin(), cube.end(), 0.0f);
+        saved.set("cube", ckpt::Tensor::from(cube, {2, 3, 4}, file_order));
+        const auto want_cube = saved.tensor("cube").in_order(target_order);
+        struct Way {
+            const char* name;
+            ckpt::SaveOptions save;
+        };
+        for (const Way& way : {Way{"binary", {}}, Way{"text", {.archive = ckpt::ArchiveKind::text}},
+                               Way{"zstd", {.codecs = ckpt::Zstd{3}.codecs()}}}) {
+            CAPTURE(way.name);
+            ckpt::save_checkpoint(saved, dir / "f.ckpt", way.save);
+            ckpt::ParamDict target;
+            target.set("square", ckpt::Tensor(ckpt::DType::float64, {3, 3}, target_order));
+            target.set("wide", ckpt::Tensor(ckpt::DType::float64, {37, 70}, target_order));
+            target.set("cube", ckpt::Tensor(ckpt::DType::float32, {2, 3, 4}, target_order));
+            const void* memory = target.tensor("square").data();
+            const auto report = ckpt::load_checkpoint_into(dir / "f.ckpt", target, /*strict=*/true);
+            CHECK(report.mismatches.empty());
+            CHECK(target.tensor("square").data() == memory);
+            CHECK(target.tensor("square") == numbered(3, 3, target_order));
+            CHECK(target.tensor("wide") == numbered(37, 70, target_order));
+            CHECK(target.tensor("cube") == want_cube);
+        }
+        // from a ParamDict too
+        ckpt::ParamDict target;
+        target.set("square", ckpt::Tensor(ckpt::DType::float64, {3, 3}, target_order));
+        ckpt::load_param_into_net(target, saved);
+        CHECK(target.tensor("square") == numbered(3, 3, target_order));
+    }
+}
+
+TEST_CASE("a shape mismatch between orders names the tensor, the file and both layouts") {
+    TempDir dir;
+    ckpt::save_checkpoint({{"m", numbered(2, 3, ckpt::Order::row_major)}}, dir / "f.ckpt");
+    ckpt::ParamDict target;
+    // the same bytes as a row-major [2, 3], but the transpose of the matrix saved
+    target.set("m", ckpt::Tensor(ckpt::DType::float64, {3, 2}, ckpt::Order::column_major));
+    const std::string message = "strict load from '" + (dir / "f.ckpt").string() +
+                                "' failed: dtype/shape mismatch 'm': checkpoint has float64[2, 3] row-major, target "
+                                "has float64[3, 2] column-major";
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(dir / "f.ckpt", target, true), message.c_str(), ckpt::LoadMismatch);
+    const auto report = ckpt::load_checkpoint_into(dir / "f.ckpt", target, false);
+    CHECK(report.mismatches ==
+          std::vector<std::string>{"'m': checkpoint has float64[2, 3] row-major, target has float64[3, 2] column-major"});
+    CHECK(target.tensor("m") == ckpt::Tensor(ckpt::DType::float64, {3, 2}, ckpt::Order::column_major));  // untouched
+}
+
+TEST_CASE("a storage order record that does not fit is a FormatError naming the file and the tensor") {
+    TempDir dir;
+    const fs::path file = dir / "r.ckpt";
+    // written under a name of the same length, then renamed in the bytes: a writer refuses the real one
+    auto written = [&](ckpt::ParamDict d) {
+        ckpt::save_checkpoint(d, file);
+        auto b = test::read_bytes(file);
+        const std::string bytes(b.begin(), b.end());
+        const auto at = bytes.find("__ckpt_order.");
+        REQUIRE(at != std::string::npos);
+        b[at + 6] = '.';
+        test::write_bytes(file, b);
+        reseal(file);
+    };
+    struct Case {
+        const char* what;
+        ckpt::ParamDict dict;
+        const char* message;
+    };
+    const Case cases[] = {
+        {"another value", {{"m", numbered(2, 2, ckpt::Order::row_major)}, {"__ckpt_order.m", "row_major"}},
+         "the storage order record '__ckpt.order.m' of tensor 'm' holds 'row_major', not 'column_major'"},
+        {"not a string", {{"m", numbered(2, 2, ckpt::Order::row_major)}, {"__ckpt_order.m", std::int64_t{1}}},
+         "the storage order record '__ckpt.order.m' of tensor 'm' holds no string, not 'column_major'"},
+        {"no such tensor", {{"m", numbered(2, 2, ckpt::Order::row_major)}, {"__ckpt_order.q", "column_major"}},
+         "the storage order record '__ckpt.order.q' names no tensor entry ('q')"},
+        {"a value", {{"q", "text"}, {"__ckpt_order.q", "column_major"}},
+         "the storage order record '__ckpt.order.q' names no tensor entry ('q')"},
+        {"rank 1", {{"v", ckpt::Tensor(ckpt::DType::float32, {3})}, {"__ckpt_order.v", "column_major"}},
+         "the storage order record '__ckpt.order.v' marks tensor 'v' of rank 1 column-major"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.what);
+        written(c.dict);
+        const std::string message = "checkpoint '" + file.string() + "' is malformed: ";
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(file), doctest::Contains((message + c.message).c_str()), ckpt::FormatError);
+        CHECK_THROWS_WITH_AS(ckpt::read_contents(file), doctest::Contains(c.message), ckpt::FormatError);
+        ckpt::ParamDict target{{"m", ckpt::Tensor(ckpt::DType::float64, {2, 2})}};
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(file, target), doctest::Contains(c.message), ckpt::FormatError);
+    }
+    // a record twice is a duplicate name, as any other
+    {
+        ckpt::save_checkpoint({{"m", numbered(2, 2, ckpt::Order::row_major)}, {"__ckpt_order.m", "column_major"},
+                               {"__ckpt_order_m", "column_major"}},
+                              file);
+        auto b = test::read_bytes(file);
+        std::string bytes(b.begin(), b.end());
+        for (auto at = bytes.find("__ckpt_order"); at != std::string::npos; at = bytes.find("__ckpt_order", at + 1)) {
+            b[at + 6] = '.';
+            b[at + 12] = '.';
+        }
+        test::write_bytes(file, b);
+        reseal(file);
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(file), doctest::Contains("entry '__ckpt.order.m' appears twice"),
+                             ckpt::FormatError);
+    }
+    // the record in its place is what a column-major tensor reads as
+    written({{"m", numbered(2, 2, ckpt::Order::row_major)}, {"__ckpt_order.m", "column_major"}});
+    const std::vector<double> bytes{0, 1, 100, 101};  // m(i, j) = 100 i + j, row by row
+    CHECK(ckpt::load_checkpoint(file).tensor("m") == ckpt::Tensor::from(bytes, {2, 2}, ckpt::Order::column_major));
+}
+
+TEST_CASE("a state may not hold the writer's storage order records") {
+    TempDir dir;
+    ckpt::ParamDict d{{"m", numbered(2, 2, ckpt::Order::row_major)}, {"__ckpt.order.m", "column_major"}};
+    CHECK_THROWS_WITH_AS(ckpt::save_checkpoint(d, dir / "x.ckpt"),
+                         doctest::Contains("the entry name '__ckpt.order.m' starts with '__ckpt.order.'"),
+                         ckpt::ConfigError);
+    CHECK(test::names_in(dir.path()).empty());
+}
+
+TEST_CASE("snapshots keep each tensor's order") {
+    ckpt::ParamDict d{{"m", numbered(2, 3, ckpt::Order::column_major)}};
+    CHECK(ckpt::detail::snapshot(d) == d);
+    ckpt::ParamDict buffer{{"m", numbered(3, 2, ckpt::Order::row_major)}};  // the same stored shape, another order
+    ckpt::detail::snapshot_into(buffer, d);
+    CHECK(buffer == d);
+}
+
+}  // TEST_SUITE

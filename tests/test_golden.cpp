@@ -85,6 +85,7 @@ void check_entries(const ckpt::ParamDict& got, const ckpt::ParamDict& want) {
             const ckpt::Tensor& u = *a.get_if<ckpt::Tensor>();
             CHECK(u.dtype() == t->dtype());
             CHECK(u.shape() == t->shape());
+            CHECK(u.order() == t->order());
             REQUIRE(u.nbytes() == t->nbytes());
             CHECK(std::memcmp(u.data(), t->data(), t->nbytes()) == 0);
         } else if (const double* x = b.get_if<double>()) {
@@ -524,6 +525,25 @@ ckpt::ParamDict read_independently(const Golden& g, const std::string& body) {
     return {};
 }
 
+/// The golden file of column-major tensors (FORMAT.md section 3.1): format version 1, binary.
+constexpr Golden column_major_golden{"v1-column-major.ckpt", ckpt::ArchiveKind::binary, 0, 1, {0, 0, 0}, 9, 3600};
+
+/// What a reader that does not know storage order records sees of `state`: each column-major
+/// tensor as the row-major tensor of its bytes (the transpose), followed by its record.
+ckpt::ParamDict as_stored(const ckpt::ParamDict& state) {
+    ckpt::ParamDict out;
+    for (const auto& [name, value] : state) {
+        const ckpt::Tensor* t = value.get_if<ckpt::Tensor>();
+        if (!t || t->order() == ckpt::Order::row_major) {
+            out.set(name, value);
+            continue;
+        }
+        out.set(name, ckpt::Tensor::view(t->dtype(), t->shape(), const_cast<std::byte*>(t->data())));
+        out.set("__ckpt.order." + name, "column_major");
+    }
+    return out;
+}
+
 }  // namespace
 
 TEST_SUITE("golden") {
@@ -839,6 +859,65 @@ TEST_CASE("today's writer stores codec stages as FORMAT.md says") {
             CHECK_THROWS_WITH_AS(undo_codecs(cut, key), "segment 0 authenticates", Undecodable);
         }
     }
+}
+
+TEST_CASE("the column-major golden file loads in its orders, and its bytes are what FORMAT.md gives") {
+    const Golden& g = column_major_golden;
+    const std::string path = golden_path(g.file);
+    const ckpt::FileHeader h = ckpt::verify_checkpoint(path);
+    CHECK(h.version == 1);
+    CHECK(h.archive == ckpt::ArchiveKind::binary);
+    CHECK(h.epoch == 9);
+    CHECK(h.step == 3600);
+    const ckpt::ParamDict want = test::golden_column_major_state();
+    const ckpt::ParamDict got = ckpt::load_checkpoint(path);
+    check_entries(got, want);
+    CHECK(got == want);
+    CHECK(got.tensor("f64.column_major").describe() == "float64[2, 3] column-major");
+    CHECK(got.tensor("f64.column_major").in_order(ckpt::Order::row_major) == got.tensor("f64.row_major"));
+    // the table of contents: the logical shapes and orders, the records folded in
+    std::vector<std::string> names;
+    for (const auto& e : ckpt::read_contents(path).entries) {
+        names.push_back(e.name);
+        if (e.kind == ckpt::ValueKind::tensor) {
+            CAPTURE(e.name);
+            CHECK(e.order == want.tensor(e.name).order());
+            CHECK(e.logical_shape() == want.tensor(e.name).logical_shape());
+        }
+    }
+    CHECK(names == std::vector<std::string>{"f64.column_major", "f64.row_major", "step", "f32.rank3", "i32.square",
+                                            "f32.empty"});
+    // into row-major tensors: every element moved to its place, the square one not transposed
+    ckpt::ParamDict target;
+    for (const auto& e : want)
+        if (const ckpt::Tensor* t = e.value.get_if<ckpt::Tensor>())
+            target.set(e.name, ckpt::Tensor(t->dtype(), t->logical_shape()));
+    CHECK(ckpt::load_checkpoint_into(path, target, true).complete());
+    for (const auto& e : want)
+        if (const ckpt::Tensor* t = e.value.get_if<ckpt::Tensor>())
+            CHECK_MESSAGE(target.tensor(e.name) == t->in_order(ckpt::Order::row_major), e.name);
+    const auto square = target.tensor("i32.square").values<std::int32_t>();
+    CHECK(std::vector<std::int32_t>(square.begin(), square.end()) ==
+          std::vector<std::int32_t>{-4, -3, -2, -1, 0, 1, 2, 3, 4});  // s(i, j) = 3 i + j - 4, row by row
+
+    // bytes: the first entry with its dims reversed, then its record
+    const std::string body = body_of(file_bytes(path));
+    CHECK(body.substr(0, 8) == bytes("\x0a\0\0\0\0\0\0\0"));  // 6 entries and 4 records
+    const std::string first = bytes("\x10\0\0\0\0\0\0\0" "f64.column_major"   // name
+                                    "\0\0\0\0" "\x01\0\0\0" "\x02\0\0\0"        // tensor, float64, rank 2
+                                    "\x03\0\0\0\0\0\0\0" "\x02\0\0\0\0\0\0\0"  // dims 3, 2: the transpose's
+                                    "\x30\0\0\0\0\0\0\0"                        // nbytes 48
+                                    "\x1d\0\0\0\0\0\0\0" "__ckpt.order.f64.column_major"
+                                    "\x04\0\0\0"                                    // kind 4: string
+                                    "\x0c\0\0\0\0\0\0\0" "column_major");
+    CHECK(body.substr(8, first.size()) == first);
+    // a reader written from FORMAT.md alone, which knows nothing of the records, reads the
+    // transposes under the reversed shapes, and the records as strings
+    check_entries(read_independently(g, body), as_stored(want));
+    // today's writer writes the same body
+    test::TempDir tmp;
+    ckpt::save_checkpoint(want, tmp / "now.ckpt", {.epoch = g.epoch, .step = g.step});
+    CHECK(body_of(file_bytes((tmp / "now.ckpt").string())) == body);
 }
 
 }  // TEST_SUITE

@@ -133,7 +133,30 @@ TEST_CASE("NumPy reads ckpt's npz and safetensors files with identical values") 
     ckpt::save_npz(state, dir / "pattern.npz", false);
     ckpt::save_npz(state, dir / "pattern_compressed.npz", true);
     ckpt::save_safetensors(state, dir / "pattern.safetensors");
+    const ckpt::ParamDict column_major{
+        {"matrix", test::pattern_tensor(ckpt::DType::float32, {3, 4}).in_order(ckpt::Order::column_major)},
+        {"cube", test::pattern_tensor(ckpt::DType::int64, {2, 3, 4}).in_order(ckpt::Order::column_major)}};
+    ckpt::save_npz(column_major, dir / "column_major.npz");
+    ckpt::save_safetensors(column_major, dir / "column_major.safetensors");
     test::run_python("check_ckpt_exports.py", dir.path());
+}
+
+TEST_CASE("column-major tensors go to npz as they lie, Fortran-ordered, and to safetensors transposed") {
+    test::TempDir dir;
+    const auto matrix = test::pattern_tensor(ckpt::DType::float64, {3, 3}).in_order(ckpt::Order::column_major);
+    const ckpt::ParamDict d{{"square", matrix}, {"v", test::pattern_tensor(ckpt::DType::int32, {4})}};
+    ckpt::save_npz(d, dir / "m.npz");
+    const auto raw = test::read_bytes(dir / "m.npz");
+    const std::string text(raw.begin(), raw.end());
+    CHECK(text.find("{'descr': '<f8', 'fortran_order': True, 'shape': (3, 3), }") != std::string::npos);
+    CHECK(text.find(std::string(reinterpret_cast<const char*>(matrix.data()), matrix.nbytes())) != std::string::npos);
+    const auto npz = ckpt::load_npz(dir / "m.npz");
+    CHECK(npz == d);  // column-major again, bit for bit
+    CHECK(npz.tensor("square").order() == ckpt::Order::column_major);
+    ckpt::save_safetensors(d, dir / "m.safetensors");
+    const auto st = ckpt::load_safetensors(dir / "m.safetensors");
+    CHECK(st.tensor("square") == test::pattern_tensor(ckpt::DType::float64, {3, 3}));  // row-major, the same matrix
+    CHECK(st.tensor("v") == d.tensor("v"));
 }
 
 TEST_CASE("files written by np.savez, np.savez_compressed and a Python safetensors writer import identically") {
@@ -153,8 +176,9 @@ TEST_CASE("files written by np.savez, np.savez_compressed and a Python safetenso
         CHECK(got.tensor("lr") == ckpt::Tensor::from(std::vector<double>{0.01}, ckpt::Shape{}));
         CHECK(got.get<std::string>("note") == want.get<std::string>("note"));
         CHECK(got.get<std::string>("empty_string").empty());
-        // Fortran order comes back in C order; big-endian in the host's order.
-        CHECK(got.at("fortran") == ckpt::Value(test::pattern_tensor(ckpt::DType::float32, {3, 4})));
+        // Fortran order comes back column-major, its bytes as they were; big-endian in the host's order.
+        CHECK(got.at("fortran") == ckpt::Value(test::pattern_tensor(ckpt::DType::float32, {3, 4})
+                                                   .in_order(ckpt::Order::column_major)));
         CHECK(got.at("bigendian") == ckpt::Value(test::pattern_tensor(ckpt::DType::int32, {2, 3})));
     }
     const auto got = ckpt::load_safetensors(dir / "python.safetensors");

@@ -136,6 +136,12 @@ TEST_CASE("a packed state unpacks to the entries it was packed from, and a damag
     CHECK(half.empty());
     CHECK(half.step() == -1);
 
+    // a column-major tensor comes back in its order
+    ckpt::ParamDict ordered;
+    ordered.set("m", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}, ckpt::Order::column_major));
+    p.pack(ordered, 17);
+    CHECK(p.unpack("ordered").tensor("m") == ordered.tensor("m"));
+
     // packing a smaller state again reuses the block and forgets the old entries
     ckpt::ParamDict small;
     small.set("x", std::int64_t{5});

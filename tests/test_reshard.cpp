@@ -369,3 +369,31 @@ TEST_CASE("with a durable level, each index follows its ranks' files there, and 
     }).rethrow();
     CHECK(loaded == std::vector<std::int64_t>{8, 8});
 }
+
+TEST_CASE("a column-major tensor reshards to a tensor of its order, and is refused by one of the other") {
+    test::TempDir dir;
+    std::vector<float> values(16);
+    std::iota(values.begin(), values.end(), 0.0f);
+    ckpt::ParamDict d;
+    d.set("square", ckpt::Tensor::from(values, {4, 4}, ckpt::Order::column_major));
+    d.set("after", iota({3, 5}));  // its offset counts the storage order record before it
+    const fs::path file = dir / "rank_0" / "step_1.ckpt";
+    fs::create_directories(file.parent_path());
+    ckpt::save_checkpoint(d, file);
+    fault::ThreadGroup one(1, std::chrono::seconds(5));
+    fs::path index;
+    const auto errors = fault::run_ranks(one, [&](fault::ThreadComm& comm) {
+        index = fault::commit_global_index(comm, dir.path(), 1, file, {}, 64);
+    });
+    REQUIRE_FALSE(errors[0]);
+    ckpt::ParamDict like;
+    like.set("square", ckpt::Tensor(ckpt::DType::float32, {4, 4}, ckpt::Order::column_major));
+    like.set("after", ckpt::Tensor(ckpt::DType::float32, {3, 5}));
+    const auto got = ckpt::load_resharded(index, like);
+    CHECK(got.state.tensor("square") == d.tensor("square"));
+    CHECK(got.state.tensor("after") == d.tensor("after"));
+    like.set("square", ckpt::Tensor(ckpt::DType::float32, {4, 4}));  // the same stored shape, read as the transpose
+    CHECK_THROWS_WITH_AS(ckpt::load_resharded(index, like),
+                         doctest::Contains("'square' of 'rank_0/step_1.ckpt' is stored column-major, 'square' is row-major"),
+                         ckpt::LoadMismatch);
+}

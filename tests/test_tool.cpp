@@ -521,6 +521,40 @@ TEST_CASE("ckpt export and import move entries through safetensors and npz, with
     CHECK_FALSE(test::fs::exists(dir / "j.ckpt"));
 }
 
+TEST_CASE("column-major tensors: show gives their shape and order, diff compares orders, npz round-trips byte for byte") {
+    test::TempDir dir;
+    const auto src = dir / "cm.ckpt";
+    std::vector<double> columns{1, 4, 2, 5, 3, 6};  // [[1, 2, 3], [4, 5, 6]], column by column
+    ckpt::ParamDict d{{"m", ckpt::Tensor::from(columns, {2, 3}, ckpt::Order::column_major)},
+                      {"step", std::int64_t{5}}};
+    ckpt::save_checkpoint(d, src, {.epoch = 2, .step = 5});
+
+    auto shown = ckpt_tool({"show", src.string()}, dir.path());
+    REQUIRE(shown.status == 0);
+    CHECK(contains(shown.out, "ORDER"));
+    CHECK(contains(shown.out, "m     tensor  float64  [2, 3]           column-major"));
+    CHECK_FALSE(contains(shown.out, "__ckpt.order"));
+    const auto j = json::parse(ckpt_tool({"show", src.string(), "--json"}, dir.path()).out);
+    CHECK(j["entries"].size() == 2);
+    CHECK(j["entries"][0]["shape"] == json::array({2, 3}));
+    CHECK(j["entries"][0]["order"] == "column_major");
+
+    // npz: Fortran-ordered, and back to the same file
+    const auto npz = dir / "cm.npz", back = dir / "back.ckpt";
+    REQUIRE(ckpt_tool({"export", src.string(), npz.string()}, dir.path()).status == 0);
+    REQUIRE(ckpt_tool({"import", npz.string(), back.string(), "--epoch", "2", "--step", "5"}, dir.path()).status == 0);
+    const auto a = test::read_bytes(src), b = test::read_bytes(back);
+    CHECK(std::vector<char>(a.begin() + 64, a.end()) == std::vector<char>(b.begin() + 64, b.end()));
+    CHECK(ckpt_tool({"diff", src.string(), npz.string()}, dir.path()).status == 0);
+    // safetensors: the same matrix in row-major order, which diff tells apart
+    const auto st = dir / "cm.safetensors";
+    REQUIRE(ckpt_tool({"export", src.string(), st.string()}, dir.path()).status == 0);
+    CHECK(ckpt::load_safetensors(st).tensor("m") == d.tensor("m").in_order(ckpt::Order::row_major));
+    auto differ = ckpt_tool({"diff", src.string(), st.string()}, dir.path());
+    CHECK(differ.status == 1);
+    CHECK(contains(differ.out, "'m': A has float64[2, 3] column-major, B has float64[2, 3]"));
+}
+
 TEST_CASE("ckpt import takes PyTorch .pt and .pth files, show and diff read them, the result verifies") {
     test::TempDir dir;
     test::run_python("write_torch_files.py", dir.path());  // torch.save'd files, and what they hold as npz

@@ -1,4 +1,6 @@
 // ParamDict, Value and Tensor: construction, typed access and the errors it gives.
+#include <ckpt/xtensor.hpp>
+
 #include <doctest/doctest.h>
 
 #include "support.hpp"
@@ -75,6 +77,50 @@ TEST_CASE("xtensor expressions convert to and from tensors") {
     auto v = ckpt::view_of(grid);
     v.values<float>()[3] = 5.0f;
     CHECK(grid(1, 1) == 5.0f);
+    // a column-major container keeps its order, and a column-major tensor reads as its values
+    xt::xtensor<float, 2, xt::layout_type::column_major> fortran = {{1.0f, 2.0f, 3.0f}, {4.0f, 5.0f, 6.0f}};
+    auto f = ckpt::view_of(fortran);
+    CHECK(f.describe() == "float32[2, 3] column-major");
+    CHECK(f.values<float>()[1] == 4.0f);  // memory order: the first index fastest
+    CHECK(ckpt::as_xarray<float>(f)(0, 1) == 2.0f);
+    CHECK(ckpt::as_xarray<float>(f.in_order(ckpt::Order::row_major))(0, 1) == 2.0f);
+}
+
+TEST_CASE("a tensor's storage order: its logical shape, its bytes, equality and copies") {
+    // the matrix [[0, 1, 2], [3, 4, 5]], column-major in memory
+    const std::vector<std::int32_t> columns{0, 3, 1, 4, 2, 5};
+    const auto m = ckpt::Tensor::from(columns, {2, 3}, ckpt::Order::column_major);
+    CHECK(m.order() == ckpt::Order::column_major);
+    CHECK(m.logical_shape() == ckpt::Shape{2, 3});
+    CHECK(m.shape() == ckpt::Shape{3, 2});  // the bytes read row-major: the transpose
+    CHECK(m.describe() == "int32[2, 3] column-major");
+    const ckpt::Tensor rows = m.in_order(ckpt::Order::row_major);
+    CHECK(rows.describe() == "int32[2, 3]");
+    CHECK(std::vector<std::int32_t>(rows.values<std::int32_t>().begin(), rows.values<std::int32_t>().end()) ==
+          std::vector<std::int32_t>{0, 1, 2, 3, 4, 5});
+    CHECK(rows.in_order(ckpt::Order::column_major) == m);
+    CHECK(m.in_order(ckpt::Order::column_major).data() == m.data());  // already so: shared, not copied
+    // the same bytes in the other order are another matrix (its transpose), not equal
+    CHECK_FALSE(ckpt::Tensor::from(columns, {3, 2}) == m);
+    const ckpt::Tensor copy = m.clone();
+    CHECK(copy == m);
+    CHECK(copy.data() != m.data());
+    // rank 0 and 1 have no order
+    CHECK(ckpt::Tensor(ckpt::DType::float32, {4}, ckpt::Order::column_major).order() == ckpt::Order::row_major);
+    CHECK(ckpt::Tensor(ckpt::DType::float32, {}, ckpt::Order::column_major).order() == ckpt::Order::row_major);
+    // rank 3: element (i, j, k) of a [2, 3, 4] tensor
+    std::vector<float> fortran(24);
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 3; ++j)
+            for (int k = 0; k < 4; ++k) fortran[static_cast<std::size_t>(i + 2 * j + 6 * k)] = 100.0f * i + 10.0f * j + k;
+    const auto cube = ckpt::Tensor::from(fortran, {2, 3, 4}, ckpt::Order::column_major).in_order(ckpt::Order::row_major);
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 3; ++j)
+            for (int k = 0; k < 4; ++k)
+                CHECK(cube.values<float>()[static_cast<std::size_t>(12 * i + 4 * j + k)] == 100.0f * i + 10.0f * j + k);
+    // a view checks its element count against the logical shape
+    CHECK_THROWS_WITH_AS(ckpt::Tensor::view(std::span<float>(fortran), {5, 5}, ckpt::Order::column_major),
+                         "shape [5, 5] needs 25 elements, got 24", ckpt::TypeMismatch);
 }
 
 TEST_CASE("append_info follows the seed's list form") {

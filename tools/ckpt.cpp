@@ -791,7 +791,8 @@ json entries_json(const std::vector<ckpt::EntryInfo>& list, const std::optional<
         json j = {{"name", e.name}, {"kind", kind_name(e.kind)}};
         if (e.kind == ckpt::ValueKind::tensor) {
             j["dtype"] = ckpt::dtype_name(e.dtype);
-            j["shape"] = e.shape;
+            j["shape"] = e.logical_shape();
+            j["order"] = e.order == ckpt::Order::column_major ? "column_major" : "row_major";
             j["bytes"] = e.nbytes;
             if (loaded) {
                 const auto s = tensor_stats(loaded->tensor(e.name));
@@ -815,13 +816,15 @@ void print_entries(const std::vector<ckpt::EntryInfo>& entries, const std::optio
     std::cout << "  " << entries.size() << " entries\n\n";
     std::size_t width = 4;
     for (const auto& e : entries) width = std::max(width, e.name.size());
-    std::printf("  %-*s  %-6s  %-7s  %-16s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "BYTES");
+    std::printf("  %-*s  %-6s  %-7s  %-16s %-12s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "ORDER",
+                "BYTES");
     std::printf(stats ? "  %12s %12s %12s %12s %5s %5s\n" : "  VALUE\n", "MIN", "MAX", "MEAN", "STD", "NAN", "INF");
     for (const auto& e : entries) {
         const bool tensor = e.kind == ckpt::ValueKind::tensor;
-        std::printf("  %-*s  %-6s  %-7s  %-16s %12s", static_cast<int>(width), e.name.c_str(),
+        std::printf("  %-*s  %-6s  %-7s  %-16s %-12s %12s", static_cast<int>(width), e.name.c_str(),
                     tensor ? "tensor" : kind_name(e.kind).c_str(), tensor ? std::string(ckpt::dtype_name(e.dtype)).c_str() : "",
-                    tensor ? ckpt::shape_string(e.shape).c_str() : "", tensor ? std::to_string(e.nbytes).c_str() : "");
+                    tensor ? ckpt::shape_string(e.logical_shape()).c_str() : "",
+                    tensor ? std::string(ckpt::order_name(e.order)).c_str() : "", tensor ? std::to_string(e.nbytes).c_str() : "");
         if (!tensor) {
             std::printf("  %s\n", scalar_text(e.scalar).c_str());
         } else if (loaded) {
@@ -849,6 +852,7 @@ int cmd_show_dict(const fs::path& file, bool stats, bool as_json) {
         if (const auto* t = value.get_if<ckpt::Tensor>()) {
             e.dtype = t->dtype();
             e.shape = t->shape();
+            e.order = t->order();
             e.nbytes = t->nbytes();
         } else {
             e.scalar = value;
@@ -1018,7 +1022,9 @@ int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double
         }
         const ckpt::Tensor* ta = va.get_if<ckpt::Tensor>();
         const ckpt::Tensor* tb = vb->get_if<ckpt::Tensor>();
-        if (va.kind() != vb->kind() || (ta && (ta->dtype() != tb->dtype() || ta->shape() != tb->shape()))) {
+        // the order too: the same bytes in the other order are the transpose
+        if (va.kind() != vb->kind() || (ta && (ta->dtype() != tb->dtype() || ta->logical_shape() != tb->logical_shape() ||
+                                               ta->order() != tb->order()))) {
             report("'" + name + "': A has " + va.type_name() + ", B has " + vb->type_name());
             continue;
         }
@@ -1131,7 +1137,8 @@ int main(int argc, char** argv) {
     verify->add_option("PATH", verify_paths, "Checkpoint files, or directories searched for *.ckpt")->required();
     add_key_file(verify, "Also decrypt and authenticate encrypted checkpoints with this key (the checksum needs none)");
 
-    auto* diff = app.add_subcommand("diff", "Compare two checkpoints (or .safetensors/.npz/.pt/.pth files) entry by entry; "
+    auto* diff = app.add_subcommand("diff", "Compare two checkpoints (or .safetensors/.npz/.pt/.pth files) entry by entry "
+                                            "(a tensor's dtype, shape and storage order first, then its elements); "
                                             "exit 0 when equal within tolerance, 1 otherwise");
     diff->add_option("A", a, "First file")->required();
     diff->add_option("B", b, "Second file")->required();
@@ -1144,7 +1151,9 @@ int main(int argc, char** argv) {
         cmd->add_option("--rename", sel.renames, "Rename entries starting with FROM to start with TO (FROM=TO; repeatable)");
         cmd->add_flag("--force", force, "Replace the output file if it exists");
     };
-    auto* exp = app.add_subcommand("export", "Write a checkpoint's entries to a .safetensors or .npz file");
+    auto* exp = app.add_subcommand("export", "Write a checkpoint's entries to a .safetensors or .npz file (column-major "
+                                             "tensors: to npz as they are, Fortran-ordered; to safetensors, which has no "
+                                             "order, transposed into row-major order)");
     exp->add_option("FILE", in, "Checkpoint file")->required();
     exp->add_option("OUT", out, "Output file: .safetensors or .npz")->required();
     exp->add_flag("--compress", compress, "Deflate the npz members (np.savez_compressed)");
@@ -1152,7 +1161,8 @@ int main(int argc, char** argv) {
     add_selection(exp);
 
     auto* imp = app.add_subcommand("import", "Write the entries of a .safetensors, .npz or PyTorch .pt/.pth file (torch.save; "
-                                             "nested dicts flattened with dots) as a checkpoint");
+                                             "nested dicts flattened with dots) as a checkpoint (Fortran-ordered npz "
+                                             "arrays as column-major tensors)");
     imp->add_option("IN", in, "Input file: .safetensors, .npz, .pt or .pth")->required();
     imp->add_option("OUT", out, "Checkpoint file to write")->required();
     imp->add_option("--epoch", epoch, "Epoch recorded in the header")->check(CLI::NonNegativeNumber);

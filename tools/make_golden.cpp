@@ -1,14 +1,17 @@
-// Writes the golden checkpoint files of tests/golden/, all holding the same entries
-// (golden_state(), tests/golden_state.hpp), for tests/test_golden.cpp and docs/FORMAT.md:
+// Writes the golden checkpoint files of tests/golden/ for tests/test_golden.cpp and
+// docs/FORMAT.md, all but one holding the same entries (golden_state(), tests/golden_state.hpp):
 // for format version 1 one file per archive kind, for format version 2 one file per codec
-// chain (each in another archive kind), encrypted with the test key tests/golden/v2.key.
+// chain (each in another archive kind), encrypted with the test key tests/golden/v2.key; and
+// v1-column-major.ckpt, column-major tensors with their storage order records
+// (golden_column_major_state()), which format version 1 holds without a new version.
 //
 // Golden files are never regenerated for an existing format version. The files of format
 // version 1 (tests/golden/v1-*.ckpt) and of version 2 (tests/golden/v2-*.ckpt) were written
 // once, by this program, and are checked in: every later version of ckpt must still read them,
 // byte for byte as they are. When a new format version is introduced, add its files to the
 // list in main() below (v3-*.ckpt, written by the code of that version) and keep the old
-// ones. This program never replaces a file: one that exists is kept as it is and only the
+// ones; so with a feature an existing version holds without a new number, as
+// v1-column-major.ckpt was added. This program never replaces a file: one that exists is kept as it is and only the
 // missing ones are written. (Encrypted files could not be written again anyway: their salt is
 // fresh random bytes every time.)
 //
@@ -17,7 +20,8 @@
 //   cmake --build build --target make_golden && build/make_golden tests/golden
 //
 // The values are a fixed function of nothing (no clock, no randomness), so the test
-// recomputes them: both take golden_state() from tests/golden_state.hpp. The save time in
+// recomputes them: both take golden_state() and golden_column_major_state() from
+// tests/golden_state.hpp. The save time in
 // each header, and the salt of an encrypted body, are the only bytes that depend on when the
 // files were written.
 
@@ -39,6 +43,7 @@ int main(int argc, char** argv) {
     }
     const std::string dir = argv[1];
     const ckpt::ParamDict state = test::golden_state();
+    const ckpt::ParamDict column_major = test::golden_column_major_state();
     try {
         // A test key, published with the files: it protects nothing.
         const ckpt::Key key = ckpt::Key::from_file(dir + "/v2.key");
@@ -47,15 +52,17 @@ int main(int argc, char** argv) {
             ckpt::ArchiveKind archive;
             std::int64_t epoch, step;
             ckpt::CodecChain codecs;
+            const ckpt::ParamDict* entries;
         };
         const File files[] = {
-            {"v1-binary.ckpt", ckpt::ArchiveKind::binary, 3, 1200, {}},
-            {"v1-text.ckpt", ckpt::ArchiveKind::text, 4, 1600, {}},
-            {"v1-xml.ckpt", ckpt::ArchiveKind::xml, 5, 2000, {}},
-            {"v2-zstd.ckpt", ckpt::ArchiveKind::binary, 6, 2400, ckpt::Zstd{3}.codecs()},
-            {"v2-aes-256-gcm.ckpt", ckpt::ArchiveKind::text, 7, 2800, ckpt::AesGcm{key}.codecs()},
+            {"v1-binary.ckpt", ckpt::ArchiveKind::binary, 3, 1200, {}, &state},
+            {"v1-text.ckpt", ckpt::ArchiveKind::text, 4, 1600, {}, &state},
+            {"v1-xml.ckpt", ckpt::ArchiveKind::xml, 5, 2000, {}, &state},
+            {"v2-zstd.ckpt", ckpt::ArchiveKind::binary, 6, 2400, ckpt::Zstd{3}.codecs(), &state},
+            {"v2-aes-256-gcm.ckpt", ckpt::ArchiveKind::text, 7, 2800, ckpt::AesGcm{key}.codecs(), &state},
             {"v2-zstd-aes-256-gcm.ckpt", ckpt::ArchiveKind::xml, 8, 3200,
-             ckpt::Chain<ckpt::Zstd, ckpt::AesGcm>{ckpt::Zstd{19}, ckpt::AesGcm{key}}.codecs()},
+             ckpt::Chain<ckpt::Zstd, ckpt::AesGcm>{ckpt::Zstd{19}, ckpt::AesGcm{key}}.codecs(), &state},
+            {"v1-column-major.ckpt", ckpt::ArchiveKind::binary, 9, 3600, {}, &column_major},
         };
         for (const File& f : files) {
             const std::string path = dir + "/" + f.name;
@@ -64,11 +71,11 @@ int main(int argc, char** argv) {
                 continue;
             }
             ckpt::save_checkpoint(
-                state, path,
+                *f.entries, path,
                 {.archive = f.archive, .epoch = f.epoch, .step = f.step, .overwrite = false, .codecs = f.codecs});
             ckpt::LoadOptions with_key;
             with_key.key = key;
-            if (!(ckpt::load_checkpoint(path, with_key) == state)) {
+            if (!(ckpt::load_checkpoint(path, with_key) == *f.entries)) {
                 std::fprintf(stderr, "%s does not read back as written\n", path.c_str());
                 return 1;
             }

@@ -96,7 +96,9 @@ std::int64_t unix_time_ns();
 std::string hex64(std::uint64_t v);
 
 // The owner record is kept in entries whose names start with "__ckpt.": a manager refuses
-// such names in a user's state, and loads leave them out of what they return.
+// such names in a user's state, and loads leave them out of what they return. The writer's
+// storage-order records ("__ckpt.order.{name}", detail/entry.hpp) are folded into their
+// tensors' entries as a body is read.
 inline constexpr std::string_view reserved_name_prefix = "__ckpt.";
 inline constexpr std::string_view owner_prefix_entry = "__ckpt.prefix";
 inline constexpr std::string_view owner_run_entry = "__ckpt.run";

@@ -1,7 +1,7 @@
 #pragma once
 // ckpt: embeddable checkpoint and resume. Include this one header.
 //
-//   values       ParamDict, Value, Tensor, dtypes                      param_dict.hpp, tensor.hpp
+//   values       ParamDict, Value, Tensor, Order, dtypes               param_dict.hpp, tensor.hpp
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
@@ -16,6 +16,9 @@
 // use them does not pay for them (xtensor's headers; the resharding reader and its threads):
 //   xtensor      view_of(container), to_tensor, as_xarray               xtensor.hpp
 //   resharding   describe_checkpoint, GlobalIndex, load_resharded     reshard.hpp
+// Adapters to other libraries have CMake targets of their own: safetensors, npz and PyTorch
+// files in interop.hpp (ckpt::interop), libtorch in torch.hpp (ckpt::torch), Eigen's matrices,
+// arrays and tensors in eigen.hpp (ckpt::eigen).
 // Built with CKPT_SEPARATE_COMPILATION (CMake target ckpt::ckpt_compiled), the headers only
 // declare what the library compiles once (detail/linkage.hpp).
 

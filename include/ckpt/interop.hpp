@@ -12,13 +12,17 @@
 // strings travel in "__metadata__" (whose values are strings); the reserved metadata key
 // "ckpt.kinds" records which of them were int64, double or bool, so they come back as such,
 // and "ckpt.order", written when values come before tensors, the order of the entries.
-// Files from other writers load with their metadata as string entries.
+// Files from other writers load with their metadata as string entries. safetensors has no
+// storage order: a column-major tensor is written transposed into row-major order (a copy of
+// the same values, of its logical shape), and every tensor read is row-major.
 //
 // npz: a zip of "{name}.npy" members, stored or deflated (np.savez, np.savez_compressed).
 // Scalars and strings become 0-d arrays ('<i8', '<f8', '|b1', '<U{n}'), marked by the
 // member comment "ckpt:scalar" so that they come back as scalars rather than 0-d tensors;
-// NumPy does not see the comment. Reading takes stored and deflated members, either byte
-// order, and Fortran order (transposed to C order on the way in).
+// NumPy does not see the comment. A column-major tensor is written as it lies, with
+// 'fortran_order': True and its logical shape, and a Fortran-ordered array is read as a
+// column-major tensor: no element moves either way. Reading takes stored and deflated
+// members, and either byte order.
 //
 // PyTorch: the zip that torch.save writes (since PyTorch 1.6), read without libtorch or Python
 // by a restricted unpickler that takes dicts, lists, tuples, plain values and tensors and
@@ -164,17 +168,20 @@ inline void check_safetensors_name(const std::string& name, const std::string& p
 }  // namespace detail
 
 /// Writes `dict` as a safetensors file: tensors in dict order, other values in __metadata__.
+/// The format has no storage order: column-major tensors are copied into row-major order.
 inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
     const std::string path = file.string();
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
     nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
+    std::vector<Tensor> row_major;  // the payloads, in dict order
     std::uint64_t offset = 0;
     for (const auto& [name, value] : dict) {
         detail::check_safetensors_name(name, path);
         if (const Tensor* t = value.get_if<Tensor>()) {
+            row_major.push_back(t->in_order(Order::row_major));
             header[name] = {{"dtype", detail::safetensors_dtype(t->dtype())},
-                            {"shape", t->shape()},
+                            {"shape", t->logical_shape()},
                             {"data_offsets", {offset, offset + t->nbytes()}}};
             offset += t->nbytes();
         } else if (const auto* s = value.get_if<std::string>()) {
@@ -209,8 +216,7 @@ inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
     detail::AtomicFile out(file);
     detail::write_all(out.fd(), length.data(), length.size(), path);
     detail::write_all(out.fd(), text.data(), text.size(), path);
-    for (const auto& [name, value] : dict)
-        if (const Tensor* t = value.get_if<Tensor>()) detail::write_all(out.fd(), t->data(), t->nbytes(), path);
+    for (const Tensor& t : row_major) detail::write_all(out.fd(), t.data(), t.nbytes(), path);
     out.commit();
 }
 
@@ -417,11 +423,13 @@ struct NpyType {
     std::size_t itemsize() const { return dtype ? ckpt::itemsize(*dtype) : string_kind == 'U' ? 4 * chars : chars; }
 };
 
-inline std::string npy_header(std::string_view descr, const Shape& shape) {
+/// `shape` is the array's (logical) shape; `fortran`: its bytes are in Fortran (column-major) order.
+inline std::string npy_header(std::string_view descr, const Shape& shape, bool fortran = false) {
     std::string dims;
     for (std::size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
     if (shape.size() == 1) dims += ",";
-    std::string dict = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+    std::string dict = "{'descr': '" + std::string(descr) + "', 'fortran_order': " + (fortran ? "True" : "False") +
+                       ", 'shape': (" + dims + "), }";
     const bool v2 = dict.size() + 11 > 65535;
     const std::size_t prelude = v2 ? 12 : 10;
     dict.append((64 - (prelude + dict.size() + 1) % 64) % 64, ' ');
@@ -596,13 +604,6 @@ inline void gather_strided(const std::byte* src, std::byte* dst, const Shape& sh
     }
 }
 
-/// Fortran (column-major) element order → C (row-major) order.
-inline void fortran_to_c(const std::byte* src, std::byte* dst, const Shape& shape, std::size_t width) {
-    std::vector<std::size_t> stride(shape.size(), 1);  // column-major strides, in elements
-    for (std::size_t k = 1; k < shape.size(); ++k) stride[k] = stride[k - 1] * static_cast<std::size_t>(shape[k - 1]);
-    gather_strided(src, dst, shape, stride, width);
-}
-
 // ---------------------------------------------------------------------------------------------
 // npz: the zip container, through libzip
 
@@ -740,7 +741,8 @@ inline void save_npz(const ParamDict& dict, const PathArg& file, bool compressed
             headers.back().append(reinterpret_cast<const char*>(&scalar), sizeof scalar);
         };
         if (const Tensor* t = value.get_if<Tensor>()) {
-            headers.push_back(detail::npy_header(detail::npy_descr(t->dtype()), t->shape()));
+            headers.push_back(detail::npy_header(detail::npy_descr(t->dtype()), t->logical_shape(),
+                                                 t->order() == Order::column_major));
             data = t->data();
             nbytes = t->nbytes();
         } else if (const auto* s = value.get_if<std::string>()) {
@@ -883,14 +885,9 @@ inline ParamDict load_npz(const PathArg& file) {
             dict.set(name, std::move(text));
             continue;
         }
-        Tensor t = Tensor::uninitialized(*type->dtype, *shape);
-        if (*fortran && shape->size() > 1) {
-            auto raw = detail::allocate_aligned(static_cast<std::size_t>(nbytes));
-            in.read(raw.get(), static_cast<std::size_t>(nbytes));
-            detail::fortran_to_c(raw.get(), t.data(), *shape, width);
-        } else {
-            in.read(t.data(), t.nbytes());
-        }
+        // a Fortran-ordered array is a column-major tensor: its bytes as they are
+        Tensor t = Tensor::uninitialized(*type->dtype, *shape, *fortran ? Order::column_major : Order::row_major);
+        in.read(t.data(), t.nbytes());
         in.finish();
         if (type->big_endian) detail::swap_bytes(t.data(), t.nbytes(), width);
         if (*type->dtype == DType::boolean)

@@ -73,6 +73,10 @@ struct TensorPiece {
     /// The file's body passed through codecs (compression, encryption): it cannot be read from
     /// the middle, so a reader decodes it whole and takes the piece from there.
     bool encoded = false;
+    /// The entry's storage order. Pieces hold the stored bytes (for a column-major tensor, its
+    /// transpose in row-major order, global_shape the stored shape), so only a tensor of the same
+    /// order can take them.
+    Order order = Order::row_major;
 };
 
 /// The index of one saved step.
@@ -101,7 +105,12 @@ inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<En
     for (const auto& e : toc) {
         at += 8 + e.name.size() + 4;  // name, kind
         switch (e.kind) {
-            case ValueKind::tensor: at += 4 + 4 + 8 * e.shape.size() + 8; break;
+            case ValueKind::tensor:
+                at += 4 + 4 + 8 * e.shape.size() + 8;
+                // the storage order record the reader folded into a column-major tensor's entry
+                if (e.order == Order::column_major)
+                    at += 8 + order_record_name(e.name).size() + 4 + 8 + column_major_value.size();
+                break;
             case ValueKind::boolean: at += 4; break;
             case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
             default: at += 8; break;
@@ -178,6 +187,7 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
             p.global = e.name;
             p.global_shape = e.shape;
         }
+        p.order = e.order;
         p.rank = rank;
         p.file = relative;
         p.entry = e.name;
@@ -221,6 +231,7 @@ inline ParamDict index_to_dict(const GlobalIndex& index) {
         std::memcpy(hashes.data(), p.chunk_hashes.data(), hashes.size() * sizeof(std::int64_t));
         d.set(at + "chunk_xxh3", Tensor::from(hashes, {static_cast<std::int64_t>(hashes.size())}));
         if (p.encoded) d.set(at + "encoded", std::int64_t{1});
+        if (p.order == Order::column_major) d.set(at + "order", std::string(detail::column_major_value));
     }
     for (const auto& [name, value] : index.values) d.set("value." + name, value);
     return d;
@@ -254,6 +265,13 @@ inline GlobalIndex index_from_dict(const ParamDict& d, const std::string& what) 
             p.chunk_hashes.resize(hashes.size());
             std::memcpy(p.chunk_hashes.data(), hashes.data(), hashes.size() * sizeof(std::int64_t));
             p.encoded = d.contains(at + "encoded") && d.get<std::int64_t>(at + "encoded") != 0;
+            if (d.contains(at + "order")) {
+                if (d.get<std::string>(at + "order") != detail::column_major_value)
+                    throw FormatError(what + ": piece " + std::to_string(k) + " has an unknown order '" +
+                                          d.get<std::string>(at + "order") + "'",
+                                      what);
+                p.order = Order::column_major;
+            }
             const std::uint64_t bytes = p.count * itemsize(p.dtype);
             if (p.first + p.count > detail::numel_of(p.global_shape) ||
                 p.chunk_hashes.size() != (bytes + index.chunk_bytes - 1) / index.chunk_bytes)
@@ -307,7 +325,7 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
         if (!t) continue;
         std::byte* const base = block.get() + used;
         used += (t->nbytes() + 63) & ~std::size_t{63};
-        report.state.set(name, Tensor::aliasing(t->dtype(), t->shape(), block, base));
+        report.state.set(name, Tensor::aliasing(t->dtype(), t->logical_shape(), block, base, t->order()));
         PiecePlace place{name, t->shape(), 0};
         if (const auto it = places.find(name); it != places.end()) place = it->second;
         const std::uint64_t first = place.first, last = place.first + t->numel();
@@ -319,6 +337,13 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
             throw LoadMismatch(where + ": '" + place.global + "' is " + std::string(dtype_name(some.dtype)) + " of shape " +
                                shape_string(some.global_shape) + ", '" + name + "' wants " +
                                std::string(dtype_name(t->dtype())) + " of shape " + shape_string(place.global_shape));
+        // the pieces are stored bytes: another order would read a matrix as its transpose
+        for (const TensorPiece* p : candidates)
+            if (p->order != t->order())
+                throw LoadMismatch(where + ": '" + p->entry + "' of '" + p->file + "' is stored " +
+                                   std::string(order_name(p->order)) + ", '" + name + "' is " +
+                                   std::string(order_name(t->order())) + " (stored shapes " +
+                                   shape_string(some.global_shape) + ")");
         // walk [first, last): at each point the piece covering it that reaches furthest
         for (std::uint64_t at = first; at < last;) {
             const TensorPiece* best = nullptr;

@@ -1,6 +1,6 @@
 #pragma once
-// Tensor: a dtype, a shape and one contiguous block of bytes. It either owns its block
-// (64-byte aligned) or borrows memory that belongs to a network, so that saving a
+// Tensor: a dtype, a shape, a storage order and one contiguous block of bytes. It either owns
+// its block (64-byte aligned) or borrows memory that belongs to a network, so that saving a
 // network's parameters copies nothing and loading can write straight into them.
 
 #include <sys/mman.h>
@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtype.hpp"
@@ -29,6 +30,14 @@ inline std::string shape_string(const Shape& s) {
     for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
     return out + "]";
 }
+
+/// How a tensor's elements lie in its bytes. Row-major (C order): the last index varies
+/// fastest. Column-major (Fortran order, Eigen's default): the first one does. The bytes of a
+/// column-major tensor of shape [r, c] are those of the row-major tensor [c, r], its
+/// transpose. Tensors of rank 0 and 1 are row-major: for them the two are the same bytes.
+enum class Order : std::uint8_t { row_major, column_major };
+
+constexpr std::string_view order_name(Order o) { return o == Order::column_major ? "column-major" : "row-major"; }
 
 namespace detail {
 inline constexpr std::size_t tensor_alignment = 64;
@@ -74,6 +83,62 @@ inline std::size_t checked_numel(const Shape& shape, std::size_t limit) {
     }
     return n;
 }
+
+inline Shape reversed(Shape s) {
+    std::reverse(s.begin(), s.end());
+    return s;
+}
+
+/// dst[j0, …, jn-1] = src[jn-1, …, j0]: the row-major bytes of `src` (shape `shape`, elements of
+/// `width` bytes) with its axes reversed, i.e. the row-major bytes of a tensor of shape
+/// reversed(shape). This turns a column-major tensor's bytes into the row-major ones of the
+/// same values, and back. It walks the first and last axes in tiles, so that both the reads
+/// and the writes stay within a few cache lines.
+template <std::size_t Width>
+void reverse_axes_of(const std::byte* src, std::byte* dst, const Shape& shape) {
+    const std::size_t n = shape.size();
+    const auto rows = static_cast<std::size_t>(shape.front()), cols = static_cast<std::size_t>(shape.back());
+    // the middle axes: src axis k and dst axis n-1-k; strides in elements
+    std::vector<std::size_t> src_stride(n, 1), dst_stride(n, 1);
+    for (std::size_t k = n - 1; k-- > 0;) src_stride[k] = src_stride[k + 1] * static_cast<std::size_t>(shape[k + 1]);
+    for (std::size_t k = 1; k < n; ++k) dst_stride[k] = dst_stride[k - 1] * static_cast<std::size_t>(shape[k - 1]);
+    // dst_stride[k]: the stride in dst of the axis that is axis k of src
+    std::size_t middle = 1;
+    for (std::size_t k = 1; k + 1 < n; ++k) middle *= static_cast<std::size_t>(shape[k]);
+    std::vector<std::size_t> index(n, 0);
+    std::size_t src_base = 0, dst_base = 0;
+    constexpr std::size_t tile = 32;
+    for (std::size_t m = 0; m < middle; ++m) {
+        // one slice: src[i, mid, j] (strides src_stride[0], 1) to dst[j, mid', i] (strides dst_stride[n-1], 1)
+        for (std::size_t i0 = 0; i0 < rows; i0 += tile)
+            for (std::size_t j0 = 0; j0 < cols; j0 += tile)
+                for (std::size_t i = i0; i < std::min(rows, i0 + tile); ++i)
+                    for (std::size_t j = j0; j < std::min(cols, j0 + tile); ++j)
+                        std::memcpy(dst + (dst_base + j * dst_stride[n - 1] + i) * Width,
+                                    src + (src_base + i * src_stride[0] + j) * Width, Width);
+        for (std::size_t k = n - 1; k-- > 1;) {  // the next middle index, the last middle axis fastest
+            src_base += src_stride[k];
+            dst_base += dst_stride[k];
+            if (++index[k] < static_cast<std::size_t>(shape[k])) break;
+            src_base -= src_stride[k] * index[k];
+            dst_base -= dst_stride[k] * index[k];
+            index[k] = 0;
+        }
+    }
+}
+
+inline void reverse_axes(const std::byte* src, std::byte* dst, const Shape& shape, std::size_t width) {
+    if (shape.size() < 2 || std::find(shape.begin(), shape.end(), 0) != shape.end()) {
+        if (const auto n = checked_numel(shape, SIZE_MAX / width) * width) std::memcpy(dst, src, n);  // the same bytes
+        return;
+    }
+    switch (width) {
+        case 1: return reverse_axes_of<1>(src, dst, shape);
+        case 2: return reverse_axes_of<2>(src, dst, shape);
+        case 4: return reverse_axes_of<4>(src, dst, shape);
+        case 8: return reverse_axes_of<8>(src, dst, shape);
+    }
+}
 }  // namespace detail
 
 class Tensor {
@@ -81,51 +146,54 @@ public:
     /// An empty float32 tensor of shape [0].
     Tensor() : Tensor(DType::float32, Shape{0}) {}
 
-    /// An owning, zero-filled tensor.
-    Tensor(DType dtype, Shape shape) : Tensor(uninitialized(dtype, std::move(shape))) {
+    /// An owning, zero-filled tensor. Wherever a factory takes an Order, the shape it takes is
+    /// the logical one (logical_shape()), the one its elements are indexed by.
+    Tensor(DType dtype, Shape shape, Order order = Order::row_major)
+        : Tensor(uninitialized(dtype, std::move(shape), order)) {
         if (nbytes_) std::memset(data_.get(), 0, nbytes_);
     }
 
     /// An owning tensor whose bytes are left for the caller to fill.
-    static Tensor uninitialized(DType dtype, Shape shape) {
-        Tensor t(dtype, std::move(shape), nullptr);
+    static Tensor uninitialized(DType dtype, Shape shape, Order order = Order::row_major) {
+        Tensor t(dtype, std::move(shape), order, nullptr);
         t.data_ = detail::allocate_aligned(t.nbytes_);
         return t;
     }
 
     /// A tensor over memory owned by someone else (typically a network parameter).
     /// The memory must stay valid, and hold numel * itemsize bytes, while the tensor is used.
-    static Tensor view(DType dtype, Shape shape, void* data) {
-        Tensor t(dtype, std::move(shape), nullptr);
+    static Tensor view(DType dtype, Shape shape, void* data, Order order = Order::row_major) {
+        Tensor t(dtype, std::move(shape), order, nullptr);
         t.data_ = std::shared_ptr<std::byte>(std::shared_ptr<void>(), static_cast<std::byte*>(data));
         t.view_ = true;
         return t;
     }
     template <Element T>
-    static Tensor view(std::span<T> values, Shape shape) {
-        Tensor t = view(dtype_v<T>, std::move(shape), const_cast<std::remove_const_t<T>*>(values.data()));
+    static Tensor view(std::span<T> values, Shape shape, Order order = Order::row_major) {
+        Tensor t = view(dtype_v<T>, std::move(shape), const_cast<std::remove_const_t<T>*>(values.data()), order);
         t.require_count(values.size());
         return t;
     }
 
     /// A tensor sharing `owner`'s lifetime whose bytes start at `data` (used by loaders).
-    static Tensor aliasing(DType dtype, Shape shape, std::shared_ptr<void> owner, void* data) {
-        Tensor t(dtype, std::move(shape), nullptr);
+    static Tensor aliasing(DType dtype, Shape shape, std::shared_ptr<void> owner, void* data,
+                           Order order = Order::row_major) {
+        Tensor t(dtype, std::move(shape), order, nullptr);
         t.data_ = std::shared_ptr<std::byte>(std::move(owner), static_cast<std::byte*>(data));
         return t;
     }
 
-    /// An owning copy of `values`; shape defaults to one dimension.
+    /// An owning copy of `values`, which lie in `order`; shape defaults to one dimension.
     template <Element T>
-    static Tensor from(std::span<const T> values, Shape shape) {
-        Tensor t = uninitialized(dtype_v<T>, std::move(shape));
+    static Tensor from(std::span<const T> values, Shape shape, Order order = Order::row_major) {
+        Tensor t = uninitialized(dtype_v<T>, std::move(shape), order);
         t.require_count(values.size());
         if (t.nbytes_) std::memcpy(t.data_.get(), values.data(), t.nbytes_);
         return t;
     }
     template <Element T>
-    static Tensor from(const std::vector<T>& values, Shape shape) {
-        return from(std::span<const T>(values.data(), values.size()), std::move(shape));
+    static Tensor from(const std::vector<T>& values, Shape shape, Order order = Order::row_major) {
+        return from(std::span<const T>(values.data(), values.size()), std::move(shape), order);
     }
     template <Element T>
     static Tensor from(const std::vector<T>& values) {
@@ -140,7 +208,12 @@ public:
     }
 
     DType dtype() const noexcept { return dtype_; }
+    /// The shape of the bytes read in row-major order: for a column-major tensor, its logical
+    /// shape reversed (the transpose), which is what a reader that assumes row-major sees.
     const Shape& shape() const noexcept { return shape_; }
+    /// The shape its elements are indexed by: shape(), reversed for a column-major tensor.
+    Shape logical_shape() const { return order_ == Order::column_major ? detail::reversed(shape_) : shape_; }
+    Order order() const noexcept { return order_; }
     std::size_t rank() const noexcept { return shape_.size(); }
     std::size_t numel() const noexcept { return numel_; }
     std::size_t nbytes() const noexcept { return nbytes_; }
@@ -150,7 +223,8 @@ public:
     std::byte* data() noexcept { return data_.get(); }
     const std::byte* data() const noexcept { return data_.get(); }
 
-    /// The elements as T; throws TypeMismatch when T is not this tensor's dtype.
+    /// The elements as T, in the tensor's order; throws TypeMismatch when T is not this
+    /// tensor's dtype.
     template <Element T>
     std::span<T> values() {
         check_type<T>();
@@ -162,24 +236,39 @@ public:
         return {reinterpret_cast<const T*>(data_.get()), numel_};
     }
 
-    /// A deep, owning copy.
+    /// A deep, owning copy, in the same order.
     Tensor clone() const {
-        Tensor t = uninitialized(dtype_, shape_);
+        Tensor t = uninitialized(dtype_, logical_shape(), order_);
         if (nbytes_) std::memcpy(t.data_.get(), data_.get(), nbytes_);
         return t;
     }
 
-    /// Same dtype, same shape, same bytes.
+    /// The same values laid out in `order`: this tensor (sharing its bytes) when it already
+    /// is, otherwise an owning copy with the elements moved to their places.
+    Tensor in_order(Order order) const {
+        if (rank() < 2 || order == order_) return *this;
+        Tensor t = uninitialized(dtype_, logical_shape(), order);
+        detail::reverse_axes(data(), t.data(), shape_, itemsize(dtype_));
+        return t;
+    }
+
+    /// Same dtype, same shape, same order, same bytes.
     friend bool operator==(const Tensor& a, const Tensor& b) {
-        return a.dtype_ == b.dtype_ && a.shape_ == b.shape_ &&
+        return a.dtype_ == b.dtype_ && a.shape_ == b.shape_ && a.order_ == b.order_ &&
                (a.nbytes_ == 0 || std::memcmp(a.data_.get(), b.data_.get(), a.nbytes_) == 0);
     }
 
-    std::string describe() const { return std::string(dtype_name(dtype_)) + shape_string(shape_); }
+    /// "float32[2, 3]", "float64[2, 3] column-major": the dtype, the logical shape and, when it
+    /// is not row-major, the order.
+    std::string describe() const {
+        return std::string(dtype_name(dtype_)) + shape_string(logical_shape()) +
+               (order_ == Order::column_major ? " column-major" : "");
+    }
 
 private:
-    Tensor(DType dtype, Shape shape, std::nullptr_t)
-        : dtype_(dtype), shape_(std::move(shape)),
+    Tensor(DType dtype, Shape logical, Order order, std::nullptr_t)
+        : dtype_(dtype), order_(logical.size() < 2 ? Order::row_major : order),
+          shape_(order_ == Order::column_major ? detail::reversed(std::move(logical)) : std::move(logical)),
           numel_(detail::checked_numel(shape_, SIZE_MAX / itemsize(dtype))), nbytes_(numel_ * itemsize(dtype)) {}
 
     template <Element T>
@@ -189,12 +278,13 @@ private:
     }
     void require_count(std::size_t n) const {
         if (n != numel_)
-            throw TypeMismatch("shape " + shape_string(shape_) + " needs " + std::to_string(numel_) +
+            throw TypeMismatch("shape " + shape_string(logical_shape()) + " needs " + std::to_string(numel_) +
                                " elements, got " + std::to_string(n));
     }
 
     DType dtype_;
-    Shape shape_;
+    Order order_;
+    Shape shape_;  // the bytes' shape read row-major (reversed for a column-major tensor)
     std::size_t numel_;
     std::size_t nbytes_;
     std::shared_ptr<std::byte> data_;
@@ -210,13 +300,22 @@ Tensor view_of(T& value) {
     return Tensor::view(dtype_v<T>, Shape{}, &value);
 }
 
+namespace detail {
+/// Containers whose own view_of (with their shape and order) lives in an adapter header:
+/// xtensor's (xtensor.hpp), Eigen's matrices, arrays, maps (Eigen 3.4's vectors are ranges
+/// too) and tensors (eigen.hpp).
+template <class C>
+concept has_adapter_view = requires { C::static_layout; } || requires { C::RowsAtCompileTime; } ||
+                           requires { C::NumIndices; };
+}  // namespace detail
+
 /// A tensor viewing a contiguous standard container (std::vector, std::array, std::span, a
 /// C array): one dimension of its size, or `shape` when given (its element count must match).
 /// A container that reallocates (a std::vector that grows) must not do so while the view is used.
 template <std::ranges::contiguous_range C>
     requires Element<std::ranges::range_value_t<C>> &&
              (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<C>>>) &&
-             (!requires { C::static_layout; })  // xtensor containers: xtensor.hpp's view_of, with their shape
+             (!detail::has_adapter_view<C>)
 Tensor view_of(C& container, Shape shape = {}) {
     using T = std::ranges::range_value_t<C>;
     const auto n = static_cast<std::size_t>(std::ranges::size(container));

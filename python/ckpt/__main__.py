@@ -61,8 +61,8 @@ def _show(args):
                "checksum_verified": True,
                "entries": None if entries is None else [
                    {"name": e.name, "kind": _JSON_KINDS.get(e.kind, e.kind),
-                    **({"dtype": e.dtype, "shape": list(e.shape), "bytes": e.nbytes} if e.kind == "tensor"
-                       else {"value": _json_value(e.value)})} for e in entries]}
+                    **({"dtype": e.dtype, "shape": list(e.shape), "order": e.order, "bytes": e.nbytes}
+                       if e.kind == "tensor" else {"value": _json_value(e.value)})} for e in entries]}
         print(json.dumps(out, indent=2, ensure_ascii=False))
         return 0
     for k, v in (("path", args.file), ("format_version", h.version), ("archive", h.archive),
@@ -75,7 +75,8 @@ def _show(args):
         return 0
     print("entries:        %d" % len(entries))
     for e in entries:
-        what = "%s%s %d bytes" % (e.dtype, list(e.shape), e.nbytes) if e.kind == "tensor" else "%s %r" % (e.kind, e.value)
+        what = ("%s%s%s %d bytes" % (e.dtype, list(e.shape), " column-major" if e.order == "column_major" else "",
+                                     e.nbytes) if e.kind == "tensor" else "%s %r" % (e.kind, e.value))
         print("  %-40s %s" % (e.name, what))
     return 0
 

@@ -21,6 +21,8 @@ MAX_RANK = 64
 BOOST_ARCHIVE_VERSION = 18   # what Boost 1.74's archives write, as the C++ library built on it does
 RESERVED_PREFIX = "__ckpt."
 METRIC_PREFIX = "__ckpt.metric."
+ORDER_PREFIX = "__ckpt.order."    # section 3.1: "__ckpt.order.{name}" = "column_major" after a column-major tensor
+COLUMN_MAJOR = "column_major"
 
 ARCHIVES = ("binary", "text", "xml")
 TENSOR, INT64, DOUBLE, BOOL, STRING = range(5)
@@ -124,7 +126,8 @@ def finish_header(prefix56, body_length, body_checksum):
 @dataclass
 class Entry:
     """One entry of a table of contents. For a tensor, `offset` is its payload's offset in the
-    body buffer it was parsed from (binary bodies), or its decoded payload is in `data`."""
+    body buffer it was parsed from (binary bodies), or its decoded payload is in `data`;
+    `shape` is as stored: for a column-major tensor, its logical shape reversed."""
     name: str
     kind: int
     dtype: int = 0
@@ -133,6 +136,11 @@ class Entry:
     value: object = None
     offset: int = -1
     data: bytes = None
+    column_major: bool = False
+
+    @property
+    def logical_shape(self):
+        return self.shape[::-1] if self.column_major else self.shape
 
 
 def decode_name(raw):
@@ -180,6 +188,28 @@ class _Parser:
         if self.payload_total > self.length:
             self.fail("tensor payloads add up to more than the body's %d bytes" % self.length)
         e.dtype, e.shape, e.nbytes = dtype, tuple(dims), nbytes
+
+
+def fold_order_records(entries, p):
+    """Section 3.1: marks the tensors that storage order records name column-major and drops
+    the records."""
+    records = [e for e in entries if e.name.startswith(ORDER_PREFIX)]
+    if not records:
+        return entries
+    tensors = {e.name: e for e in entries if e.kind == TENSOR}
+    for r in records:
+        name = r.name[len(ORDER_PREFIX):]
+        if r.kind != STRING or r.value != COLUMN_MAJOR:
+            p.fail("the storage order record '%s' of tensor '%s' holds %s, not '%s'"
+                   % (r.name, name, "'%s'" % r.value if r.kind == STRING else "no string", COLUMN_MAJOR))
+        t = tensors.get(name)
+        if t is None:
+            p.fail("the storage order record '%s' names no tensor entry ('%s')" % (r.name, name))
+        if len(t.shape) < 2:
+            p.fail("the storage order record '%s' marks tensor '%s' of rank %d column-major; only tensors of rank 2 "
+                   "or more have an order" % (r.name, name, len(t.shape)))
+        t.column_major = True
+    return [e for e in entries if not e.name.startswith(ORDER_PREFIX)]
 
 
 # --------------------------------------------------------------------------- binary bodies
@@ -244,7 +274,7 @@ def parse_binary(buf, path):
         e.offset = take(e.nbytes, "tensor '%s'" % e.name)
     if at != n:
         p.fail("%d bytes follow the last payload" % (n - at))
-    return entries
+    return fold_order_records(entries, p)
 
 
 def binary_writes(entries, path=None):
@@ -427,7 +457,7 @@ def parse_text(buf, path):
     r.skip_ws()
     if r.at != len(r.buf):
         r.p.fail("%d bytes follow the last item" % (len(r.buf) - r.at))
-    return entries
+    return fold_order_records(entries, r.p)
 
 
 def _read_value(r, e, u32, u64, i64, f64, string):
@@ -577,7 +607,7 @@ def parse_xml(buf, path):
     r.skip_ws()
     if not r.buf.startswith(b"</boost_serialization>", r.at) or r.buf[r.at + 22:].strip(_WS):
         r.p.fail("an xml body ends with </boost_serialization>")
-    return entries
+    return fold_order_records(entries, r.p)
 
 
 def xml_writes(entries, path=None):

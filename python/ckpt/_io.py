@@ -211,15 +211,20 @@ def _parse(opened, key, use_mmap, max_decoded_bytes):
 
 
 def _tensor(e, buf, base, writable, path=None):
+    """The array of a tensor entry; a column-major tensor as the Fortran-ordered array of its
+    logical shape over the same bytes (the transpose of the stored row-major array)."""
     dtype = F.DTYPES[e.dtype]
     try:
         if e.data is not None:
             a = np.frombuffer(e.data, dtype=dtype).reshape(e.shape)
-            return a.copy() if writable else a
-        return np.ndarray(e.shape, dtype=dtype, buffer=buf, offset=base + e.offset)
+            if e.column_major:
+                a = a.T
+            return a.copy(order="K") if writable else a
+        a = np.ndarray(e.shape, dtype=dtype, buffer=buf, offset=base + e.offset)
+        return a.T if e.column_major else a
     except ValueError as err:  # a shape NumPy cannot hold: rank over 32, or dims beside a 0 beyond its sizes
         raise FormatError("checkpoint '%s': tensor '%s' of shape %s cannot be a NumPy array (%s)"
-                          % (path, e.name, list(e.shape), err), path) from None
+                          % (path, e.name, list(e.logical_shape), err), path) from None
 
 
 def _read(path, key, mmap, max_decoded_bytes):
@@ -230,7 +235,8 @@ def _read(path, key, mmap, max_decoded_bytes):
 def load(path, key=None, mmap=True, max_decoded_bytes=None):
     """The entries of checkpoint `path` as a dict, in the file's order: tensors as numpy
     arrays, int64, double, bool and string values as int, float, bool and str. Entries the
-    writer reserved (`__ckpt.*`) are left out.
+    writer reserved (`__ckpt.*`) are left out. A column-major tensor (docs/FORMAT.md section
+    3.1) is an array of its logical shape in Fortran order, over the same bytes.
 
     With `mmap` (the default), the tensors of a binary body without codecs are read-only views
     into a memory map of the file: nothing is copied. `mmap=False` reads the body into memory
@@ -291,9 +297,10 @@ def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None):
         if not isinstance(target, np.ndarray):
             raise ConfigError("load_into: the target of '%s' is a %s, not a numpy array" % (e.name, type(target).__name__))
         dtype = F.DTYPES[e.dtype]
-        if target.dtype.newbyteorder("=") != dtype.newbyteorder("=") or tuple(target.shape) != e.shape:
-            report.mismatched.append("%s: checkpoint %s%s, target %s%s" % (e.name, F.DTYPE_NAMES[e.dtype], list(e.shape),
-                                                                         target.dtype, list(target.shape)))
+        if target.dtype.newbyteorder("=") != dtype.newbyteorder("=") or tuple(target.shape) != e.logical_shape:
+            report.mismatched.append("%s: checkpoint %s%s%s, target %s%s" % (
+                e.name, F.DTYPE_NAMES[e.dtype], list(e.logical_shape), " column-major" if e.column_major else "",
+                target.dtype, list(target.shape)))
             report.missing.append(e.name)
             report.unexpected.append(e.name)
             continue
@@ -313,32 +320,41 @@ def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None):
             parts.append("without a target: " + ", ".join(extra))
         raise LoadMismatch("strict load of '%s' failed, nothing was written: %s" % (path, "; ".join(parts)), path)
     for target, e in plan:
-        # "equiv": the checks above let a target of either byte order through
+        # "equiv": the checks above let a target of either byte order through; copyto puts each
+        # element in its place whatever the memory orders of the two
         np.copyto(target, _tensor(e, buf, base, writable=False), casting="equiv")
     return report
 
 
 @dataclass(frozen=True)
 class EntryInfo:
-    """One entry of a table of contents: a tensor's dtype name, shape and size, or a scalar's
-    value."""
+    """One entry of a table of contents: a tensor's dtype name, logical shape, size and storage
+    order, or a scalar's value."""
     name: str
     kind: str                   # "tensor", "int64", "double", "bool" or "string"
     dtype: str = None
     shape: tuple = None
     nbytes: int = 0
     value: object = None
+    order: str = None           # tensors: "row_major" or "column_major"
 
 
 _KIND_NAMES = ("tensor", "int64", "double", "bool", "string")
 
 
 def contents(path, key=None, max_decoded_bytes=None):
-    """The table of contents of checkpoint `path` (reserved `__ckpt.*` entries included), in
-    order, without the payloads; the checksum is checked."""
+    """The table of contents of checkpoint `path` (reserved `__ckpt.*` entries included, but
+    for storage order records, which become the tensors' `order`), in order, without the
+    payloads; the checksum is checked."""
     entries, _, _ = _read(path, key, True, max_decoded_bytes)
-    return [EntryInfo(e.name, _KIND_NAMES[e.kind], F.DTYPE_NAMES[e.dtype] if e.kind == F.TENSOR else None,
-                      e.shape if e.kind == F.TENSOR else None, e.nbytes, e.value) for e in entries]
+    out = []
+    for e in entries:
+        if e.kind == F.TENSOR:
+            out.append(EntryInfo(e.name, "tensor", F.DTYPE_NAMES[e.dtype], e.logical_shape, e.nbytes, None,
+                                 F.COLUMN_MAJOR if e.column_major else "row_major"))
+        else:
+            out.append(EntryInfo(e.name, _KIND_NAMES[e.kind], value=e.value))
+    return out
 
 
 def header(path):
@@ -408,7 +424,12 @@ def _normalize(entries, path):
                 raise ConfigError("tensor '%s' has rank %d (at most %d)" % (name, a.ndim, F.MAX_RANK), path)
             if a.dtype.byteorder == ">":
                 a = a.astype(a.dtype.newbyteorder("<"))
-            out.append((name, F.TENSOR, a if a.flags.c_contiguous else a.copy(order="C")))  # (ascontiguousarray makes 0-d 1-d)
+            if a.ndim >= 2 and a.flags.f_contiguous and not a.flags.c_contiguous:
+                # column-major, as it lies (section 3.1): the transpose's C-order bytes, and the record
+                out.append((name, F.TENSOR, a.T))
+                out.append((F.ORDER_PREFIX + name, F.STRING, F.COLUMN_MAJOR))
+            else:
+                out.append((name, F.TENSOR, a if a.flags.c_contiguous else a.copy(order="C")))  # (ascontiguousarray makes 0-d 1-d)
         else:
             raise ConfigError("entry '%s' is a %s; a checkpoint holds numpy arrays, int, float, bool and str"
                               % (name, type(v).__name__), path)
@@ -459,6 +480,9 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
     `step` go into the header. `overwrite=False` refuses to replace an existing file.
     `metrics` (names to finite numbers, e.g. {"val_loss": 0.31}) are recorded as the C++
     manager records them (`__ckpt.metric.{name}`), for best(), `ckpt ls --best` and KeepBest.
+    An array in Fortran order (F-contiguous, not C-contiguous, rank 2 or more) is saved
+    column-major as it lies, without a copy (docs/FORMAT.md section 3.1); other arrays that are
+    not C-contiguous are copied into C order.
 
     For the same entries, position and options the file holds the bytes the C++ library
     writes, but for the save time (and the salt and ciphertext of an encrypted body)."""

@@ -5,7 +5,7 @@
 #endif
 // ckpt: embeddable checkpoint and resume. Include this one header.
 //
-//   values       ParamDict, Value, Tensor, dtypes                      param_dict.hpp, tensor.hpp
+//   values       ParamDict, Value, Tensor, Order, dtypes               param_dict.hpp, tensor.hpp
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
@@ -20,6 +20,9 @@
 // use them does not pay for them (xtensor's headers; the resharding reader and its threads):
 //   xtensor      view_of(container), to_tensor, as_xarray               xtensor.hpp
 //   resharding   describe_checkpoint, GlobalIndex, load_resharded     reshard.hpp
+// Adapters to other libraries have CMake targets of their own: safetensors, npz and PyTorch
+// files in interop.hpp (ckpt::interop), libtorch in torch.hpp (ckpt::torch), Eigen's matrices,
+// arrays and tensors in eigen.hpp (ckpt::eigen).
 // Built with CKPT_SEPARATE_COMPILATION (CMake target ckpt::ckpt_compiled), the headers only
 // declare what the library compiles once (detail/linkage.hpp).
 
@@ -193,8 +196,8 @@ public:
 #include <variant>
 #include <vector>
 
-// Tensor: a dtype, a shape and one contiguous block of bytes. It either owns its block
-// (64-byte aligned) or borrows memory that belongs to a network, so that saving a
+// Tensor: a dtype, a shape, a storage order and one contiguous block of bytes. It either owns
+// its block (64-byte aligned) or borrows memory that belongs to a network, so that saving a
 // network's parameters copies nothing and loading can write straight into them.
 
 #include <sys/mman.h>
@@ -209,6 +212,7 @@ public:
 #include <type_traits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // Element types a checkpoint tensor can hold, and the C++ types that map onto them.
@@ -328,6 +332,14 @@ inline std::string shape_string(const Shape& s) {
     return out + "]";
 }
 
+/// How a tensor's elements lie in its bytes. Row-major (C order): the last index varies
+/// fastest. Column-major (Fortran order, Eigen's default): the first one does. The bytes of a
+/// column-major tensor of shape [r, c] are those of the row-major tensor [c, r], its
+/// transpose. Tensors of rank 0 and 1 are row-major: for them the two are the same bytes.
+enum class Order : std::uint8_t { row_major, column_major };
+
+constexpr std::string_view order_name(Order o) { return o == Order::column_major ? "column-major" : "row-major"; }
+
 namespace detail {
 inline constexpr std::size_t tensor_alignment = 64;
 
@@ -372,6 +384,62 @@ inline std::size_t checked_numel(const Shape& shape, std::size_t limit) {
     }
     return n;
 }
+
+inline Shape reversed(Shape s) {
+    std::reverse(s.begin(), s.end());
+    return s;
+}
+
+/// dst[j0, …, jn-1] = src[jn-1, …, j0]: the row-major bytes of `src` (shape `shape`, elements of
+/// `width` bytes) with its axes reversed, i.e. the row-major bytes of a tensor of shape
+/// reversed(shape). This turns a column-major tensor's bytes into the row-major ones of the
+/// same values, and back. It walks the first and last axes in tiles, so that both the reads
+/// and the writes stay within a few cache lines.
+template <std::size_t Width>
+void reverse_axes_of(const std::byte* src, std::byte* dst, const Shape& shape) {
+    const std::size_t n = shape.size();
+    const auto rows = static_cast<std::size_t>(shape.front()), cols = static_cast<std::size_t>(shape.back());
+    // the middle axes: src axis k and dst axis n-1-k; strides in elements
+    std::vector<std::size_t> src_stride(n, 1), dst_stride(n, 1);
+    for (std::size_t k = n - 1; k-- > 0;) src_stride[k] = src_stride[k + 1] * static_cast<std::size_t>(shape[k + 1]);
+    for (std::size_t k = 1; k < n; ++k) dst_stride[k] = dst_stride[k - 1] * static_cast<std::size_t>(shape[k - 1]);
+    // dst_stride[k]: the stride in dst of the axis that is axis k of src
+    std::size_t middle = 1;
+    for (std::size_t k = 1; k + 1 < n; ++k) middle *= static_cast<std::size_t>(shape[k]);
+    std::vector<std::size_t> index(n, 0);
+    std::size_t src_base = 0, dst_base = 0;
+    constexpr std::size_t tile = 32;
+    for (std::size_t m = 0; m < middle; ++m) {
+        // one slice: src[i, mid, j] (strides src_stride[0], 1) to dst[j, mid', i] (strides dst_stride[n-1], 1)
+        for (std::size_t i0 = 0; i0 < rows; i0 += tile)
+            for (std::size_t j0 = 0; j0 < cols; j0 += tile)
+                for (std::size_t i = i0; i < std::min(rows, i0 + tile); ++i)
+                    for (std::size_t j = j0; j < std::min(cols, j0 + tile); ++j)
+                        std::memcpy(dst + (dst_base + j * dst_stride[n - 1] + i) * Width,
+                                    src + (src_base + i * src_stride[0] + j) * Width, Width);
+        for (std::size_t k = n - 1; k-- > 1;) {  // the next middle index, the last middle axis fastest
+            src_base += src_stride[k];
+            dst_base += dst_stride[k];
+            if (++index[k] < static_cast<std::size_t>(shape[k])) break;
+            src_base -= src_stride[k] * index[k];
+            dst_base -= dst_stride[k] * index[k];
+            index[k] = 0;
+        }
+    }
+}
+
+inline void reverse_axes(const std::byte* src, std::byte* dst, const Shape& shape, std::size_t width) {
+    if (shape.size() < 2 || std::find(shape.begin(), shape.end(), 0) != shape.end()) {
+        if (const auto n = checked_numel(shape, SIZE_MAX / width) * width) std::memcpy(dst, src, n);  // the same bytes
+        return;
+    }
+    switch (width) {
+        case 1: return reverse_axes_of<1>(src, dst, shape);
+        case 2: return reverse_axes_of<2>(src, dst, shape);
+        case 4: return reverse_axes_of<4>(src, dst, shape);
+        case 8: return reverse_axes_of<8>(src, dst, shape);
+    }
+}
 }  // namespace detail
 
 class Tensor {
@@ -379,51 +447,54 @@ public:
     /// An empty float32 tensor of shape [0].
     Tensor() : Tensor(DType::float32, Shape{0}) {}
 
-    /// An owning, zero-filled tensor.
-    Tensor(DType dtype, Shape shape) : Tensor(uninitialized(dtype, std::move(shape))) {
+    /// An owning, zero-filled tensor. Wherever a factory takes an Order, the shape it takes is
+    /// the logical one (logical_shape()), the one its elements are indexed by.
+    Tensor(DType dtype, Shape shape, Order order = Order::row_major)
+        : Tensor(uninitialized(dtype, std::move(shape), order)) {
         if (nbytes_) std::memset(data_.get(), 0, nbytes_);
     }
 
     /// An owning tensor whose bytes are left for the caller to fill.
-    static Tensor uninitialized(DType dtype, Shape shape) {
-        Tensor t(dtype, std::move(shape), nullptr);
+    static Tensor uninitialized(DType dtype, Shape shape, Order order = Order::row_major) {
+        Tensor t(dtype, std::move(shape), order, nullptr);
         t.data_ = detail::allocate_aligned(t.nbytes_);
         return t;
     }
 
     /// A tensor over memory owned by someone else (typically a network parameter).
     /// The memory must stay valid, and hold numel * itemsize bytes, while the tensor is used.
-    static Tensor view(DType dtype, Shape shape, void* data) {
-        Tensor t(dtype, std::move(shape), nullptr);
+    static Tensor view(DType dtype, Shape shape, void* data, Order order = Order::row_major) {
+        Tensor t(dtype, std::move(shape), order, nullptr);
         t.data_ = std::shared_ptr<std::byte>(std::shared_ptr<void>(), static_cast<std::byte*>(data));
         t.view_ = true;
         return t;
     }
     template <Element T>
-    static Tensor view(std::span<T> values, Shape shape) {
-        Tensor t = view(dtype_v<T>, std::move(shape), const_cast<std::remove_const_t<T>*>(values.data()));
+    static Tensor view(std::span<T> values, Shape shape, Order order = Order::row_major) {
+        Tensor t = view(dtype_v<T>, std::move(shape), const_cast<std::remove_const_t<T>*>(values.data()), order);
         t.require_count(values.size());
         return t;
     }
 
     /// A tensor sharing `owner`'s lifetime whose bytes start at `data` (used by loaders).
-    static Tensor aliasing(DType dtype, Shape shape, std::shared_ptr<void> owner, void* data) {
-        Tensor t(dtype, std::move(shape), nullptr);
+    static Tensor aliasing(DType dtype, Shape shape, std::shared_ptr<void> owner, void* data,
+                           Order order = Order::row_major) {
+        Tensor t(dtype, std::move(shape), order, nullptr);
         t.data_ = std::shared_ptr<std::byte>(std::move(owner), static_cast<std::byte*>(data));
         return t;
     }
 
-    /// An owning copy of `values`; shape defaults to one dimension.
+    /// An owning copy of `values`, which lie in `order`; shape defaults to one dimension.
     template <Element T>
-    static Tensor from(std::span<const T> values, Shape shape) {
-        Tensor t = uninitialized(dtype_v<T>, std::move(shape));
+    static Tensor from(std::span<const T> values, Shape shape, Order order = Order::row_major) {
+        Tensor t = uninitialized(dtype_v<T>, std::move(shape), order);
         t.require_count(values.size());
         if (t.nbytes_) std::memcpy(t.data_.get(), values.data(), t.nbytes_);
         return t;
     }
     template <Element T>
-    static Tensor from(const std::vector<T>& values, Shape shape) {
-        return from(std::span<const T>(values.data(), values.size()), std::move(shape));
+    static Tensor from(const std::vector<T>& values, Shape shape, Order order = Order::row_major) {
+        return from(std::span<const T>(values.data(), values.size()), std::move(shape), order);
     }
     template <Element T>
     static Tensor from(const std::vector<T>& values) {
@@ -438,7 +509,12 @@ public:
     }
 
     DType dtype() const noexcept { return dtype_; }
+    /// The shape of the bytes read in row-major order: for a column-major tensor, its logical
+    /// shape reversed (the transpose), which is what a reader that assumes row-major sees.
     const Shape& shape() const noexcept { return shape_; }
+    /// The shape its elements are indexed by: shape(), reversed for a column-major tensor.
+    Shape logical_shape() const { return order_ == Order::column_major ? detail::reversed(shape_) : shape_; }
+    Order order() const noexcept { return order_; }
     std::size_t rank() const noexcept { return shape_.size(); }
     std::size_t numel() const noexcept { return numel_; }
     std::size_t nbytes() const noexcept { return nbytes_; }
@@ -448,7 +524,8 @@ public:
     std::byte* data() noexcept { return data_.get(); }
     const std::byte* data() const noexcept { return data_.get(); }
 
-    /// The elements as T; throws TypeMismatch when T is not this tensor's dtype.
+    /// The elements as T, in the tensor's order; throws TypeMismatch when T is not this
+    /// tensor's dtype.
     template <Element T>
     std::span<T> values() {
         check_type<T>();
@@ -460,24 +537,39 @@ public:
         return {reinterpret_cast<const T*>(data_.get()), numel_};
     }
 
-    /// A deep, owning copy.
+    /// A deep, owning copy, in the same order.
     Tensor clone() const {
-        Tensor t = uninitialized(dtype_, shape_);
+        Tensor t = uninitialized(dtype_, logical_shape(), order_);
         if (nbytes_) std::memcpy(t.data_.get(), data_.get(), nbytes_);
         return t;
     }
 
-    /// Same dtype, same shape, same bytes.
+    /// The same values laid out in `order`: this tensor (sharing its bytes) when it already
+    /// is, otherwise an owning copy with the elements moved to their places.
+    Tensor in_order(Order order) const {
+        if (rank() < 2 || order == order_) return *this;
+        Tensor t = uninitialized(dtype_, logical_shape(), order);
+        detail::reverse_axes(data(), t.data(), shape_, itemsize(dtype_));
+        return t;
+    }
+
+    /// Same dtype, same shape, same order, same bytes.
     friend bool operator==(const Tensor& a, const Tensor& b) {
-        return a.dtype_ == b.dtype_ && a.shape_ == b.shape_ &&
+        return a.dtype_ == b.dtype_ && a.shape_ == b.shape_ && a.order_ == b.order_ &&
                (a.nbytes_ == 0 || std::memcmp(a.data_.get(), b.data_.get(), a.nbytes_) == 0);
     }
 
-    std::string describe() const { return std::string(dtype_name(dtype_)) + shape_string(shape_); }
+    /// "float32[2, 3]", "float64[2, 3] column-major": the dtype, the logical shape and, when it
+    /// is not row-major, the order.
+    std::string describe() const {
+        return std::string(dtype_name(dtype_)) + shape_string(logical_shape()) +
+               (order_ == Order::column_major ? " column-major" : "");
+    }
 
 private:
-    Tensor(DType dtype, Shape shape, std::nullptr_t)
-        : dtype_(dtype), shape_(std::move(shape)),
+    Tensor(DType dtype, Shape logical, Order order, std::nullptr_t)
+        : dtype_(dtype), order_(logical.size() < 2 ? Order::row_major : order),
+          shape_(order_ == Order::column_major ? detail::reversed(std::move(logical)) : std::move(logical)),
           numel_(detail::checked_numel(shape_, SIZE_MAX / itemsize(dtype))), nbytes_(numel_ * itemsize(dtype)) {}
 
     template <Element T>
@@ -487,12 +579,13 @@ private:
     }
     void require_count(std::size_t n) const {
         if (n != numel_)
-            throw TypeMismatch("shape " + shape_string(shape_) + " needs " + std::to_string(numel_) +
+            throw TypeMismatch("shape " + shape_string(logical_shape()) + " needs " + std::to_string(numel_) +
                                " elements, got " + std::to_string(n));
     }
 
     DType dtype_;
-    Shape shape_;
+    Order order_;
+    Shape shape_;  // the bytes' shape read row-major (reversed for a column-major tensor)
     std::size_t numel_;
     std::size_t nbytes_;
     std::shared_ptr<std::byte> data_;
@@ -508,13 +601,22 @@ Tensor view_of(T& value) {
     return Tensor::view(dtype_v<T>, Shape{}, &value);
 }
 
+namespace detail {
+/// Containers whose own view_of (with their shape and order) lives in an adapter header:
+/// xtensor's (xtensor.hpp), Eigen's matrices, arrays, maps (Eigen 3.4's vectors are ranges
+/// too) and tensors (eigen.hpp).
+template <class C>
+concept has_adapter_view = requires { C::static_layout; } || requires { C::RowsAtCompileTime; } ||
+                           requires { C::NumIndices; };
+}  // namespace detail
+
 /// A tensor viewing a contiguous standard container (std::vector, std::array, std::span, a
 /// C array): one dimension of its size, or `shape` when given (its element count must match).
 /// A container that reallocates (a std::vector that grows) must not do so while the view is used.
 template <std::ranges::contiguous_range C>
     requires Element<std::ranges::range_value_t<C>> &&
              (!std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<C>>>) &&
-             (!requires { C::static_layout; })  // xtensor containers: xtensor.hpp's view_of, with their shape
+             (!detail::has_adapter_view<C>)
 Tensor view_of(C& container, Shape shape = {}) {
     using T = std::ranges::range_value_t<C>;
     const auto n = static_cast<std::size_t>(std::ranges::size(container));
@@ -1674,6 +1776,7 @@ inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeCo
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 
 namespace ckpt::detail {
@@ -1681,14 +1784,26 @@ namespace ckpt::detail {
 inline constexpr std::uint32_t max_tensor_rank = 64;
 inline constexpr std::uint32_t payload_alignment = 64;
 
+// A column-major tensor is stored with its dimensions reversed (its bytes are then those of
+// the row-major transpose) and followed by a string entry "__ckpt.order.{name}" holding
+// "column_major" (FORMAT.md section 3.1). Readers fold the record into the tensor's entry.
+inline constexpr std::string_view order_record_prefix = "__ckpt.order.";
+inline constexpr std::string_view column_major_value = "column_major";
+
+inline std::string order_record_name(std::string_view tensor) { return std::string(order_record_prefix) += tensor; }
+
 /// One entry of the table of contents; tensors carry their layout, other kinds their value.
 struct EntryMeta {
     std::string name;
     ValueKind kind = ValueKind::int64;
     DType dtype = DType::float32;
-    Shape shape;
+    Shape shape;  ///< as stored: the bytes' shape read row-major (reversed for a column-major tensor)
+    Order order = Order::row_major;
     std::uint64_t nbytes = 0;
     Value scalar;
+
+    /// The shape the tensor's elements are indexed by (Tensor::logical_shape()).
+    Shape logical_shape() const { return order == Order::column_major ? reversed(shape) : shape; }
 };
 
 }  // namespace ckpt::detail
@@ -1782,7 +1897,9 @@ std::int64_t unix_time_ns();
 std::string hex64(std::uint64_t v);
 
 // The owner record is kept in entries whose names start with "__ckpt.": a manager refuses
-// such names in a user's state, and loads leave them out of what they return.
+// such names in a user's state, and loads leave them out of what they return. The writer's
+// storage-order records ("__ckpt.order.{name}", detail/entry.hpp) are folded into their
+// tensors' entries as a body is read.
 inline constexpr std::string_view reserved_name_prefix = "__ckpt.";
 inline constexpr std::string_view owner_prefix_entry = "__ckpt.prefix";
 inline constexpr std::string_view owner_run_entry = "__ckpt.run";
@@ -2153,6 +2270,8 @@ inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefi
 //     kind   u32                          ValueKind
 //     tensor: dtype u32, rank u32, dim i64 x rank, nbytes u64
 //     int64 / double / bool / string: value
+//   a column-major tensor: its dims reversed, and right after it the string entry
+//   "__ckpt.order.{name}" = "column_major" (entry.hpp)
 //   per tensor entry, in the same order:
 //     [binary only] pad u32 + pad zero bytes, so the payload starts 64-byte aligned in the body
 //     data   the payload as one binary block (base64 in text and xml archives)
@@ -2171,11 +2290,14 @@ inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefi
 #include <boost/serialization/string.hpp>
 #include <boost/archive/iterators/dataflow_exception.hpp>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 
@@ -2208,10 +2330,16 @@ void write_string(OArchive& ar, const char* tag, const std::string& s) {
     }
 }
 
+inline bool is_column_major(const Value& v) {
+    const Tensor* t = v.get_if<Tensor>();
+    return t && t->order() == Order::column_major;
+}
+
 /// Writes `dict`; `position()` tells the writer's offset in the body, for payload alignment.
 template <class OArchive, class Position>
 void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
-    const std::uint64_t count = dict.size();
+    std::uint64_t count = dict.size();
+    for (const ParamDict::Entry& entry : dict) count += is_column_major(entry.value);
     ar << make_nvp("entries", count);
     for (const ParamDict::Entry& entry : dict) {
         const Value& value = entry.value;
@@ -2222,9 +2350,15 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
             const auto dtype = static_cast<std::uint32_t>(t->dtype());
             const auto rank = static_cast<std::uint32_t>(t->rank());
             ar << make_nvp("dtype", dtype) << make_nvp("rank", rank);
-            for (std::int64_t d : t->shape()) ar << make_nvp("dim", d);
+            for (std::int64_t d : t->shape()) ar << make_nvp("dim", d);  // the stored shape
             const std::uint64_t nbytes = t->nbytes();
             ar << make_nvp("nbytes", nbytes);
+            if (t->order() == Order::column_major) {
+                write_string(ar, "name", order_record_name(entry.name));
+                const auto string_kind = static_cast<std::uint32_t>(ValueKind::string);
+                ar << make_nvp("kind", string_kind);
+                write_string(ar, "value", std::string(column_major_value));
+            }
         } else if (auto* i = value.get_if<std::int64_t>()) {
             ar << make_nvp("value", *i);
         } else if (auto* d = value.get_if<double>()) {
@@ -2293,6 +2427,7 @@ public:
             if (payload_total > src_.length())
                 fail("tensor payloads add up to more than the body's " + std::to_string(src_.length()) + " bytes");
         }
+        apply_order_records(toc);
         return toc;
     }
 
@@ -2363,6 +2498,35 @@ private:
             fail("tensor '" + e.name + "' of " + std::string(dtype_name(e.dtype)) + shape_string(e.shape) +
                  " should hold " + std::to_string(numel * itemsize(e.dtype)) + " bytes, not " +
                  std::to_string(e.nbytes));
+    }
+
+    /// Marks the tensors that storage-order records name column-major, and drops the records.
+    void apply_order_records(std::vector<EntryMeta>& toc) const {
+        auto is_record = [](const EntryMeta& e) { return std::string_view(e.name).starts_with(order_record_prefix); };
+        if (std::none_of(toc.begin(), toc.end(), is_record)) return;
+        std::unordered_map<std::string_view, EntryMeta*> tensors;
+        for (auto& e : toc)
+            if (e.kind == ValueKind::tensor) tensors.emplace(e.name, &e);
+        for (const auto& e : toc) {
+            if (!is_record(e)) continue;
+            const std::string tensor = e.name.substr(order_record_prefix.size());
+            const std::string* value = e.scalar.get_if<std::string>();
+            if (e.kind != ValueKind::string || !value || *value != column_major_value)
+                fail("the storage order record '" + e.name + "' of tensor '" + tensor + "' holds " +
+                     (value && e.kind == ValueKind::string ? "'" + *value + "'" : "no string") + ", not '" +
+                     std::string(column_major_value) + "'");
+            const auto it = tensors.find(tensor);
+            if (it == tensors.end())
+                fail("the storage order record '" + e.name + "' names no tensor entry ('" + tensor + "')");
+            EntryMeta& t = *it->second;
+            if (t.order == Order::column_major)  // reject_duplicates() runs after the records are gone
+                fail("entry '" + e.name + "' appears twice");
+            if (t.shape.size() < 2)
+                fail("the storage order record '" + e.name + "' marks tensor '" + tensor + "' of rank " +
+                     std::to_string(t.shape.size()) + " column-major; only tensors of rank 2 or more have an order");
+            t.order = Order::column_major;
+        }
+        std::erase_if(toc, is_record);
     }
 
     IArchive& ar_;
@@ -3008,12 +3172,12 @@ CKPT_INLINE ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> bo
             if constexpr (is_binary_archive_v<std::remove_reference_t<decltype(ar)>>) {
                 char* at = src.current();
                 if (reinterpret_cast<std::uintptr_t>(at) % payload_alignment == 0 && e.nbytes <= parser.remaining()) {
-                    slot = Tensor::aliasing(e.dtype, e.shape, body, at);
+                    slot = Tensor::aliasing(e.dtype, e.logical_shape(), body, at, e.order);
                     src.skip(static_cast<std::size_t>(e.nbytes));
                     continue;
                 }
             }
-            slot = Tensor::uninitialized(e.dtype, e.shape);
+            slot = Tensor::uninitialized(e.dtype, e.logical_shape(), e.order);
             parser.read_payload(e, slot.data());
         }
         if constexpr (is_binary_archive_v<std::remove_reference_t<decltype(ar)>>)
@@ -3073,6 +3237,15 @@ CKPT_INLINE void write_scalar(const Value& v, Tensor& dst) {
     else if (const auto* b = v.get_if<bool>()) std::memcpy(dst.data(), b, sizeof *b);
 }
 
+/// Copies the values of `from` into `to`, a tensor of the same dtype and logical shape (a
+/// checked plan): the bytes as they are when both lie in the same order, else each element to
+/// its place in the other order, so that a matrix is never taken for its transpose.
+CKPT_INLINE void copy_values(const Tensor& from, Tensor& to) {
+    if (to.data() == from.data() || from.nbytes() == 0) return;
+    if (from.order() == to.order()) std::memcpy(to.data(), from.data(), from.nbytes());
+    else reverse_axes(from.data(), to.data(), from.shape(), itemsize(from.dtype()));
+}
+
 /// Matches the checkpoint's table of contents against the target: its tensors, its 0-d
 /// tensors (views of scalars) for the checkpoint's int64, double and bool values, and a
 /// ParamDict's own values of the same kind. When the target is an object's state_dict(), its
@@ -3116,9 +3289,15 @@ CKPT_INLINE LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& 
         if (!t) {
             plan.report.ckpt_not_load.push_back(e.name);
             plan.unexpected.push_back(e.name);
-        } else if (t->dtype() != e.dtype || t->shape() != e.shape) {
-            plan.report.mismatches.push_back("'" + e.name + "': checkpoint has " + std::string(dtype_name(e.dtype)) +
-                                             shape_string(e.shape) + ", target has " + t->describe());
+        } else if (t->dtype() != e.dtype || t->logical_shape() != e.logical_shape()) {
+            // the orders too, when either is column-major: a matrix and its transpose look alike
+            const bool orders = e.order == Order::column_major || t->order() == Order::column_major;
+            auto layout = [&](DType dtype, const Shape& shape, Order order) {
+                return std::string(dtype_name(dtype)) + shape_string(shape) +
+                       (orders ? " " + std::string(order_name(order)) : std::string());
+            };
+            plan.report.mismatches.push_back("'" + e.name + "': checkpoint has " + layout(e.dtype, e.logical_shape(), e.order) +
+                                             ", target has " + layout(t->dtype(), t->logical_shape(), t->order()));
             plan.report.ckpt_not_load.push_back(e.name);
             plan.report.param_not_load.push_back(e.name);
         } else {
@@ -3212,6 +3391,12 @@ CKPT_INLINE std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes
 
 CKPT_INLINE void check_savable(const ParamDict& dict, ArchiveKind archive, const std::string& path) {
     for (const auto& [name, value] : dict) {
+        // the writer's own records of storage order: one in the state would misdescribe a tensor
+        if (std::string_view(name).starts_with(order_record_prefix))
+            throw ConfigError("cannot save '" + path + "': the entry name '" + name + "' starts with '" +
+                              std::string(order_record_prefix) +
+                              "', which the writer uses to record a tensor's storage order (a column-major "
+                              "tensor gets its record by itself)");
         if (const Tensor* t = value.get_if<Tensor>(); t && t->rank() > max_tensor_rank)
             throw ConfigError("cannot save '" + path + "': tensor '" + name + "' has rank " + std::to_string(t->rank()) +
                               " (at most " + std::to_string(max_tensor_rank) + ")");
@@ -3365,6 +3550,8 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
         if (const Tensor* t = value.get_if<Tensor>()) {
             e.dtype = t->dtype();
             e.shape = t->shape();
+            e.order = t->order();
+            e.nbytes = t->nbytes();
         }
         if (e.kind != ValueKind::tensor) e.scalar = value;
         toc.push_back(std::move(e));
@@ -3376,7 +3563,7 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
         if (Tensor* dst = plan.destinations[i]) {
             if (const Tensor* from = it->value.get_if<Tensor>()) {
-                if (dst->data() != from->data() && from->nbytes()) std::memcpy(dst->data(), from->data(), from->nbytes());
+                copy_values(*from, *dst);
             } else {
                 detail::write_scalar(it->value, *dst);
             }
@@ -3433,12 +3620,14 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
                     continue;
                 }
                 parser.read_padding();
-                if (Tensor* dst = plan.destinations[i]) {
+                Tensor* dst = plan.destinations[i];
+                if (dst && dst->order() == e.order) {
                     parser.read_payload(e, dst->data());
                 } else {
-                    Tensor fresh = Tensor::uninitialized(e.dtype, e.shape);
+                    Tensor fresh = Tensor::uninitialized(e.dtype, e.logical_shape(), e.order);
                     parser.read_payload(e, fresh.data());
-                    plan.report.rest.set(e.name, std::move(fresh));
+                    if (dst) copy_values(fresh, *dst);  // a target of the other order: the elements move
+                    else plan.report.rest.set(e.name, std::move(fresh));
                 }
             }
             if (parser.remaining() != 0) parser.fail(std::to_string(parser.remaining()) + " bytes after the last entry");
@@ -3582,8 +3771,8 @@ inline ParamDict snapshot(const ParamDict& dict) {
 }
 
 /// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
-/// the same types and shapes (a model saved again), their memory is reused: one memcpy per
-/// tensor, no allocation and no page faults. Otherwise it is rebuilt.
+/// the same types, shapes and orders (a model saved again), their memory is reused: one
+/// memcpy per tensor, no allocation and no page faults. Otherwise it is rebuilt.
 inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
     bool same_layout = buffer.size() == dict.size();
     auto b = buffer.begin();
@@ -3591,7 +3780,8 @@ inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
         const Tensor* from = d->value.get_if<Tensor>();
         const Tensor* to = b->value.get_if<Tensor>();
         same_layout = b->name == d->name && (from == nullptr) == (to == nullptr) &&
-                      (!from || (from->dtype() == to->dtype() && from->shape() == to->shape() && !to->is_view()));
+                      (!from || (from->dtype() == to->dtype() && from->shape() == to->shape() &&
+                                 from->order() == to->order() && !to->is_view()));
     }
     if (!same_layout) {
         buffer = snapshot(dict);
@@ -6275,28 +6465,41 @@ Tensor to_tensor(const xt::xexpression<E>& e) {
     return t;
 }
 
-/// A Tensor viewing the memory of a contiguous row-major xtensor container.
+/// A Tensor viewing the memory of a contiguous row-major or column-major xtensor container,
+/// in its order.
 template <class C>
     requires requires { C::static_layout; }
 Tensor view_of(C& container) {
     using T = typename C::value_type;
-    static_assert(C::static_layout == xt::layout_type::row_major, "view_of needs a row-major container");
+    static_assert(C::static_layout == xt::layout_type::row_major || C::static_layout == xt::layout_type::column_major,
+                  "view_of needs a container of a row-major or column-major layout fixed at compile time");
     Shape shape(container.shape().begin(), container.shape().end());
-    return Tensor::view(dtype_v<T>, std::move(shape), container.data());
+    return Tensor::view(dtype_v<T>, std::move(shape), container.data(),
+                        C::static_layout == xt::layout_type::column_major ? Order::column_major : Order::row_major);
 }
 
-/// The tensor's elements as an xtensor adaptor (no copy); throws TypeMismatch on a wrong T.
+namespace detail {
+template <class T>
+auto xarray_over(T* data, std::size_t size, const Tensor& t) {
+    const Shape logical = t.logical_shape();
+    std::vector<std::size_t> shape(logical.begin(), logical.end());
+    return xt::adapt<xt::layout_type::dynamic>(
+        data, size, xt::no_ownership(), shape,
+        t.order() == Order::column_major ? xt::layout_type::column_major : xt::layout_type::row_major);
+}
+}  // namespace detail
+
+/// The tensor's elements as an xtensor adaptor (no copy) of its logical shape, in its order;
+/// throws TypeMismatch on a wrong T.
 template <Element T>
 auto as_xarray(Tensor& t) {
     auto values = t.values<T>();
-    std::vector<std::size_t> shape(t.shape().begin(), t.shape().end());
-    return xt::adapt(values.data(), values.size(), xt::no_ownership(), shape);
+    return detail::xarray_over(values.data(), values.size(), t);
 }
 template <Element T>
 auto as_xarray(const Tensor& t) {
     auto values = t.values<T>();
-    std::vector<std::size_t> shape(t.shape().begin(), t.shape().end());
-    return xt::adapt(values.data(), values.size(), xt::no_ownership(), shape);
+    return detail::xarray_over(values.data(), values.size(), t);
 }
 
 }  // namespace ckpt
@@ -6368,6 +6571,10 @@ struct TensorPiece {
     /// The file's body passed through codecs (compression, encryption): it cannot be read from
     /// the middle, so a reader decodes it whole and takes the piece from there.
     bool encoded = false;
+    /// The entry's storage order. Pieces hold the stored bytes (for a column-major tensor, its
+    /// transpose in row-major order, global_shape the stored shape), so only a tensor of the same
+    /// order can take them.
+    Order order = Order::row_major;
 };
 
 /// The index of one saved step.
@@ -6396,7 +6603,12 @@ inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<En
     for (const auto& e : toc) {
         at += 8 + e.name.size() + 4;  // name, kind
         switch (e.kind) {
-            case ValueKind::tensor: at += 4 + 4 + 8 * e.shape.size() + 8; break;
+            case ValueKind::tensor:
+                at += 4 + 4 + 8 * e.shape.size() + 8;
+                // the storage order record the reader folded into a column-major tensor's entry
+                if (e.order == Order::column_major)
+                    at += 8 + order_record_name(e.name).size() + 4 + 8 + column_major_value.size();
+                break;
             case ValueKind::boolean: at += 4; break;
             case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
             default: at += 8; break;
@@ -6473,6 +6685,7 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
             p.global = e.name;
             p.global_shape = e.shape;
         }
+        p.order = e.order;
         p.rank = rank;
         p.file = relative;
         p.entry = e.name;
@@ -6516,6 +6729,7 @@ inline ParamDict index_to_dict(const GlobalIndex& index) {
         std::memcpy(hashes.data(), p.chunk_hashes.data(), hashes.size() * sizeof(std::int64_t));
         d.set(at + "chunk_xxh3", Tensor::from(hashes, {static_cast<std::int64_t>(hashes.size())}));
         if (p.encoded) d.set(at + "encoded", std::int64_t{1});
+        if (p.order == Order::column_major) d.set(at + "order", std::string(detail::column_major_value));
     }
     for (const auto& [name, value] : index.values) d.set("value." + name, value);
     return d;
@@ -6549,6 +6763,13 @@ inline GlobalIndex index_from_dict(const ParamDict& d, const std::string& what) 
             p.chunk_hashes.resize(hashes.size());
             std::memcpy(p.chunk_hashes.data(), hashes.data(), hashes.size() * sizeof(std::int64_t));
             p.encoded = d.contains(at + "encoded") && d.get<std::int64_t>(at + "encoded") != 0;
+            if (d.contains(at + "order")) {
+                if (d.get<std::string>(at + "order") != detail::column_major_value)
+                    throw FormatError(what + ": piece " + std::to_string(k) + " has an unknown order '" +
+                                          d.get<std::string>(at + "order") + "'",
+                                      what);
+                p.order = Order::column_major;
+            }
             const std::uint64_t bytes = p.count * itemsize(p.dtype);
             if (p.first + p.count > detail::numel_of(p.global_shape) ||
                 p.chunk_hashes.size() != (bytes + index.chunk_bytes - 1) / index.chunk_bytes)
@@ -6602,7 +6823,7 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
         if (!t) continue;
         std::byte* const base = block.get() + used;
         used += (t->nbytes() + 63) & ~std::size_t{63};
-        report.state.set(name, Tensor::aliasing(t->dtype(), t->shape(), block, base));
+        report.state.set(name, Tensor::aliasing(t->dtype(), t->logical_shape(), block, base, t->order()));
         PiecePlace place{name, t->shape(), 0};
         if (const auto it = places.find(name); it != places.end()) place = it->second;
         const std::uint64_t first = place.first, last = place.first + t->numel();
@@ -6614,6 +6835,13 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
             throw LoadMismatch(where + ": '" + place.global + "' is " + std::string(dtype_name(some.dtype)) + " of shape " +
                                shape_string(some.global_shape) + ", '" + name + "' wants " +
                                std::string(dtype_name(t->dtype())) + " of shape " + shape_string(place.global_shape));
+        // the pieces are stored bytes: another order would read a matrix as its transpose
+        for (const TensorPiece* p : candidates)
+            if (p->order != t->order())
+                throw LoadMismatch(where + ": '" + p->entry + "' of '" + p->file + "' is stored " +
+                                   std::string(order_name(p->order)) + ", '" + name + "' is " +
+                                   std::string(order_name(t->order())) + " (stored shapes " +
+                                   shape_string(some.global_shape) + ")");
         // walk [first, last): at each point the piece covering it that reaches furthest
         for (std::uint64_t at = first; at < last;) {
             const TensorPiece* best = nullptr;

@@ -1065,8 +1065,8 @@ private:
 //
 // A snapshot is one block (PackedState): 32 bytes of header (magic, step, payload length,
 // xxh3-64 of the payload), then the entries, each 8-byte aligned: u32 name length, u8 kind,
-// 3 bytes of padding, the name (padded to 8); a tensor: u8 dtype, u8 rank, 6 bytes of padding,
-// i64 dims, u64 byte length, the bytes (padded); int64 / double: 8 bytes; bool: 8 bytes (0 or
+// 3 bytes of padding, the name (padded to 8); a tensor: u8 dtype, u8 rank, u8 order (0 row-major,
+// 1 column-major), 5 bytes of padding, i64 dims as stored, u64 byte length, the bytes (padded); int64 / double: 8 bytes; bool: 8 bytes (0 or
 // 1); string: u64 length, the bytes (padded). It lives only in memory and on the wire between
 // ranks of one job, which run the same build.
 
@@ -1139,7 +1139,8 @@ public:
             if (const ckpt::Tensor* t = value.get_if<ckpt::Tensor>()) {
                 w.put<std::uint8_t>(static_cast<std::uint8_t>(t->dtype()));
                 w.put<std::uint8_t>(static_cast<std::uint8_t>(t->rank()));
-                w.zeros(6);
+                w.put<std::uint8_t>(static_cast<std::uint8_t>(t->order()));
+                w.zeros(5);
                 for (const auto d : t->shape()) w.put<std::int64_t>(d);
                 w.put<std::uint64_t>(t->nbytes());
                 w.put_bytes(t->data(), t->nbytes());
@@ -1208,8 +1209,11 @@ public:
                     need(8);
                     const auto dtype = ckpt::dtype_from_code(static_cast<std::uint8_t>(base[at]));
                     const auto rank = static_cast<std::size_t>(base[at + 1]);
+                    const auto order = static_cast<std::uint8_t>(base[at + 2]);
                     at += 8;
                     if (!dtype) throw CorruptState(what + ": tensor '" + name + "' has an unknown dtype");
+                    if (order > 1 || (order == 1 && rank < 2))
+                        throw CorruptState(what + ": tensor '" + name + "' has an impossible storage order");
                     ckpt::Shape shape;
                     for (std::size_t d = 0; d < rank; ++d) shape.push_back(static_cast<std::int64_t>(take_u64()));
                     const std::uint64_t nbytes = take_u64();
@@ -1223,7 +1227,10 @@ public:
                     if (nbytes != count * ckpt::itemsize(*dtype))
                         throw CorruptState(what + ": tensor '" + name + "' holds " + std::to_string(nbytes) +
                                            " bytes, not what its shape needs");
-                    out.set(std::move(name), ckpt::Tensor::view(*dtype, std::move(shape), const_cast<std::byte*>(base + at)));
+                    const auto stored_order = order == 1 ? ckpt::Order::column_major : ckpt::Order::row_major;
+                    if (stored_order == ckpt::Order::column_major) shape = ckpt::detail::reversed(std::move(shape));
+                    out.set(std::move(name), ckpt::Tensor::view(*dtype, std::move(shape), const_cast<std::byte*>(base + at),
+                                                                stored_order));
                     at += padded(nbytes);
                     break;
                 }

@@ -1,5 +1,7 @@
 """Reads what ckpt wrote with NumPy alone and checks every value against pattern.py.
-   check_ckpt_exports.py DIR   (DIR holds pattern.npz, pattern_compressed.npz, pattern.safetensors)"""
+   check_ckpt_exports.py DIR   (DIR holds pattern.npz, pattern_compressed.npz, pattern.safetensors,
+   and column_major.npz and column_major.safetensors: pattern.py's float32 (3, 4) and int64
+   (2, 3, 4) arrays, each saved from a column-major tensor)"""
 import json
 import struct
 import sys
@@ -51,6 +53,17 @@ def main(folder):
     assert meta["epoch_num"] == "6" and float(meta["lr"]) == 0.01 and meta["nesterov"] == "true"
     assert meta["note"] == pattern.SCALARS["note"] and meta["empty_string"] == ""
     assert json.loads(meta["ckpt.kinds"]) == {"epoch_num": "int64", "lr": "float64", "nesterov": "bool"}
+    # column-major tensors: Fortran-ordered arrays in the npz, their bytes as they were; the
+    # same values in C order in the safetensors file, which has no order
+    column_major = {"matrix": pattern.values("float32", (3, 4)), "cube": pattern.values("int64", (2, 3, 4))}
+    with np.load(f"{folder}/column_major.npz") as data:
+        for name, array in column_major.items():
+            got = data[name]
+            assert got.flags.f_contiguous and not got.flags.c_contiguous, f"column_major.npz:{name} is not in Fortran order"
+            same(f"column_major.npz:{name}", np.ascontiguousarray(got), array)
+    arrays, _ = load_safetensors(f"{folder}/column_major.safetensors")
+    for name, array in column_major.items():
+        same(f"column_major.safetensors:{name}", arrays[name], array)
     print("numpy read ckpt's npz and safetensors files: all values identical")
 
 

@@ -29,6 +29,10 @@ GOLDEN_FILES = {
     "v2-zstd-aes-256-gcm.ckpt": (2, "xml", ("zstd", "aes-256-gcm"), 8, 3200),
 }
 
+# docs/FORMAT.md section 3.1: the golden file of column-major tensors (golden_column_major_state)
+COLUMN_MAJOR_GOLDEN = "v1-column-major.ckpt"
+COLUMN_MAJOR_HEADER = (1, "binary", (), 9, 3600)
+
 ARCHIVES = ("binary", "text", "xml")
 CODECS = ("none", "zstd", "aes", "zstd+aes")
 DTYPES = ("<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|b1")
@@ -63,12 +67,34 @@ def golden_state():
     ]
 
 
+def golden_column_major_state():
+    """tests/golden_state.hpp's golden_column_major_state(): (name, value) pairs, the
+    column-major tensors as arrays in Fortran order."""
+    m = np.array([[0.5, 1.5, 2.5], [10.5, 11.5, 12.5]], dtype="<f8")   # 10 i + j + 0.5
+    i, j, k = np.indices((2, 3, 4))
+    return [
+        ("f64.column_major", np.asfortranarray(m)),
+        ("f64.row_major", m),
+        ("step", 3600),
+        ("f32.rank3", np.asfortranarray((100 * i + 10 * j + k).astype("<f4"))),
+        ("i32.square", np.asfortranarray((3 * np.indices((3, 3))[0] + np.indices((3, 3))[1] - 4).astype("<i4"))),
+        ("f32.empty", np.zeros((0, 3), dtype="<f4")),
+    ]
+
+
+def fortran(a):
+    """Whether `a` is a Fortran-ordered array that is not also in C order: what ckpt saves
+    column-major, and what it loads a column-major tensor as."""
+    return a.ndim >= 2 and a.flags.f_contiguous and not a.flags.c_contiguous
+
+
 def same_value(got, want):
-    """Whether `got` (what ckpt loaded) is `want` exactly: an array of the same dtype, shape and
-    bytes, or a scalar of the same type and bits."""
+    """Whether `got` (what ckpt loaded) is `want` exactly: an array of the same dtype, shape,
+    values (bit for bit) and memory order (Fortran or C), or a scalar of the same type and
+    bits."""
     if isinstance(want, np.ndarray):
         return (isinstance(got, np.ndarray) and got.dtype == want.dtype and got.shape == want.shape
-                and got.tobytes() == want.tobytes())
+                and got.tobytes() == want.tobytes() and fortran(got) == fortran(want))
     if type(got) is not type(want):
         return False
     if isinstance(want, float):

@@ -176,3 +176,17 @@ def test_a_training_state_of_another_optimizer_or_network_is_refused_and_nothing
         ct.load_training_state(tmp_path / "s.ckpt", wider)
     for a, b in zip(before, other.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_column_major_tensors_load_with_their_logical_shapes(tmp_path):
+    """A column-major tensor (FORMAT.md 3.1; an Eigen matrix, a Fortran-ordered array) is a
+    torch tensor of its logical shape over the same bytes, and loads into a module as the
+    matrix it is."""
+    w = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    path = ckpt.save(str(tmp_path / "f.ckpt"), {"weight": w, "bias": np.zeros(3, np.float32)})
+    sd = ct.load_state_dict(path)
+    assert sd["weight"].shape == (3, 4) and torch.equal(sd["weight"], torch.from_numpy(np.ascontiguousarray(w)))
+    assert sd["weight"].stride() == (1, 3)  # column-major: no copy was made
+    linear = torch.nn.Linear(4, 3)
+    linear.load_state_dict(sd)
+    assert linear.weight[0, 1].item() == 1.0 and linear.weight[1, 0].item() == 4.0

@@ -83,11 +83,19 @@ def test_show_json_of_every_golden_file():
 def test_show_json_has_the_cpp_tools_layout(tool):
     """The same document as `ckpt show --json` but for checksum_verified (the C++ tool checks
     the checksum only with --stats or a key; Python always does)."""
-    for name in support.GOLDEN_FILES:
+    for name in [*support.GOLDEN_FILES, support.COLUMN_MAJOR_GOLDEN]:
         args = ["show", "--json", support.golden(name)]
         py, cpp = strict_json(run(*args).stdout), strict_json(tool.run(*args).stdout)
         py.pop("checksum_verified"), cpp.pop("checksum_verified")
         assert py == cpp, name
+
+
+def test_show_gives_logical_shapes_and_orders():
+    out = strict_json(run("show", "--json", support.golden(support.COLUMN_MAJOR_GOLDEN)).stdout)
+    tensors = [(e["name"], e["shape"], e["order"]) for e in out["entries"] if e["kind"] == "tensor"]
+    assert tensors[:2] == [("f64.column_major", [2, 3], "column_major"), ("f64.row_major", [2, 3], "row_major")]
+    assert "f64.column_major                         float64[2, 3] column-major 48 bytes" in run(
+        "show", support.golden(support.COLUMN_MAJOR_GOLDEN)).stdout
 
 
 def test_show_json_is_json_with_non_finite_values(tool, tmp_path):

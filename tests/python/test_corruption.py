@@ -292,6 +292,14 @@ def _binary(toc, payloads=b""):
     return make_file(toc + payloads)
 
 
+def _ordered(record, match):
+    """A body of a rank-2 tensor 'm', a rank-1 tensor 'v' and then `record`, an entry (the
+    payloads follow)."""
+    toc = u64(3) + tensor_toc("m", 5, [2, 2], 4) + tensor_toc("v", 5, [2], 2) + record
+    body = toc + payload(len(toc), b"\1\2\3\4")
+    return _binary(body + payload(len(body), b"\5\6")), match
+
+
 HUGE = 1 << 40
 XML_HEAD = (b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
             b'<boost_serialization signature="serialization::archive" version="18">\n')
@@ -324,6 +332,15 @@ HOSTILE = {
     "a payload cut short": (_binary(u64(1) + tensor_toc("t", 5, [100], 100) + u32(0) + bytes(60)), "tensor 't'"),
     "a byte after the last payload": (_binary(u64(1) + tensor_toc("t", 5, [1], 1), payload(8 + 45, b"\1") + b"\0"),
                                       "1 bytes follow the last payload"),
+    # storage order records (FORMAT.md 3.1)
+    "order record of another value": _ordered(string("__ckpt.order.m") + u32(4) + string("row_major"),
+                                              "record '__ckpt.order.m' of tensor 'm' holds 'row_major'"),
+    "order record not a string": _ordered(string("__ckpt.order.m") + u32(1) + i64(1),
+                                          "record '__ckpt.order.m' of tensor 'm' holds no string"),
+    "order record of no tensor": _ordered(string("__ckpt.order.q") + u32(4) + string("column_major"),
+                                          r"record '__ckpt.order.q' names no tensor entry \('q'\)"),
+    "order record of rank 1": _ordered(string("__ckpt.order.v") + u32(4) + string("column_major"),
+                                       "marks tensor 'v' of rank 1 column-major"),
     # text bodies
     "text entry count 2^60": (make_file(b"22 serialization::archive 18 1152921504606846976\n", archive=1),
                               "entry count"),

@@ -1,6 +1,7 @@
-"""Generated round trips: random dictionaries of every dtype, rank 0 to 6, empty tensors, long
-and non-ASCII names and scalars at their extremes, saved and loaded in Python for each archive
-kind and codec chain; and a smaller set across languages, checked by the C++ tool."""
+"""Generated round trips: random dictionaries of every dtype, rank 0 to 6, in C and Fortran
+order, empty tensors, long and non-ASCII names and scalars at their extremes, saved and loaded in
+Python for each archive kind and codec chain; and a smaller set across languages, checked by the
+C++ tool."""
 import math
 
 import numpy as np
@@ -33,11 +34,14 @@ def names(alphabet=None):
 
 
 def tensors(max_dims=6):
+    """Arrays in C order, or in Fortran order (saved column-major, FORMAT.md 3.1, when that is
+    not also C order)."""
     @st.composite
     def build(draw):
         dtype = np.dtype(draw(st.sampled_from(DTYPES)))
         shape = draw(hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=3))
-        return draw(hnp.arrays(dtype, shape))
+        a = draw(hnp.arrays(dtype, shape))
+        return np.asfortranarray(a) if draw(st.booleans(), label="fortran order") else a
     return st.one_of(build(), st.just(np.zeros((2, 0), dtype="<f4")), st.just(np.zeros((0,), dtype="|b1")))
 
 

@@ -114,3 +114,45 @@ def test_empty_dictionary(tmp_path):
         ckpt.save(path, {}, archive=archive)
         assert support.read(path)[64:] == body
         assert ckpt.load(path) == {}
+
+
+# --------------------------------------------------------------------------- storage order
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "read"])
+def test_column_major_golden_file_reads_as_fortran_arrays(mmap):
+    """docs/FORMAT.md section 3.1: column-major tensors come back as Fortran-ordered arrays of
+    their logical shapes, over the bytes of the file's map (nothing copied) or of the read body."""
+    path = golden(support.COLUMN_MAJOR_GOLDEN)
+    got = ckpt.load(path, mmap=mmap)
+    support.assert_entries(got, support.golden_column_major_state())
+    m = got["f64.column_major"]
+    assert (m == got["f64.row_major"]).all() and m[1, 2] == 12.5
+    assert m.flags.writeable == (not mmap)
+    if mmap:
+        # a view of the map: the stored row-major (3, 2) array, transposed
+        assert m.base is not None and m.T.flags.c_contiguous and m.ctypes.data % 64 == 0
+    h = ckpt.header(path)
+    assert (h.version, h.archive, h.codecs, h.epoch, h.step) == support.COLUMN_MAJOR_HEADER
+
+
+def test_column_major_golden_contents():
+    toc = ckpt.contents(golden(support.COLUMN_MAJOR_GOLDEN))
+    assert [(e.name, e.shape, e.order) for e in toc if e.kind == "tensor"] == [
+        ("f64.column_major", (2, 3), "column_major"), ("f64.row_major", (2, 3), "row_major"),
+        ("f32.rank3", (2, 3, 4), "column_major"), ("i32.square", (3, 3), "column_major"),
+        ("f32.empty", (0, 3), "column_major")]
+    assert not any(e.name.startswith("__ckpt.order.") for e in toc)
+
+
+def test_column_major_golden_loads_into_c_ordered_arrays():
+    """Into arrays of either order: each element in its place, the square matrix not transposed."""
+    for order in "CF":
+        targets = {n: np.zeros(v.shape, v.dtype, order=order) for n, v in support.golden_column_major_state()
+                   if isinstance(v, np.ndarray)}
+        report = ckpt.load_into(golden(support.COLUMN_MAJOR_GOLDEN), targets)
+        assert report.complete and not report.mismatched
+        for n, v in support.golden_column_major_state():
+            if isinstance(v, np.ndarray):
+                assert (targets[n] == v).all(), (order, n)
+        assert targets["i32.square"][0, 1] == -3
+

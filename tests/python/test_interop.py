@@ -48,6 +48,10 @@ def interop_entries(non_finite_scalars=True):
     out["special.f64.bits"] = nan
     out["größe.gewicht"] = _values("<f4", (2, 2), 99)
     out["层.权重"] = _values("<i8", (3,), 98)
+    # column-major (FORMAT.md 3.1): Fortran-ordered in the npz, column-major in both writers
+    out["fortran.f32"] = np.asfortranarray(_values("<f4", (3, 4), 97))
+    out["fortran.square.i64"] = np.asfortranarray(_values("<i8", (3, 3), 96))
+    out["fortran.rank3.f16"] = np.asfortranarray(_values("<f2", (2, 3, 2), 95))
     out.update({"int.min": -2**63, "int.max": 2**63 - 1, "int.zero": 0, "double.neg_zero": -0.0,
                 "double.tiny": 5e-324, "double.third": 1 / 3, "flag.on": True, "flag.off": False,
                 "text": "ünïcode \"quoted\" <x> & 'y'\ttab", "text.empty": ""})
@@ -161,7 +165,11 @@ def identity_entries():
            "ramp.f32": np.arange(300_001, dtype=np.float32), "empty": np.zeros((2, 0), dtype=np.int32),
            "long.text": "".join(chr(0x41 + i % 26) for i in range((1 << 20) + 77)),
            "rank0.f16": np.array(1.5, dtype=np.float16), "mask": rng.integers(0, 2, 1000).astype(bool),
-           "i64.normal": rng.integers(-2**40, 2**40, 50_000)}
+           "i64.normal": rng.integers(-2**40, 2**40, 50_000),
+           # column-major, one over 1 MiB (a payload that starts a block), a square one
+           "fortran.f64": np.asfortranarray(rng.standard_normal((700, 200))),
+           "fortran.square.u8": np.asfortranarray(rng.integers(0, 256, (9, 9), dtype=np.uint8)),
+           "fortran.rank3.i32": np.asfortranarray(_values("<i4", (2, 3, 4), 8))}
     for dtype in DTYPES:
         out["every.%s" % np.dtype(dtype).name] = _values(dtype, (2, 3), 5)
     return out

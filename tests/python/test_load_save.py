@@ -279,16 +279,42 @@ def test_save_takes_arrays_of_any_layout(tmp_path):
     fortran = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
     big = np.arange(6, dtype=">i4").reshape(2, 3)
     strided = np.arange(20, dtype=np.float64)[::3]
-    path = ckpt.save(str(tmp_path / "l.ckpt"), [("f", fortran), ("big", big), ("s", strided), ("np_scalar",
-                                                                                               np.float32(2.5))])
+    transposed_slice = np.arange(30, dtype=np.int64).reshape(5, 6)[::2].T  # neither C nor F order
+    path = ckpt.save(str(tmp_path / "l.ckpt"), [("f", fortran), ("big", big), ("s", strided), ("t", transposed_slice),
+                                                ("np_scalar", np.float32(2.5))])
     got = ckpt.load(path)
-    assert list(got) == ["f", "big", "s", "np_scalar"]  # the order given
-    for name, want in (("f", fortran), ("big", big), ("s", strided)):
+    assert list(got) == ["f", "big", "s", "t", "np_scalar"]  # the order given
+    for name, want in (("f", fortran), ("big", big), ("s", strided), ("t", transposed_slice)):
         assert got[name].dtype == want.dtype.newbyteorder("<") and (got[name] == want).all()
         assert got[name].dtype.byteorder in "<=|"
     assert got["np_scalar"].shape == () and got["np_scalar"].dtype == np.float32  # a 0-d tensor
-    # the bytes of C order: what the C++ library reads
-    assert support.read(path)[64:].find(np.ascontiguousarray(fortran).tobytes()) > 0
+    # Fortran order is kept: column-major, its bytes as they lie (FORMAT.md 3.1); the others in C order
+    assert support.fortran(got["f"]) and not support.fortran(got["t"]) and got["t"].flags.c_contiguous
+    body = support.read(path)[64:]
+    assert body.find(fortran.tobytes(order="F")) > 0 and body.find(np.ascontiguousarray(transposed_slice).tobytes()) > 0
+    assert [(e.name, e.shape, e.order) for e in ckpt.contents(path) if e.kind == "tensor"][:2] == [
+        ("f", (3, 4), "column_major"), ("big", (2, 3), "row_major")]
+
+
+def test_a_fortran_array_is_saved_without_a_copy_and_its_record_is_reserved(tmp_path):
+    """The writer hands the array's own memory on (its transpose is a C-ordered view of it), and
+    no program entry may take a record's name."""
+    fortran = np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))
+    items = ckpt._io._normalize({"m": fortran}, "x")
+    assert [(n, k) for n, k, _ in items] == [("m", 0), ("__ckpt.order.m", 4)]
+    assert np.shares_memory(items[0][2], fortran) and items[0][2].shape == (3, 2)
+    with pytest.raises(ckpt.ConfigError, match="reserved"):
+        ckpt.save(str(tmp_path / "r.ckpt"), {"m": fortran, "__ckpt.order.m": "column_major"})
+
+
+def test_load_into_across_orders_and_a_transposed_target(tmp_path):
+    m = np.asfortranarray(np.arange(9, dtype=np.float32).reshape(3, 3))
+    path = ckpt.save(str(tmp_path / "m.ckpt"), {"m": m, "w": np.asfortranarray(np.ones((2, 3)))})
+    target = {"m": np.zeros((3, 3), np.float32), "w": np.zeros((2, 3))}  # C order
+    ckpt.load_into(path, target)
+    assert (target["m"] == m).all() and target["m"][0, 1] == 1.0
+    with pytest.raises(ckpt.LoadMismatch, match=r"w: checkpoint float64\[2, 3\] column-major, target float64\[3, 2\]"):
+        ckpt.load_into(path, {"m": target["m"], "w": np.zeros((3, 2))})
 
 
 def test_python_scalar_kinds_stay_apart(tmp_path):

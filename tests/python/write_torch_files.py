@@ -2,7 +2,8 @@
 training scripts write them (torch.save of a state_dict, of a dict of model, optimizer and
 counters, ...), and beside each file NAME.pt what ckpt::load_torch must make of it, written
 without torch's serialization in formats ckpt already reads:
-   NAME.expected.npz    every tensor, as NumPy sees it, under its flattened name (np.savez)
+   NAME.expected.npz    every tensor, as NumPy sees it, under its flattened name, in C order
+                        (np.savez): load_torch gives non-contiguous views in C order
    NAME.expected.json   {"order": every entry's flattened name in order, "values": the other
                         entries (ints, floats, bools, strings) under their flattened names}
 Flattening is load_torch's: nested dicts, lists and tuples joined with dots, int keys as their
@@ -60,7 +61,7 @@ def save_with_expectations(obj, folder, stem, **save_args):
     torch.save(obj, f"{folder}/{stem}.pt", **save_args)
     entries = {}
     flatten(obj, "", entries)
-    tensors = {k: v.detach().numpy() for k, v in entries.items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v.detach().numpy().copy(order="C") for k, v in entries.items() if isinstance(v, torch.Tensor)}
     values = {k: v for k, v in entries.items() if not isinstance(v, torch.Tensor)}
     np.savez(f"{folder}/{stem}.expected.npz", **tensors)
     with open(f"{folder}/{stem}.expected.json", "w", encoding="utf-8") as f:

@@ -34,8 +34,8 @@ inline ParamDict snapshot(const ParamDict& dict) {
 }
 
 /// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
-/// the same types and shapes (a model saved again), their memory is reused: one memcpy per
-/// tensor, no allocation and no page faults. Otherwise it is rebuilt.
+/// the same types, shapes and orders (a model saved again), their memory is reused: one
+/// memcpy per tensor, no allocation and no page faults. Otherwise it is rebuilt.
 inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
     bool same_layout = buffer.size() == dict.size();
     auto b = buffer.begin();
@@ -43,7 +43,8 @@ inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
         const Tensor* from = d->value.get_if<Tensor>();
         const Tensor* to = b->value.get_if<Tensor>();
         same_layout = b->name == d->name && (from == nullptr) == (to == nullptr) &&
-                      (!from || (from->dtype() == to->dtype() && from->shape() == to->shape() && !to->is_view()));
+                      (!from || (from->dtype() == to->dtype() && from->shape() == to->shape() &&
+                                 from->order() == to->order() && !to->is_view()));
     }
     if (!same_layout) {
         buffer = snapshot(dict);

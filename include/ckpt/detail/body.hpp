@@ -7,6 +7,8 @@
 //     kind   u32                          ValueKind
 //     tensor: dtype u32, rank u32, dim i64 x rank, nbytes u64
 //     int64 / double / bool / string: value
+//   a column-major tensor: its dims reversed, and right after it the string entry
+//   "__ckpt.order.{name}" = "column_major" (entry.hpp)
 //   per tensor entry, in the same order:
 //     [binary only] pad u32 + pad zero bytes, so the payload starts 64-byte aligned in the body
 //     data   the payload as one binary block (base64 in text and xml archives)
@@ -25,11 +27,14 @@
 #include <boost/serialization/string.hpp>
 #include <boost/archive/iterators/dataflow_exception.hpp>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "../error.hpp"
@@ -66,10 +71,16 @@ void write_string(OArchive& ar, const char* tag, const std::string& s) {
     }
 }
 
+inline bool is_column_major(const Value& v) {
+    const Tensor* t = v.get_if<Tensor>();
+    return t && t->order() == Order::column_major;
+}
+
 /// Writes `dict`; `position()` tells the writer's offset in the body, for payload alignment.
 template <class OArchive, class Position>
 void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
-    const std::uint64_t count = dict.size();
+    std::uint64_t count = dict.size();
+    for (const ParamDict::Entry& entry : dict) count += is_column_major(entry.value);
     ar << make_nvp("entries", count);
     for (const ParamDict::Entry& entry : dict) {
         const Value& value = entry.value;
@@ -80,9 +91,15 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
             const auto dtype = static_cast<std::uint32_t>(t->dtype());
             const auto rank = static_cast<std::uint32_t>(t->rank());
             ar << make_nvp("dtype", dtype) << make_nvp("rank", rank);
-            for (std::int64_t d : t->shape()) ar << make_nvp("dim", d);
+            for (std::int64_t d : t->shape()) ar << make_nvp("dim", d);  // the stored shape
             const std::uint64_t nbytes = t->nbytes();
             ar << make_nvp("nbytes", nbytes);
+            if (t->order() == Order::column_major) {
+                write_string(ar, "name", order_record_name(entry.name));
+                const auto string_kind = static_cast<std::uint32_t>(ValueKind::string);
+                ar << make_nvp("kind", string_kind);
+                write_string(ar, "value", std::string(column_major_value));
+            }
         } else if (auto* i = value.get_if<std::int64_t>()) {
             ar << make_nvp("value", *i);
         } else if (auto* d = value.get_if<double>()) {
@@ -151,6 +168,7 @@ public:
             if (payload_total > src_.length())
                 fail("tensor payloads add up to more than the body's " + std::to_string(src_.length()) + " bytes");
         }
+        apply_order_records(toc);
         return toc;
     }
 
@@ -221,6 +239,35 @@ private:
             fail("tensor '" + e.name + "' of " + std::string(dtype_name(e.dtype)) + shape_string(e.shape) +
                  " should hold " + std::to_string(numel * itemsize(e.dtype)) + " bytes, not " +
                  std::to_string(e.nbytes));
+    }
+
+    /// Marks the tensors that storage-order records name column-major, and drops the records.
+    void apply_order_records(std::vector<EntryMeta>& toc) const {
+        auto is_record = [](const EntryMeta& e) { return std::string_view(e.name).starts_with(order_record_prefix); };
+        if (std::none_of(toc.begin(), toc.end(), is_record)) return;
+        std::unordered_map<std::string_view, EntryMeta*> tensors;
+        for (auto& e : toc)
+            if (e.kind == ValueKind::tensor) tensors.emplace(e.name, &e);
+        for (const auto& e : toc) {
+            if (!is_record(e)) continue;
+            const std::string tensor = e.name.substr(order_record_prefix.size());
+            const std::string* value = e.scalar.get_if<std::string>();
+            if (e.kind != ValueKind::string || !value || *value != column_major_value)
+                fail("the storage order record '" + e.name + "' of tensor '" + tensor + "' holds " +
+                     (value && e.kind == ValueKind::string ? "'" + *value + "'" : "no string") + ", not '" +
+                     std::string(column_major_value) + "'");
+            const auto it = tensors.find(tensor);
+            if (it == tensors.end())
+                fail("the storage order record '" + e.name + "' names no tensor entry ('" + tensor + "')");
+            EntryMeta& t = *it->second;
+            if (t.order == Order::column_major)  // reject_duplicates() runs after the records are gone
+                fail("entry '" + e.name + "' appears twice");
+            if (t.shape.size() < 2)
+                fail("the storage order record '" + e.name + "' marks tensor '" + tensor + "' of rank " +
+                     std::to_string(t.shape.size()) + " column-major; only tensors of rank 2 or more have an order");
+            t.order = Order::column_major;
+        }
+        std::erase_if(toc, is_record);
     }
 
     IArchive& ar_;

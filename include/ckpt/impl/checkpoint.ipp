@@ -200,12 +200,12 @@ CKPT_INLINE ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> bo
             if constexpr (is_binary_archive_v<std::remove_reference_t<decltype(ar)>>) {
                 char* at = src.current();
                 if (reinterpret_cast<std::uintptr_t>(at) % payload_alignment == 0 && e.nbytes <= parser.remaining()) {
-                    slot = Tensor::aliasing(e.dtype, e.shape, body, at);
+                    slot = Tensor::aliasing(e.dtype, e.logical_shape(), body, at, e.order);
                     src.skip(static_cast<std::size_t>(e.nbytes));
                     continue;
                 }
             }
-            slot = Tensor::uninitialized(e.dtype, e.shape);
+            slot = Tensor::uninitialized(e.dtype, e.logical_shape(), e.order);
             parser.read_payload(e, slot.data());
         }
         if constexpr (is_binary_archive_v<std::remove_reference_t<decltype(ar)>>)
@@ -265,6 +265,15 @@ CKPT_INLINE void write_scalar(const Value& v, Tensor& dst) {
     else if (const auto* b = v.get_if<bool>()) std::memcpy(dst.data(), b, sizeof *b);
 }
 
+/// Copies the values of `from` into `to`, a tensor of the same dtype and logical shape (a
+/// checked plan): the bytes as they are when both lie in the same order, else each element to
+/// its place in the other order, so that a matrix is never taken for its transpose.
+CKPT_INLINE void copy_values(const Tensor& from, Tensor& to) {
+    if (to.data() == from.data() || from.nbytes() == 0) return;
+    if (from.order() == to.order()) std::memcpy(to.data(), from.data(), from.nbytes());
+    else reverse_axes(from.data(), to.data(), from.shape(), itemsize(from.dtype()));
+}
+
 /// Matches the checkpoint's table of contents against the target: its tensors, its 0-d
 /// tensors (views of scalars) for the checkpoint's int64, double and bool values, and a
 /// ParamDict's own values of the same kind. When the target is an object's state_dict(), its
@@ -308,9 +317,15 @@ CKPT_INLINE LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& 
         if (!t) {
             plan.report.ckpt_not_load.push_back(e.name);
             plan.unexpected.push_back(e.name);
-        } else if (t->dtype() != e.dtype || t->shape() != e.shape) {
-            plan.report.mismatches.push_back("'" + e.name + "': checkpoint has " + std::string(dtype_name(e.dtype)) +
-                                             shape_string(e.shape) + ", target has " + t->describe());
+        } else if (t->dtype() != e.dtype || t->logical_shape() != e.logical_shape()) {
+            // the orders too, when either is column-major: a matrix and its transpose look alike
+            const bool orders = e.order == Order::column_major || t->order() == Order::column_major;
+            auto layout = [&](DType dtype, const Shape& shape, Order order) {
+                return std::string(dtype_name(dtype)) + shape_string(shape) +
+                       (orders ? " " + std::string(order_name(order)) : std::string());
+            };
+            plan.report.mismatches.push_back("'" + e.name + "': checkpoint has " + layout(e.dtype, e.logical_shape(), e.order) +
+                                             ", target has " + layout(t->dtype(), t->logical_shape(), t->order()));
             plan.report.ckpt_not_load.push_back(e.name);
             plan.report.param_not_load.push_back(e.name);
         } else {
@@ -404,6 +419,12 @@ CKPT_INLINE std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes
 
 CKPT_INLINE void check_savable(const ParamDict& dict, ArchiveKind archive, const std::string& path) {
     for (const auto& [name, value] : dict) {
+        // the writer's own records of storage order: one in the state would misdescribe a tensor
+        if (std::string_view(name).starts_with(order_record_prefix))
+            throw ConfigError("cannot save '" + path + "': the entry name '" + name + "' starts with '" +
+                              std::string(order_record_prefix) +
+                              "', which the writer uses to record a tensor's storage order (a column-major "
+                              "tensor gets its record by itself)");
         if (const Tensor* t = value.get_if<Tensor>(); t && t->rank() > max_tensor_rank)
             throw ConfigError("cannot save '" + path + "': tensor '" + name + "' has rank " + std::to_string(t->rank()) +
                               " (at most " + std::to_string(max_tensor_rank) + ")");
@@ -557,6 +578,8 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
         if (const Tensor* t = value.get_if<Tensor>()) {
             e.dtype = t->dtype();
             e.shape = t->shape();
+            e.order = t->order();
+            e.nbytes = t->nbytes();
         }
         if (e.kind != ValueKind::tensor) e.scalar = value;
         toc.push_back(std::move(e));
@@ -568,7 +591,7 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
         if (Tensor* dst = plan.destinations[i]) {
             if (const Tensor* from = it->value.get_if<Tensor>()) {
-                if (dst->data() != from->data() && from->nbytes()) std::memcpy(dst->data(), from->data(), from->nbytes());
+                copy_values(*from, *dst);
             } else {
                 detail::write_scalar(it->value, *dst);
             }
@@ -625,12 +648,14 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
                     continue;
                 }
                 parser.read_padding();
-                if (Tensor* dst = plan.destinations[i]) {
+                Tensor* dst = plan.destinations[i];
+                if (dst && dst->order() == e.order) {
                     parser.read_payload(e, dst->data());
                 } else {
-                    Tensor fresh = Tensor::uninitialized(e.dtype, e.shape);
+                    Tensor fresh = Tensor::uninitialized(e.dtype, e.logical_shape(), e.order);
                     parser.read_payload(e, fresh.data());
-                    plan.report.rest.set(e.name, std::move(fresh));
+                    if (dst) copy_values(fresh, *dst);  // a target of the other order: the elements move
+                    else plan.report.rest.set(e.name, std::move(fresh));
                 }
             }
             if (parser.remaining() != 0) parser.fail(std::to_string(parser.remaining()) + " bytes after the last entry");
