@@ -14,10 +14,12 @@
 //      Figure: plain copy time / copier time, i.e. the copier's throughput relative to a
 //      plain copy's (target >= 0.9).
 //
-//   durable_level [--mib M] [--saves N] [--gap-ms G] [--rounds R] [--dir DIR]
+//   durable_level [--mib M] [--saves N] [--gap-ms G] [--rounds R] [--rate B] [--dir DIR] [--shared DIR2]
 // Last line: durable_level save_with_copy/save_alone=X copy/plain_copy=Y
-// Both levels are directories of DIR (default: a new directory under /var/tmp), so on this
-// machine they share one disk: a worst case for (1).
+// The local level is a directory of DIR (default: a new directory under /var/tmp), the
+// durable level one of DIR2 (default: DIR too). On one disk, the copies take the disk's
+// bandwidth from the saves: a worst case for (1), which --rate (DurableLevel's pace, in
+// bytes per second) eases. A cluster's durable level is another device.
 
 #include <ckpt/ckpt.hpp>
 
@@ -42,7 +44,8 @@ struct Options {
     int saves = 6;
     int gap_ms = 600;
     int rounds = 3;
-    std::string dir;
+    double rate = 0;
+    std::string dir, shared;
 };
 
 void spin_for(std::chrono::milliseconds d) {
@@ -56,7 +59,7 @@ std::vector<double> save_times(const fs::path& local, const std::optional<fs::pa
                                std::vector<float>& state, std::int64_t& step) {
     ckpt::ManagerOptions options;
     options.write_meta = false;
-    if (durable) options.durable = ckpt::DurableLevel{*durable, ckpt::KeepLast{2}};
+    if (durable) options.durable = ckpt::DurableLevel{*durable, ckpt::KeepLast{2}, 1, o.rate};
     Manager mgr(local, "bench", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, options);
     ckpt::ParamDict d;
     d.set("state", ckpt::view_of(state));
@@ -83,16 +86,22 @@ void fsync_path(const std::string& path, int flags) {
 
 int run(const std::string& dir, const Options& o) {
     bench::print_machine(dir);
+    const fs::path local = fs::path(dir) / "local", shared = fs::path(o.shared.empty() ? dir : o.shared) / "durable_level-shared";
     std::printf("state: %zu MiB, %d saves a round, %d ms of computing after each, %d rounds\n", o.mib, o.saves, o.gap_ms,
                 o.rounds);
-    const fs::path local = fs::path(dir) / "local", shared = fs::path(dir) / "shared";
+    std::printf("durable level: %s (fs=%s), copies paced to %s\n", shared.string().c_str(),
+                bench::fs_type_name(shared.parent_path().string()).c_str(),
+                o.rate > 0 ? (std::to_string(o.rate / 1e6) + " MB/s").c_str() : "no limit");
     std::vector<float> state(o.mib << 18);
     bench::fill_random_floats(state.data(), state.size(), 7);
     std::int64_t step = 0;
 
     // 1. the training thread's cost
     std::vector<double> with, alone;
-    save_times(local, shared, {o.mib, 2, 0, 1, dir}, state, step);  // warm-up: page cache, allocator
+    Options warm = o;
+    warm.saves = 2;
+    warm.gap_ms = 0;
+    save_times(local, shared, warm, state, step);  // warm-up: page cache, allocator
     for (int r = 0; r < o.rounds; ++r) {
         for (int k = 0; k < 2; ++k) {
             const bool copy = (k == 0) == (r % 2 == 0);
@@ -154,9 +163,11 @@ int main(int argc, char** argv) {
         else if (a == "--saves") o.saves = std::stoi(value());
         else if (a == "--gap-ms") o.gap_ms = std::stoi(value());
         else if (a == "--rounds") o.rounds = std::stoi(value());
+        else if (a == "--rate") o.rate = std::stod(value());
         else if (a == "--dir") o.dir = value();
+        else if (a == "--shared") o.shared = value();
         else if (a == "--help") {
-            std::printf("durable_level [--mib M] [--saves N] [--gap-ms G] [--rounds R] [--dir DIR]\n");
+            std::printf("durable_level [--mib M] [--saves N] [--gap-ms G] [--rounds R] [--rate B] [--dir DIR] [--shared DIR2]\n");
             return 0;
         } else {
             std::fprintf(stderr, "durable_level: unknown option '%s' (try --help)\n", a.c_str());
