@@ -370,3 +370,26 @@ TEST_CASE("durable level: a copy to another kind of file system goes through a b
     CHECK_THROWS_AS(ckpt::detail::copy_file_checked(second, other / "again.ckpt", true, unpaced), ckpt::ChecksumError);
     CHECK_FALSE(fs::exists(other / "again.ckpt"));
 }
+
+TEST_CASE("durable level: a copy that waits for other files goes once they are there, or is given up") {
+    Levels L;
+    Sim sim;
+    ckpt::ManagerOptions o = two_levels(L.shared);
+    o.durable->index_timeout = std::chrono::milliseconds(300);
+    test::LogCapture log;
+    KeepingAll mgr(L.local, "sim", ckpt::EverySteps{1}, ckpt::KeepAll{}, {}, o);
+    sim.advance_to(1);
+    const auto file = mgr.save(at(1), sim);
+    mgr.wait_flushed();
+    // waits for a file that another copier brings (here: this test, a moment later)
+    mgr.queue_durable_copy(file, L.shared / "follows.ckpt", {L.shared / "arrives.txt"});
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK_FALSE(fs::exists(L.shared / "follows.ckpt"));
+    test::write_bytes(L.shared / "arrives.txt", {'x'});
+    mgr.queue_durable_copy(file, L.shared / "never.ckpt", {L.shared / "never.txt"});
+    const auto stats = mgr.wait_flushed();
+    CHECK(fs::exists(L.shared / "follows.ckpt"));
+    CHECK_FALSE(fs::exists(L.shared / "never.ckpt"));
+    CHECK(stats.given_up == 1);
+    CHECK(mentions(log.warnings, "did not all arrive there in time"));
+}

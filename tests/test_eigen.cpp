@@ -145,7 +145,8 @@ TEST_CASE("views of Eigen objects have their shapes and orders, and copy nothing
     CHECK(v.tensor("tensor").data() == reinterpret_cast<std::byte*>(o.tensor.data()));
     CHECK(v.tensor("dynamic_col").is_view());
     // element (i, j) of the view's logical shape is m(i, j): the bytes are the matrix's own
-    const auto rows = v.tensor("dynamic_col").in_order(ckpt::Order::row_major).values<double>();
+    const ckpt::Tensor row_major = v.tensor("dynamic_col").in_order(ckpt::Order::row_major);
+    const auto rows = row_major.values<double>();
     CHECK(std::memcmp(&rows[7 * 2 + 3], &o.dynamic_col(2, 3), sizeof(double)) == 0);
     // rank 0
     Eigen::Tensor<double, 0> scalar;

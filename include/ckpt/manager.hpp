@@ -94,7 +94,8 @@ struct DurableLevel {
     /// system's bandwidth to others; 0: as fast as they go.
     double max_bytes_per_second = 0;
     /// How long the copy of a global index waits for the files it names (the other ranks'
-    /// copies) to reach the durable level before it is given up (fault::GlobalIndexer).
+    /// copies) to reach the durable level before it is given up (fault::GlobalIndexer),
+    /// counted from when this rank's copier has nothing else before it to copy.
     std::chrono::milliseconds index_timeout = std::chrono::minutes(2);
 };
 
@@ -284,7 +285,7 @@ public:
         job.source = source;
         job.target = target;
         job.needs = std::move(needs);
-        job.give_up = std::chrono::steady_clock::now() + options_.durable->index_timeout;
+        job.patience = options_.durable->index_timeout;
         if (done) job.done = [done = std::move(done)](const fs::path&) { done(); };
         flusher_->submit(std::move(job));
     }

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -148,9 +149,12 @@ public:
         fs::path source, target;
         bool checkpoint = true;  ///< checked as it is copied (copy_file_checked)
         /// Copy only once these all exist (a global index: the ranks' files it names, which the
-        /// ranks' own copiers bring); given up, with a warning, at `give_up`.
+        /// ranks' own copiers bring); given up, with a warning, after waiting `patience` with
+        /// nothing queued before it (so a long queue of this rank's own copies, paced, does not
+        /// use up the time the other ranks' copies have).
         std::vector<fs::path> needs{};
-        std::chrono::steady_clock::time_point give_up{};
+        std::chrono::milliseconds patience{};
+        std::optional<std::chrono::steady_clock::time_point> give_up{};
         /// After the copy is in place, on the copier's thread (the durable level's retention).
         std::function<void(const fs::path& target)> done{};
     };
@@ -218,8 +222,9 @@ private:
     }
 
     // The first job that can run now: in order, except that a job waiting for files lets later
-    // jobs pass (a rank's own checkpoints must not wait for the other ranks'). Drops the jobs
-    // whose files did not come in time.
+    // jobs pass (a rank's own checkpoints must not wait for the other ranks'). A waiting job's
+    // patience runs from the first time it is looked at, when nothing before it can run. Drops
+    // the jobs whose files did not come in time.
     std::optional<Job> next_locked() {
         const auto now = std::chrono::steady_clock::now();
         for (auto it = queue_.begin(); it != queue_.end();) {
@@ -228,7 +233,8 @@ private:
                 queue_.erase(it);
                 return job;
             }
-            if (now < it->give_up) {
+            if (!it->give_up) it->give_up = now + it->patience;
+            if (now < *it->give_up) {
                 ++it;
                 continue;
             }
