@@ -6,7 +6,11 @@
 # Inputs are capped at 64 KiB and a single allocation at 64 MiB: reading a file must never
 # need more memory than its size suggests. A crash is saved under build-fuzz/ and fails
 # the run; put the input in tests/fuzz_regressions/ so the test suite replays it for good.
-#   bash scripts/fuzz.sh [seconds]     (default 60)
+#   bash scripts/fuzz.sh [seconds]     (default 60: seconds of fuzzing on each core, in that
+#                                      much time divided by the number of cores; libFuzzer's
+#                                      fork mode runs one worker per core on a shared corpus;
+#                                      an allocation over the limit and a timeout stop it, as
+#                                      a crash does)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
@@ -27,10 +31,12 @@ rm -rf "$out/torch-files" && mkdir -p "$out/torch-files"
     { cat "$out/torch-files.log" >&2; exit 1; }
 wait "$seeds"
 "$out/make_seeds" "$out/seeds" "$out/torch-files"
-echo "fuzzing the readers for $seconds s"
-"$out/checkpoint_reader" "$out/corpus" "$out/seeds" "$root/tests/fuzz_regressions" \
-    -max_total_time="$seconds" -max_len=65536 -malloc_limit_mb=64 -rss_limit_mb=2048 -timeout=10 \
-    -artifact_prefix="$out/crashes/" -print_final_stats=1 2>&1 | tee "$out/fuzz.log" | grep -E "^(#[0-9]+.*(INITED|DONE|pulse)|==|SUMMARY|stat::)" || true
+workers=$(nproc)
+wall=$(( (seconds + workers - 1) / workers ))
+echo "fuzzing the readers: $workers workers for $wall s"
+"$out/checkpoint_reader" "$out/corpus" "$out/seeds" "$root/tests/fuzz_regressions" -fork="$workers" -ignore_ooms=0 -ignore_timeouts=0 \
+    -max_total_time="$wall" -max_len=65536 -malloc_limit_mb=64 -rss_limit_mb=2048 -timeout=10 \
+    -artifact_prefix="$out/crashes/" -print_final_stats=1 2>&1 | tee "$out/fuzz.log" | grep -E "^(#[0-9]+.*(INITED|DONE|pulse|time:)|INFO: fuzzed|==|SUMMARY|stat::)" || true
 if [ "${PIPESTATUS[0]}" -ne 0 ] || ls "$out/crashes" | grep -q .; then
     echo "the fuzzer found a failing input: $(ls "$out/crashes")" >&2
     tail -40 "$out/fuzz.log" >&2
