@@ -9,10 +9,15 @@ The prefix "model." is where the C++ library's TorchState keeps a module's param
 buffers, so files of a libtorch program load into the same network written in Python.
 """
 
+import logging
+import weakref
+from collections import Counter
 from collections.abc import Mapping
 
 from ._io import load, save
 from .errors import ConfigError, LoadMismatch
+
+log = logging.getLogger("ckpt")
 
 __all__ = ["load_state_dict", "save_state_dict", "training_state", "save_training_state", "load_training_state"]
 
@@ -98,7 +103,32 @@ def save_state_dict(path, state_dict, prefix="", **options):
 # moves between Python and a libtorch program in either direction: the module's parameters and
 # buffers under "model.", the optimizer's kind, param groups and per-parameter state keyed by
 # parameter name ("optimizer.state.fc.weight.exp_avg"; PyTorch's own state_dict keys it by
-# index), the scheduler's position and the CPU generator's state.
+# index), the scheduler's whole state and the CPU generator's state.
+#
+# A scheduler is PyTorch's state_dict() of it, under "scheduler.":
+#   scheduler.kind         its class: "StepLR", "CosineAnnealingWarmRestarts", ... (SCHEDULERS)
+#   scheduler.convention   whose rules computed its learning rates: "pytorch" here, "libtorch"
+#                          from a C++ TorchState
+#   scheduler.{key}        each value of its state_dict(): an int as int64, a float as float64, a
+#                          bool, a str; a list of numbers as a tensor (int64 when all are int, bool
+#                          when all are bool, else float64); MultiStepLR's milestones (a Counter)
+#                          as the int64 tensor of its elements, sorted; a dict, and a list of
+#                          anything else, as entries below the key ("scheduler._schedule_phases.0.
+#                          end_step"); None as no entry
+#   scheduler._schedulers.{i}.*   each scheduler of a SequentialLR or ChainedScheduler, alike
+# What a state_dict() holds that is code is the program's, not the file's: the functions of
+# LambdaLR and MultiplicativeLR (as PyTorch's own state_dict() does, a plain function is left
+# out and a callable object's attributes are saved), CyclicLR's scale function (rebuilt from its
+# mode, or the program's scale_fn) and OneCycleLR's annealing function (saved as its
+# anneal_strategy, "cos" or "linear"). A scheduler of another class, a subclass included, is
+# refused by name when saved: what it keeps beyond its state_dict() is unknown.
+#
+# libtorch's StepLR lowers the learning rate one step() later than PyTorch's (after calls
+# step_size + 1, 2 step_size + 1, ...; PyTorch's after step_size, 2 step_size, ...). Positions
+# mean the same in both; at a boundary (last_epoch a multiple of step_size) the learning rates
+# differ by one factor gamma, so loading a "libtorch" StepLR there multiplies it as PyTorch's
+# StepLR would have, and the C++ load does the reverse: each goes on as an unbroken run of its
+# own would. A libtorch scheduler of another kind has no PyTorch counterpart and is refused.
 
 # Per optimizer kind: its options (name in the file, key in a param group, index in a tuple or
 # None, type) and its state tensors; every kind but SGD counts steps.
@@ -110,7 +140,15 @@ _OPTIMIZERS = {
     "Adagrad": (("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"), ("sum",)),
 }
 _FLAGS = ("nesterov", "amsgrad", "centered")
-_OWN = ("model.", "optimizer.", "scheduler.step_count", "torch.cpu_generator")
+_OWN = ("model.", "optimizer.", "scheduler.", "torch.cpu_generator")
+
+# PyTorch's schedulers, whose state_dict() holds their whole state (those of them this torch has).
+SCHEDULERS = ("LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR",
+              "SequentialLR", "CosineAnnealingLR", "ChainedScheduler", "ReduceLROnPlateau", "CyclicLR",
+              "CosineAnnealingWarmRestarts", "OneCycleLR", "PolynomialLR")
+_NESTED = ("SequentialLR", "ChainedScheduler")
+_CYCLIC_SCALES = {"triangular": "_triangular_scale_fn", "triangular2": "_triangular2_scale_fn",
+                  "exp_range": "_exp_range_scale_fn"}
 
 
 def _kind(optimizer, torch):
@@ -148,10 +186,191 @@ def _array(t, name, torch):
     return t.detach().cpu().contiguous().numpy()
 
 
+def _scheduler_kind(scheduler, torch, where):
+    for name in SCHEDULERS:
+        if type(scheduler) is getattr(torch.optim.lr_scheduler, name, None):
+            return name
+    cls = type(scheduler)
+    raise ConfigError("%s is a %s.%s, not one of PyTorch's schedulers (%s), whose state_dict() holds their whole "
+                      "state: ckpt cannot tell what another class keeps. Pass scheduler=None and save its state "
+                      "yourself (extra=)" % (where, cls.__module__, cls.__qualname__, ", ".join(SCHEDULERS)))
+
+
+def _scheduler_state(scheduler, torch, where="the scheduler"):
+    """The scheduler's state_dict() and kind, without what is code (see above)."""
+    kind = _scheduler_kind(scheduler, torch, where)
+    if kind in _NESTED:
+        state = {k: v for k, v in scheduler.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [_scheduler_state(s, torch, "%s's scheduler %d" % (where, i))
+                                for i, s in enumerate(scheduler._schedulers)]
+    else:
+        state = dict(scheduler.state_dict())
+        if kind == "CyclicLR":
+            state.pop("_scale_fn_ref", None)
+            state.pop("_scale_fn_custom", None)
+        elif kind == "OneCycleLR":
+            state["anneal_func"] = state["anneal_func"].__name__[len("_annealing_"):]
+    state["kind"] = kind
+    return state
+
+
+def _scalar(v, np):
+    """A number, bool or str as the Python value a checkpoint stores, or None if it is not one."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v)
+    if isinstance(v, str):
+        return v
+    return None
+
+
+def _put(name, value, out, np):
+    """`value` as entries named `name` and below it (see above)."""
+    if value is None:
+        return
+    scalar = _scalar(value, np)
+    if scalar is not None:
+        out[name] = scalar
+    elif isinstance(value, Counter):
+        out[name] = np.array(sorted(value.elements()), dtype=np.int64)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError("'%s' has the key %r; checkpoint entries are named by text" % (name, k))
+            _put("%s.%s" % (name, k), v, out, np)
+    elif isinstance(value, (list, tuple)):
+        items = [_scalar(v, np) for v in value]
+        if value and all(type(v) is bool for v in items):
+            out[name] = np.array(items, dtype=bool)
+        elif all(type(v) in (int, float) for v in items):
+            out[name] = np.array(items, dtype=np.int64 if value and all(type(v) is int for v in items) else np.float64)
+        else:
+            for i, v in enumerate(value):
+                _put("%s.%d" % (name, i), v, out, np)
+    else:
+        raise ConfigError("'%s' is a %s, which a checkpoint cannot hold" % (name, type(value).__name__))
+
+
+def _get(name, template, entries, path, np):
+    """The value stored as `name` (see _put), shaped as `template`, the loading scheduler's own."""
+    def mismatch(what):
+        return LoadMismatch("'%s' holds %s as '%s'; this scheduler has %r there" % (path, what, name, template), path)
+    if name in entries:
+        v = entries[name]
+        if hasattr(v, "dtype"):
+            if v.ndim != 1 or not (isinstance(template, (list, tuple, Counter)) or template is None):
+                raise mismatch("a %s%s tensor" % (v.dtype, list(v.shape)))
+            if isinstance(template, Counter):
+                return Counter(int(x) for x in v)
+            return type(template)(v.tolist()) if isinstance(template, tuple) else v.tolist()
+        kinds = {bool: "bool", int: "number", float: "number", str: "str"}
+        if template is not None and kinds.get(type(_scalar(template, np))) != kinds.get(type(v)):
+            raise mismatch("%s %r" % (type(v).__name__, v))
+        return v
+    below = [e for e in entries if e.startswith(name + ".")]
+    if isinstance(template, Mapping) and not isinstance(template, Counter):
+        return {k: _get("%s.%s" % (name, k), t, entries, path, np) for k, t in template.items()}
+    if isinstance(template, (list, tuple)) and not all(type(_scalar(t, np)) in (bool, int, float) for t in template):
+        n = len(template)
+        if any(e == "%s.%d" % (name, n) or e.startswith("%s.%d." % (name, n)) for e in below):
+            raise LoadMismatch("'%s' holds more than the %d items this scheduler has in '%s'" % (path, n, name), path)
+        return type(template)(_get("%s.%d" % (name, i), t, entries, path, np) for i, t in enumerate(template))
+    if template is None and not below:
+        return None
+    if template is None:
+        raise mismatch("values below it (%s)" % ", ".join(below))
+    raise LoadMismatch("'%s' holds no '%s' (this scheduler has %r there)" % (path, name, template), path)
+
+
+def _scheduler_loader(scheduler, entries, path, torch, np):
+    """Checks the file's state of `scheduler` against it; returns what loads it, run once every
+    check of the file has passed (after the optimizer's options)."""
+    own = _scheduler_state(scheduler, torch)
+    kind = entries.get("scheduler.kind")
+    if kind is None and "scheduler.step_count" in entries:  # written before schedulers were saved whole
+        def load_position():
+            log.warning("'%s' records only the scheduler's position (scheduler.step_count, written before ckpt saved "
+                        "schedulers whole): the rest of this %s's state starts afresh", path, own["kind"])
+            scheduler.last_epoch = int(entries["scheduler.step_count"])
+            scheduler._step_count = scheduler.last_epoch + 1
+            scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+        return load_position
+    if kind is None:
+        raise LoadMismatch("'%s' holds no scheduler state (scheduler.kind)" % path, path)
+    convention = entries.get("scheduler.convention")
+    if convention not in ("pytorch", "libtorch"):
+        raise LoadMismatch("'%s' records the scheduler's convention as %r; ckpt knows 'pytorch' and 'libtorch'"
+                           % (path, convention), path)
+    if convention == "libtorch":
+        if kind != "StepLR" or own["kind"] != "StepLR":
+            raise LoadMismatch("'%s' holds the state of a libtorch %s scheduler; this one is PyTorch's %s (a libtorch "
+                               "program's StepLR carries over to PyTorch's StepLR only)" % (path, kind, own["kind"]), path)
+        state = dict(own, last_epoch=_get("scheduler.last_epoch", 0, entries, path, np),
+                     step_size=_get("scheduler.step_size", own["step_size"], entries, path, np),
+                     gamma=_get("scheduler.gamma", own["gamma"], entries, path, np), _get_lr_called_within_step=False)
+        state["_step_count"] = state["last_epoch"] + 1
+
+        def load_libtorch():
+            _apply_scheduler_state(scheduler, state)
+            k = scheduler.last_epoch
+            if k > 0 and k % scheduler.step_size == 0:
+                # libtorch's StepLR multiplies by gamma at the next call, PyTorch's has at this one
+                for group in scheduler.optimizer.param_groups:
+                    group["lr"] = group["lr"] * scheduler.gamma
+                log.info("'%s': a libtorch StepLR at step %d, a multiple of its step_size, where PyTorch's has "
+                         "lowered the learning rate and libtorch's not yet: the learning rate is PyTorch's, %s",
+                         path, k, [group["lr"] for group in scheduler.optimizer.param_groups])
+            scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+        return load_libtorch
+
+    def check_kinds(prefix, state):
+        saved = entries.get(prefix + "kind")
+        if saved != state["kind"]:
+            raise LoadMismatch("'%s' holds the state of %s scheduler as '%s'; this one is %s" % (
+                path, "a " + saved if saved else "no", prefix[:-1], state["kind"]), path)
+        for i, sub in enumerate(state.get("_schedulers", ()) if state["kind"] in _NESTED else ()):
+            check_kinds("%s_schedulers.%d." % (prefix, i), sub)
+    check_kinds("scheduler.", own)
+    state = _get("scheduler", own, entries, path, np)
+
+    def check_code(prefix, state):
+        if state["kind"] == "OneCycleLR" and state["anneal_func"] not in ("cos", "linear"):
+            raise LoadMismatch("'%s' holds %ranneal_func %r; OneCycleLR anneals by 'cos' or 'linear'"
+                               % (path, prefix, state["anneal_func"]), path)
+        if state["kind"] == "CyclicLR" and state["mode"] not in _CYCLIC_SCALES:
+            raise LoadMismatch("'%s' holds %rmode %r; CyclicLR's modes are %s" % (
+                path, prefix, state["mode"], ", ".join(_CYCLIC_SCALES)), path)
+        for i, sub in enumerate(state["_schedulers"] if state["kind"] in _NESTED else ()):
+            check_code("%s_schedulers.%d." % (prefix, i), sub)
+    check_code("scheduler.", state)
+    return lambda: _apply_scheduler_state(scheduler, state)
+
+
+def _apply_scheduler_state(scheduler, state):
+    state = dict(state)
+    kind = state.pop("kind")
+    if kind in _NESTED:
+        subs = state.pop("_schedulers")
+        scheduler.__dict__.update(state)
+        for sub, sub_state in zip(scheduler._schedulers, subs):
+            _apply_scheduler_state(sub, sub_state)
+        return
+    if kind == "OneCycleLR":
+        state["anneal_func"] = getattr(scheduler, "_annealing_" + state["anneal_func"])
+    scheduler.load_state_dict(state)
+    if kind == "CyclicLR" and scheduler._scale_fn_custom is None:
+        scheduler._scale_fn_ref = weakref.WeakMethod(getattr(scheduler, _CYCLIC_SCALES[scheduler.mode]))
+
+
 def training_state(model, optimizer=None, scheduler=None, extra=None, generator=True, model_prefix="model."):
     """The entries a C++ TorchState of this module, optimizer and scheduler saves, as a dict
     for ckpt.save: a libtorch program's TorchState loads them, and load_training_state()
-    loads what a TorchState saved. `extra`: more entries (the program's position)."""
+    loads what a TorchState saved. The scheduler's whole state is saved (see above); one that
+    is not PyTorch's own is a ConfigError naming its class. `extra`: more entries (the
+    program's position)."""
     import numpy as np
     torch = _torch()
     out = {}
@@ -184,7 +403,8 @@ def training_state(model, optimizer=None, scheduler=None, extra=None, generator=
         out[name] = v
     out.update(state)
     if scheduler is not None:
-        out["scheduler.step_count"] = int(scheduler.last_epoch)
+        _put("scheduler", _scheduler_state(scheduler, torch), out, np)
+        out["scheduler.convention"] = "pytorch"
     if generator:
         out["torch.cpu_generator"] = torch.get_rng_state().numpy()
     return out
@@ -202,8 +422,11 @@ def load_training_state(path, model, optimizer=None, scheduler=None, generator=T
     module, the optimizer (its param groups' options and the state of each parameter the file
     holds state for; the others get none, as before their first step), the scheduler and the
     CPU generator. Every tensor is checked against its target before anything is written: a
-    name missing or left over, another dtype or shape, another optimizer kind or other
-    parameters in a param group is a LoadMismatch. Returns the file's other entries."""
+    name missing or left over, another dtype or shape, another optimizer or scheduler kind or
+    other parameters in a param group is a LoadMismatch. The scheduler takes the file's whole
+    state (its settings too, as PyTorch's load_state_dict() does); a StepLR saved by a libtorch
+    program goes on as PyTorch's would (see above). Returns the file's other entries."""
+    import numpy as np
     torch = _torch()
     path = str(path)
     entries = load(path, key=key)
@@ -260,8 +483,7 @@ def load_training_state(path, model, optimizer=None, scheduler=None, generator=T
                 elif "momentum_buffer" not in state:
                     state["momentum_buffer"] = None
                 new_state[param] = state
-    if scheduler is not None and "scheduler.step_count" not in entries:
-        raise LoadMismatch("'%s' holds no scheduler position (scheduler.step_count)" % path, path)
+    load_scheduler = _scheduler_loader(scheduler, entries, path, torch, np) if scheduler is not None else None
     if generator and "torch.cpu_generator" not in entries:
         raise LoadMismatch("'%s' holds no generator state (torch.cpu_generator)" % path, path)
 
@@ -285,10 +507,8 @@ def load_training_state(path, model, optimizer=None, scheduler=None, generator=T
                     group[key_] = bool(v) if option in _FLAGS else v
         optimizer.state.clear()
         optimizer.state.update(new_state)
-    if scheduler is not None:
-        scheduler.last_epoch = int(entries["scheduler.step_count"])
-        scheduler._step_count = scheduler.last_epoch + 1
-        scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+    if load_scheduler is not None:
+        load_scheduler()
     if generator:
         torch.set_rng_state(torch.from_numpy(entries["torch.cpu_generator"].copy()))
     return {n: v for n, v in entries.items() if not n.startswith(_OWN)}

@@ -1,6 +1,7 @@
 """ckpt.torch: PyTorch state_dicts saved and loaded as ckpt checkpoints."""
 
 import os
+import warnings
 import subprocess
 import sys
 
@@ -190,3 +191,146 @@ def test_column_major_tensors_load_with_their_logical_shapes(tmp_path):
     linear = torch.nn.Linear(4, 3)
     linear.load_state_dict(sd)
     assert linear.weight[0, 1].item() == 1.0 and linear.weight[1, 0].item() == 4.0
+
+
+# ------------------------------------------------------------------------------ schedulers
+
+L = torch.optim.lr_scheduler
+
+
+class Decay:
+    """An lr_lambda that is a callable object with state of its own, which changes as it is called."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, epoch):
+        self.calls += 1
+        return 0.97 ** self.calls
+
+
+# Every scheduler of PyTorch's, set up so that 12 steps go through its phases; SGD with two
+# param groups (0.1 and 0.05) and momentum, which CyclicLR and OneCycleLR cycle.
+SCHEDULERS = {
+    "LambdaLR": lambda o: L.LambdaLR(o, lambda e: 0.9 ** e),
+    "LambdaLR of a callable object": lambda o: L.LambdaLR(o, Decay()),
+    "MultiplicativeLR": lambda o: L.MultiplicativeLR(o, lambda e: 0.95),
+    "StepLR": lambda o: L.StepLR(o, 3, 0.5),
+    "MultiStepLR": lambda o: L.MultiStepLR(o, [2, 5, 5, 9], 0.5),
+    "ConstantLR": lambda o: L.ConstantLR(o, 0.5, total_iters=7),
+    "LinearLR": lambda o: L.LinearLR(o, 0.25, 1.0, total_iters=9),
+    "ExponentialLR": lambda o: L.ExponentialLR(o, 0.9),
+    "SequentialLR": lambda o: L.SequentialLR(o, [L.LinearLR(o, 0.5, total_iters=3), L.CosineAnnealingLR(o, 8)], [4]),
+    "CosineAnnealingLR": lambda o: L.CosineAnnealingLR(o, 5, eta_min=0.001),
+    "ChainedScheduler": lambda o: L.ChainedScheduler([L.ConstantLR(o, 0.5, total_iters=4), L.ExponentialLR(o, 0.9)]),
+    "ReduceLROnPlateau": lambda o: L.ReduceLROnPlateau(o, factor=0.5, patience=0, cooldown=3),
+    "CyclicLR": lambda o: L.CyclicLR(o, 0.01, 0.1, step_size_up=3, mode="triangular2"),
+    "CosineAnnealingWarmRestarts": lambda o: L.CosineAnnealingWarmRestarts(o, T_0=5, T_mult=2, eta_min=0.001),
+    "OneCycleLR": lambda o: L.OneCycleLR(o, 0.1, total_steps=30, anneal_strategy="linear", three_phase=True),
+    "PolynomialLR": lambda o: L.PolynomialLR(o, total_iters=10, power=2.0),
+}
+PLATEAU = [1.0, 0.5, 1 / 3] + [0.3] * 9  # ReduceLROnPlateau's metric at each step
+
+
+def scheduled(kind):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr": 0.05}], lr=0.1, momentum=0.9)
+    return model, opt, SCHEDULERS[kind](opt)
+
+
+def schedule(opt, sched, steps, start=0):
+    """Steps the scheduler; the learning rate and momentum of each param group after each step."""
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SequentialLR's step(0) of its second scheduler warns
+        for i in range(start, start + steps):
+            opt.step()
+            sched.step(PLATEAU[i]) if isinstance(sched, L.ReduceLROnPlateau) else sched.step()
+            out.append([(g["lr"], g["momentum"]) for g in opt.param_groups])
+    return out
+
+
+@pytest.mark.parametrize("kind", list(SCHEDULERS))
+def test_every_scheduler_resumes_bit_exact(tmp_path, kind):
+    """12 steps in two runs of 6, the state saved and loaded into fresh objects between them,
+    give the learning rates (and momenta) of 12 steps in one run, bit for bit."""
+    _, opt, sched = scheduled(kind)
+    unbroken = schedule(opt, sched, 12)
+    model, opt, sched = scheduled(kind)
+    first = schedule(opt, sched, 6)
+    ct.save_training_state(tmp_path / "s.ckpt", model, opt, sched, generator=False)
+    model, opt, sched = scheduled(kind)
+    ct.load_training_state(tmp_path / "s.ckpt", model, opt, sched, generator=False)
+    assert first + schedule(opt, sched, 6, start=6) == unbroken
+
+
+def test_a_plateau_resumed_at_step_6_has_the_learning_rate_of_an_unbroken_run_at_step_12(tmp_path):
+    """Its best value, bad-epoch count and cooldown are its state: with its position alone, the
+    resumed run lowers the learning rate during the cooldown, to 0.0125 at step 12."""
+    _, opt, sched = scheduled("ReduceLROnPlateau")
+    assert schedule(opt, sched, 12)[-1][0][0] == 0.025
+    model, opt, sched = scheduled("ReduceLROnPlateau")
+    schedule(opt, sched, 6)
+    assert sched.cooldown_counter > 0
+    ct.save_training_state(tmp_path / "s.ckpt", model, opt, sched, generator=False)
+    model, opt, sched = scheduled("ReduceLROnPlateau")
+    ct.load_training_state(tmp_path / "s.ckpt", model, opt, sched, generator=False)
+    assert schedule(opt, sched, 6, start=6)[-1][0][0] == 0.025
+
+
+def test_a_scheduler_is_stored_as_entries_under_scheduler(tmp_path):
+    model, opt, sched = scheduled("CosineAnnealingWarmRestarts")
+    schedule(opt, sched, 7)
+    entries = ct.training_state(model, opt, sched)
+    assert entries["scheduler.kind"] == "CosineAnnealingWarmRestarts" and entries["scheduler.convention"] == "pytorch"
+    assert entries["scheduler.T_cur"] == 2 and entries["scheduler.T_i"] == 10 and entries["scheduler.last_epoch"] == 7
+    assert entries["scheduler.base_lrs"].dtype == np.float64 and entries["scheduler.base_lrs"].tolist() == [0.1, 0.05]
+    assert entries["scheduler.eta_min"] == 0.001 and entries["scheduler.verbose"] is False
+    model, opt, sched = scheduled("MultiStepLR")
+    entries = ct.training_state(model, opt, sched)
+    assert entries["scheduler.milestones"].tolist() == [2, 5, 5, 9] and entries["scheduler.milestones"].dtype == np.int64
+    model, opt, sched = scheduled("SequentialLR")
+    entries = ct.training_state(model, opt, sched)
+    assert entries["scheduler._schedulers.1.kind"] == "CosineAnnealingLR" and entries["scheduler._milestones"].tolist() == [4]
+    model, opt, sched = scheduled("OneCycleLR")
+    entries = ct.training_state(model, opt, sched)
+    assert entries["scheduler.anneal_func"] == "linear" and entries["scheduler._schedule_phases.2.end_lr"] == "min_lr"
+    assert entries["scheduler._schedule_phases.2.end_step"] == 29  # an int stays an int
+    model, opt, sched = scheduled("LambdaLR")
+    assert not any(n.startswith("scheduler.lr_lambdas") for n in ct.training_state(model, opt, sched))  # code
+    model, opt, sched = scheduled("LambdaLR of a callable object")
+    entries = ct.training_state(model, opt, sched)  # one object for both param groups, called once for each
+    assert entries["scheduler.lr_lambdas.0.calls"] == 2 and entries["scheduler.lr_lambdas.1.calls"] == 2
+
+
+class Halving(L.StepLR):
+    pass
+
+
+def test_a_scheduler_ckpt_does_not_know_is_refused_by_name_and_nothing_is_written(tmp_path):
+    model, opt, _ = scheduled("StepLR")
+    with pytest.raises(ckpt.ConfigError, match=r"the scheduler is a test_ckpt_torch\.Halving, not one of PyTorch's"):
+        ct.save_training_state(tmp_path / "s.ckpt", model, opt, Halving(opt, 3))
+    inner = L.ChainedScheduler([L.ExponentialLR(opt, 0.9), Halving(opt, 3)])
+    with pytest.raises(ckpt.ConfigError, match=r"the scheduler's scheduler 1 is a test_ckpt_torch\.Halving"):
+        ct.save_training_state(tmp_path / "s.ckpt", model, opt, inner)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_scheduler_state_of_another_kind_or_shape_is_refused_and_nothing_changes(tmp_path):
+    model, opt, sched = scheduled("SequentialLR")
+    schedule(opt, sched, 5)
+    ct.save_training_state(tmp_path / "s.ckpt", model, opt, sched, generator=False)
+    for other, message in ((L.CosineAnnealingLR, "holds the state of a SequentialLR scheduler as 'scheduler'; this one "
+                                                 "is CosineAnnealingLR"),
+                           (lambda o: L.SequentialLR(o, [L.LinearLR(o, 0.5, total_iters=3), L.ExponentialLR(o, 0.9)], [4]),
+                            "holds the state of a CosineAnnealingLR scheduler as 'scheduler._schedulers.1'; this one is "
+                            "ExponentialLR")):
+        model, opt, _ = scheduled("StepLR")
+        sched = other(opt) if other is not L.CosineAnnealingLR else other(opt, 8)
+        before = [t.clone() for t in model.state_dict().values()], [dict(g) for g in opt.param_groups], dict(sched.__dict__)
+        with pytest.raises(ckpt.LoadMismatch, match=message):
+            ct.load_training_state(tmp_path / "s.ckpt", model, opt, sched, generator=False)
+        assert all(torch.equal(a, b) for a, b in zip(before[0], model.state_dict().values()))
+        assert [dict(g) for g in opt.param_groups] == before[1] and sched.__dict__ == before[2]
