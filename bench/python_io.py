@@ -6,9 +6,9 @@ holding 90 % of the bytes and about a hundred small ones (float32, float16, int6
 Warm page cache, one process, the contenders alternating (the order rotates every round),
 medians of --rounds rounds (default 5):
 
-  load  ckpt.load, memory map (mmap=True): as returned (the checksum already read every byte)
-        ckpt.load, memory map, then every byte read (a reduction over each array)
-        ckpt.load(mmap=False): the body read into memory of its own
+  load  ckpt.load(mmap=True), memory map: as returned (the checksum already read every byte)
+        ckpt.load(mmap=True), then every byte read (a reduction over each array)
+        ckpt.load(mmap=False), the default: the body read into memory of its own
         np.load of an uncompressed .npz (np.savez), every array materialized (np.load is lazy)
         torch.load of the same state_dict (torch.save of torch tensors)
   save  ckpt.save: atomic (temporary, fsync, rename, fsync of the directory)
@@ -212,8 +212,9 @@ def run(args, directory):
             return {k: z[k] for k in z.files}
 
     loads = {
-        "ckpt.load (mmap)": lambda: ckpt.load(ck),
-        "ckpt.load (mmap) + read every byte": lambda: (lambda d: (read_every_byte(d.values()), d)[1])(ckpt.load(ck)),
+        "ckpt.load (mmap)": lambda: ckpt.load(ck, mmap=True),
+        "ckpt.load (mmap) + read every byte": lambda: (lambda d: (read_every_byte(d.values()), d)[1])(
+            ckpt.load(ck, mmap=True)),
         "ckpt.load(mmap=False)": lambda: ckpt.load(ck, mmap=False),
         "np.load(npz), materialized": load_npz,
     }

@@ -4,7 +4,6 @@ checksums; never by file times."""
 
 import logging
 import math
-import mmap as _mmap
 import os
 from dataclasses import dataclass, field
 
@@ -95,15 +94,7 @@ def _owner(path):
         with _Opened(path) as opened:
             if opened.header.codecs:
                 return None
-            if opened.header.archive == "binary":
-                with _mmap.mmap(opened.fd, opened.size, prot=_mmap.PROT_READ) as mm:
-                    body = memoryview(mm)[F.HEADER_SIZE:]
-                    try:
-                        entries = F.parse_binary(body, path)
-                    finally:
-                        body.release()
-            else:
-                entries = F.PARSERS[opened.header.archive](memoryview(opened.stored_body()), path)
+            entries = opened.table()
     except Error:
         return None
     return _owner_in({e.name: e.value for e in entries if e.kind == F.STRING})

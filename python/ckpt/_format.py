@@ -215,9 +215,11 @@ def fold_order_records(entries, p):
 # --------------------------------------------------------------------------- binary bodies
 
 def parse_binary(buf, path):
-    """The entries of a binary body held in `buf` (a memoryview of bytes), with their payload
-    offsets in `buf`."""
+    """The entries of a binary body held in `buf` (a memoryview of bytes, or an object that
+    reads the body's bytes from a file on demand: len(), slices as bytes, unpack_from), with
+    their payload offsets in `buf`. Payload bytes are not read."""
     p = _Parser(path, len(buf))
+    unpack = buf.unpack_from if hasattr(buf, "unpack_from") else lambda fmt, at: struct.unpack_from(fmt, buf, at)
     n = len(buf)
     at = 0
 
@@ -229,10 +231,10 @@ def parse_binary(buf, path):
         return at - size
 
     def u32(what):
-        return struct.unpack_from("<I", buf, take(4, what))[0]
+        return unpack("<I", take(4, what))[0]
 
     def u64(what):
-        return struct.unpack_from("<Q", buf, take(8, what))[0]
+        return unpack("<Q", take(8, what))[0]
 
     def string(what):
         size = u64(what)
@@ -250,12 +252,12 @@ def parse_binary(buf, path):
             dtype, rank = u32("tensor '%s'" % name), u32("tensor '%s'" % name)
             if rank > MAX_RANK:
                 p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
-            dims = struct.unpack_from("<%dq" % rank, buf, take(8 * rank, "tensor '%s'" % name))
+            dims = unpack("<%dq" % rank, take(8 * rank, "tensor '%s'" % name))
             p.tensor_meta(e, dtype, dims, u64("tensor '%s'" % name))
         elif e.kind == INT64:
-            e.value = struct.unpack_from("<q", buf, take(8, "entry '%s'" % name))[0]
+            e.value = unpack("<q", take(8, "entry '%s'" % name))[0]
         elif e.kind == DOUBLE:
-            e.value = struct.unpack_from("<d", buf, take(8, "entry '%s'" % name))[0]
+            e.value = unpack("<d", take(8, "entry '%s'" % name))[0]
         elif e.kind == BOOL:
             v = u32("entry '%s'" % name)
             if v > 1:

@@ -5,6 +5,7 @@ import itertools
 import math
 import mmap as _mmap
 import os
+import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -121,6 +122,36 @@ def _read_hashed(fd, buf, offset, path):
     return hasher.intdigest()
 
 
+_HASH_CHUNK = 1 << 20         # what verify() reads at a time into the buffer it hashes
+
+
+class _Window:
+    """The body of an open file, read on demand through a window of 64 KiB: what parse_binary
+    reads of a table of contents, without mapping the file or reading the payloads."""
+
+    SIZE = 64 << 10
+
+    def __init__(self, opened):
+        self.fd, self.path, self.n = opened.fd, opened.path, opened.header.body_length
+        self.start, self.data = 0, b""
+
+    def __len__(self):
+        return self.n
+
+    def _get(self, at, size):
+        if not self.start <= at <= at + size <= self.start + len(self.data):
+            buf = bytearray(min(max(size, self.SIZE), self.n - at))
+            _read_exactly(self.fd, memoryview(buf), F.HEADER_SIZE + at, self.path)
+            self.start, self.data = at, bytes(buf)
+        return memoryview(self.data)[at - self.start:at - self.start + size]
+
+    def __getitem__(self, s):
+        return self._get(s.start, s.stop - s.start)
+
+    def unpack_from(self, fmt, at):
+        return struct.unpack_from(fmt, self._get(at, struct.calcsize(fmt)))
+
+
 class _Opened:
     """An open checkpoint whose header passed section 8's steps 1 to 8."""
 
@@ -170,6 +201,34 @@ class _Opened:
             mm.close()
             raise self.checksum_failure()
         return mm, body
+
+    def hashed_body(self):
+        """The xxh3 of the stored body, read through one reused buffer: nothing mapped (a file
+        cut short under a map kills the process with SIGBUS; here it is an error), and no
+        memory of the body's size."""
+        n = self.header.body_length
+        view = memoryview(bytearray(min(n, _HASH_CHUNK)))
+        hasher = xxhash.xxh3_64()
+        for at in range(0, n, _HASH_CHUNK):
+            chunk = view[:min(_HASH_CHUNK, n - at)]
+            _read_exactly(self.fd, chunk, F.HEADER_SIZE + at, self.path)
+            hasher.update(chunk)
+        return hasher.intdigest()
+
+    def check_body(self):
+        if self.hashed_body() != self.header.body_checksum:
+            raise self.checksum_failure()
+
+    def table(self):
+        """The entries of the body, payloads not read and the checksum NOT checked: a binary
+        body without codecs read on demand (its table of contents), any other read whole."""
+        h = self.header
+        if h.archive == "binary" and not h.codecs:
+            return F.parse_binary(_Window(self), self.path)
+        if h.codecs:
+            raise ConfigError("checkpoint '%s' has a coded body (%s): its entries need it decoded"
+                              % (self.path, "+".join(h.codecs)), self.path)
+        return F.PARSERS[h.archive](memoryview(self.stored_body()), self.path)
 
     def stored_body(self):
         """The stored body read into memory, its checksum checked."""
@@ -232,16 +291,20 @@ def _read(path, key, mmap, max_decoded_bytes):
         return _parse(opened, key, mmap, max_decoded_bytes)
 
 
-def load(path, key=None, mmap=True, max_decoded_bytes=None):
+def load(path, key=None, mmap=False, max_decoded_bytes=None):
     """The entries of checkpoint `path` as a dict, in the file's order: tensors as numpy
     arrays, int64, double, bool and string values as int, float, bool and str. Entries the
     writer reserved (`__ckpt.*`) are left out. A column-major tensor (docs/FORMAT.md section
     3.1) is an array of its logical shape in Fortran order, over the same bytes.
 
-    With `mmap` (the default), the tensors of a binary body without codecs are read-only views
-    into a memory map of the file: nothing is copied. `mmap=False` reads the body into memory
-    of its own, which the arrays share. Compressed, encrypted, text and xml bodies are decoded
-    into memory. The body's checksum is checked before anything is returned.
+    The body is read into memory of its own, which the (writable) arrays share: what another
+    process does to the file afterwards changes nothing loaded. `mmap=True` instead makes the
+    tensors of a binary body without codecs read-only views into a memory map of the file:
+    nothing is copied, but the arrays then change when the file is rewritten in place (`cp`
+    over it), and reading them after the file was cut short kills the process with SIGBUS.
+    ckpt's own writers replace a file by renaming a new one over it, which leaves a map of the
+    old one intact. Compressed, encrypted, text and xml bodies are always decoded into memory.
+    The body's checksum is checked before anything is returned.
 
     `key`: for encrypted files, a ckpt.Key, 32 bytes or a key file's path.
     `max_decoded_bytes`: refuse a compressed body that decodes to more (files from elsewhere).
@@ -271,14 +334,15 @@ class LoadReport:
         return not self.missing and not self.unexpected
 
 
-def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None):
+def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None, mmap=False):
     """Writes the tensors of checkpoint `path` into the arrays of `arrays` (a mapping of names
     to writable numpy arrays), checking dtypes and shapes first: nothing is written unless
     the whole load can be done. `strict`: a target the file does not fill, a file tensor with
     no target, or another dtype or shape is a LoadMismatch; otherwise those are reported and
-    the rest is loaded."""
+    the rest is loaded. The body is read into memory first; `mmap=True` copies from a map of
+    the file instead (no second copy of the body, but see load() for what a map risks)."""
     path = _fspath(path)
-    entries, buf, base = _read(path, key, True, max_decoded_bytes)
+    entries, buf, base = _read(path, key, mmap, max_decoded_bytes)
     report = LoadReport()
     plan = []
     found = set()
@@ -346,7 +410,14 @@ def contents(path, key=None, max_decoded_bytes=None):
     """The table of contents of checkpoint `path` (reserved `__ckpt.*` entries included, but
     for storage order records, which become the tensors' `order`), in order, without the
     payloads; the checksum is checked."""
-    entries, _, _ = _read(path, key, True, max_decoded_bytes)
+    path = _fspath(path)
+    with _Opened(path) as opened:
+        h = opened.header
+        if h.archive == "binary" and not h.codecs:
+            opened.check_body()
+            entries = opened.table()  # the table of contents alone, read again (from the cache)
+        else:
+            entries, _, _ = _parse(opened, key, False, max_decoded_bytes)
     out = []
     for e in entries:
         if e.kind == F.TENSOR:
@@ -370,11 +441,9 @@ def verify(path, key=None):
     authenticated, and every body parsed."""
     with _Opened(path) as opened:
         if key is None:
-            mm, body = opened.mapped_body()  # hashed in place: no copy of a large body
-            body.release()
-            mm.close()
+            opened.check_body()
         else:
-            _parse(opened, key, True, None)
+            _parse(opened, key, False, None)
         return opened.header
 
 

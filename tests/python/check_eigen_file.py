@@ -12,7 +12,7 @@ import ckpt  # noqa: E402
 
 
 def main(folder):
-    got = ckpt.load(os.path.join(folder, "eigen.ckpt"))
+    got = ckpt.load(os.path.join(folder, "eigen.ckpt"), mmap=True)  # views of the file's bytes
     i, j = np.indices((3, 4))
     want = {"m": (10 * i + j).astype("<f8"), "r": (10 * np.indices((2, 3))[0] + np.indices((2, 3))[1]).astype("<i4"),
             "t": (100 * np.indices((2, 3, 4))[0] + 10 * np.indices((2, 3, 4))[1] + np.indices((2, 3, 4))[2]).astype("<f4"),

@@ -58,16 +58,16 @@ def test_golden_key_forms():
         support.assert_entries(ckpt.load(golden("v2-zstd-aes-256-gcm.ckpt"), key=k), support.golden_state())
 
 
-def test_binary_arrays_map_the_file_or_own_their_memory():
-    mapped = ckpt.load(golden("v1-binary.ckpt"))
+def test_binary_arrays_own_their_memory_or_map_the_file():
+    mapped = ckpt.load(golden("v1-binary.ckpt"), mmap=True)
     assert not mapped["f32.rank2"].flags.writeable
-    owned = ckpt.load(golden("v1-binary.ckpt"), mmap=False)
-    owned["f32.rank2"][0, 0] = 7.0  # memory of its own: the file is not touched
+    owned = ckpt.load(golden("v1-binary.ckpt"))  # the default: memory of its own
+    owned["f32.rank2"][0, 0] = 7.0  # the file is not touched
     assert ckpt.load(golden("v1-binary.ckpt"))["f32.rank2"][0, 0] == -1.5
 
 
 def test_payloads_are_64_byte_aligned_in_the_map():
-    for name, a in ckpt.load(golden("v1-binary.ckpt")).items():
+    for name, a in ckpt.load(golden("v1-binary.ckpt"), mmap=True).items():
         if isinstance(a, np.ndarray) and a.nbytes:
             assert a.ctypes.data % 64 == 0, name
 

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -327,7 +328,7 @@ def test_python_scalar_kinds_stay_apart(tmp_path):
 def test_arrays_loaded_by_mmap_survive_a_replacing_save(tmp_path):
     """Saves rename a new file over the old one: a map of the old file keeps its values."""
     path = ckpt.save(str(tmp_path / "m.ckpt"), {"w": np.arange(100.0)})
-    old = ckpt.load(path)["w"]
+    old = ckpt.load(path, mmap=True)["w"]
     ckpt.save(path, {"w": np.zeros(100)})
     assert (old == np.arange(100.0)).all() and (ckpt.load(path)["w"] == 0).all()
     assert _left_behind(tmp_path) == ["m.ckpt"]
@@ -339,3 +340,114 @@ def test_the_obvious_misuses_get_an_error_that_says_what_to_do(tmp_path):
         ckpt.load(ckpt.latest(tmp_path, "exp"))
     with pytest.raises(ckpt.ConfigError, match="the directory comes first, then the prefix"):
         ckpt.latest(tmp_path, "runs/exp")
+
+
+# --------------------------------------------------------------------------- loads under another's rewrite
+
+HOLDS = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    import ckpt
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    path, mode = sys.argv[1], sys.argv[2]
+    state = ckpt.load(path) if mode == "default" else ckpt.load(path, mmap=True)
+    print("loaded", flush=True)
+    sys.stdin.readline()  # the file has been changed meanwhile
+    w = state["w"]
+    print("same" if (w == np.arange(w.size)).all() and state["n"] == 7 else "changed", flush=True)
+    """)
+
+
+def _cut(path):
+    os.truncate(path, 100)
+
+
+def _copied_over(path):
+    """What `cp other path` does: the file opened with O_TRUNC and written again in place."""
+    other = support.read(ckpt.save(path + ".other", {"w": np.zeros(1 << 16), "n": 8}))
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, other)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("change", [_cut, _copied_over], ids=["truncated", "cp over it"])
+def test_what_load_returns_outlives_a_change_of_the_file(tmp_path, change):
+    """By default the arrays are the process's own: a file cut short or rewritten in place
+    afterwards changes nothing loaded, and kills nothing. A map (mmap=True) is the file, as the
+    docstring warns: it dies with SIGBUS, or sees the new bytes."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(support.SOURCE, "python"), PYTHONDONTWRITEBYTECODE="1")
+    outcomes = {}
+    for mode in ("default", "mmap"):
+        path = ckpt.save(str(tmp_path / ("%s.ckpt" % mode)), {"w": np.arange(float(1 << 16)), "n": 7})
+        p = subprocess.Popen([sys.executable, "-c", HOLDS, path, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert p.stdout.readline() == "loaded\n"
+            change(path)
+            out, err = p.communicate("go\n", timeout=60)
+        finally:
+            p.kill()
+            p.wait(30)
+        outcomes[mode] = (p.returncode, out)
+    assert outcomes["default"] == (0, "same\n"), outcomes
+    assert outcomes["mmap"] == ((-7, "") if change is _cut else (0, "changed\n")), outcomes  # 7: SIGBUS
+
+
+READS_WHILE_CHANGED = textwrap.dedent("""
+    import os, resource, sys, time
+    import numpy as np
+    import ckpt
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    path = sys.argv[1]
+    good = {7: np.arange(float(1 << 17)), 8: np.zeros(1 << 17)}
+    counts = {"whole": 0, "refused": 0}
+    end = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end:
+        for read in (lambda: ckpt.load(path), lambda: ckpt.verify(path), lambda: ckpt.contents(path),
+                     lambda: ckpt.latest(os.path.dirname(path), "cut"),
+                     lambda: ckpt.load_into(path, {"w": np.empty(1 << 17)})):
+            try:
+                got = read()
+            except ckpt.FormatError as e:
+                counts["refused"] += 1
+                continue
+            if isinstance(got, dict):  # a load: one of the two files, whole
+                assert (got["w"] == good[got["n"]]).all(), "a load mixed two files"
+            counts["whole"] += 1
+    print(counts["whole"], counts["refused"], flush=True)
+    """)
+
+
+def test_reads_while_another_process_cuts_and_rewrites_the_file_never_kill_the_reader(tmp_path):
+    """load, verify, contents, latest and load_into, each again and again while another process
+    cuts the file short and rewrites it in place: each read gives a whole file or an error,
+    never a signal (a map of the file would die with SIGBUS)."""
+    path = str(tmp_path / "cut-1.ckpt")
+    whole = {n: support.read(ckpt.save(path, {"w": v, "n": n}, step=1))
+             for n, v in ((8, np.zeros(1 << 17)), (7, np.arange(float(1 << 17))))}
+    env = dict(os.environ, PYTHONPATH=os.path.join(support.SOURCE, "python"), PYTHONDONTWRITEBYTECODE="1")
+    with open(tmp_path / "stderr", "w") as err:  # (latest() warns of every damaged file it meets)
+        p = subprocess.Popen([sys.executable, "-c", READS_WHILE_CHANGED, path, "1.0"], stdout=subprocess.PIPE,
+                             stderr=err, text=True, env=env)
+    try:
+        rng = np.random.default_rng(1)
+        deadline = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline:
+            raw = whole[7 if rng.random() < 0.5 else 8]
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # as cp does
+            try:
+                os.write(fd, raw[:int(rng.integers(0, len(raw)))])
+                os.ftruncate(fd, int(rng.integers(0, len(raw))))
+                os.pwrite(fd, raw, 0)
+            finally:
+                os.close(fd)
+            time.sleep(0.003)  # whole for a while, so that some reads find it whole
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait(30)
+    assert p.returncode == 0, (p.returncode, support.read(tmp_path / "stderr")[-2000:])
+    whole_reads, refused = map(int, out.split())
+    assert whole_reads > 0 and whole_reads + refused >= 10, out
