@@ -40,23 +40,39 @@ class Key:
         self._raw = raw
 
     @classmethod
+    def from_hex(cls, text):
+        """A key given as 64 hexadecimal digits."""
+        if not _is_hex_key(text):
+            raise ConfigError("a key in hexadecimal is %d hexadecimal digits; the string given has %d characters, %d "
+                              "of them not hexadecimal digits (not printed: it may hold key digits)"
+                              % (2 * KEY_SIZE, len(text), sum(c not in _HEX for c in text)))
+        return cls(bytes.fromhex(text))
+
+    @classmethod
     def from_file(cls, path):
         """A key file as the `ckpt` tool reads it: 32 raw bytes, or 64 hexadecimal digits
         and an optional line end."""
-        path = os.fspath(path)
+        path = os.path.expanduser(os.fspath(path))
+        # a name that looks like key digits (a key in hex mistyped) is never printed
+        shown, where = ("'%s'" % path, path) if not _may_be_key(path) else (
+            "named by a string of %d characters (not printed: it looks like key digits, and a key in hexadecimal is "
+            "exactly %d of them)" % (len(path), 2 * KEY_SIZE), None)
+        failed = None
         try:
             with open(path, "rb") as f:
                 data = f.read(2 * KEY_SIZE + 3)
         except OSError as e:
-            raise IoError("cannot read key file '%s': %s" % (path, e.strerror), path, e.errno) from None
+            failed = e.errno, e.strerror
+        if failed:  # raised out of the handler: the OSError, which holds the name, is not chained
+            raise IoError("cannot read key file %s: %s" % (shown, failed[1]), where, failed[0])
         digits = data.rstrip(b"\r\n")
         if len(digits) == 2 * KEY_SIZE and all(c in b"0123456789abcdefABCDEF" for c in digits):
             return cls(bytes.fromhex(digits.decode("ascii")))
         if len(data) == KEY_SIZE:
             return cls(data)
-        raise ConfigError("key file '%s' holds %s%d bytes; expected %d raw bytes or %d hexadecimal digits"
-                          % (path, "more than " if len(data) == 2 * KEY_SIZE + 3 else "", len(data), KEY_SIZE,
-                             2 * KEY_SIZE), path)
+        raise ConfigError("key file %s holds %s%d bytes; expected %d raw bytes or %d hexadecimal digits"
+                          % (shown, "more than " if len(data) == 2 * KEY_SIZE + 3 else "", len(data), KEY_SIZE,
+                             2 * KEY_SIZE), where)
 
     @classmethod
     def random(cls):
@@ -74,15 +90,32 @@ class Key:
         return "ckpt.Key(id=%s)" % self.id.hex()
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _is_hex_key(text):
+    return isinstance(text, str) and len(text) == 2 * KEY_SIZE and all(c in _HEX for c in text)
+
+
+def _may_be_key(path):
+    """Whether a key file's path could be key digits mistyped: no directory part, and half a
+    key's digits or more."""
+    return isinstance(path, str) and "/" not in path and sum(c in _HEX for c in path) >= KEY_SIZE
+
+
 def as_key(key):
-    """None, a Key, 32 bytes, or the path of a key file."""
+    """None, a Key, 32 bytes, a str of exactly 64 hexadecimal digits (the key itself, never
+    taken for a path), or the path of a key file (any other str or path-like)."""
     if key is None or isinstance(key, Key):
         return key
     if isinstance(key, (bytes, bytearray, memoryview)):
         return Key(key)
+    if _is_hex_key(key):
+        return Key.from_hex(key)
     if isinstance(key, (str, os.PathLike)):
         return Key.from_file(key)
-    raise ConfigError("a key is 32 bytes, a key file's path or a ckpt.Key, not %s" % type(key).__name__)
+    raise ConfigError("a key is 32 bytes, 64 hexadecimal digits, a key file's path or a ckpt.Key, not %s"
+                      % type(key).__name__)
 
 
 def _hkdf(key, salt, info, length):

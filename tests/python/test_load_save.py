@@ -451,3 +451,54 @@ def test_reads_while_another_process_cuts_and_rewrites_the_file_never_kill_the_r
     assert p.returncode == 0, (p.returncode, support.read(tmp_path / "stderr")[-2000:])
     whole_reads, refused = map(int, out.split())
     assert whole_reads > 0 and whole_reads + refused >= 10, out
+
+
+# --------------------------------------------------------------------------- keys
+
+def _golden_hex():
+    return support.read(support.GOLDEN_KEY).decode().strip()
+
+
+def test_a_key_of_64_hex_digits_is_the_key_never_a_path(tmp_path, monkeypatch):
+    golden_hex = _golden_hex()
+    other_hex = bytes(range(32)).hex()
+    # a file named as the key's digits, holding another key: not what is read
+    monkeypatch.chdir(tmp_path)
+    support.write(tmp_path / golden_hex, (other_hex + "\n").encode())
+    path = support.golden("v2-zstd-aes-256-gcm.ckpt")
+    support.assert_entries(ckpt.load(path, key=golden_hex), support.golden_state())
+    assert ckpt.Key.from_hex(golden_hex.upper()).id.hex() == support.GOLDEN_KEY_ID
+    saved = ckpt.save(str(tmp_path / "e.ckpt"), {"w": np.ones(3)}, key=other_hex)
+    assert (ckpt.load(saved, key=bytes(range(32)))["w"] == 1).all()
+    # a path-like of those digits is a key file's path
+    assert ckpt.codecs.as_key(tmp_path / golden_hex).id == ckpt.Key(bytes(range(32))).id
+
+
+def _messages(e):
+    """Everything an exception and those chained to it say."""
+    out = []
+    while e is not None:
+        out += [str(e), repr(e), str(getattr(e, "path", "")), str(e.args)]
+        e = e.__cause__ or e.__context__
+    return " | ".join(out)
+
+
+def test_no_message_holds_a_key_given_in_hex(tmp_path):
+    other_hex = bytes(range(32)).hex()
+    path = support.golden("v2-aes-256-gcm.ckpt")
+    with pytest.raises(ckpt.KeyError) as info:  # another key than the file's
+        ckpt.load(path, key=other_hex)
+    said = _messages(info.value)
+    assert support.GOLDEN_KEY_ID in said and other_hex not in said
+    assert ckpt.Key.from_hex(other_hex).id.hex() in said
+    malformed = [other_hex[:-1], other_hex + "0", other_hex[:-1] + "g", " " + other_hex, other_hex + "\n",
+                 other_hex[:40]]
+    for bad in malformed:
+        for attempt in (lambda: ckpt.load(path, key=bad), lambda: ckpt.save(str(tmp_path / "k.ckpt"), {}, key=bad),
+                        lambda: ckpt.Key.from_file(bad), lambda: ckpt.Key.from_hex(bad)):
+            with pytest.raises(ckpt.Error) as info:
+                attempt()
+            said = _messages(info.value)
+            assert bad.strip() not in said and other_hex[:32] not in said, said
+            assert "not printed" in said, said
+    assert not os.path.exists(tmp_path / "k.ckpt")
