@@ -11,7 +11,7 @@ writes. Compressed bodies need the `zstandard` module, encrypted ones `cryptogra
 """
 
 from .errors import (AuthenticationError, ChecksumError, ConfigError, Error, FormatError, IoError, KeyError,
-                     LoadMismatch, VersionError)
+                     LoadMismatch, UnreadableCheckpoints, VersionError)
 from .codecs import Key
 from ._format import Header
 from ._io import EntryInfo, LoadReport, contents, header, load, load_into, save, verify
@@ -21,4 +21,4 @@ __version__ = "0.1.0"
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "latest", "best", "ls", "Key", "Header",
            "EntryInfo", "LoadReport", "Listed", "Skipped", "Error", "IoError", "FormatError", "ChecksumError",
-           "AuthenticationError", "VersionError", "KeyError", "LoadMismatch", "ConfigError"]
+           "AuthenticationError", "VersionError", "KeyError", "LoadMismatch", "UnreadableCheckpoints", "ConfigError"]

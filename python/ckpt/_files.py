@@ -2,6 +2,7 @@
 do: by the run, epoch and step in their names, confirmed by their headers, verified by their
 checksums; never by file times."""
 
+import errno
 import logging
 import math
 import os
@@ -9,81 +10,50 @@ from dataclasses import dataclass, field
 
 from . import _format as F
 from ._io import _Opened, contents, header, verify
-from .errors import ConfigError, Error, IoError
+from ._names import count as _count, guess as _guess, parse as _parse_name
+from .codecs import MissingModule
+from .errors import ConfigError, Error, IoError, KeyError as CkptKeyError, UnreadableCheckpoints, VersionError, printable
 
 __all__ = ["latest", "best", "ls", "Listed", "Skipped"]
 
 log = logging.getLogger("ckpt")
 
-_TEMP_MARKER = ".tmp-"
 
-
-@dataclass
-class _Name:
-    run_prefix: str
-    run: int
-    epoch: int
-    step: int
-    global_step: int      # -1 unless the name carries it (StepNaming)
-    breakpoint: bool
-    epoch_in_name: bool
-
-
-def _count(s):
-    if not s or len(s) > 18 or not s.isascii() or not s.isdigit():
-        return None
-    return int(s)
-
-
-def _parse_name(base, name):
-    """MindSporeNaming's "{base}[_{run}]-{epoch}_{step}.ckpt", else StepNaming's
-    "{base}[_{run}]-{global_step}.ckpt" ("_breakpoint.ckpt" for exception saves)."""
-    if not name.startswith(base):
-        return None
-    rest = name[len(base):]
-    if rest.startswith("-"):
-        run, rest = 0, rest[1:]
-    elif rest.startswith("_"):
-        dash = rest.find("-")
-        run = _count(rest[1:dash]) if dash > 0 else None
-        if not run:
-            return None
-        rest = rest[dash + 1:]
-    else:
-        return None
-    breakpoint = rest.endswith("_breakpoint.ckpt")
-    if breakpoint:
-        rest = rest[:-len("_breakpoint.ckpt")]
-    elif rest.endswith(".ckpt"):
-        rest = rest[:-len(".ckpt")]
-    else:
-        return None
-    run_prefix = base if run == 0 else "%s_%d" % (base, run)
-    epoch, _, step = rest.partition("_")
-    if _ and _count(epoch) is not None and _count(step) is not None:
-        return _Name(run_prefix, run, _count(epoch), _count(step), -1, breakpoint, True)
-    if _count(rest) is not None:
-        return _Name(run_prefix, run, 1, _count(rest), _count(rest), breakpoint, False)
-    return None
+def _directory(directory):
+    """A directory argument as a str, "~" expanded; an IoError unless it is a directory."""
+    if directory is None:
+        raise ConfigError("no checkpoint directory (None)")
+    given = os.fspath(directory)
+    directory = os.path.expanduser(given)
+    shown = "'%s'" % directory if directory == given else "'%s' ('%s')" % (directory, given)
+    try:
+        os.listdir(directory)
+    except FileNotFoundError:
+        raise IoError("checkpoint directory %s does not exist" % shown, directory, errno.ENOENT) from None
+    except NotADirectoryError:
+        raise IoError("checkpoint directory %s is not a directory" % shown, directory, errno.ENOTDIR) from None
+    except OSError as e:
+        raise IoError("cannot list %s: %s" % (shown, e.strerror), directory, e.errno) from None
+    return directory
 
 
 def _names(directory):
     try:
         listed = sorted(os.listdir(directory))
     except FileNotFoundError:
-        return []
+        raise IoError("checkpoint directory '%s' does not exist" % directory, directory, errno.ENOENT) from None
     except NotADirectoryError:
-        raise IoError("checkpoint directory '%s' is not a directory" % directory, directory, 20) from None
+        raise IoError("checkpoint directory '%s' is not a directory" % directory, directory, errno.ENOTDIR) from None
     except OSError as e:
         raise IoError("cannot list '%s': %s" % (directory, e.strerror), directory, e.errno) from None
-    return [n for n in listed if not (n.startswith(".") and _TEMP_MARKER in n)
+    return [n for n in listed if not (n.startswith(".") and ".tmp-" in n)
             and os.path.isfile(os.path.join(directory, n))]
 
 
 @dataclass
 class _File:
     path: str
-    name: _Name
+    name: object          # a _names.Name
     header: F.Header = None
 
 
@@ -122,7 +92,6 @@ def _order(f):
 
 
 def _list(directory, prefix, breakpoint=False):
-    directory = os.fspath(directory)
     out = []
     for n in _names(directory):
         name = _parse_name(prefix, n)
@@ -141,12 +110,31 @@ def _list(directory, prefix, breakpoint=False):
 
 
 def _problem(f):
-    """Why `f` is not a whole checkpoint whose header agrees with its name, or None."""
+    """(why, what to do) when `f` is not a whole checkpoint whose header agrees with its name
+    (what to do is None when it is damaged, see _cannot_read()); (None, None) when it is."""
     try:
         f.header = verify(f.path)
     except Error as e:
-        return str(e)
-    return _against_name(f)
+        return str(e), _cannot_read(e)
+    return _against_name(f), None
+
+
+_GONE = "gone"
+
+
+def _cannot_read(e):
+    """What to do about error `e`, when it says that a file this reader cannot read may be
+    whole (a newer format, no key, a missing module, no permission); None when it says that
+    the file is damaged; _GONE when the file was removed since it was listed."""
+    if isinstance(e, VersionError):
+        return "upgrade ckpt to a version that reads it"
+    if isinstance(e, CkptKeyError):
+        return "pass its key (key=...)"
+    if isinstance(e, MissingModule):
+        return "install the module it names"
+    if isinstance(e, IoError):
+        return _GONE if e.errno == errno.ENOENT else "make it readable"
+    return None
 
 
 def _against_name(f):
@@ -169,7 +157,7 @@ class Skipped:
 
 
 def _skip(f, why, skipped):
-    log.warning("skipping checkpoint '%s': %s", f.path, why)
+    log.warning("skipping checkpoint '%s': %s", printable(f.path), printable(why))
     if skipped is not None:
         skipped.append(Skipped(f.path, why))
 
@@ -189,42 +177,138 @@ def _check_prefix(prefix):
                           "then the prefix (latest('runs', 'exp'))" % (prefix,))
 
 
-def latest(directory, prefix, skipped=None, key=None):
-    """The path of the newest checkpoint of `prefix` in `directory` that verifies, or None
-    (also when the directory does not exist). Newer files that fail are passed over with a
-    warning (logger "ckpt") and, when `skipped` is a list, a Skipped entry. An exception save
-    ("..._breakpoint.ckpt") written after every regular checkpoint is the newest state and is
-    returned. `key` is needed only to read the owner record of an encrypted exception save."""
+def _quoted(names, most=10):
+    names = sorted(names)
+    shown = ", ".join("'%s'" % n for n in names[:most])
+    return shown + (" and %d more" % (len(names) - most) if len(names) > most else "")
+
+
+def _prefixes_there(directory):
+    found = set()
+    for n in _names(directory):
+        g = _guess(n)
+        if g:
+            found.add(g[0])
+    return "prefixes there: %s" % _quoted(found) if found else "no checkpoint of any prefix there"
+
+
+def _notice(text, *args):
+    """Why latest() or best() returns None: a warning of logger "ckpt", which Python prints on
+    stderr when no logging is set up."""
+    log.warning(text, *(printable(a) if isinstance(a, str) else a for a in args))
+
+
+def _reasons(files):
+    """Each file's reason, "'path': " before those that do not name it."""
+    return "; ".join(s.reason if s.path in s.reason else "'%s': %s" % (s.path, s.reason) for s in files)
+
+
+def _unreadable(directory, prefix, files, actions, what, before=()):
+    """UnreadableCheckpoints for `files` (Skipped) this reader cannot read, what to do about
+    them, and the damaged files passed over before them."""
+    todo = []
+    for a in actions:
+        if a not in todo:
+            todo.append(a)
+    one = len(files) == 1
+    return UnreadableCheckpoints(
+        "%s of prefix '%s' in '%s' cannot be read here: %s%s. %s not passed over, so that a job neither goes on from "
+        "an older state nor starts over without a word: %s, or pass fall_back=True to %s"
+        % ("checkpoint '%s'" % files[0].path if one else "%d checkpoints" % len(files), prefix, directory,
+           _reasons(files), "; passed over before it, as damaged: %s" % _reasons(before) if before else "",
+           "It is" if one else "They are", ", or ".join(todo), what),
+        files[0].path if one else directory, list(before) + list(files), directory, prefix)
+
+
+def _none_usable(directory, prefix, passed):
+    """UnreadableCheckpoints when checkpoints were found and every one was passed over."""
+    return UnreadableCheckpoints(
+        "no checkpoint of prefix '%s' in '%s' can be used: %d found, none whole (%s). Rather than start over as if "
+        "there were none: repair or remove them, or pass fall_back=True to have None"
+        % (prefix, directory, len(passed), _reasons(passed)),
+        directory, passed, directory, prefix)
+
+
+def latest(directory, prefix, skipped=None, key=None, fall_back=False):
+    """The path of the newest checkpoint of `prefix` in `directory` that verifies, or None when
+    the directory holds none of the prefix (with a notice naming the prefixes it holds). "~" is
+    expanded; a directory that does not exist is an IoError.
+
+    From the newest checkpoint back: a damaged file (checksum, truncated, malformed, its name
+    and header disagree) is passed over with a warning (logger "ckpt") and, when `skipped` is a
+    list, a Skipped entry. A file that may be whole but that this reader cannot read (a newer
+    format version, an encrypted exception save without its key, a missing module, no
+    permission) stops the search: UnreadableCheckpoints, so that a job does not resume from an
+    older state, or start over, without a word. Files found of which none is usable are
+    UnreadableCheckpoints too. `fall_back=True` passes over those files as over damaged ones
+    and returns an older checkpoint, or None.
+
+    An exception save ("..._breakpoint.ckpt") written after every regular checkpoint is the
+    newest state and is returned. `key` is needed only to read the owner record of an
+    encrypted exception save."""
     _check_prefix(prefix)
+    directory = _directory(directory)
+    passed = []
+
+    def pass_over(f, why):
+        _skip(f, why, skipped)
+        passed.append(Skipped(f.path, why))
+
+    regular = _list(directory, prefix)
     found = None
-    for f in reversed(_list(directory, prefix)):
-        why = _problem(f)
+    for f in reversed(regular):
+        why, action = _problem(f)
         if why is None:
             found = f
             break
-        _skip(f, why, skipped)
-    for bp in reversed(_list(directory, prefix, breakpoint=True)):
-        why = _problem(bp)
-        if why:
-            _skip(bp, why, skipped)
+        if action == _GONE:
             continue
-        try:
-            owner = _owner_in({e.name: e.value for e in contents(bp.path, key=key) if e.kind == "string"})
-        except Error as e:
-            _skip(bp, str(e), skipped)
+        if action and not fall_back:
+            raise _unreadable(directory, prefix, [Skipped(f.path, why)], [action],
+                              "take the newest checkpoint older than it", passed)
+        pass_over(f, why)
+    position = lambda n: (n.global_step, n.epoch, n.step)  # noqa: E731
+    breakpoints = _list(directory, prefix, breakpoint=True)
+    for bp in reversed(breakpoints):
+        why, action = _problem(bp)
+        owner = None
+        if why is None:
+            try:
+                owner = _owner_in({e.name: e.value for e in contents(bp.path, key=key) if e.kind == "string"})
+            except Error as e:
+                why, action = str(e), _cannot_read(e)
+        if why is not None:
+            if action == _GONE:
+                continue
+            newer = found is None or (bp.name.run, position(bp.name)) > (found.name.run, position(found.name))
+            if action and newer and not fall_back:
+                raise _unreadable(directory, prefix, [Skipped(bp.path, why)], [action],
+                                  "pass over this exception save", passed)
+            pass_over(bp, why)
             continue
         if _foreign(owner, prefix, bp.name):
             continue
         if owner is None or not owner[2]:
-            log.info("exception save '%s' does not record the run it continues: not resumed from", bp.path)
+            log.info("exception save '%s' does not record the run it continues: not resumed from", printable(bp.path))
             continue
         run = _run_number(prefix, owner[2])
-        position = lambda n: (n.global_step, n.epoch, n.step)  # noqa: E731
         if found and (run < found.name.run or (run == found.name.run and position(bp.name) <= position(found.name))):
             break
-        log.info("the newest state of prefix '%s' is the exception save '%s'", prefix, bp.path)
+        log.info("the newest state of prefix '%s' is the exception save '%s'", printable(prefix), printable(bp.path))
         return bp.path
-    return found.path if found else None
+    if found:
+        return found.path
+    if passed and not fall_back:
+        raise _none_usable(directory, prefix, passed)
+    if passed:
+        _notice("no usable checkpoint of prefix '%s' in '%s': %d passed over (fall_back=True)", prefix, directory,
+                len(passed))
+    elif regular or breakpoints:
+        _notice("no checkpoint of prefix '%s' in '%s' to resume from: only exception saves, none of which is "
+                "resumed from (see the log at level INFO)", prefix, directory)
+    else:
+        _notice("no checkpoint of prefix '%s' in '%s' (%s)", prefix, directory, _prefixes_there(directory))
+    return None
 
 
 def _metric(entries, metric):
@@ -235,36 +319,73 @@ def _metric(entries, metric):
     return None if v is None or not math.isfinite(v) else float(v)
 
 
-def best(directory, prefix, metric, mode="min", skipped=None, key=None):
+def best(directory, prefix, metric, mode="min", skipped=None, key=None, fall_back=False):
     """The path of the checkpoint of `prefix` with the best value of `metric` ("min": smallest)
-    that verifies, or None when no file records a finite value of it. Of equal values the
-    newer file wins."""
+    that verifies. Of equal values the newer file wins. "~" is expanded; a directory that does
+    not exist is an IoError.
+
+    None, with a notice (logger "ckpt"), when the directory holds no checkpoint of the prefix
+    or no file records a finite value of `metric` (the notice names the metrics recorded).
+    Damaged files are passed over with a warning (and in `skipped`), as by latest(). Any file
+    may hold the best value, so any file this reader cannot read but that may be whole (a newer
+    format version, an encrypted file without its key, a missing module) is
+    UnreadableCheckpoints, as are files of which none is whole; `fall_back=True` passes over
+    them instead and ranks the others."""
     _check_prefix(prefix)
     if mode not in ("min", "max"):
         raise ConfigError("mode is 'min' or 'max', not %r" % (mode,))
-    ranked = []
-    for i, f in enumerate(_list(directory, prefix)):
+    directory = _directory(directory)
+    files = _list(directory, prefix)
+    ranked, passed, unreadable, actions, recorded = [], [], [], [], set()
+    present = 0
+    for i, f in enumerate(files):
         try:
-            v = _metric(contents(f.path, key=key), metric)  # (which checks the checksum)
+            entries = contents(f.path, key=key)  # (which checks the checksum)
             f.header = header(f.path)
         except Error as e:
+            action = _cannot_read(e)
+            if action == _GONE:
+                continue
+            present += 1
+            if action and not fall_back:
+                unreadable.append(Skipped(f.path, str(e)))
+                actions.append(action)
+                continue
             _skip(f, str(e), skipped)
+            passed.append(Skipped(f.path, str(e)))
             continue
+        present += 1
+        recorded.update(e.name[len(F.METRIC_PREFIX):] for e in entries if e.name.startswith(F.METRIC_PREFIX))
+        v = _metric(entries, metric)
         if v is not None:
             ranked.append((v if mode == "min" else -v, -i, f))
+    if unreadable:
+        raise _unreadable(directory, prefix, unreadable, actions, "rank the others")
     for _, _, f in sorted(ranked, key=lambda t: t[:2]):
         why = _against_name(f)
         if why is None:
             return f.path
         _skip(f, why, skipped)
+        passed.append(Skipped(f.path, why))
+    if present and len(passed) == present and not fall_back:
+        raise _none_usable(directory, prefix, passed)
+    if not files:
+        _notice("no checkpoint of prefix '%s' in '%s' (%s)", prefix, directory, _prefixes_there(directory))
+    elif not ranked:
+        _notice("no checkpoint of prefix '%s' in '%s' records a finite value of metric '%s' (%s)", prefix, directory,
+                metric, "metrics recorded: %s" % _quoted(recorded) if recorded else "none records a metric")
+    else:
+        _notice("no usable checkpoint of prefix '%s' in '%s' records metric '%s': %d passed over", prefix,
+                directory, metric, len(passed))
     return None
 
 
 @dataclass
 class Listed:
-    """A checkpoint ls() found: its name's parts, its header (None when unreadable), why it
-    fails verification (None when it verifies), its recorded metrics, and whether latest()
-    would take it among the regular checkpoints of its prefix."""
+    """A checkpoint ls() found: its name's parts (the epoch and step of a file named by its
+    global step alone from its header, when that reads), its header (None when unreadable),
+    why it fails verification (None when it verifies), its recorded metrics, and whether
+    latest() would take it among the regular checkpoints of its prefix."""
     path: str
     prefix: str
     run: int
@@ -280,22 +401,21 @@ class Listed:
 
 def ls(directory, prefix=None, key=None):
     """Every checkpoint in `directory` named as ckpt names them (of `prefix`, or of every
-    prefix found), ordered by prefix, run and position, each verified."""
-    directory = os.fspath(directory)
+    prefix found), ordered by prefix, run and position, each verified. A file named by its
+    global step alone gets its epoch and step from its header when that reads. "~" is
+    expanded; a directory that does not exist is an IoError."""
+    directory = _directory(directory)
     out = []
     for n in _names(directory):
-        base = prefix
-        if base is None:
-            dash = n.rfind("-")
-            if dash <= 0:
+        if prefix is None:
+            found = _guess(n)
+            if found is None:
                 continue
-            base = n[:dash]
-            head, _, run = base.rpartition("_")
-            if head and _count(run):
-                base = head
-        name = _parse_name(base, n)
-        if name is None:
-            continue
+            base, name = found
+        else:
+            base, name = prefix, _parse_name(prefix, n)
+            if name is None:
+                continue
         f = _File(os.path.join(directory, n), name)
         problem, entries, metrics = None, [], {}
         try:
@@ -316,7 +436,10 @@ def ls(directory, prefix=None, key=None):
         if problem is None:
             metrics = {e.name[len(F.METRIC_PREFIX):]: e.value for e in entries
                        if e.name.startswith(F.METRIC_PREFIX) and e.kind == "double"}
-        out.append(Listed(f.path, base, name.run, name.epoch, name.step, name.global_step,
+        epoch, step = name.epoch, name.step
+        if not name.epoch_in_name and f.header is not None:  # the name holds the global step alone
+            epoch, step = f.header.epoch, f.header.step
+        out.append(Listed(f.path, base, name.run, epoch, step, name.global_step,
                           "breakpoint" if name.breakpoint else "regular", f.header, problem, metrics))
     out.sort(key=lambda c: (c.prefix, c.run, c.global_step, c.epoch, c.step, c.kind))
     newest = {}

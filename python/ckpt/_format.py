@@ -88,12 +88,15 @@ def parse_header(raw, path, file_size):
                            % (path, version), path)
     if xxh3(raw[:56]) != check:
         raise ChecksumError("checkpoint '%s' has a corrupt header (its header check does not match)" % path, path)
+    # past the header check, values this reader does not know were written by a newer ckpt
     if archive > 2:
-        raise FormatError("checkpoint '%s' has unknown archive kind %d" % (path, archive), path)
+        raise VersionError("checkpoint '%s' has unknown archive kind %d (this reader knows 0 binary, 1 text, 2 xml): "
+                           "a newer version of ckpt reads it" % (path, archive), path)
     stages = (c0, c1, c2)
     for c in stages:
         if c > 2:
-            raise FormatError("checkpoint '%s' names unknown codec %d" % (path, c), path)
+            raise VersionError("checkpoint '%s' names unknown codec %d (this reader knows 1 zstd, 2 aes-256-gcm): "
+                               "a newer version of ckpt reads it" % (path, c), path)
     listed = [c for c in stages if c]
     if stages[:len(listed)] != tuple(listed) or (version == 1 and listed):
         raise FormatError("checkpoint '%s' has a malformed codec list %02x %02x %02x for format version %d"
@@ -171,8 +174,10 @@ class _Parser:
         return Entry(name, kind)
 
     def tensor_meta(self, e, dtype, dims, nbytes):
-        if dtype > 6:
-            self.fail("tensor '%s' has unknown dtype code %d" % (e.name, dtype))
+        if dtype >= len(DTYPES):  # parsed after the checksum passed: not damage, a newer writer
+            raise VersionError("checkpoint '%s': tensor '%s' has unknown dtype code %d (this reader knows 0 to %d: %s); "
+                               "a newer version of ckpt reads it" % (self.path, e.name, dtype, len(DTYPES) - 1,
+                                                                     ", ".join(DTYPE_NAMES)), self.path)
         numel = 1
         for d in dims:
             if d < 0:

@@ -4,6 +4,7 @@ import errno as _errno
 import itertools
 import math
 import mmap as _mmap
+import numbers
 import os
 import struct
 import threading
@@ -22,10 +23,11 @@ __all__ = ["load", "load_into", "save", "header", "verify", "contents", "EntryIn
 
 
 def _fspath(path):
+    """A path argument as a str (or bytes), "~" expanded."""
     if path is None:
         raise ConfigError("no checkpoint path (None); ckpt.latest() returns None when a directory holds no "
                           "checkpoint of the prefix")
-    return os.fspath(path)
+    return os.path.expanduser(os.fspath(path))
 
 
 def _io_error(what, path, e):
@@ -245,11 +247,14 @@ class _Opened:
         if h.encrypted and key is None:
             raise C.CkptKeyError("checkpoint '%s' is encrypted (aes-256-gcm): pass its key (key=..., a key file or "
                                  "32 bytes)" % self.path, self.path)
-        for codec in reversed(h.codecs):
-            if codec == "aes-256-gcm":
-                body = C.aes_decode(body, key, h.raw[:56], self.path)
-            else:
-                body = C.zstd_decode(body, self.path, max_decoded_bytes)
+        try:
+            for codec in reversed(h.codecs):
+                if codec == "aes-256-gcm":
+                    body = C.aes_decode(body, key, h.raw[:56], self.path)
+                else:
+                    body = C.zstd_decode(body, self.path, max_decoded_bytes)
+        except C.MissingModule as e:
+            raise C.MissingModule("checkpoint '%s' cannot be decoded here: %s" % (self.path, e), self.path) from None
         return body
 
 
@@ -560,9 +565,13 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
         raise ConfigError("archive is one of %s, not %r" % (", ".join(F.ARCHIVES), archive), path)
     if zstd is not None and (type(zstd) is not int or zstd == 0 or not -(1 << 17) <= zstd <= 22):
         raise ConfigError("zstd is a compression level in -131072 .. 22 other than 0, or None; got %r" % (zstd,), path)
+    position = []
     for what, v in (("epoch", epoch), ("step", step)):
-        if type(v) is not int or not 0 <= v < 1 << 63:
+        # any integer type (np.int64 too) but bool, which is no position
+        if not isinstance(v, numbers.Integral) or isinstance(v, (bool, np.bool_)) or not 0 <= v < 1 << 63:
             raise ConfigError("%s is a non-negative int, not %r" % (what, v), path)
+        position.append(int(v))
+    epoch, step = position
     key = C.as_key(key)
     items = _normalize(entries, path) + _metric_entries(metrics, path)
     codecs = (["zstd"] if zstd is not None else []) + (["aes-256-gcm"] if key is not None else [])

@@ -18,12 +18,17 @@ MAX_SEGMENT_SIZE = 1 << 30
 KEY_SIZE = 32
 
 
+class MissingModule(ConfigError):
+    """A codec's Python module is not installed: the file may be whole, this Python cannot
+    read it."""
+
+
 def _need(module, package):
     try:
         return __import__(module)
-    except ImportError as e:  # pragma: no cover - the package's dependencies are installed
-        raise ConfigError("this checkpoint needs the Python module '%s' (Debian: apt-get install %s)"
-                          % (module, package)) from e
+    except ImportError as e:
+        raise MissingModule("this checkpoint needs the Python module '%s' (Debian: apt-get install %s)"
+                            % (module, package)) from e
 
 
 # --------------------------------------------------------------------------- keys

@@ -5,9 +5,10 @@
     ├── FormatError             not a checkpoint, truncated, malformed body
     │   ├── ChecksumError       header check or body checksum does not match
     │   │   └── AuthenticationError  an encrypted body fails its authentication tag
-    │   └── VersionError        a format version this reader does not know
+    │   └── VersionError        a format version (archive kind, codec, dtype) this reader does not know
     ├── KeyError                an encrypted file and no key, or another key than its own
     ├── LoadMismatch            load_into found missing, unexpected or mismatched tensors
+    ├── UnreadableCheckpoints   latest()/best() found checkpoints, but none it may use
     └── ConfigError             invalid arguments or values that cannot be saved
 
 Every message names the file (and the entry, key id or rank) and what was expected, and is
@@ -17,7 +18,7 @@ printable whatever bytes a damaged or hostile file put in it.
 import errno as _errno
 
 __all__ = ["Error", "IoError", "FormatError", "ChecksumError", "AuthenticationError", "VersionError",
-           "KeyError", "LoadMismatch", "ConfigError", "printable"]
+           "KeyError", "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "printable"]
 
 
 def printable(text):
@@ -75,7 +76,8 @@ class AuthenticationError(ChecksumError):
 
 
 class VersionError(FormatError):
-    """A format version this reader does not know."""
+    """A format version this reader does not know, or in an intact file an archive kind, a
+    codec or a dtype code it does not know: written by a newer ckpt, not damaged."""
 
 
 class KeyError(Error):  # noqa: A001 -- mirrors ckpt::KeyError; not a lookup failure
@@ -89,3 +91,17 @@ class LoadMismatch(Error):
 
 class ConfigError(Error, ValueError):
     """Invalid arguments, or values a checkpoint cannot hold."""
+
+
+class UnreadableCheckpoints(Error):
+    """latest() or best() found checkpoints of the prefix but may use none of them: the newest
+    is intact yet this reader cannot read it (a newer format version, no key, a missing
+    module), or every one is damaged. Not the same answer as "no checkpoint": a job that
+    started over here would lose its state. `files` lists each file (path, reason);
+    `directory` and `prefix` name the series. fall_back=True passes over such files instead."""
+
+    def __init__(self, message, path=None, files=(), directory=None, prefix=None):
+        super().__init__(message, path)
+        self.files = list(files)
+        self.directory = directory
+        self.prefix = prefix

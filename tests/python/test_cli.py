@@ -132,4 +132,21 @@ def test_ls_marks_the_latest(tmp_path):
     lines = run("ls", d).stdout.splitlines()
     assert lines[0].startswith("FILE") and len(lines) == 3
     assert lines[2].startswith("job-2_20.ckpt") and lines[2].endswith("ok  <- latest") and "latest" not in lines[1]
-    assert "no checkpoints in" in run("ls", str(tmp_path / "absent")).stdout
+    os.mkdir(tmp_path / "empty")
+    assert run("ls", str(tmp_path / "empty")).stdout == "no checkpoints in '%s'\n" % (tmp_path / "empty")
+    r = run("ls", str(tmp_path / "absent"), expect=1)
+    assert r.stderr == "ckpt: checkpoint directory '%s' does not exist\n" % (tmp_path / "absent") and r.stdout == ""
+
+
+def test_ls_gives_the_header_position_of_step_named_files(tmp_path):
+    """A name that holds the global step alone says nothing of the epoch: ls shows the
+    header's epoch and step."""
+    d = str(tmp_path)
+    ckpt.save(os.path.join(d, "heat-300.ckpt"), {"w": np.zeros(1)}, epoch=2, step=50)
+    ckpt.save(os.path.join(d, "heat-2_60.ckpt"), {"w": np.zeros(1)}, epoch=2, step=60)
+    out = strict_json(run("ls", "--json", d).stdout)
+    assert [(os.path.basename(c["path"]), c["epoch"], c["step"]) for c in out["checkpoints"]] == [
+        ("heat-2_60.ckpt", 2, 60), ("heat-300.ckpt", 2, 50)]
+    lines = run("ls", d).stdout.splitlines()
+    assert [line.split()[:4] for line in lines[1:]] == [["heat-2_60.ckpt", "0", "2", "60"],
+                                                        ["heat-300.ckpt", "0", "2", "50"]]
