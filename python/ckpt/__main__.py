@@ -7,9 +7,9 @@ import signal
 import sys
 import time
 
-from . import contents, header, ls, verify
+from . import contents, header, ls, temporaries, verify
 from .codecs import as_key
-from .errors import Error
+from .errors import Error, printable
 
 
 def _when(ns):
@@ -25,15 +25,19 @@ def _json_value(v):
 
 def _ls(args):
     found = ls(args.dir, args.prefix, key=args.key_file)
+    left = temporaries(args.dir)  # every temporary of the directory, whatever its prefix
     if args.json:
         print(json.dumps({"directory": args.dir, "checkpoints": [
             {"path": c.path, "prefix": c.prefix, "run": c.run, "epoch": c.epoch, "step": c.step, "kind": c.kind,
              "valid": c.problem is None, "problem": c.problem, "latest": c.latest,
              "metrics": {k: _json_value(v) for k, v in c.metrics.items()},
-             "save_time": _when(c.header.save_time_ns) if c.header else None} for c in found]}, indent=2))
+             "save_time": _when(c.header.save_time_ns) if c.header else None} for c in found],
+            "temporaries": [{"path": t.path, "pid": t.pid, "size": t.size,
+                             "writer": "running" if t.writer_alive else "gone"} for t in left]}, indent=2))
         return 0
     if not found:
         print("no checkpoints in '%s'%s" % (args.dir, " with prefix '%s'" % args.prefix if args.prefix else ""))
+        _print_temporaries(left)
         return 0
     print("%-44s %4s %6s %8s %-10s %-20s %s" % ("FILE", "RUN", "EPOCH", "STEP", "KIND", "SAVED", "STATUS"))
     for c in found:
@@ -42,7 +46,20 @@ def _ls(args):
         print("%-44s %4d %6d %8d %-10s %-20s %s%s%s" % (c.path.rsplit("/", 1)[-1], c.run, c.epoch, c.step, c.kind,
                                                      _when(c.header.save_time_ns) if c.header else "-", status, metrics,
                                                      "  <- latest" if c.latest else ""))
+    _print_temporaries(left)
     return 0
+
+
+def _print_temporaries(left):
+    if not left:
+        return
+    gone = [t for t in left if not t.writer_alive]
+    print("\n%d temporar%s (%d bytes)%s:" % (len(left), "y" if len(left) == 1 else "ies", sum(t.size for t in left),
+                                            ", %d left by writers that are gone: the next save here removes them"
+                                            % len(gone) if gone else ""))
+    for t in left:
+        print("  %-44s %10d bytes  pid %-8d %s" % (printable(t.path.rsplit("/", 1)[-1]), t.size, t.pid,
+                                                   "running" if t.writer_alive else "gone"))
 
 
 def _show(args):

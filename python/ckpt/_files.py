@@ -9,12 +9,14 @@ import os
 from dataclasses import dataclass, field
 
 from . import _format as F
+from . import _series
 from ._io import _Opened, contents, header, verify
 from ._names import count as _count, guess as _guess, parse as _parse_name
+from ._series import Temporary
 from .codecs import MissingModule
 from .errors import ConfigError, Error, IoError, KeyError as CkptKeyError, UnreadableCheckpoints, VersionError, printable
 
-__all__ = ["latest", "best", "ls", "Listed", "Skipped"]
+__all__ = ["latest", "best", "ls", "temporaries", "Listed", "Skipped", "Temporary"]
 
 log = logging.getLogger("ckpt")
 
@@ -403,7 +405,8 @@ def ls(directory, prefix=None, key=None):
     """Every checkpoint in `directory` named as ckpt names them (of `prefix`, or of every
     prefix found), ordered by prefix, run and position, each verified. A file named by its
     global step alone gets its epoch and step from its header when that reads. "~" is
-    expanded; a directory that does not exist is an IoError."""
+    expanded; a directory that does not exist is an IoError. Temporaries are not listed here:
+    see temporaries()."""
     directory = _directory(directory)
     out = []
     for n in _names(directory):
@@ -449,3 +452,12 @@ def ls(directory, prefix=None, key=None):
     for c in newest.values():
         c.latest = True
     return out
+
+
+def temporaries(directory):
+    """The temporaries writers left in `directory` (docs/FORMAT.md section 12.3:
+    ".{name}.tmp-{pid}-{n}"), each a Temporary(path, pid, size, writer_alive): a writer killed
+    mid-write leaves one, which the next save() into the directory removes (those of its series,
+    and those whose writer is no live process). "~" is expanded; a directory that does not
+    exist is an IoError."""
+    return _series.temporaries(_directory(directory))

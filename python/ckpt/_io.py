@@ -16,7 +16,9 @@ import numpy as np
 import xxhash
 
 from . import _format as F
+from . import _series
 from . import codecs as C
+from ._names import series_of
 from .errors import ChecksumError, ConfigError, FormatError, IoError, LoadMismatch
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "EntryInfo", "LoadReport"]
@@ -584,6 +586,20 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
     if key is not None:
         pieces = C.aes_encode(pieces, key, prefix56)
     directory = os.path.dirname(path) or "."
+    prefix = series_of(os.path.basename(path)) if isinstance(path, str) else None
+    lock = _series.SeriesLock(directory, prefix) if prefix else None
+    held = lock.acquire() if lock else False  # SeriesLocked when another writes the series
+    try:
+        _series.remove_temporaries(directory, prefix if held else None)
+        _write_file(path, directory, prefix56, pieces, overwrite)
+    finally:
+        if lock:
+            lock.release()
+    return path
+
+
+def _write_file(path, directory, prefix56, pieces, overwrite):
+    """The atomic commit: a temporary beside `path`, fsync, rename, fsync of the directory."""
     temp = os.path.join(directory, ".%s.tmp-%d-%d" % (os.path.basename(path), os.getpid(), next(_sequence)))
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -621,4 +637,3 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
         except OSError:
             pass
         raise
-    return path

@@ -10,6 +10,7 @@
     ├── LoadMismatch            load_into found missing, unexpected or mismatched tensors
     ├── UnreadableCheckpoints   latest()/best() found checkpoints, but none it may use
     └── ConfigError             invalid arguments or values that cannot be saved
+        └── SeriesLocked        another writer holds the series' lock (docs/FORMAT.md 12.1)
 
 Every message names the file (and the entry, key id or rank) and what was expected, and is
 printable whatever bytes a damaged or hostile file put in it.
@@ -18,7 +19,7 @@ printable whatever bytes a damaged or hostile file put in it.
 import errno as _errno
 
 __all__ = ["Error", "IoError", "FormatError", "ChecksumError", "AuthenticationError", "VersionError",
-           "KeyError", "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "printable"]
+           "KeyError", "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "SeriesLocked", "printable"]
 
 
 def printable(text):
@@ -105,3 +106,13 @@ class UnreadableCheckpoints(Error):
         self.files = list(files)
         self.directory = directory
         self.prefix = prefix
+
+
+class SeriesLocked(ConfigError):
+    """Another writer (a process, or another thread's save) holds the lock of the series
+    (directory, prefix). `holder` is what its lock file says: a dict with "pid", "host" and
+    "started" when it names them."""
+
+    def __init__(self, message, path=None, holder=None):
+        super().__init__(message, path)
+        self.holder = dict(holder or {})

@@ -147,6 +147,7 @@ def test_ls_gives_the_header_position_of_step_named_files(tmp_path):
     out = strict_json(run("ls", "--json", d).stdout)
     assert [(os.path.basename(c["path"]), c["epoch"], c["step"]) for c in out["checkpoints"]] == [
         ("heat-2_60.ckpt", 2, 60), ("heat-300.ckpt", 2, 50)]
+    assert out["temporaries"] == []
     lines = run("ls", d).stdout.splitlines()
     assert [line.split()[:4] for line in lines[1:]] == [["heat-2_60.ckpt", "0", "2", "60"],
                                                         ["heat-300.ckpt", "0", "2", "50"]]

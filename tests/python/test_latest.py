@@ -305,8 +305,8 @@ def test_the_notice_reaches_stderr_without_any_logging_set_up(tmp_path):
 
 
 @pytest.mark.parametrize("find", [lambda d: ckpt.latest(d, "exp"), lambda d: ckpt.best(d, "exp", "loss"),
-                                  lambda d: ckpt.ls(d)],
-                         ids=["latest", "best", "ls"])
+                                  lambda d: ckpt.ls(d), lambda d: ckpt.temporaries(d)],
+                         ids=["latest", "best", "ls", "temporaries"])
 def test_a_missing_directory_is_an_error(tmp_path, find):
     for missing in (str(tmp_path / "runs"), str(tmp_path / "runs") + "/"):
         with pytest.raises(ckpt.IoError, match="checkpoint directory '%s' does not exist" % missing) as info:
@@ -328,7 +328,7 @@ def test_a_directory_under_home_is_found(tmp_path, monkeypatch):
     assert [e.name for e in ckpt.contents("~/runs/exp-1_10.ckpt")] == ["w", "__ckpt.metric.loss"]
     target = {"w": np.zeros(3)}
     ckpt.load_into("~/runs/exp-1_10.ckpt", target)
-    assert (target["w"] == np.arange(3.0)).all()
+    assert (target["w"] == np.arange(3.0)).all() and ckpt.temporaries("~/runs") == []
     with pytest.raises(ckpt.IoError, match="checkpoint directory '%s' \\('~/nothing'\\) does not exist"
                        % (tmp_path / "nothing")):
         ckpt.latest("~/nothing", "exp")
