@@ -89,6 +89,13 @@ class SeriesLock:
         flock); True when held."""
         if not self._open():
             return False
+        try:
+            return self._take()
+        except BaseException:  # (an interrupt while it waits too): the file is not left open
+            self._close()
+            raise
+
+    def _take(self):
         deadline = time.monotonic() + _WAIT
         while True:
             try:

@@ -212,6 +212,29 @@ def test_concurrent_saves_of_threads_never_overlap(tmp_path):
     assert support.read(os.path.join(d, "exp.lock")) == b"" and ckpt.temporaries(d) == []
 
 
+def test_an_interrupted_wait_leaves_no_lock_file_open(tmp_path, holder):
+    """An exception while a save waits for the lock (an interrupt, here an alarm's) closes the
+    lock file: no descriptor of it stays behind in the process."""
+    holder("exp")
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupted()
+    before = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # within the 200 ms a save waits
+        with pytest.raises(Interrupted):
+            ckpt.save(str(tmp_path / "exp-1.ckpt"), state(), step=1)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    lock = str(tmp_path / "exp.lock")
+    open_fds = [os.path.realpath("/proc/self/fd/" + fd) for fd in os.listdir("/proc/self/fd")]
+    assert lock not in open_fds
+
+
 def test_a_refused_save_creates_no_lock_file(tmp_path):
     with pytest.raises(ckpt.ConfigError):
         ckpt.save(str(tmp_path / "exp-1.ckpt"), {"t": np.zeros(2, np.int8)}, step=1)
