@@ -12,6 +12,7 @@
 
 #include <doctest/doctest.h>
 
+#include "python_scripts.hpp"
 #include "support.hpp"
 
 namespace {
@@ -83,6 +84,28 @@ std::string message_of(F&& f) {
 }
 
 bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+
+/// The notices and infos logged that contain `part`.
+std::vector<std::string> logged(const test::LogCapture& log, std::string_view part) {
+    std::vector<std::string> out;
+    for (const auto& m : log.infos)
+        if (contains(m, part)) out.push_back(m);
+    return out;
+}
+
+// A scheduler of a program's own: the learning rate grows to the optimizer's over 4 steps,
+// from its step count alone.
+struct Warmup : torch::optim::LRScheduler {
+    explicit Warmup(torch::optim::Optimizer& o) : LRScheduler(o) {}
+    std::vector<double> get_lrs() override {
+        auto lrs = get_current_lrs();
+        if (step_count_ < 4)
+            for (auto& lr : lrs) lr = lr * (step_count_ + 2) / (step_count_ + 1);
+        return lrs;
+    }
+};
+
+double lr_of(torch::optim::Optimizer& o) { return o.param_groups()[0].options().get_lr(); }
 
 }  // namespace
 
@@ -302,4 +325,257 @@ TEST_CASE("TorchState refuses tensors it cannot view and parameters it cannot na
     torch::optim::SGD opt({stray}, torch::optim::SGDOptions(0.1));
     CHECK(contains(message_of<ckpt::ConfigError>([&] { ckpt::TorchState bad(other, opt); }),
                          "parameter 0 of the optimizer's param group 0 (shape [2, 2]) is not a parameter of the module"));
+}
+
+TEST_CASE("TorchState saves a StepLR whole, and a scheduler it does not know only when told its state is its step count") {
+    test::TempDir dir;
+    test::LogCapture log;
+    torch::manual_seed(1);
+    Net a;
+    torch::optim::SGD opt_a(a->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::StepLR step_lr(opt_a, 3, 0.5);
+    for (int i = 0; i < 4; ++i) step_lr.step();
+    ckpt::TorchState sa(a, opt_a, {.generator = false});
+    sa.scheduler(step_lr);
+    const auto d = sa.state_dict();
+    CHECK(d.get<std::string>("scheduler.kind") == "StepLR");
+    CHECK(d.get<std::string>("scheduler.convention") == "libtorch");
+    CHECK(d.get<std::int64_t>("scheduler.last_epoch") == 4);
+    CHECK(d.get<std::int64_t>("scheduler.step_size") == 3);
+    CHECK(d.get<double>("scheduler.gamma") == 0.5);
+    const auto step_file = dir / "step.ckpt";
+    ckpt::save_checkpoint(d, step_file);
+
+    // a StepLR of other settings takes the position; what it cannot take is said
+    Net b;
+    torch::optim::SGD opt_b(b->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::StepLR other(opt_b, 5, 0.1);
+    ckpt::TorchState sb(b, opt_b, {.generator = false});
+    sb.scheduler(other);
+    CHECK(ckpt::load_checkpoint_into(step_file, sb, true).complete());
+    CHECK(ckpt::detail::torch_glue::SchedulerAccess::step_count(other) == 4);
+    CHECK(logged(log, "the checkpoint's StepLR had step_size 3 and gamma 0.5; this one's, step_size 5 and gamma 0.1, "
+                      "stay").size() == 1);
+
+    Warmup warmup(opt_b);
+    ckpt::TorchState sw(b, opt_b, {.generator = false});
+    const auto refused = message_of<ckpt::ConfigError>([&] { sw.scheduler(warmup); });
+    CHECK(contains(refused, "this scheduler is a (anonymous namespace)::Warmup"));
+    CHECK(contains(refused, "ckpt::SchedulerState::step_count_only"));
+    for (int i = 0; i < 2; ++i) warmup.step();
+    sw.scheduler(warmup, ckpt::SchedulerState::step_count_only);
+    const auto warmup_file = dir / "warmup.ckpt";
+    ckpt::save_checkpoint(sw.state_dict(), warmup_file);
+    CHECK(ckpt::read_contents(warmup_file).entries.size() > 0);
+
+    Net c;
+    torch::optim::SGD opt_c(c->parameters(), torch::optim::SGDOptions(0.1));
+    Warmup warmup_c(opt_c);
+    ckpt::TorchState sc(c, opt_c, {.generator = false});
+    sc.scheduler(warmup_c, ckpt::SchedulerState::step_count_only);
+    CHECK(ckpt::load_checkpoint_into(warmup_file, sc, true).complete());
+    for (int i = 0; i < 3; ++i) {  // the same schedule from here on
+        warmup.step();
+        warmup_c.step();
+        CHECK(lr_of(opt_c) == lr_of(opt_b));
+    }
+    // another kind of scheduler is refused, both named
+    CHECK(contains(message_of<ckpt::LoadMismatch>([&] { ckpt::load_checkpoint_into(warmup_file, sa, true); }),
+                   "holds the state of a (anonymous namespace)::Warmup scheduler; this one is StepLR"));
+
+    // a file from before schedulers were saved whole: its position, with a notice
+    ckpt::ParamDict old = ckpt::torch_state_dict(*a, "model.");
+    old.set("scheduler.step_count", std::int64_t{7});
+    const auto old_file = dir / "old.ckpt";
+    ckpt::save_checkpoint(old, old_file);
+    Net e;
+    torch::optim::SGD opt_e(e->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::StepLR step_e(opt_e, 3, 0.5);
+    ckpt::TorchState se(e, {.generator = false});
+    se.scheduler(step_e);
+    CHECK(ckpt::load_checkpoint_into(old_file, se, true).complete());
+    CHECK(ckpt::detail::torch_glue::SchedulerAccess::step_count(step_e) == 7);
+    CHECK(logged(log, "records only the scheduler's position (scheduler.step_count").size() == 1);
+}
+
+TEST_CASE("A StepLR schedule carried between libtorch and PyTorch at a boundary goes on as the continuing side's own") {
+    // libtorch's StepLR lowers the rate at calls 4, 7, 10 (step_size 3), PyTorch's at 3, 6, 9:
+    // after 6 calls the two differ by gamma
+    test::TempDir dir;
+    struct Run {
+        torch::nn::Linear net{2, 2};
+        torch::optim::SGD opt{net->parameters(), torch::optim::SGDOptions(0.1)};
+        torch::optim::StepLR sched{opt, 3, 0.5};
+        ckpt::TorchState state{net, opt, {.generator = false}};
+        Run() { state.scheduler(sched); }
+        std::vector<double> schedule(int calls) {
+            std::vector<double> lrs;
+            for (int i = 0; i < calls; ++i) {
+                opt.step();
+                sched.step();
+                lrs.push_back(lr_of(opt));
+            }
+            return lrs;
+        }
+    };
+    const auto unbroken = Run().schedule(12);
+    CHECK(unbroken[5] == 0.05);
+    Run first;
+    first.schedule(6);
+    ckpt::save_checkpoint(first.state.state_dict(), dir / "cpp.ckpt");
+    // PyTorch goes on from it as an unbroken PyTorch run, and writes its own state after 6 calls
+    test::run_python("torch_step_lr.py", dir.path());
+
+    test::LogCapture log;
+    Run second;
+    CHECK(ckpt::load_checkpoint_into(dir / "py.ckpt", second.state, true).complete());
+    CHECK(lr_of(second.opt) == unbroken[5]);  // PyTorch's 0.025, taken back to libtorch's 0.05
+    CHECK(second.schedule(6) == std::vector<double>(unbroken.begin() + 6, unbroken.end()));
+    CHECK(logged(log, "the checkpoint's StepLR was stepped by PyTorch").size() == 1);
+}
+
+TEST_CASE("A restore says once which optimizer options it replaced, with their old and new values") {
+    test::TempDir dir;
+    torch::manual_seed(5);
+    auto make = [](Net& net, double lr, double momentum) {
+        return torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
+    };
+    Net a;
+    auto opt_a = make(a, 0.1, 0.9);
+    torch::optim::StepLR sched_a(opt_a, 2, 0.5);
+    for (int i = 0; i < 5; ++i) {
+        train_step(a, opt_a);
+        sched_a.step();
+    }
+    CHECK(lr_of(opt_a) == 0.025);
+    ckpt::TorchState sa(a, opt_a, {.generator = false});
+    sa.scheduler(sched_a);
+    const auto file = dir / "s.ckpt";
+    ckpt::save_checkpoint(sa.state_dict(), file);
+
+    {  // the same settings: the learning rate the schedule reached is no news
+        test::LogCapture log;
+        Net b;
+        auto opt_b = make(b, 0.1, 0.9);
+        torch::optim::StepLR sched_b(opt_b, 2, 0.5);
+        ckpt::TorchState sb(b, opt_b, {.generator = false});
+        sb.scheduler(sched_b);
+        ckpt::load_checkpoint_into(file, sb, true);
+        CHECK(lr_of(opt_b) == 0.025);
+        CHECK(logged(log, "optimizer options").empty());
+    }
+    {  // a new learning rate and momentum: both named, once
+        test::LogCapture log;
+        Net b;
+        auto opt_b = make(b, 0.2, 0.8);
+        torch::optim::StepLR sched_b(opt_b, 2, 0.5);
+        ckpt::TorchState sb(b, opt_b, {.generator = false});
+        sb.scheduler(sched_b);
+        ckpt::load_checkpoint_into(file, sb, true);
+        const auto said = logged(log, "optimizer options");
+        REQUIRE(said.size() == 1);
+        CHECK(contains(said[0], "param group 0's lr 0.2 -> 0.025"));
+        CHECK(contains(said[0], "param group 0's momentum 0.8 -> 0.9"));
+        CHECK(contains(said[0], "set them after restore()"));
+        CHECK(lr_of(opt_b) == 0.025);
+        opt_b.param_groups()[0].options().set_lr(0.2);  // set after the restore, it stays
+        train_step(b, opt_b);
+        CHECK(lr_of(opt_b) == 0.2);
+    }
+}
+
+TEST_CASE("TorchState records the data position: epoch and step come back, another batch size or seed is refused") {
+    test::TempDir dir;
+    torch::manual_seed(6);
+    Net a;
+    ckpt::DataPosition at{.seed = 7, .batch_size = 32, .epoch = 3, .step = 11};
+    ckpt::TorchState sa(a, {.generator = false});
+    sa.data_position(at);
+    const auto file = dir / "d.ckpt";
+    ckpt::save_checkpoint(sa.state_dict(), file);
+
+    Net b;
+    ckpt::DataPosition here{.seed = 7, .batch_size = 32};
+    ckpt::TorchState sb(b, {.generator = false});
+    sb.data_position(here);
+    CHECK(ckpt::load_checkpoint_into(file, sb, true).complete());
+    CHECK(here.epoch == 3);
+    CHECK(here.step == 11);
+
+    for (const auto& [other, expected] :
+         {std::pair{ckpt::DataPosition{.seed = 7, .batch_size = 64}, "batch size 32 when saved, 64 now"},
+          std::pair{ckpt::DataPosition{.seed = 8, .batch_size = 32}, "seed 7 when saved, 8 now"}}) {
+        CAPTURE(expected);
+        Net c;
+        const auto before = params_of(c);
+        auto position = other;
+        ckpt::TorchState sc(c, {.generator = false});
+        sc.data_position(position);
+        const auto e = message_of<ckpt::LoadMismatch>([&] { ckpt::load_checkpoint_into(file, sc, false); });
+        CHECK(contains(e, expected));
+        CHECK(contains(e, "would train on other samples"));
+        CHECK(bit_equal(params_of(c), before));  // refused before anything was read into the model
+        CHECK(position.epoch == 0);
+    }
+}
+
+TEST_CASE("A model that gained and lost layers warm-starts with its optimizer in a non-strict load, and a strict load names the tensors") {
+    test::TempDir dir;
+    torch::manual_seed(8);
+    Net a;
+    torch::optim::Adam opt_a(a->parameters(), torch::optim::AdamOptions(1e-2));
+    train_step(a, opt_a);
+    train_step(a, opt_a);
+    ckpt::TorchState sa(a, opt_a, {.generator = false});
+    const auto file = dir / "a.ckpt";
+    ckpt::save_checkpoint(sa.state_dict(), file);
+
+    // the BatchNorm gone, a layer on top
+    struct Grown : torch::nn::Module {
+        Grown() {
+            features = register_module("features", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 3, 3))));
+            fc = register_module("fc", torch::nn::Linear(3 * 4 * 4, 5));
+            head = register_module("head", torch::nn::Linear(5, 2));
+        }
+        torch::Tensor forward(torch::Tensor x) {
+            return head->forward(fc->forward(torch::relu(features->forward(x)).flatten(1)));
+        }
+        torch::nn::Sequential features{nullptr};
+        torch::nn::Linear fc{nullptr}, head{nullptr};
+    } grown;
+    torch::optim::Adam opt_g(grown.parameters(), torch::optim::AdamOptions(1e-2));
+    ckpt::TorchState sg(grown, opt_g, {.generator = false});
+
+    const auto strict = message_of<ckpt::LoadMismatch>([&] { ckpt::load_checkpoint_into(file, sg, true); });
+    for (const char* name : {"'model.head.weight'", "'optimizer.state.head.weight'", "'model.features.1.weight'",
+                             "'optimizer.state.features.1.weight.exp_avg'"})
+        CHECK(contains(strict, name));
+    CHECK(!contains(strict, "param group"));
+    CHECK(opt_g.state().empty());
+
+    test::LogCapture log;
+    const auto report = ckpt::load_checkpoint_into(file, sg, false);
+    for (const char* name : {"model.head.weight", "optimizer.state.head.weight", "optimizer.state.head.bias"})
+        CHECK(std::find(report.param_not_load.begin(), report.param_not_load.end(), name) != report.param_not_load.end());
+    CHECK(std::find(report.ckpt_not_load.begin(), report.ckpt_not_load.end(),
+                    "optimizer.state.features.1.weight.exp_avg") != report.ckpt_not_load.end());
+    const auto said = logged(log, "the optimizer's state was loaded for the parameters");
+    REQUIRE(said.size() == 1);
+    CHECK(contains(said[0], "none for 'head.weight', 'head.bias' (not in the checkpoint's optimizer)"));
+    CHECK(contains(said[0], "the checkpoint's state of 'features.1.bias', 'features.1.weight' was left out"));
+
+    // the shared parameters have their state, bit for bit; the new ones none
+    CHECK(opt_g.state().size() == 4);
+    for (const auto& [from, to] : {std::pair{a->fc->weight, grown.fc->weight}, std::pair{a->fc->bias, grown.fc->bias}}) {
+        const auto& s_a = static_cast<torch::optim::AdamParamState&>(*opt_a.state().at(ckpt::detail::torch_glue::state_key(from)));
+        const auto& s_g = static_cast<torch::optim::AdamParamState&>(*opt_g.state().at(ckpt::detail::torch_glue::state_key(to)));
+        CHECK(s_g.step() == 2);
+        CHECK(torch::equal(s_g.exp_avg(), s_a.exp_avg()));
+        CHECK(torch::equal(to, from));
+    }
+    CHECK(opt_g.state().count(ckpt::detail::torch_glue::state_key(grown.head->weight)) == 0);
+    opt_g.zero_grad();  // and it trains on, the new layer's state made at its first step
+    grown.forward(torch::randn({4, 1, 6, 6})).pow(2).mean().backward();
+    opt_g.step();
+    CHECK(opt_g.state().size() == 6);
 }

@@ -5,7 +5,8 @@
 // which) and ends with the same parameters, bit for bit, as a run that never stopped.
 //
 //   torch_resume [--data DIR] [--dir DIR] [--epochs N] [--save-steps N] [--limit N]
-//                [--test-limit N] [--shuffle SEED] [--seed N] [--init FILE] [--fresh] [--quiet] [--help]
+//                [--test-limit N] [--shuffle SEED] [--batch-size N] [--lr X] [--seed N]
+//                [--init FILE] [--fresh] [--quiet] [--help]
 
 #include <ckpt/torch.hpp>
 #include <nn/data.hpp>
@@ -39,6 +40,8 @@ struct Options {
     std::int64_t limit = 0;
     std::int64_t test_limit = 0;
     std::uint64_t shuffle = 7;
+    std::int64_t batch_size = 32;
+    double lr = 1e-3;
     std::uint64_t seed = 1;
     std::optional<fs::path> init;
     bool fresh = false;
@@ -47,13 +50,14 @@ struct Options {
 
 constexpr const char* usage_text =
     "torch_resume [--data DIR] [--dir DIR] [--epochs N] [--save-steps N] [--limit N]\n"
-    "                    [--test-limit N] [--shuffle SEED] [--seed N] [--init FILE] [--fresh] [--quiet]\n"
-    "                    [--help]";
+    "                    [--test-limit N] [--shuffle SEED] [--batch-size N] [--lr X] [--seed N]\n"
+    "                    [--init FILE] [--fresh] [--quiet] [--help]";
 constexpr const char* options_text =
     "Trains a small libtorch CNN on Fashion-MNIST (Adam, one thread) with checkpoints in DIR,\n"
     "written in the background: at every epoch end, with the validation loss and accuracy,\n"
     "and every N steps with --save-steps. Retention keeps the newest 2 and the 3 with the\n"
-    "lowest validation loss. It prints \"saved at epoch E, step S of N\" once a checkpoint is\n"
+    "lowest validation loss, counted over every run in DIR, so that restarts do not fill the\n"
+    "disk. It prints \"saved at epoch E, step S of N\" once a checkpoint is\n"
     "durable, and ends with final_params_xxh64=<hash of the parameters and buffers>.\n"
     "Started again after being killed, the same command resumes from the newest valid\n"
     "checkpoint in DIR and ends with the same hash as a run that never stopped.\n"
@@ -65,7 +69,11 @@ constexpr const char* options_text =
     "  --limit N          train on the first N training images (default: all)\n"
     "  --test-limit N     validate on the first N test images (default: all)\n"
     "  --shuffle SEED     the order of the training images in epoch E is drawn from SEED and E\n"
-    "                     (default 7)\n"
+    "                     (default 7); a resume under another is refused, as the step would\n"
+    "                     take other images\n"
+    "  --batch-size N     images a step takes (default 32); a resume under another is refused\n"
+    "  --lr X             Adam's learning rate (default 0.001); a resumed run goes on with the\n"
+    "                     checkpoint's, and says so when X differs from it\n"
     "  --seed N           seed of the initial weights and of dropout (default 1)\n"
     "  --init FILE        start from the weights in FILE (a checkpoint whose model.* entries\n"
     "                     are the network's, e.g. made by `ckpt import state_dict.pt FILE\n"
@@ -89,6 +97,13 @@ Options parse(int argc, char** argv) {
         else if (*a == "--limit") o.limit = cli.count();
         else if (*a == "--test-limit") o.test_limit = cli.count();
         else if (*a == "--shuffle") o.shuffle = static_cast<std::uint64_t>(cli.count());
+        else if (*a == "--batch-size") o.batch_size = cli.count();
+        else if (*a == "--lr") {
+            const std::string v = cli.value();
+            char* end = nullptr;
+            o.lr = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end || !(o.lr > 0)) cli.fail("--lr needs a number above 0, got '" + v + "'");
+        }
         else if (*a == "--seed") o.seed = static_cast<std::uint64_t>(cli.count());
         else if (*a == "--init") o.init = cli.value();
         else if (*a == "--fresh") o.fresh = true;
@@ -96,6 +111,7 @@ Options parse(int argc, char** argv) {
         else cli.unknown();
     }
     if (o.epochs < 1) cli.fail("--epochs must be at least 1");
+    if (o.batch_size < 1) cli.fail("--batch-size must be at least 1");
     return o;
 }
 
@@ -136,8 +152,6 @@ Data load(const fs::path& dir, const std::string& stem, std::int64_t limit) {
     d.labels = torch::from_blob(lab.data.data(), {n}, torch::kUInt8).to(torch::kInt64);
     return d;
 }
-
-constexpr std::int64_t batch_size = 32;
 
 // The order of the training images in `epoch` (counted from 1): a permutation drawn from
 // its own generator, so that a resumed run finds it again without saving it.
@@ -190,15 +204,17 @@ int run(const Options& o) {
     const Data train = load(o.data, "train", o.limit);
     const Data test = load(o.data, "t10k", o.test_limit);
     const std::int64_t n = train.images.size(0);
-    const std::int64_t steps_per_epoch = n / batch_size;
+    const std::int64_t steps_per_epoch = n / o.batch_size;
     if (steps_per_epoch == 0) throw std::runtime_error("fewer training images than one batch");
 
     torch::manual_seed(o.seed);
     Net net;
-    torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(1e-3));
-    std::int64_t global_step = 0;
+    torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(o.lr));
+    // where the run is in its data; the order's seed and the batch size decide which images a
+    // step takes, so a resume under others is refused
+    ckpt::DataPosition position{.seed = o.shuffle, .batch_size = o.batch_size};
     ckpt::TorchState state(net, optimizer);
-    state.add("train.global_step", ckpt::view_of(global_step));
+    state.data_position(position);
 
     ckpt::ManagerOptions mo;
     mo.async_save = true;
@@ -206,12 +222,12 @@ int run(const Options& o) {
                 Retention{ckpt::KeepLast{2}, ckpt::KeepBest{3, "val_loss", ckpt::Mode::min}},
                 ckpt::MindSporeNaming{}, mo);
     const auto restored = o.fresh ? std::nullopt : mgr.restore(state);
+    std::int64_t global_step = position.epoch > 0 ? (position.epoch - 1) * steps_per_epoch + position.step : 0;
     if (restored) {
-        const std::int64_t epoch = (global_step - 1) / steps_per_epoch + 1;
-        const std::int64_t step = global_step - (epoch - 1) * steps_per_epoch;
         std::printf("resuming from %s: saved at epoch %lld, step %lld of %lld (global step %lld)\n",
-                    restored->file.path.string().c_str(), static_cast<long long>(epoch), static_cast<long long>(step),
-                    static_cast<long long>(steps_per_epoch), static_cast<long long>(global_step));
+                    restored->file.path.string().c_str(), static_cast<long long>(position.epoch),
+                    static_cast<long long>(position.step), static_cast<long long>(steps_per_epoch),
+                    static_cast<long long>(global_step));
     } else if (o.init) {
         ckpt::TorchState weights(net, {.generator = false});
         const auto report = ckpt::load_checkpoint_into(*o.init, weights, /*strict=*/false);
@@ -249,13 +265,15 @@ int run(const Options& o) {
         const auto order = order_of(o.shuffle, epoch, n);
         double loss_sum = 0;
         for (std::int64_t step = global_step % steps_per_epoch + 1; step <= steps_per_epoch; ++step) {
-            const auto idx = order.slice(0, (step - 1) * batch_size, step * batch_size);
+            const auto idx = order.slice(0, (step - 1) * o.batch_size, step * o.batch_size);
             optimizer.zero_grad();
             const auto loss = F::cross_entropy(net->forward(train.images.index_select(0, idx)),
                                                train.labels.index_select(0, idx));
             loss.backward();
             optimizer.step();
             ++global_step;
+            position.epoch = epoch;
+            position.step = step;
             loss_sum += loss.item<double>();
             ckpt::Progress p;
             p.epoch = epoch;
@@ -296,8 +314,8 @@ int main(int argc, char** argv) {
     try {
         return run(o);
     } catch (const ckpt::LoadMismatch& e) {
-        std::fprintf(stderr, "torch_resume: %s\n(the checkpoints in '%s' are of another network or optimizer)\n",
-                     e.what(), o.dir.string().c_str());
+        std::fprintf(stderr, "torch_resume: %s\n(the checkpoints in '%s' do not fit this run: resume with the settings "
+                     "they were made with, or train from the start with --fresh)\n", e.what(), o.dir.string().c_str());
     } catch (const std::exception& e) {
         std::fprintf(stderr, "torch_resume: %s\n", e.what());
     }

@@ -3,7 +3,8 @@
 // libtorch-dev) and include this header.
 //
 //   ckpt::TorchState state(net, optimizer);      // parameters, buffers, optimizer state
-//   state.scheduler(lr_scheduler);               // optional: its position
+//   state.scheduler(lr_scheduler);               // optional: its whole state
+//   state.data_position(position);               // optional: the data's seed, batch size, epoch, step
 //   state.add("epoch", ckpt::view_of(epoch));    // optional: your own values, as views
 //   mgr.restore(state);  …  mgr.on_step(progress, state);
 //
@@ -19,17 +20,47 @@
 //                                       max_exp_avg_sq, momentum_buffer, square_avg,
 //                                       grad_avg, sum), keyed by the parameter's name so that
 //                                       another process's optimizer takes it
-//   scheduler.step_count                the learning-rate scheduler's position
+//   scheduler.kind                      the learning-rate scheduler's class: "StepLR", or the
+//                                       name of your own class (SchedulerState::step_count_only)
+//   scheduler.convention                whose rules computed its learning rates: "libtorch" here,
+//                                       "pytorch" from Python (python/ckpt/torch.py)
+//   scheduler.last_epoch                how many times its step() was called (PyTorch's name, of
+//                                       the same count)
+//   scheduler.step_size, scheduler.gamma   a StepLR's settings
+//   scheduler.{field}                   from Python: the rest of PyTorch's state_dict() of it
+//                                       (base_lrs, _last_lr, …), read here for the conversion below
+//   data.seed, data.batch_size          with data_position(): what the samples of a step depend
+//                                       on; a resume under others is refused, naming them
+//   data.epoch, data.step               with data_position(): where the run is in its data
 //   torch.cpu_generator                 the default CPU generator's state, so that a resumed
 //                                       run draws the same numbers
+// (Files written before schedulers were saved whole hold "scheduler.step_count" alone; they
+// still load, with a notice.)
 //
 // Optimizers create a parameter's state at its first step. A load therefore shapes the
 // optimizer after the file it reads (ShapedByCheckpoint): it creates the state the file has
 // and drops the state the file does not have, then loads into it. Tensors must be on the CPU,
 // contiguous, and of a dtype ckpt stores (float32, float64, float16, int32, int64, uint8,
 // bool); any other is refused, naming it, when the state is collected.
+//
+// What a load changes, it says (through ckpt's log, once per load, as notices): param-group
+// options that differ from what the optimizer had (a new learning rate gives way to the
+// checkpoint's: set it after restore() to keep it; a rate a StepLR reached by its own schedule
+// is no news), a scheduler whose settings differ from the file's, a schedule continued from
+// the other language's StepLR, and, in a non-strict load,
+// the parameters whose optimizer state was not loaded because the model gained or lost them.
+// Such a parameter is also named in the LoadReport, as "optimizer.state.{name}" (param_not_load)
+// for one that gets no state, and by its state's entries (ckpt_not_load) for one left out.
+//
+// libtorch's StepLR lowers the learning rate one step() later than PyTorch's (at calls
+// step_size + 1, 2 step_size + 1, …, PyTorch's at step_size, 2 step_size, …). The position
+// means the same on both sides; at a boundary (last_epoch a multiple of step_size) the two
+// disagree by one factor gamma, so a load from a "pytorch" file there sets the learning rate
+// libtorch's StepLR would have, and Python's load does the reverse: each side goes on as an
+// unbroken run of its own would.
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Type.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -37,9 +68,12 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -48,9 +82,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -210,6 +246,68 @@ struct SchedulerAccess : optim::LRScheduler {
     static unsigned& step_count(optim::LRScheduler& s) { return s.*(&SchedulerAccess::step_count_); }
 };
 
+// StepLR keeps its step size and gamma private, with no getter. Access is not checked on the
+// template arguments of an explicit specialization (C++20, P0692): naming the members there
+// instantiates Expose, whose friend hands out the member pointers.
+template <class Tag, auto Member>
+struct Expose {
+    friend constexpr auto member(Tag) { return Member; }
+};
+struct StepSize {
+    friend constexpr auto member(StepSize);
+};
+struct Gamma {
+    friend constexpr auto member(Gamma);
+};
+template <class T, std::size_t = sizeof(T)>
+struct Instantiate {};
+template <>
+struct Instantiate<Expose<StepSize, &optim::StepLR::step_size_>> {};
+template <>
+struct Instantiate<Expose<Gamma, &optim::StepLR::gamma_>> {};
+
+inline unsigned step_size(const optim::StepLR& s) { return s.*member(StepSize{}); }
+inline double gamma(const optim::StepLR& s) { return s.*member(Gamma{}); }
+
+/// libtorch's StepLR after `calls` step() calls from learning rate `lr` at none: it multiplies
+/// by gamma at the calls after a multiple of step_size (PyTorch's at the multiples).
+inline double libtorch_step_lr(double lr, std::int64_t calls, std::int64_t step_size, double gamma) {
+    for (std::int64_t i = 0; calls > 0 && step_size > 0 && i < (calls - 1) / step_size; ++i) lr = gamma * lr;
+    return lr;
+}
+
+/// A number as text, in its shortest exact form ("0.001", "5").
+template <class T>
+std::string text(T v) {
+    char buf[32];
+    return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+}
+
+/// A param-group option's value (a 0-d view) as text.
+inline std::string option_text(const Tensor& t) {
+    switch (t.dtype()) {
+        case DType::float64: return text(t.values<double>()[0]);
+        case DType::boolean: return t.values<bool>()[0] ? "true" : "false";
+        default: return t.describe();
+    }
+}
+
+/// A tensor's elements as doubles (float64 or int64, as Python writes a list of numbers).
+inline std::vector<double> doubles_of(const Tensor& t) {
+    std::vector<double> out;
+    if (t.dtype() == DType::float64)
+        for (double v : t.values<double>()) out.push_back(v);
+    else if (t.dtype() == DType::int64)
+        for (std::int64_t v : t.values<std::int64_t>()) out.push_back(static_cast<double>(v));
+    return out;
+}
+
+inline std::string quoted_list(const std::vector<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
+    return s;
+}
+
 }  // namespace detail::torch_glue
 
 /// How a TorchState names the module's tensors, and whether it saves the CPU generator.
@@ -218,10 +316,28 @@ struct TorchStateOptions {
     bool generator = true;                ///< the default CPU generator's state
 };
 
+/// What of a learning-rate scheduler TorchState::scheduler() saves. `whole`: every member of
+/// one of the classes ckpt knows (libtorch's StepLR: its position, step size and gamma);
+/// another class is refused, by name. `step_count_only`: the position alone, for a class of
+/// your own whose learning rates follow from it and the optimizer's current ones (as
+/// LRScheduler's get_lrs() sees them) — what you declare by choosing it.
+enum class SchedulerState { whole, step_count_only };
+
+/// Where a run is in its data, as TorchState::data_position() saves it. The seed and the batch
+/// size decide which samples a step takes: a resume under others would train on other samples
+/// at the same step, so it is refused, naming both. The epoch and step are the program's to
+/// advance; a load restores them.
+struct DataPosition {
+    std::uint64_t seed = 0;       ///< what the order of the samples is drawn from
+    std::int64_t batch_size = 0;  ///< samples a step takes
+    std::int64_t epoch = 0;       ///< the epoch in progress, as the program counts them
+    std::int64_t step = 0;        ///< steps done in it
+};
+
 /// A libtorch training state as one checkpointable object (see the top of this file):
 /// CheckpointManager::on_step/save/restore, save_checkpoint(state.state_dict(), …) and
-/// load_checkpoint_into take it. It refers to the module, optimizer and scheduler it was
-/// given, which must outlive it.
+/// load_checkpoint_into take it. It refers to the module, optimizer, scheduler and data
+/// position it was given, which must outlive it.
 class TorchState {
 public:
     using Options = TorchStateOptions;
@@ -238,10 +354,25 @@ public:
     TorchState(Holder& model, torch::optim::Optimizer& optimizer, Options options = {})
         : TorchState(*model.ptr(), optimizer, std::move(options)) {}
 
-    /// Also saves and restores `s`'s position (how many times step() was called; the
-    /// optimizer's learning rates are restored with its param groups).
-    TorchState& scheduler(torch::optim::LRScheduler& s) {
+    /// Also saves and restores `s`'s state (see SchedulerState); the optimizer's learning rates
+    /// are restored with its param groups. A scheduler of a class ckpt does not know is refused
+    /// here, by name, unless `what` is step_count_only.
+    TorchState& scheduler(torch::optim::LRScheduler& s, SchedulerState what = SchedulerState::whole) {
+        const bool step_lr = typeid(s) == typeid(torch::optim::StepLR);
+        const std::string name = c10::demangle(typeid(s).name());
+        if (what == SchedulerState::whole && !step_lr)
+            throw ConfigError("ckpt::TorchState saves the whole state of libtorch's StepLR; this scheduler is a " + name +
+                              ", whose members ckpt cannot see. If its learning rates follow from its step count alone, "
+                              "say so: state.scheduler(s, ckpt::SchedulerState::step_count_only)");
         scheduler_ = &s;
+        scheduler_kind_ = step_lr && what == SchedulerState::whole ? "StepLR" : name;
+        step_lr_ = step_lr && what == SchedulerState::whole;
+        return *this;
+    }
+    /// Also saves `position` (see DataPosition): a load checks its seed and batch size against
+    /// the file's and restores its epoch and step.
+    TorchState& data_position(DataPosition& position) {
+        data_ = &position;
         return *this;
     }
     /// Also saves and loads `value` (a view of your own variable, e.g. ckpt::view_of(epoch)).
@@ -252,18 +383,38 @@ public:
         return *this;
     }
 
-    /// What a save writes: views of the module's tensors and of the optimizer's state, copies
-    /// of the few values kept elsewhere (the scheduler's position, the generator's state).
+    /// What a save writes: views of the module's tensors, of the optimizer's state and options
+    /// and of the data position; copies of the few values kept elsewhere (the scheduler's,
+    /// the generator's state).
     ParamDict state_dict() {
-        ParamDict d = base();
+        ParamDict d = torch_state_dict(model_, options_.model_prefix);
         if (optimizer_) {
+            add_options(d, [&](std::size_t g) -> torch::optim::OptimizerOptions& {
+                return optimizer_->param_groups()[g].options();
+            });
             auto& states = optimizer_->state();
             for (const auto& [key, name] : param_names_) {
                 const auto it = states.find(key);
                 if (it != states.end()) add_param_state(d, name, *it->second);
             }
         }
-        if (scheduler_) d.set("scheduler.step_count", std::int64_t{detail::torch_glue::SchedulerAccess::step_count(*scheduler_)});
+        if (scheduler_) {
+            d.set("scheduler.kind", scheduler_kind_);
+            d.set("scheduler.convention", "libtorch");
+            d.set("scheduler.last_epoch", std::int64_t{detail::torch_glue::SchedulerAccess::step_count(*scheduler_)});
+            if (step_lr_) {
+                const auto& s = static_cast<const torch::optim::StepLR&>(*scheduler_);
+                d.set("scheduler.step_size", std::int64_t{detail::torch_glue::step_size(s)});
+                d.set("scheduler.gamma", detail::torch_glue::gamma(s));
+            }
+        }
+        if (data_) {
+            d.set("data.seed", static_cast<std::int64_t>(data_->seed));
+            d.set("data.batch_size", data_->batch_size);
+            d.set("data.epoch", view_of(data_->epoch));
+            d.set("data.step", view_of(data_->step));
+        }
+        add_extra(d);
         if (options_.generator) {
             const auto state = generator_state();
             d.set("torch.cpu_generator", Tensor::from(std::span<const std::uint8_t>(state), Shape{static_cast<std::int64_t>(state.size())}));
@@ -272,13 +423,20 @@ public:
     }
 
     /// What a load writes into, shaped after the file (ShapedByCheckpoint): the optimizer
-    /// gets state for exactly the parameters whose state the file holds.
+    /// gets state for exactly the parameters whose state the file holds and that fit them. The
+    /// optimizer's options and the scheduler's state are read into copies, which loaded()
+    /// hands over once the load has succeeded. A data position of another seed or batch size,
+    /// another optimizer or scheduler kind, or parameters in other param groups than when saved
+    /// are refused here, before anything is read into the module.
     ParamDict state_dict_for(const std::vector<EntryInfo>& entries) {
-        std::map<std::string, const EntryInfo*, std::less<>> in_file;
+        InFile in_file;
         for (const auto& e : entries) in_file.emplace(e.name, &e);
-        ParamDict d = base();
+        load_ = Load{};
+        ParamDict d = torch_state_dict(model_, options_.model_prefix);
         if (optimizer_) shape_optimizer(d, in_file);
-        if (scheduler_) d.set("scheduler.step_count", view_of(scheduler_count_));
+        if (scheduler_) shape_scheduler(d, in_file);
+        if (data_) shape_data(d, in_file);
+        add_extra(d);
         if (options_.generator) {
             // the size libtorch's generator gives (a file of another size is a mismatch)
             loaded_generator_.assign(generator_state().size(), 0);
@@ -287,17 +445,36 @@ public:
         return d;
     }
 
-    /// After a load: hands the scheduler its position and the generator its state, when the
-    /// file had them.
+    /// After a load: hands the optimizer its options, the scheduler its state and the generator
+    /// its state, when the file had them, and says what the load overrode or left out.
     void loaded(const LoadReport& report) {
         auto was_loaded = [&](std::string_view name) {
             return std::find(report.param_not_load.begin(), report.param_not_load.end(), name) ==
                    report.param_not_load.end();
         };
-        if (scheduler_ && was_loaded("scheduler.step_count")) {
-            if (scheduler_count_ < 0 || scheduler_count_ > std::numeric_limits<unsigned>::max())
-                throw LoadMismatch("scheduler.step_count " + std::to_string(scheduler_count_) + " is out of range");
-            detail::torch_glue::SchedulerAccess::step_count(*scheduler_) = static_cast<unsigned>(scheduler_count_);
+        // a seed or batch size the file held as tensors, which state_dict_for() could not read
+        if (data_ && (load_.data_seed != static_cast<std::int64_t>(data_->seed) ||
+                      load_.data_batch_size != data_->batch_size))
+            throw LoadMismatch(data_mismatch(load_.data_seed, load_.data_batch_size));
+        std::vector<Override> overridden;
+        if (optimizer_) {
+            auto& states = optimizer_->state();
+            for (auto& [key, state] : load_.states)
+                if (state) states[key] = std::move(state);
+                else states.erase(key);
+            overridden = apply_options(was_loaded);
+        }
+        if (scheduler_) apply_scheduler(was_loaded, overridden);
+        if (optimizer_) say_overridden(overridden);
+        if (!load_.fresh.empty() || !load_.reshaped.empty() || !load_.left_out.empty()) {
+            using detail::torch_glue::quoted_list;
+            std::string msg = "the optimizer's state was loaded for the parameters the checkpoint and this model share;";
+            if (!load_.fresh.empty()) msg += " none for " + quoted_list(load_.fresh) + " (not in the checkpoint's optimizer);";
+            if (!load_.reshaped.empty()) msg += " none for " + quoted_list(load_.reshaped) + " (another shape or dtype there);";
+            if (!load_.left_out.empty())
+                msg += " the checkpoint's state of " + quoted_list(load_.left_out) + " was left out (not parameters here);";
+            msg.pop_back();
+            detail::log(LogLevel::notice, msg + ". Those without start as before their first step");
         }
         if (options_.generator && was_loaded("torch.cpu_generator")) {
             auto state = at::empty({static_cast<std::int64_t>(loaded_generator_.size())}, at::kByte);
@@ -310,6 +487,31 @@ public:
 
 private:
     using Kind = detail::torch_glue::OptimizerKind;
+    using InFile = std::map<std::string, const EntryInfo*, std::less<>>;
+
+    /// An option a load changed: its param group and name, its value before, the checkpoint's.
+    struct Override {
+        std::size_t group;
+        std::string option;
+        Tensor before;  // a copy
+        std::string after;
+    };
+
+    /// What one load reads into and found, until loaded() hands it over.
+    struct Load {
+        std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;  // per param group
+        std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> states;  // none: erase
+        std::vector<std::string> fresh, reshaped, left_out;                    // parameters, by name
+        bool legacy_scheduler = false;  // "scheduler.step_count" alone
+        std::string convention = "libtorch";
+        std::int64_t last_epoch = 0;
+        std::int64_t step_size = 0;
+        double gamma = 0;
+        unsigned count_before = 0;     // the scheduler's step count before the load
+        ParamDict scheduler_tensors;   // from Python: base_lrs, _last_lr, …
+        std::int64_t data_seed = 0;
+        std::int64_t data_batch_size = 0;
+    };
 
     TorchState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, Options options)
         : model_(model), optimizer_(optimizer), options_(std::move(options)) {
@@ -339,23 +541,23 @@ private:
         }
     }
 
-    /// The module, the optimizer's kind and options, and the user's values.
-    ParamDict base() {
-        ParamDict d = torch_state_dict(model_, options_.model_prefix);
-        if (optimizer_) {
-            d.set("optimizer.kind", kind_->name);
-            auto& groups = optimizer_->param_groups();
-            for (std::size_t g = 0; g < groups.size(); ++g) {
-                const std::string p = "optimizer.group." + std::to_string(g) + ".";
-                d.set(p + "params", group_names_[g]);
-                kind_->options(groups[g].options(), d, p);
-            }
+    /// The optimizer's kind and each param group's parameters and options, the options of the
+    /// object `options_of(g)` returns.
+    template <class OptionsOf>
+    void add_options(ParamDict& d, OptionsOf&& options_of) {
+        d.set("optimizer.kind", kind_->name);
+        for (std::size_t g = 0; g < group_names_.size(); ++g) {
+            const std::string p = "optimizer.group." + std::to_string(g) + ".";
+            d.set(p + "params", group_names_[g]);
+            kind_->options(options_of(g), d, p);
         }
+    }
+
+    void add_extra(ParamDict& d) {
         for (const auto& [name, value] : extra_) {
             if (d.contains(name)) throw ConfigError("the value added as '" + name + "' has the name of a torch tensor");
             d.set(name, value);
         }
-        return d;
     }
 
     /// Views of one parameter's state: its step and its defined tensors.
@@ -368,9 +570,13 @@ private:
         }
     }
 
-    /// Gives the optimizer the state the file holds, in fresh or reused tensors, and returns
-    /// their views. The param groups must hold the same parameters as the saved ones.
-    void shape_optimizer(ParamDict& d, const std::map<std::string, const EntryInfo*, std::less<>>& in_file) {
+    /// Copies of the options to load into, and the optimizer's state shaped after the file: in
+    /// fresh or reused tensors for the parameters the file holds state for and whose shape and
+    /// dtype it matches, none for the others. A parameter the file's optimizer did not hold
+    /// gets a placeholder target, "optimizer.state.{name}", which the file cannot fill: a
+    /// strict load names it, a non-strict one reports it. Parameters in another param group
+    /// than when saved are refused: the groups' options would go to other parameters.
+    void shape_optimizer(ParamDict& d, const InFile& in_file) {
         const auto kind = in_file.find("optimizer.kind");
         if (kind != in_file.end()) {
             const auto* saved = kind->second->scalar.get_if<std::string>();
@@ -379,14 +585,36 @@ private:
                                    kind_->name);
         }
         auto& groups = optimizer_->param_groups();
-        for (std::size_t g = 0; g < groups.size(); ++g) {
+        for (auto& group : groups) load_.options.push_back(group.options().clone());
+        add_options(d, [&](std::size_t g) -> torch::optim::OptimizerOptions& { return *load_.options[g]; });
+
+        // which param group each parameter was in when saved (when the file says)
+        std::map<std::string, std::size_t, std::less<>> saved_group;
+        bool groups_known = false;
+        for (std::size_t g = 0;; ++g) {
             const auto it = in_file.find("optimizer.group." + std::to_string(g) + ".params");
-            const auto* saved = it == in_file.end() ? nullptr : it->second->scalar.get_if<std::string>();
-            if (saved && *saved != group_names_[g])
-                throw LoadMismatch("param group " + std::to_string(g) + " of the checkpoint's optimizer holds other "
-                                   "parameters than this optimizer's: saved '" + *saved + "', here '" +
-                                   group_names_[g] + "' (one name a line)");
+            const auto* names = it == in_file.end() ? nullptr : it->second->scalar.get_if<std::string>();
+            if (!names) break;
+            groups_known = true;
+            for (std::size_t at = 0; at <= names->size();) {
+                const auto end = std::min(names->find('\n', at), names->size());
+                if (end > at) saved_group.emplace(names->substr(at, end - at), g);
+                at = end + 1;
+            }
         }
+        std::set<std::string, std::less<>> here;
+        for (std::size_t g = 0; g < groups.size(); ++g)
+            for (const auto& param : groups[g].params()) {
+                const std::string& name = param_names_.at(detail::torch_glue::state_key(param));
+                here.insert(name);
+                const auto it = saved_group.find(name);
+                if (it != saved_group.end() && it->second != g)
+                    throw LoadMismatch("parameter '" + name + "' is in param group " + std::to_string(g) +
+                                       " of this optimizer but was in group " + std::to_string(it->second) +
+                                       " of the checkpoint's: the groups' options would go to other parameters");
+            }
+
+        const auto dtype_here = [](const at::Tensor& t) { return dtype_of_torch(t.scalar_type()); };
         auto& states = optimizer_->state();
         for (auto& group : groups) {
             for (auto& param : group.params()) {
@@ -394,13 +622,28 @@ private:
                 const std::string& name = param_names_.at(key);
                 const std::string p = "optimizer.state." + name + ".";
                 bool saved = kind_->step && in_file.contains(p + "step");
-                for (const auto& f : kind_->tensors) saved = saved || in_file.contains(p + f.name);
-                if (!saved) {
-                    states.erase(key);  // none saved: as before its first step
+                bool fits = true;
+                for (const auto& f : kind_->tensors) {
+                    const auto e = in_file.find(p + f.name);
+                    if (e == in_file.end()) continue;
+                    saved = true;
+                    const Shape shape(param.sizes().begin(), param.sizes().end());
+                    if (e->second->kind != ValueKind::tensor || e->second->dtype != dtype_here(param) ||
+                        e->second->logical_shape() != shape)
+                        fits = false;
+                }
+                if (!saved || !fits) {
+                    load_.states.emplace_back(key, nullptr);  // none loaded: as before its first step
+                    if (!fits) load_.reshaped.push_back(name);
+                    else if (groups_known && !saved_group.contains(name)) load_.fresh.push_back(name);
+                    else continue;
+                    d.set("optimizer.state." + name, Tensor(DType::int64, Shape{}));
                     continue;
                 }
-                auto& slot = states[key];
-                if (!slot) slot = kind_->make();
+                // a copy of the state, over the same tensors where they fit: a refused load leaves
+                // the optimizer as it was, a load writes into its tensors
+                const auto it = states.find(key);
+                auto slot = it != states.end() ? it->second->clone() : kind_->make();
                 for (const auto& f : kind_->tensors) {
                     at::Tensor& t = f.get(*slot);
                     if (!in_file.contains(p + f.name)) {
@@ -411,8 +654,186 @@ private:
                     }
                 }
                 add_param_state(d, name, *slot);
+                load_.states.emplace_back(key, std::move(slot));
             }
         }
+        // the file's state of parameters this optimizer does not hold
+        std::set<std::string> left_out;
+        for (const auto& [entry, info] : in_file) {
+            if (!entry.starts_with("optimizer.state.")) continue;
+            const auto dot = entry.rfind('.');
+            if (dot <= 16) continue;
+            if (std::string name = entry.substr(16, dot - 16); !here.contains(name)) left_out.insert(std::move(name));
+        }
+        load_.left_out.assign(left_out.begin(), left_out.end());
+    }
+
+    /// Targets for the scheduler's state in the file, after checking that it is this
+    /// scheduler's kind (of either language's convention).
+    void shape_scheduler(ParamDict& d, const InFile& in_file) {
+        load_.count_before = detail::torch_glue::SchedulerAccess::step_count(*scheduler_);
+        auto text = [&](std::string_view name) -> const std::string* {
+            const auto it = in_file.find(name);
+            return it == in_file.end() ? nullptr : it->second->scalar.get_if<std::string>();
+        };
+        const auto* kind = text("scheduler.kind");
+        if (!kind && in_file.contains("scheduler.step_count")) {  // written before schedulers were saved whole
+            load_.legacy_scheduler = true;
+            d.set("scheduler.step_count", view_of(load_.last_epoch));
+            return;
+        }
+        if (const auto* convention = text("scheduler.convention")) {
+            if (*convention != "libtorch" && *convention != "pytorch")
+                throw LoadMismatch("the checkpoint's scheduler.convention is '" + *convention +
+                                   "'; ckpt knows \"libtorch\" and \"pytorch\"");
+            load_.convention = *convention;
+        }
+        if (kind && *kind != scheduler_kind_)
+            throw LoadMismatch("the checkpoint holds the state of " +
+                               std::string(load_.convention == "pytorch" ? "PyTorch's " : "a ") + *kind +
+                               " scheduler; this one is " + scheduler_kind_);
+        d.set("scheduler.last_epoch", view_of(load_.last_epoch));
+        if (load_.convention == "pytorch")  // the lists of PyTorch's state_dict(): base_lrs, _last_lr
+            for (const auto& [name, e] : in_file)
+                if (name.starts_with("scheduler.") && e->kind == ValueKind::tensor) {
+                    load_.scheduler_tensors.set(name, Tensor::uninitialized(e->dtype, e->logical_shape()));
+                    d.set(name, load_.scheduler_tensors.at(name));
+                }
+        if (!step_lr_) return;
+        d.set("scheduler.step_size", view_of(load_.step_size));
+        d.set("scheduler.gamma", view_of(load_.gamma));
+    }
+
+    /// Targets for the data position, after checking the file's seed and batch size.
+    void shape_data(ParamDict& d, const InFile& in_file) {
+        auto saved = [&](std::string_view name) -> std::optional<std::int64_t> {
+            const auto it = in_file.find(name);
+            if (it == in_file.end()) return std::nullopt;
+            const auto* v = it->second->scalar.get_if<std::int64_t>();
+            return v ? std::optional(*v) : std::nullopt;
+        };
+        const auto seed = saved("data.seed");
+        const auto batch = saved("data.batch_size");
+        if ((seed && *seed != static_cast<std::int64_t>(data_->seed)) || (batch && *batch != data_->batch_size))
+            throw LoadMismatch(data_mismatch(seed.value_or(static_cast<std::int64_t>(data_->seed)),
+                                             batch.value_or(data_->batch_size)));
+        load_.data_seed = static_cast<std::int64_t>(data_->seed);
+        load_.data_batch_size = data_->batch_size;
+        d.set("data.seed", view_of(load_.data_seed));
+        d.set("data.batch_size", view_of(load_.data_batch_size));
+        d.set("data.epoch", view_of(data_->epoch));
+        d.set("data.step", view_of(data_->step));
+    }
+
+    std::string data_mismatch(std::int64_t seed, std::int64_t batch_size) const {
+        std::string what;
+        if (batch_size != data_->batch_size)
+            what = "batch size " + std::to_string(batch_size) + " when saved, " + std::to_string(data_->batch_size) + " now";
+        if (seed != static_cast<std::int64_t>(data_->seed))
+            what += (what.empty() ? "" : "; ") + std::string("seed ") + std::to_string(seed) + " when saved, " +
+                    std::to_string(static_cast<std::int64_t>(data_->seed)) + " now";
+        return "the checkpoint's data position was taken under other data settings (" + what + "): resuming at its "
+               "epoch and step would train on other samples. Resume with the same settings, or start over from the "
+               "checkpoint's weights without its data position (a TorchState without data_position())";
+    }
+
+    /// Hands the optimizer the loaded options; returns those that changed.
+    template <class WasLoaded>
+    std::vector<Override> apply_options(const WasLoaded& was_loaded) {
+        std::vector<Override> changed;
+        auto& groups = optimizer_->param_groups();
+        for (std::size_t g = 0; g < groups.size() && g < load_.options.size(); ++g) {
+            const std::string p = "optimizer.group." + std::to_string(g) + ".";
+            ParamDict now, read;
+            kind_->options(groups[g].options(), now, p);
+            kind_->options(*load_.options[g], read, p);
+            for (const auto& entry : read) {
+                const std::string& name = entry.name;
+                if (!was_loaded(name)) continue;
+                const Tensor& from = read.tensor(name);
+                Tensor& to = now.tensor(name);
+                if (std::memcmp(from.data(), to.data(), to.nbytes()) == 0) continue;
+                changed.push_back({g, name.substr(p.size()), to.clone(), detail::torch_glue::option_text(from)});
+                std::memcpy(to.data(), from.data(), to.nbytes());
+            }
+        }
+        return changed;
+    }
+
+    /// Hands the scheduler its position; converts a PyTorch StepLR's learning rate at a
+    /// boundary to libtorch's; says what does not carry over. Drops from `overridden` the
+    /// learning rates this scheduler's own schedule accounts for.
+    template <class WasLoaded>
+    void apply_scheduler(const WasLoaded& was_loaded, std::vector<Override>& overridden) {
+        using namespace detail::torch_glue;
+        const char* position = load_.legacy_scheduler ? "scheduler.step_count" : "scheduler.last_epoch";
+        if (!was_loaded(position)) return;
+        const std::int64_t k = load_.last_epoch;
+        if (k < 0 || k > std::numeric_limits<unsigned>::max())
+            throw LoadMismatch(std::string(position) + " " + std::to_string(k) + " is out of range");
+        SchedulerAccess::step_count(*scheduler_) = static_cast<unsigned>(k);
+        if (load_.legacy_scheduler) {
+            detail::log(LogLevel::notice, "the checkpoint records only the scheduler's position (scheduler.step_count, "
+                                          "written before ckpt saved schedulers whole): its kind and settings are not "
+                                          "checked against this " + scheduler_kind_ + "'s");
+            return;
+        }
+        if (!step_lr_) return;
+        const auto& s = static_cast<const torch::optim::StepLR&>(*scheduler_);
+        const double saved_gamma = load_.gamma;
+        if (was_loaded("scheduler.step_size") && was_loaded("scheduler.gamma") &&
+            (load_.step_size != step_size(s) || saved_gamma != gamma(s)))
+            detail::log(LogLevel::notice,
+                        "the checkpoint's StepLR had step_size " + text(load_.step_size) + " and gamma " +
+                            text(saved_gamma) + "; this one's, step_size " + text(step_size(s)) + " and gamma " +
+                            text(gamma(s)) +
+                            ", stay (a libtorch StepLR fixes them when it is made): the schedule goes on with them");
+        auto& groups = optimizer_->param_groups();
+        if (load_.convention == "pytorch" && k > 0 && load_.step_size > 0 && k % load_.step_size == 0 &&
+            saved_gamma != 0) {
+            // PyTorch's StepLR has multiplied by gamma at this call, libtorch's does at the next:
+            // take the learning rate back to libtorch's, by the saved base_lrs when they give it
+            const auto* base = load_.scheduler_tensors.find("scheduler.base_lrs");
+            const auto bases = base && was_loaded("scheduler.base_lrs") ? doubles_of(*base->get_if<Tensor>())
+                                                                          : std::vector<double>{};
+            std::string lrs;
+            for (std::size_t g = 0; g < groups.size(); ++g) {
+                auto& o = groups[g].options();
+                const double pytorch = o.get_lr();
+                double lr = pytorch / saved_gamma;
+                if (g < bases.size()) {
+                    const double chained = libtorch_step_lr(bases[g], k, load_.step_size, saved_gamma);
+                    if (chained * saved_gamma == pytorch) lr = chained;
+                }
+                o.set_lr(lr);
+                lrs += (lrs.empty() ? "" : ", ") + text(lr);
+            }
+            detail::log(LogLevel::notice,
+                        "the checkpoint's StepLR was stepped by PyTorch, whose StepLR lowers the learning rate one "
+                        "step() earlier than libtorch's; at its step " + std::to_string(k) + " (a multiple of its "
+                        "step_size) libtorch's has not yet: the learning rate is set to libtorch's, " + lrs);
+        }
+        // a learning rate this StepLR's schedule gives from the one set before the load is not news
+        if (load_.count_before != 0) return;
+        std::erase_if(overridden, [&](const Override& o) {
+            return o.option == "lr" && libtorch_step_lr(o.before.values<double>()[0], k, step_size(s), gamma(s)) ==
+                                           groups[o.group].options().get_lr();
+        });
+    }
+
+    /// One notice for the options the load changed, old and new values (a learning rate as the
+    /// scheduler left it).
+    void say_overridden(const std::vector<Override>& overridden) {
+        if (overridden.empty()) return;
+        std::string msg = "the checkpoint's optimizer options replaced values this program had set:";
+        for (const auto& o : overridden) {
+            const double lr = optimizer_->param_groups()[o.group].options().get_lr();
+            msg += " param group " + std::to_string(o.group) + "'s " + o.option + " " +
+                   detail::torch_glue::option_text(o.before) + " -> " +
+                   (o.option == "lr" ? detail::torch_glue::text(lr) : o.after) + ",";
+        }
+        msg.pop_back();
+        detail::log(LogLevel::notice, msg + " (to keep this program's values, set them after restore())");
     }
 
     static std::vector<std::uint8_t> generator_state() {
@@ -430,8 +851,11 @@ private:
     std::unordered_map<std::string, std::string> param_names_;  // state key -> parameter name
     std::vector<std::string> group_names_;                       // per param group: names, one a line
     torch::optim::LRScheduler* scheduler_ = nullptr;
+    std::string scheduler_kind_;  // "StepLR", or the class's name when only its step count is saved
+    bool step_lr_ = false;
+    DataPosition* data_ = nullptr;
     ParamDict extra_;
-    std::int64_t scheduler_count_ = 0;
+    Load load_;
     std::vector<std::uint8_t> loaded_generator_;
 };
 

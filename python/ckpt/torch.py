@@ -116,6 +116,8 @@ def save_state_dict(path, state_dict, prefix="", **options):
 #                          anything else, as entries below the key ("scheduler._schedule_phases.0.
 #                          end_step"); None as no entry
 #   scheduler._schedulers.{i}.*   each scheduler of a SequentialLR or ChainedScheduler, alike
+# A libtorch TorchState writes scheduler.kind, .convention, .last_epoch (how many times step()
+# was called, as here) and, for its StepLR, .step_size and .gamma.
 # What a state_dict() holds that is code is the program's, not the file's: the functions of
 # LambdaLR and MultiplicativeLR (as PyTorch's own state_dict() does, a plain function is left
 # out and a callable object's attributes are saved), CyclicLR's scale function (rebuilt from its
