@@ -90,19 +90,24 @@ inline void reseal(const fs::path& p) {
     write_bytes(p, b);
 }
 
+/// The names in `dir`, sorted; a series' lock file ("{prefix}.lock", there from a manager's
+/// start on) left out: test_series.cpp tests it.
 inline std::vector<std::string> names_in(const fs::path& dir) {
     std::vector<std::string> out;
-    for (fs::directory_iterator it(dir), end; it != end; ++it) out.push_back(it->path().filename().string());
+    for (fs::directory_iterator it(dir), end; it != end; ++it)
+        if (const auto name = it->path().filename().string(); !name.ends_with(".lock")) out.push_back(name);
     std::sort(out.begin(), out.end());
     return out;
 }
 
 /// A small state with one tensor of each dtype, every scalar kind, and a rank-0 and an empty tensor.
-/// The seed's manager options: append_info of epoch_num, step_num, lr and momentum.
+/// The seed's manager options: append_info of epoch_num, step_num, lr and momentum, and the
+/// seed's tree, where each run keeps its own files.
 inline ckpt::ManagerOptions seed_options(bool exception_save = false) {
     ckpt::ManagerOptions o;
     o.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
     o.exception_save = exception_save;
+    o.retention_scope = ckpt::RetentionScope::current_run;
     return o;
 }
 

@@ -279,11 +279,13 @@ TEST_CASE("durable level: an exception save is copied before on_exception return
     Sim sim;
     ckpt::ManagerOptions o = two_levels(L.shared);
     o.exception_save = true;
-    Manager mgr(L.local, "sim", ckpt::EverySteps{100}, ckpt::KeepLast{2}, {}, o);
-    sim.advance_to(7);
-    const auto file = mgr.on_exception(at(7), sim);
-    REQUIRE(file);
-    CHECK(fs::exists(L.shared / file->filename()));
+    {
+        Manager mgr(L.local, "sim", ckpt::EverySteps{100}, ckpt::KeepLast{2}, {}, o);
+        sim.advance_to(7);
+        const auto file = mgr.on_exception(at(7), sim);
+        REQUIRE(file);
+        CHECK(fs::exists(L.shared / file->filename()));
+    }
     fs::remove_all(L.local);
     Manager again(L.local, "sim", ckpt::EverySteps{100}, ckpt::KeepLast{2}, {}, o);
     Sim back;
@@ -393,3 +395,4 @@ TEST_CASE("durable level: a copy that waits for other files goes once they are t
     CHECK(stats.given_up == 1);
     CHECK(mentions(log.warnings, "did not all arrive there in time"));
 }
+

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <sys/wait.h>
@@ -172,16 +173,15 @@ TEST_CASE("retention leaves a newer corrupt file alone and does not count it") {
     CHECK(ckpt::latest(dir.path(), "m")->filename() == "m-1_3.ckpt");
 }
 
-TEST_CASE("retention scope by default: MindSporeNaming keeps each run's files, StepNaming bounds all runs together") {
+TEST_CASE("retention scope by default: every run of the prefix, with either naming") {
     TempDir seed, steps;
-    CHECK(three_runs<ckpt::MindSporeNaming>(seed.path()) ==
-          std::vector<std::string>{"m-1_2.ckpt", "m-1_3.ckpt", "m-graph.meta", "m_1-1_5.ckpt", "m_1-1_6.ckpt",
-                                   "m_1-graph.meta", "m_2-1_8.ckpt", "m_2-1_9.ckpt", "m_2-graph.meta"});
     // KeepLast{2} holds across restarts, and the emptied runs' meta files went with their checkpoints
+    CHECK(three_runs<ckpt::MindSporeNaming>(seed.path()) ==
+          std::vector<std::string>{"m_2-1_8.ckpt", "m_2-1_9.ckpt", "m_2-graph.meta"});
     CHECK(three_runs<ckpt::StepNaming>(steps.path()) ==
           std::vector<std::string>{"m_2-8.ckpt", "m_2-9.ckpt", "m_2-graph.meta"});
     CHECK(StepManager(steps.path(), "m").retention_scope() == ckpt::RetentionScope::all_runs);
-    CHECK(SeedManager(seed.path(), "m").retention_scope() == ckpt::RetentionScope::current_run);
+    CHECK(SeedManager(seed.path(), "m").retention_scope() == ckpt::RetentionScope::all_runs);
 }
 
 TEST_CASE("ManagerOptions::retention_scope overrides the naming policy's") {
@@ -207,7 +207,8 @@ TEST_CASE("every run in scope: a run's graph.meta goes with its last checkpoint,
         StepManager first(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2});
         for (std::int64_t s = 1; s <= 3; ++s) first.on_step(step(s), net);
     }
-    StepManager second(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    std::optional<StepManager> second_run;
+    StepManager& second = second_run.emplace(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2});
     REQUIRE(second.run_prefix() == "m_1");
     // a save that fails (a directory where its file goes) deletes nothing of the earlier run
     boost::filesystem::create_directory(dir / "m_1-4.ckpt");
@@ -222,6 +223,7 @@ TEST_CASE("every run in scope: a run's graph.meta goes with its last checkpoint,
     CHECK(test::names_in(dir.path()) == std::vector<std::string>{"m_1-4.ckpt", "m_1-5.ckpt", "m_1-graph.meta"});
 
     // a file of run m_1 whose header does not read is left alone, and so is m_1's meta
+    second_run.reset();
     test::write_bytes(dir / "m_1-0.ckpt", std::vector<char>(10, 'x'));
     StepManager third(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepLast{2});
     REQUIRE(third.run_prefix() == "m_2");
@@ -233,13 +235,17 @@ TEST_CASE("every run in scope: a run's graph.meta goes with its last checkpoint,
     }));
 }
 
-TEST_CASE("runs of one prefix saving at once keep the newest checkpoint and their meta files") {
+TEST_CASE("runs of one prefix saving at once, unlocked, keep the newest checkpoint and their meta files") {
+    // Without the series' lock (ManagerOptions::lock false, or a file system without flock),
+    // two jobs may write one series at once; retention still loses neither's newest state.
     TempDir dir;
     TinyNet net;
     auto step = [](std::int64_t s) { return ckpt::Progress::at_iteration(s); };
-    StepManager a(dir.path(), "c", ckpt::EverySteps{1}, ckpt::KeepLast{1});
+    ckpt::ManagerOptions unlocked;
+    unlocked.lock = false;
+    StepManager a(dir.path(), "c", ckpt::EverySteps{1}, ckpt::KeepLast{1}, {}, unlocked);
     a.on_step(step(1), net);
-    StepManager b(dir.path(), "c", ckpt::EverySteps{1}, ckpt::KeepLast{1});
+    StepManager b(dir.path(), "c", ckpt::EverySteps{1}, ckpt::KeepLast{1}, {}, unlocked);
     REQUIRE(b.run_prefix() == "c_1");
     b.on_step(step(2), net);  // run c's only checkpoint goes, and its meta with it
     CHECK(test::names_in(dir.path()) == std::vector<std::string>{"c_1-2.ckpt", "c_1-graph.meta"});
@@ -277,10 +283,14 @@ TEST_CASE("the file restore() loaded stays until the manager has saved a newer o
         p.step = p.global_step = global;
         return p;
     };
-    ckpt::CheckpointManager<ckpt::Never, ckpt::KeepAll, ckpt::LastWordsNaming> other(dir.path(), "ttp");
+    // another writer of the directory (the last words of other ranks, which take no lock)
+    ckpt::ManagerOptions unlocked;
+    unlocked.lock = false;
+    ckpt::CheckpointManager<ckpt::Never, ckpt::KeepAll, ckpt::LastWordsNaming> other(dir.path(), "ttp", {}, {}, {},
+                                                                                    unlocked);
     other.save(at(100), net);
     ckpt::CheckpointManager<ckpt::Never, ckpt::KeepLast, ckpt::LastWordsNaming> mgr(dir.path(), "ttp", {},
-                                                                                   ckpt::KeepLast{1});
+                                                                                   ckpt::KeepLast{1}, {}, unlocked);
     const auto restored = mgr.restore(net);
     REQUIRE(restored);
     CHECK(restored->file.name.global_step == 100);
@@ -346,30 +356,37 @@ TEST_CASE("exception saves write breakpoint files with their own run numbering")
     TinyNet net;
     ckpt::ManagerOptions o;
     o.exception_save = true;
-    SeedManager mgr(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, o);
     auto p = epoch_end(3);
     p.step = 17;
-    CHECK(mgr.on_exception(p, net)->filename() == "lenet-3_17_breakpoint.ckpt");
-    SeedManager again(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, o);
-    CHECK(again.on_exception(p, net)->filename() == "lenet_1-3_17_breakpoint.ckpt");
-    CHECK(again.run_prefix() == "lenet");  // regular saves still start at the plain prefix
+    {
+        SeedManager mgr(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, o);
+        CHECK(mgr.on_exception(p, net)->filename() == "lenet-3_17_breakpoint.ckpt");
+    }
+    {
+        SeedManager again(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5}, {}, o);
+        CHECK(again.on_exception(p, net)->filename() == "lenet_1-3_17_breakpoint.ckpt");
+        CHECK(again.run_prefix() == "lenet");  // regular saves still start at the plain prefix
+    }
     // no regular checkpoint: the newest exception save is the newest state
     CHECK(ckpt::latest(dir.path(), "lenet")->filename() == "lenet_1-3_17_breakpoint.ckpt");
     SeedManager off(dir.path(), "lenet", ckpt::EveryEpochs{1}, ckpt::KeepLast{5});
     CHECK_FALSE(off.on_exception(p, net));
 }
 
-TEST_CASE("stale temporaries of dead writers are removed when a manager starts") {
+TEST_CASE("stale temporaries are removed when a manager starts: its series' all, others' of dead writers") {
     TempDir dir;
     const pid_t child = ::fork();
     if (child == 0) ::_exit(0);
     ::waitpid(child, nullptr, 0);
     const std::string dead = ".m-1_1.ckpt.tmp-" + std::to_string(child) + "-0";
+    // of the series, by a live process: with the series' lock held, nobody else writes it
     const std::string live = ".m-1_2.ckpt.tmp-" + std::to_string(::getpid()) + "-0";
+    const std::string live_other = ".mq-1_2.ckpt.tmp-" + std::to_string(::getpid()) + "-0";
+    const std::string dead_other = ".mq-1_3.ckpt.tmp-" + std::to_string(child) + "-0";
     const std::string foreign = ".q-1_1.ckpt.tmp-" + std::to_string(child) + "-0";
-    for (const auto& n : {dead, live, foreign}) test::write_bytes(dir / n, {'x'});
+    for (const auto& n : {dead, live, live_other, dead_other, foreign}) test::write_bytes(dir / n, {'x'});
     ckpt::CheckpointManager mgr(dir.path(), "m", ckpt::EverySteps{1}, ckpt::KeepAll{});
-    CHECK(test::names_in(dir.path()) == std::vector<std::string>{live, foreign});
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{live_other, foreign});
     CHECK(mgr.run_prefix() == "m");  // temporaries never count as checkpoints
 }
 
@@ -387,7 +404,8 @@ TEST_CASE("make_manager maps CheckpointConfig onto the policies") {
         mgr.on_step(p, net);
     }
     mgr.on_train_end(p, net);
-    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"cfg-1_10.ckpt", "cfg-1_9.ckpt", "cfg-graph.meta"});
+    CHECK(test::names_in(dir.path()) ==
+          std::vector<std::string>{"cfg-1_10.ckpt", "cfg-1_9.ckpt", "cfg-graph.meta", "cfg.finished"});
     CHECK(ckpt::load_checkpoint(dir / "cfg-1_10.ckpt").get<int>("step_num") == 10);
 }
 
@@ -445,7 +463,7 @@ TEST_CASE("an async save writes what the state was when it was asked for") {
         std::fill(w.begin(), w.end(), -1.0f);  // the training step that follows the save
     }
     mgr.on_train_end(ckpt::Progress::at_iteration(3), state);  // waits for the save in flight
-    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"a-2.ckpt", "a-3.ckpt", "a-graph.meta"});
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"a-2.ckpt", "a-3.ckpt", "a-graph.meta", "a.finished"});
     for (std::int64_t s : {2, 3}) {
         const auto loaded = ckpt::load_checkpoint(dir / ("a-" + std::to_string(s) + ".ckpt"));
         const auto v = loaded.tensor("w").values<float>();
@@ -551,7 +569,8 @@ TEST_CASE("async saves while one is in flight: wait writes every one, skip drops
         CHECK(std::count_if(log.infos.begin(), log.infos.end(), [](const std::string& m) {
                   return m.find("skipped the checkpoint of global step") != std::string::npos;
               }) == 3);
-        CHECK(test::names_in(dir.path()) == std::vector<std::string>{"s-1.ckpt", "s-4.ckpt", "s-graph.meta"});
+        CHECK(test::names_in(dir.path()) ==
+              std::vector<std::string>{"s-1.ckpt", "s-4.ckpt", "s-graph.meta", "s.finished"});
         // the final state is never lost
         const auto loaded = ckpt::load_checkpoint(dir / "s-4.ckpt");
         const auto v = loaded.tensor("w").values<float>();

@@ -3,6 +3,8 @@
 // ignore an exception save, or find nothing because of the naming.
 #include <doctest/doctest.h>
 
+#include <optional>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -217,7 +219,8 @@ TEST_CASE("an exception save written after every regular checkpoint is what rest
     }
     CHECK(ckpt::latest(dir.path(), "bp", ckpt::StepNaming{})->filename() == "bp-5_breakpoint.ckpt");
     Counter resumed;
-    StepManager again(dir.path(), "bp", ckpt::EverySteps{3}, ckpt::KeepLast{2}, {}, o);
+    std::optional<StepManager> again_run;
+    StepManager& again = again_run.emplace(dir.path(), "bp", ckpt::EverySteps{3}, ckpt::KeepLast{2}, ckpt::StepNaming{}, o);
     auto r = again.restore(resumed);
     REQUIRE(r);
     CHECK(r->file.path.filename() == "bp-5_breakpoint.ckpt");
@@ -230,6 +233,7 @@ TEST_CASE("an exception save written after every regular checkpoint is what rest
     again.save(ckpt::Progress::at_iteration(resumed.iteration), resumed);
     CHECK(ckpt::latest(dir.path(), "bp", ckpt::StepNaming{})->filename() == "bp_1-6.ckpt");
     // An exception save older than the newest regular checkpoint is passed over.
+    again_run.reset();
     StepManager third(dir.path(), "bp", ckpt::EverySteps{3}, ckpt::KeepLast{2}, {}, o);
     Counter last;
     CHECK(third.restore(last)->file.path.filename() == "bp_1-6.ckpt");
@@ -263,7 +267,7 @@ TEST_CASE("on_train_end saves the final step whatever the save policy, but Never
     }
     auto p = ckpt::Progress::at_iteration(c.iteration);
     CHECK(every4.on_train_end(p, c)->filename() == "s-6.ckpt");
-    CHECK(test::names_in(dir / "a") == std::vector<std::string>{"s-4.ckpt", "s-6.ckpt", "s-graph.meta"});
+    CHECK(test::names_in(dir / "a") == std::vector<std::string>{"s-4.ckpt", "s-6.ckpt", "s-graph.meta", "s.finished"});
     CHECK_FALSE(every4.on_train_end(p, c));  // saved already
     ckpt::CheckpointManager<ckpt::Never, ckpt::KeepAll, ckpt::StepNaming> never(dir / "b", "s");
     CHECK_FALSE(never.on_train_end(p, c));

@@ -232,8 +232,8 @@ TEST_CASE("StepNaming and SingleFileNaming round-trip their names") {
 
 TEST_CASE("each naming policy gives its default retention scope") {
     using ckpt::RetentionScope;
-    // the seed's tree keeps every run's files; step names are bounded across restarts
-    CHECK(ckpt::default_retention_scope<ckpt::MindSporeNaming>() == RetentionScope::current_run);
+    // bounded across restarts with either naming (the seed's tree is current_run, by option)
+    CHECK(ckpt::default_retention_scope<ckpt::MindSporeNaming>() == RetentionScope::all_runs);
     CHECK(ckpt::default_retention_scope<ckpt::StepNaming>() == RetentionScope::all_runs);
     // one run only: the scopes are the same there
     CHECK(ckpt::default_retention_scope<ckpt::LastWordsNaming>() == RetentionScope::current_run);

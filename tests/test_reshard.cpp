@@ -350,7 +350,7 @@ TEST_CASE("with a durable level, each index follows its ranks' files there, and 
     CHECK(fault::latest_global_index(shared.path()) == durable[0].second);
     for (int r = 0; r < ranks; ++r)
         CHECK(test::names_in(rank_dir(shared.path(), r)) ==
-              std::vector<std::string>{"net-1_6.ckpt", "net-1_8.ckpt", "net-graph.meta"});
+              std::vector<std::string>{"net-1_6.ckpt", "net-1_8.ckpt", "net-graph.meta", "net.finished"});
 
     // the local level of every rank lost: the newest index is the durable one, and it loads on 2 ranks
     fs::remove_all(local.path());

@@ -183,6 +183,8 @@ struct SaveReport {
 ckpt::ManagerOptions checkpoint_options() {
     ckpt::ManagerOptions o;
     o.append_info = {"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
+    // the seed's tree: each run keeps its own five files (lenet-2 … 6, then lenet_1-7 … 10)
+    o.retention_scope = ckpt::RetentionScope::current_run;
     return o;
 }
 

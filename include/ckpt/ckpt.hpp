@@ -9,6 +9,7 @@
 //   codecs       NoCodec, Chain, Key; Zstd and AesGcm in zstd.hpp and
 //                aes_gcm.hpp (targets ckpt::zstd, ckpt::aes_gcm)          codec.hpp
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
+//   series       its lock (SeriesLocked), the record that it finished  series.hpp
 //   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
 //   errors       Error and its subclasses                               error.hpp
 //
@@ -38,5 +39,6 @@
 #include "preemption.hpp"
 #include "progress.hpp"
 #include "retention_policy.hpp"
+#include "series.hpp"
 #include "save_policy.hpp"
 #include "tensor.hpp"

@@ -56,6 +56,9 @@ constexpr std::string_view codec_name(CodecId c) {
 /// version 1, which every reader since the first one reads.
 inline constexpr std::uint32_t format_version = 2;
 inline constexpr std::uint32_t format_version_plain = 1;
+/// Format versions above this, in a header that fails its check, are taken for damage rather
+/// than for a newer writer's (decode_header).
+inline constexpr std::uint32_t max_plausible_format_version = 255;
 inline constexpr std::size_t max_codec_stages = 3;
 inline constexpr std::size_t header_size = 64;
 inline constexpr std::array<unsigned char, 8> file_magic = {0x89, 'C', 'K', 'P', 'T', '\r', '\n', 0x1a};
@@ -142,21 +145,34 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
     }
     FileHeader h;
     h.version = detail::get_le<std::uint32_t>(b + 8);
-    if (h.version < format_version_plain || h.version > format_version)
+    const bool header_checks = detail::get_le<std::uint64_t>(b + 56) == detail::xxh3(b, 56);
+    // A version this reader does not know is a newer writer's (whose header may be laid out
+    // otherwise, its check elsewhere), unless the number is one no writer would reach and the
+    // header fails its check here: a bit flipped in the version field.
+    if (h.version < format_version_plain || h.version > format_version) {
+        if (!header_checks && (h.version == 0 || h.version > max_plausible_format_version))
+            throw ChecksumError("checkpoint '" + path + "' has a corrupt header (format version field reads " +
+                                    std::to_string(h.version) + ", header check mismatch)",
+                                path);
         throw VersionError("checkpoint '" + path + "' has format version " + std::to_string(h.version) +
                                "; this reader knows versions 1 to " + std::to_string(format_version),
                            path);
-    if (detail::get_le<std::uint64_t>(b + 56) != detail::xxh3(b, 56))
+    }
+    if (!header_checks)
         throw ChecksumError("checkpoint '" + path + "' has a corrupt header (header check mismatch)", path);
     const auto kind = std::to_integer<std::uint32_t>(b[12]);
     if (kind > static_cast<std::uint32_t>(ArchiveKind::xml))
-        throw FormatError("checkpoint '" + path + "' names unknown archive kind " + std::to_string(kind), path);
+        throw VersionError("checkpoint '" + path + "' names archive kind " + std::to_string(kind) +
+                               ", which this version of ckpt does not know (written by a newer version?)",
+                           path);
     h.archive = static_cast<ArchiveKind>(kind);
     bool ended = false;
     for (std::size_t i = 0; i < max_codec_stages; ++i) {
         const auto id = std::to_integer<std::uint32_t>(b[13 + i]);
         if (id > static_cast<std::uint32_t>(CodecId::aes_256_gcm))
-            throw FormatError("checkpoint '" + path + "' names unknown codec " + std::to_string(id), path);
+            throw VersionError("checkpoint '" + path + "' names codec " + std::to_string(id) +
+                                   ", which this version of ckpt does not know (written by a newer version?)",
+                               path);
         h.codecs[i] = static_cast<CodecId>(id);
         if (id != 0 && (ended || h.version == format_version_plain))
             throw FormatError("checkpoint '" + path + "' has a malformed codec list (header bytes 13 to 15)", path);

@@ -26,6 +26,34 @@ namespace ckpt {
 struct SkippedCheckpoint {
     Path path;
     std::string reason;
+    /// Intact, but this program cannot read it: a newer format version, a dtype or codec it
+    /// lacks, or a key it was not given. Otherwise damaged (torn, truncated, altered).
+    bool unsupported = false;
+};
+
+/// What a lookup (restore(), latest(), resume_or_start, load_latest_resharded) does when the
+/// newest checkpoints cannot be used.
+enum class OnUnreadable {
+    /// A damaged checkpoint is passed over, with a warning, for the next older one. One that
+    /// this program cannot read (see SkippedCheckpoint::unsupported) stops the lookup with
+    /// UnreadableCheckpoints, as do checkpoints that exist when none of them can be used:
+    /// checkpoints are never taken for none, nor an older one for the newest.
+    refuse,
+    /// Every checkpoint that cannot be used is passed over, with a warning, for an older one,
+    /// or for none (a fresh start).
+    fall_back,
+};
+
+/// Checkpoints were found, but the newest cannot be read by this program, or none can be used
+/// (see OnUnreadable). The message names each file and why; files() has them.
+class UnreadableCheckpoints : public Error {
+public:
+    UnreadableCheckpoints(const std::string& what, std::vector<SkippedCheckpoint> files)
+        : Error(what), files_(std::move(files)) {}
+    const std::vector<SkippedCheckpoint>& files() const noexcept { return files_; }
+
+private:
+    std::vector<SkippedCheckpoint> files_;
 };
 
 namespace detail {
@@ -167,14 +195,24 @@ std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_v
     return out;
 }
 
-/// Checks that `file` is a whole, uncorrupted checkpoint whose header agrees with its name.
-/// Returns the reason it is not, or nothing when it is.
-inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
-    try {
-        file.header = verify_checkpoint(file.path);
-    } catch (const Error& e) {
-        return std::string(e.what());
-    }
+namespace detail {
+
+/// Whether `e`, thrown reading an intact file, says this program cannot read it (a newer
+/// format version, a dtype or codec it lacks, a key it was not given), rather than that the
+/// file is damaged.
+inline bool unsupported_here(const Error& e) {
+    return dynamic_cast<const VersionError*>(&e) || dynamic_cast<const KeyError*>(&e) ||
+           dynamic_cast<const ConfigError*>(&e);
+}
+
+/// Why a checkpoint cannot be used, and whether it is damaged or unsupported here.
+struct CheckpointIssue {
+    std::string why;
+    bool unsupported = false;
+};
+
+/// Why the verified header of `file` disagrees with its name, or nothing.
+inline std::optional<std::string> name_disagrees(const StoredCheckpoint& file) {
     if (!file.name.positioned) return std::nullopt;
     if (file.name.epoch_in_name) {
         if (file.header.epoch != file.name.epoch || file.header.step != file.name.step)
@@ -190,11 +228,85 @@ inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
     return std::nullopt;
 }
 
+/// checkpoint_problem(), saying also whether the file is unsupported here rather than damaged.
+inline std::optional<CheckpointIssue> checkpoint_issue(StoredCheckpoint& file) {
+    try {
+        file.header = verify_checkpoint(file.path);
+    } catch (const Error& e) {
+        return CheckpointIssue{e.what(), unsupported_here(e)};
+    }
+    if (auto why = name_disagrees(file)) return CheckpointIssue{*why, false};
+    return std::nullopt;
+}
+
+}  // namespace detail
+
+/// Checks that `file` is a whole, uncorrupted checkpoint whose header agrees with its name.
+/// Returns the reason it is not, or nothing when it is.
+inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
+    if (auto issue = detail::checkpoint_issue(file)) return issue->why;
+    return std::nullopt;
+}
+
 namespace detail {
 
-inline void note_skipped(const StoredCheckpoint& f, const std::string& why, std::vector<SkippedCheckpoint>* skipped) {
+inline void note_skipped(const StoredCheckpoint& f, const std::string& why, std::vector<SkippedCheckpoint>* skipped,
+                         bool unsupported = false) {
     detail::log(LogLevel::warning, "skipping checkpoint '" + f.path.string() + "': " + why);
-    if (skipped) skipped->push_back({f.path, why});
+    if (skipped) skipped->push_back({f.path, why, unsupported});
+}
+
+/// The checkpoints a lookup passes over, newest first, under its OnUnreadable rule.
+class PassedOver {
+public:
+    /// `series` names what is looked up ("prefix 'heat' in 'runs'"); `skipped`, when given,
+    /// gets every file passed over.
+    PassedOver(std::string series, OnUnreadable rule, std::vector<SkippedCheckpoint>* skipped)
+        : series_(std::move(series)), rule_(rule), skipped_(skipped) {}
+
+    /// `f` cannot be used: passed over, with a warning, or, when this program cannot read it
+    /// and the rule refuses, the lookup ends with UnreadableCheckpoints.
+    void add(const StoredCheckpoint& f, const CheckpointIssue& issue) {
+        if (issue.unsupported && rule_ == OnUnreadable::refuse) {
+            std::string before;
+            for (const auto& p : passed_) before += "; passed over before it, '" + p.path.string() + "': " + p.reason;
+            auto files = passed_;
+            files.push_back({f.path, issue.why, true});
+            throw UnreadableCheckpoints(
+                "checkpoint '" + f.path.string() + "' of " + series_ + " cannot be read by this program: " + issue.why +
+                    before + ". Not resuming from an older checkpoint, which would redo its steps: read it with a "
+                    "program that can (a newer ckpt, its codec, its key), or pass OnUnreadable::fall_back to resume "
+                    "from the newest checkpoint this program reads",
+                std::move(files));
+        }
+        note_skipped(f, issue.why, skipped_, issue.unsupported);
+        passed_.push_back({f.path, issue.why, issue.unsupported});
+    }
+
+    /// The lookup used none of the checkpoints it found: under the refusing rule, when it found
+    /// any, the lookup ends with UnreadableCheckpoints.
+    void none_used() const {
+        if (passed_.empty() || rule_ != OnUnreadable::refuse) return;
+        std::string list;
+        for (const auto& p : passed_) list += (list.empty() ? "" : "; ") + ("'" + p.path.string() + "': " + p.reason);
+        throw UnreadableCheckpoints(std::to_string(passed_.size()) + " checkpoint(s) of " + series_ +
+                                        " exist, but none can be used: " + list +
+                                        ". Not starting over, which would take them for none: repair or move them "
+                                        "away, or pass OnUnreadable::fall_back to start from the beginning",
+                                    passed_);
+    }
+
+    const std::vector<SkippedCheckpoint>& passed() const noexcept { return passed_; }
+
+private:
+    std::string series_;
+    OnUnreadable rule_;
+    std::vector<SkippedCheckpoint>* skipped_;
+    std::vector<SkippedCheckpoint> passed_;
+};
+
+inline std::string series_text(const fs::path& dir, std::string_view prefix) {
+    return "prefix '" + std::string(prefix) + "' in '" + dir.string() + "'";
 }
 
 /// The run number of `run_prefix` among the runs of `prefix` ("exp_2": 2), or -1.
@@ -245,8 +357,10 @@ std::optional<StoredCheckpoint> newer_breakpoint(const fs::path& dir, std::strin
 }  // namespace detail
 
 /// The newest valid checkpoint of `prefix` in `dir`, or nothing (also when `dir` does not
-/// exist). Newer files that fail verification are skipped, each with a warning and, when
-/// `skipped` is given, an entry saying why; older ones are tried in turn. An exception save
+/// exist). Newer files that are damaged are skipped, each with a warning and, when `skipped`
+/// is given, an entry saying why; older ones are tried in turn. A file this program cannot
+/// read (a newer format version), or files of which none verifies, end the lookup with
+/// UnreadableCheckpoints unless `on_unreadable` is OnUnreadable::fall_back. An exception save
 /// ("…_breakpoint.ckpt") written after every regular checkpoint is the newest state, and is
 /// returned (with a note saying so). When nothing of this naming is found but files of the
 /// prefix follow another naming, a warning names them. `opts` (the key of encrypted files)
@@ -254,11 +368,13 @@ std::optional<StoredCheckpoint> newer_breakpoint(const fs::path& dir, std::strin
 template <NamingPolicy N = detail::AnyRunNaming>
 std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                                   std::vector<SkippedCheckpoint>* skipped = nullptr,
-                                                  const LoadOptions& opts = {}) {
+                                                  const LoadOptions& opts = {},
+                                                  OnUnreadable on_unreadable = OnUnreadable::refuse) {
     auto files = list_checkpoints(dir, prefix, naming);
     std::optional<StoredCheckpoint> found;
+    detail::PassedOver passed(detail::series_text(dir, prefix), on_unreadable, skipped);
     for (auto it = files.rbegin(); it != files.rend() && !found; ++it) {
-        if (auto why = checkpoint_problem(*it)) detail::note_skipped(*it, *why, skipped);
+        if (auto issue = detail::checkpoint_issue(*it)) passed.add(*it, *issue);
         else found = std::move(*it);
     }
     if (auto bp = detail::newer_breakpoint(dir, prefix, naming, found, opts, skipped)) {
@@ -268,6 +384,7 @@ std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::strin
         return bp;
     }
     if (!found && files.empty()) detail::warn_unreadable(dir, prefix, naming);
+    if (!found) passed.none_used();
     return found;
 }
 
@@ -308,8 +425,9 @@ std::optional<Path> best(const PathArg& dir, std::string_view prefix, const std:
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
 template <NamingPolicy N = detail::AnyRunNaming>
 std::optional<Path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
-                               std::vector<SkippedCheckpoint>* skipped = nullptr) {
-    if (auto c = latest_checkpoint(dir, prefix, naming, skipped)) return c->path;
+                           std::vector<SkippedCheckpoint>* skipped = nullptr,
+                           OnUnreadable on_unreadable = OnUnreadable::refuse) {
+    if (auto c = latest_checkpoint(dir, prefix, naming, skipped, {}, on_unreadable)) return c->path;
     return std::nullopt;
 }
 

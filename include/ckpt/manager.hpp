@@ -24,6 +24,7 @@
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,7 @@
 #include "progress.hpp"
 #include "retention_policy.hpp"
 #include "save_policy.hpp"
+#include "series.hpp"
 
 namespace ckpt {
 
@@ -124,6 +126,15 @@ struct ManagerOptions {
     /// Set: checkpoints are copied in the background to a second, durable directory (see
     /// DurableLevel); restore() and latest() look at both.
     std::optional<DurableLevel> durable;
+    /// What restore() and latest() do when the newest checkpoints cannot be used: refuse
+    /// (UnreadableCheckpoints) when this program cannot read the newest, or when none of those
+    /// found can be used; or fall back to an older one, or to none (see OnUnreadable).
+    OnUnreadable on_unreadable = OnUnreadable::refuse;
+    /// Hold the series' lock ("{prefix}.lock" in each level's directory) for the manager's
+    /// lifetime, so that a second writer of the series is refused (SeriesLocked). false: no
+    /// lock, for a file system whose flock misbehaves; one job per series is then yours to
+    /// ensure, as on a file system without flock (docs/ROBUSTNESS.md).
+    bool lock = true;
 };
 
 /// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
@@ -131,6 +142,9 @@ struct ManagerOptions {
 struct Restored {
     StoredCheckpoint file;
     LoadReport report;
+    /// Set when the file is the final checkpoint of a series that finished (on_train_end): a
+    /// loop that runs to the same end has nothing left to do, and one that runs further goes on.
+    std::optional<FinishedRecord> finished;
 };
 
 namespace detail {
@@ -181,7 +195,7 @@ public:
         for (const auto& c : codecs_)
             if (!c.key.empty()) load_options_.key = c.key;
         if (options_.async_buffers == 0) throw ConfigError("async_buffers must be at least 1, got 0");
-        prepare_directory(dir_);
+        prepare_directory(dir_, lock_);
         if (const auto& d = options_.durable) {
             if (d->directory.empty()) throw ConfigError("the durable level of prefix '" + prefix_ + "' has no directory");
             if (d->every < 1) throw ConfigError("DurableLevel::every must be at least 1, got " + std::to_string(d->every));
@@ -189,14 +203,18 @@ public:
                 throw ConfigError("DurableLevel::max_bytes_per_second must be 0 (no limit) or positive, got " +
                                   std::to_string(d->max_bytes_per_second));
             durable_dir_ = d->directory;
-            prepare_directory(durable_dir_);
+            create_directory(durable_dir_);
             if (fs::equivalent(dir_, durable_dir_))
                 throw ConfigError("the durable level '" + durable_dir_.string() + "' is the checkpoint directory '" +
                                   dir_.string() + "' itself: give it a directory of its own");
+            prepare_directory(durable_dir_, durable_lock_);
             flusher_ = std::make_unique<detail::Flusher>(d->max_bytes_per_second);
         }
         // a run's files may be on either level (the local one lost, say): number runs after both
         run_prefix_ = naming_.run_prefix(prefix_, level_names(), SaveKind::regular);
+        boost::system::error_code ec;
+        drop_finished_ = fs::exists(dir_ / detail::finished_file_name(prefix_), ec) ||
+                         (flusher_ && fs::exists(durable_dir_ / detail::finished_file_name(prefix_), ec));
     }
 
     const fs::path& directory() const noexcept { return dir_; }
@@ -215,16 +233,59 @@ public:
     bool due_at(Progress& p, Event e) {
         background_.check();
         p.event = e;
+        stepped_ = true;
         return save_due(p);
     }
     /// At the end of training: whether to save the final step. It is saved unless it is saved
     /// already, with every save policy but Never: the end of training is the state most worth
-    /// keeping, and a job run again after it finished finds it.
+    /// keeping, and a job run again after it finished finds it. Saved already: by this run, or,
+    /// when this run took no step, by the checkpoint it started from (a finished job run again).
     bool due_at_train_end(Progress& p) {
         p.event = Event::train_end;
-        if (!save_due(p) && (std::is_same_v<S, Never> || last_saved_ == p.global_step)) return false;
+        if (last_saved_ && *last_saved_ == p.global_step) return false;
+        if (!stepped_)
+            if (auto held = newest_at(p)) {
+                final_file_ = held->path;
+                return false;
+            }
+        if (!save_due(p) && std::is_same_v<S, Never>) return false;
         background_.check();
         return true;
+    }
+
+    /// See CheckpointManager::on_train_end(): records that the series finished at `p` (after
+    /// wait_flushed()), naming the checkpoint that holds it.
+    void record_finished(const Progress& p, std::string_view arguments) {
+        std::optional<fs::path> file = final_file_;
+        if (last_file_ && last_progress_.global_step == p.global_step) file = last_file_;
+        if (!file) return;  // no checkpoint holds the end (the save policy is Never)
+        const bool durable = on_durable_level(*file);
+        const fs::path& level = durable ? durable_dir_ : dir_;
+        const std::string series = detail::series_text(dir_, prefix_);
+        try {
+            FinishedRecord r;
+            r.file = file->lexically_relative(level).generic_string();
+            r.body_hash = read_header(*file).body_hash;
+            if (auto before = read_finished(level, prefix_); before && before->file == r.file && before->body_hash == r.body_hash) {
+                detail::log(LogLevel::notice, series + " had already " + detail::finished_text(*before) +
+                                                  ": nothing saved, nothing deleted");
+                return;
+            }
+            r.epoch = p.epoch;
+            r.step = p.step;
+            r.global_step = p.global_step;
+            r.arguments = std::string(arguments);
+            r.finished = detail::utc_now_iso();
+            detail::write_finished(level, prefix_, r);
+            // the durable level's copy of the final checkpoint says so too
+            if (!durable && flusher_)
+                if (boost::system::error_code ec; fs::exists(durable_dir_ / r.file, ec) &&
+                                                  read_header(durable_dir_ / r.file).body_hash == r.body_hash)
+                    detail::write_finished(durable_dir_, prefix_, r);
+        } catch (const Error& e) {  // only a record: the checkpoint is durable, a re-run checks it
+            detail::log(LogLevel::warning, "cannot record that " + series + " finished at '" + file->string() +
+                                               "': " + e.what());
+        }
     }
 
     /// Blocks until every background save in flight is durable; rethrows the first error.
@@ -326,6 +387,7 @@ public:
             const auto start = std::chrono::steady_clock::now();
             const bool waited = background_.submit(dict, [this, file, p, copy, restored = restored_](const ParamDict& snap) {
                 write(file, p, snap, {prefix_, run_prefix_, {}});
+                drop_finished_record();
                 if (copy) queue_copy(file, p, restored);
                 apply_retention(file, p, restored);
             });
@@ -336,10 +398,12 @@ public:
             async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
             write(file, p, dict, {prefix_, run_prefix_, {}});
+            drop_finished_record();
             if (copy) queue_copy(file, p, restored_);
             apply_retention(file, p, restored_);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
+        final_file_.reset();
         save_.saved(p);
         return file;
     }
@@ -347,11 +411,12 @@ public:
     /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
     /// With a durable level, the newest on either level, the local copy first.
     std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        if (!flusher_) return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_);
+        if (!flusher_) return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_, options_.on_unreadable);
         auto files = level_checkpoints(nullptr);
         std::optional<StoredCheckpoint> found;
+        detail::PassedOver passed(series_text(), options_.on_unreadable, skipped);
         for (auto it = files.rbegin(); it != files.rend() && !found; ++it) {
-            if (auto why = checkpoint_problem(*it)) detail::note_skipped(*it, *why, skipped);
+            if (auto issue = detail::checkpoint_issue(*it)) passed.add(*it, *issue);
             else found = std::move(*it);
         }
         if (auto bp = newer_breakpoint(found, skipped)) {
@@ -360,6 +425,7 @@ public:
             return bp;
         }
         if (found) say_if_durable(*found, "the newest checkpoint is");
+        if (!found) passed.none_used();
         return found;
     }
 
@@ -368,33 +434,41 @@ public:
     std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
                                          bool values_are_copies, const detail::TargetShaper* shape) const {
         auto files = level_checkpoints(skipped);
+        detail::PassedOver passed(series_text(), options_.on_unreadable, skipped);
         std::optional<Restored> done;
         // Loads `f` (verified) into the target, or says why it cannot.
-        auto load = [&](StoredCheckpoint& f) -> std::optional<std::string> {
+        auto load = [&](StoredCheckpoint& f) -> std::optional<detail::CheckpointIssue> {
             try {
                 // the owner of an encoded body is read here, with the key (list_checkpoints
                 // checked the others)
                 if (f.header.encoded())
-                    if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name)) return why;
-                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies, shape)};
+                    if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name))
+                        return detail::CheckpointIssue{*why, false};
+                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies, shape), {}};
                 restored_ = f;
+                done->finished = finished_at(f);
+                say_restored(*done);
                 return std::nullopt;
-            } catch (const FormatError& e) {  // changed between verification and load
-                return std::string(e.what());
+            } catch (const FormatError& e) {  // changed between verification and load, or a dtype unknown here
+                return detail::CheckpointIssue{e.what(), detail::unsupported_here(e)};
+            } catch (const KeyError& e) {
+                return detail::CheckpointIssue{e.what(), true};
+            } catch (const ConfigError& e) {  // a codec this program lacks
+                return detail::CheckpointIssue{e.what(), true};
             }
         };
         bool placed_breakpoint = false;
         for (auto it = files.rbegin();; ++it) {
             const bool end = it == files.rend();
-            std::optional<std::string> why = end ? std::nullopt : checkpoint_problem(*it);
+            std::optional<detail::CheckpointIssue> issue = end ? std::nullopt : detail::checkpoint_issue(*it);
             // Once the newest regular checkpoint that verifies is known (or that there is none),
             // an exception save written after it is the newest state.
-            if (!placed_breakpoint && (end || !why)) {
+            if (!placed_breakpoint && (end || !issue)) {
                 placed_breakpoint = true;
                 const auto regular = end ? std::nullopt : std::optional<StoredCheckpoint>(*it);
                 if (auto bp = newer_breakpoint(regular, skipped)) {
                     if (auto failed = load(*bp)) {
-                        detail::note_skipped(*bp, *failed, skipped);
+                        passed.add(*bp, *failed);
                     } else {
                         detail::log(LogLevel::notice, "restored the exception save '" + bp->path.string() +
                                                           "', written after every regular checkpoint of prefix '" +
@@ -404,17 +478,22 @@ public:
                 }
             }
             if (end) break;
-            if (!why && !(why = load(*it))) {
+            if (!issue && !(issue = load(*it))) {
                 say_if_durable(*it, "restoring");
                 return done;
             }
-            detail::note_skipped(*it, *why, skipped);
+            passed.add(*it, *issue);
         }
         if (files.empty()) {
             detail::warn_unreadable(dir_, prefix_, naming_);
             detail::log(LogLevel::notice, "no checkpoint of prefix '" + prefix_ + "' in '" + dir_.string() +
                                               (flusher_ ? "' nor in '" + durable_dir_.string() : std::string()) +
                                               "': starting from the beginning");
+        } else {
+            passed.none_used();
+            detail::log(LogLevel::notice, "none of the " + std::to_string(passed.passed().size()) + " checkpoint(s) of " +
+                                              series_text() + " can be used (OnUnreadable::fall_back): starting from "
+                                              "the beginning");
         }
         return std::nullopt;
     }
@@ -476,9 +555,10 @@ private:
         return bp;
     }
 
-    bool on_durable_level(const StoredCheckpoint& f) const {
-        return flusher_ && f.path.string().starts_with(durable_dir_.string() + "/");
+    bool on_durable_level(const fs::path& file) const {
+        return flusher_ && file.string().starts_with(durable_dir_.string() + "/");
     }
+    bool on_durable_level(const StoredCheckpoint& f) const { return on_durable_level(f.path); }
 
     /// Says so when `f`, the file taken, is the durable level's: the local level lost it or
     /// holds a damaged copy.
@@ -492,15 +572,90 @@ private:
                                           " and nothing newer that verifies");
     }
 
-    /// Creates `dir` when missing and removes the temporaries crashed writers of this prefix left.
-    void prepare_directory(const fs::path& dir) const {
+    /// Creates `dir` when missing, takes the series' lock there (`lock`), and removes the
+    /// temporaries crashed writers left: every one of the series once the lock is held (no
+    /// other writer of it can be writing them), others only when their writer is gone.
+    void prepare_directory(const fs::path& dir, detail::SeriesLock& lock) const {
+        create_directory(dir);
+        if (options_.lock) lock = detail::SeriesLock(dir, prefix_);
+        detail::remove_stale_temporaries(dir, prefix_, [&](std::string_view final_name) {
+            return lock.held() && is_series_file(final_name);
+        });
+    }
+
+    static void create_directory(const fs::path& dir) {
         boost::system::error_code ec;
         fs::create_directories(dir, ec);
         if (ec || !fs::is_directory(dir))
             throw IoError("cannot create checkpoint directory '" + dir.string() + "': " +
                               (ec ? ec.message() : std::string("a file of that name exists")),
                           dir.string(), ec.value());
-        detail::remove_stale_temporaries(dir, prefix_);
+    }
+
+    /// Whether `name`, in a level's directory, is one of the series' files: a checkpoint, a
+    /// run's meta file, or the record that it finished.
+    bool is_series_file(std::string_view name) const {
+        if (naming_.parse(prefix_, name) || name == detail::finished_file_name(prefix_)) return true;
+        constexpr std::string_view meta_tail = "-graph.meta";
+        if (!name.ends_with(meta_tail)) return false;
+        const std::string run(name.substr(0, name.size() - meta_tail.size()));
+        return detail::run_number(prefix_, run) >= 0 && naming_.meta_name(run) == name;
+    }
+
+    std::string series_text() const {
+        return detail::series_text(dir_, prefix_) + (flusher_ ? " (and '" + durable_dir_.string() + "')" : "");
+    }
+
+    /// The record that the series finished, when `f` (just loaded) is the checkpoint it names.
+    std::optional<FinishedRecord> finished_at(const StoredCheckpoint& f) const {
+        const fs::path& level = on_durable_level(f) ? durable_dir_ : dir_;
+        auto record = read_finished(level, prefix_);
+        if (!record || (level / record->file).lexically_normal() != fs::path(f.path).lexically_normal() ||
+            record->body_hash != f.header.body_hash)
+            return std::nullopt;
+        return record;
+    }
+
+    /// Says which file restore() loaded, at which position, and whether the series finished there.
+    void say_restored(const Restored& r) const {
+        const auto& f = r.file;
+        std::string text = "restored '" + f.path.string() + "': epoch " + std::to_string(f.header.epoch) + ", step " +
+                           std::to_string(f.header.step);
+        if (!f.name.epoch_in_name && f.name.positioned) text += " (global step " + std::to_string(f.name.global_step) + ")";
+        if (r.finished)
+            text += "; " + detail::series_text(dir_, prefix_) + " " + detail::finished_text(*r.finished) +
+                    ": a loop run to that end again has nothing left to do";
+        detail::log(LogLevel::notice, text);
+    }
+
+    /// The newest checkpoint of the series, when it holds position `p` (a run that took no
+    /// step since it was restored, or since it started).
+    std::optional<StoredCheckpoint> newest_at(const Progress& p) const {
+        std::optional<StoredCheckpoint> newest = restored_;
+        if (!newest) {
+            try {
+                newest = latest();
+            } catch (const Error&) {
+                return std::nullopt;
+            }
+        }
+        if (!newest || newest->header.epoch != p.epoch || newest->header.step != p.step ||
+            (newest->name.positioned && !newest->name.epoch_in_name && newest->name.global_step != p.global_step))
+            return std::nullopt;
+        return newest;
+    }
+
+    /// Removes the record that the series finished, once a newer checkpoint is durable (a run
+    /// that goes on past the end it records). On the writer thread with async_save.
+    void drop_finished_record() const {
+        if (!drop_finished_.exchange(false)) return;
+        for (const fs::path* level : {&dir_, flusher_ ? &durable_dir_ : nullptr}) {
+            if (!level) continue;
+            boost::system::error_code ec;
+            fs::remove(*level / detail::finished_file_name(prefix_), ec);
+            if (ec) detail::log(LogLevel::warning, "cannot remove the record that " + detail::series_text(*level, prefix_) +
+                                                       " finished: " + ec.message());
+        }
     }
 
     /// The names on every level: the local one's, and the durable one's.
@@ -750,6 +905,8 @@ private:
 
     fs::path dir_;
     std::string prefix_;
+    // the series' locks, on each level; released after the copier and the writer are drained
+    detail::SeriesLock lock_, durable_lock_;
     S save_;
     R retention_;
     N naming_;
@@ -759,6 +916,9 @@ private:
     std::string run_prefix_;
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;
+    bool stepped_ = false;                   // on_step or on_epoch_end called: the state changed
+    std::optional<fs::path> final_file_;     // the checkpoint that holds the end, when this run saved none
+    mutable std::atomic<bool> drop_finished_{false};  // a record that the series finished is to go
     bool meta_written_ = false;
     // What restore() last loaded; read on the training thread only (a save hands a copy to
     // its retention).
@@ -836,13 +996,18 @@ public:
         if (!due_at(p, Event::epoch_end)) return std::nullopt;
         return save_state(p, detail::collect_state(state));
     }
-    /// Saves the final step unless it is saved already (every save policy but Never), then
-    /// waits for every background save to be durable.
+    /// Saves the final step unless it is saved already (every save policy but Never), waits
+    /// for every background save to be durable, then records that the series finished there
+    /// ("{prefix}.finished": the final checkpoint, its position and `arguments`, what the loop
+    /// was given, such as "epochs=10"). Saved already: by this run, or by the checkpoint a run
+    /// that took no step started from, which is how a finished job run again ends with nothing
+    /// saved and nothing deleted.
     template <class State>
-    std::optional<Path> on_train_end(Progress p, State&& state) {
+    std::optional<Path> on_train_end(Progress p, State&& state, std::string_view arguments = {}) {
         std::optional<Path> file;
         if (due_at_train_end(p)) file = save_state(p, detail::collect_state(state));
         wait_flushed();
+        record_finished(p, arguments);
         return file;
     }
     /// Blocks until every background save in flight is durable; rethrows the first error.
@@ -915,6 +1080,7 @@ public:
 private:
     bool due_at(Progress& p, Event e);
     bool due_at_train_end(Progress& p);
+    void record_finished(const Progress& p, std::string_view arguments);
     void check_background();
     Path save_state(const Progress& p, ParamDict dict);
     Path save_exception(const Progress& p, ParamDict dict);
@@ -1011,6 +1177,11 @@ bool CheckpointManager<S, R, N, A, C>::due_at(Progress& p, Event e) { return cor
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 bool CheckpointManager<S, R, N, A, C>::due_at_train_end(Progress& p) { return core_->due_at_train_end(p); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::record_finished(const Progress& p, std::string_view arguments) {
+    core_->record_finished(p, arguments);
+}
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 void CheckpointManager<S, R, N, A, C>::check_background() { core_->check_background(); }

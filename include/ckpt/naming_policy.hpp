@@ -18,10 +18,11 @@
 //
 // Members: MindSporeNaming (the seed's), StepNaming, LastWordsNaming (the seed's last-words
 // layout) and SingleFileNaming (one file, replaced at every save: the do-nothing member).
-// Retention scope by default: MindSporeNaming the current run (the seed's tree, where every
-// run keeps its own files); StepNaming every run of the prefix (a bound on the disk that holds
-// across restarts, like Orbax's max_to_keep). LastWordsNaming and SingleFileNaming have a
-// single run, so both scopes are the same there.
+// Retention scope by default: every run of the prefix, for MindSporeNaming and StepNaming (a
+// bound on the disk that holds across restarts, like Orbax's max_to_keep; a job killed and
+// started again 12 times keeps what its policy says, not that much per restart). The seed's
+// tree, where every run keeps its own files, is RetentionScope::current_run. LastWordsNaming
+// and SingleFileNaming have a single run, so both scopes are the same there.
 
 #include <charconv>
 #include <concepts>
@@ -236,9 +237,10 @@ struct GlobalStepPosition {
 /// for exception saves, and "{prefix}-graph.meta". A second run with the same prefix in the
 /// same directory uses "{prefix}_1-…", then "{prefix}_2-…", as MindSpore's code does (its
 /// tutorial's tree shows "lenet-1-7_1875.ckpt", which the code never writes).
-/// Retention manages the current run's files only (the seed's tree keeps each run's files).
+/// Retention manages every run's files (a bound across restarts); the seed's tree, which keeps
+/// each run's files, is ManagerOptions::retention_scope = RetentionScope::current_run.
 struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {
-    static constexpr RetentionScope retention_scope = RetentionScope::current_run;
+    static constexpr RetentionScope retention_scope = RetentionScope::all_runs;
 };
 
 /// Names by the global step: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception

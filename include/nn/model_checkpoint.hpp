@@ -64,8 +64,12 @@ public:
         save_deferred_step(ctx);
         if (auto f = manager_.on_epoch_end(ctx.progress(ckpt::Event::epoch_end), ctx.state)) last_ = f;
     }
+    /// Saves the final step unless it is saved, and records that the series finished, with
+    /// the epochs the run was given.
     void on_train_end(RunContext& ctx) {
-        if (auto f = manager_.on_train_end(ctx.progress(ckpt::Event::train_end), ctx.state)) last_ = f;
+        const std::string arguments = "epochs=" + std::to_string(ctx.epochs) + " steps_per_epoch=" +
+                                      std::to_string(ctx.steps_per_epoch);
+        if (auto f = manager_.on_train_end(ctx.progress(ckpt::Event::train_end), ctx.state, arguments)) last_ = f;
     }
     /// Writes "{prefix}-{epoch}_{step}_breakpoint.ckpt" when exception_save is on, unless the
     /// failure struck inside an optimizer update (then the state is torn and is not saved).

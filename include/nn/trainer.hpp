@@ -28,6 +28,7 @@
 
 #include "../ckpt/checkpoint.hpp"
 #include "../ckpt/latest.hpp"
+#include "../ckpt/series.hpp"
 #include "../ckpt/log.hpp"
 #include "../ckpt/naming_policy.hpp"
 #include "callbacks.hpp"
@@ -61,6 +62,9 @@ struct ResumePoint {
     std::int64_t initial_step = 0;
     std::int64_t global_step = 0;
     ckpt::ParamDict rest;  ///< the checkpoint's other values (epoch_num, lr, …)
+    /// Set when `file` is the final checkpoint of a series that finished: a run given as many
+    /// epochs has nothing left to train, one given more goes on.
+    std::optional<ckpt::FinishedRecord> finished;
 };
 
 template <Network Net, Optimizer Opt, class Data = MnistDataset, class Loss = SoftmaxCrossEntropyWithLogits>
@@ -75,12 +79,16 @@ public:
     /// Trains epochs initial_epoch + 1 … epochs (the seed's Model.train), starting the first
     /// of them at the data set's init step. `cbs` is one callback or nn::callbacks(a, b, …).
     /// On an exception, every callback's on_exception runs (ModelCheckpoint writes the
-    /// breakpoint file), then the exception propagates.
+    /// breakpoint file), then the exception propagates. A run resumed at or past the end
+    /// (a finished job run again) trains nothing and says so; its callbacks see the train's
+    /// beginning and end at the position resumed from (ModelCheckpoint saves nothing there).
     template <class Cbs = std::tuple<>>
     void train(std::int64_t epochs, Data& data, Cbs&& cbs = {}, std::int64_t initial_epoch = 0) {
-        if (initial_epoch < 0 || initial_epoch >= epochs)
-            throw ckpt::ConfigError("initial_epoch " + std::to_string(initial_epoch) + " leaves nothing to train: epochs is " +
-                                    std::to_string(epochs) + " (the last epoch to train, counted from 1)");
+        if (epochs < 1 || initial_epoch < 0)
+            throw ckpt::ConfigError("train(" + std::to_string(epochs) + " epochs, initial_epoch " +
+                                    std::to_string(initial_epoch) +
+                                    "): epochs is the last epoch to train, counted from 1, and initial_epoch the "
+                                    "epochs done, at least 0");
         const std::int64_t steps = data.steps_per_epoch();
         if (steps < 1) throw DataError("the data set yields no batch (size " + std::to_string(data.size()) + ")");
         check_input(data);
@@ -91,6 +99,14 @@ public:
         ctx.steps_per_epoch = steps;
         ctx.rank = rank_;
         ctx.global_step = initial_epoch * steps + init_step;
+        if (initial_epoch >= epochs) {  // where the resumed checkpoint stands
+            ctx.epoch = init_step ? initial_epoch + 1 : initial_epoch;
+            ctx.step = init_step ? init_step : steps;
+            ckpt::detail::log(ckpt::LogLevel::notice,
+                              "nothing left to train: epoch " + std::to_string(ctx.epoch) + ", step " +
+                                  std::to_string(ctx.step) + " is done, and this run trains " +
+                                  std::to_string(epochs) + " epoch(s)");
+        }
         ctx.state = [this, &data, &ctx] {
             ckpt::ParamDict d = state_dict(data);
             d.set("trainer.epoch", ctx.epoch);
@@ -228,13 +244,16 @@ public:
         return rp;
     }
 
-    /// Resumes from the newest valid checkpoint of `prefix` in `dir` (corrupt files are
-    /// skipped, with a warning), or starts fresh when there is none, saying so. Without a
+    /// Resumes from the newest valid checkpoint of `prefix` in `dir` (damaged files are
+    /// skipped, with a warning), or starts fresh when there is none, saying so. Checkpoints
+    /// that exist but cannot be used (a newer format version; none that verifies) end it with
+    /// ckpt::UnreadableCheckpoints unless `on_unreadable` is OnUnreadable::fall_back. Without a
     /// naming it finds MindSporeNaming's and StepNaming's names; `opts.key` opens encrypted
     /// files.
     template <ckpt::NamingPolicy N = ckpt::detail::AnyRunNaming>
     ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data, const N& naming = {},
-                                const ckpt::LoadOptions& opts = {}) {
+                                const ckpt::LoadOptions& opts = {},
+                                ckpt::OnUnreadable on_unreadable = ckpt::OnUnreadable::refuse) {
         if (prefix.find('/') != std::string_view::npos)
             throw ckpt::ConfigError("resume_or_start: prefix '" + std::string(prefix) +
                                     "' holds '/': the directory comes first, then the prefix");
@@ -243,8 +262,17 @@ public:
                                                           "': starting from the beginning");
             return {};
         }
-        if (auto latest = ckpt::latest_checkpoint(dir, prefix, naming, nullptr, opts))
-            return resume_from(latest->path, data, opts);
+        if (auto latest = ckpt::latest_checkpoint(dir, prefix, naming, nullptr, opts, on_unreadable)) {
+            ResumePoint rp = resume_from(latest->path, data, opts);
+            if (auto record = ckpt::read_finished(dir, prefix);
+                record && dir / record->file == latest->path && record->body_hash == latest->header.body_hash) {
+                ckpt::detail::log(ckpt::LogLevel::notice, "resuming from '" + latest->path.string() + "': prefix '" +
+                                                              std::string(prefix) + "' in '" + dir.string() + "' " +
+                                                              ckpt::detail::finished_text(*record));
+                rp.finished = std::move(record);
+            }
+            return rp;
+        }
         ckpt::detail::log(ckpt::LogLevel::notice, "no checkpoint of prefix '" + std::string(prefix) + "' in '" +
                                                       dir.string() + "': starting from the beginning");
         return {};
@@ -261,7 +289,7 @@ public:
     ResumePoint resume_or_start(const Checkpoints& checkpoints, Data& data) {
         const auto& m = checkpoints.manager();
         using Naming = typename std::remove_cvref_t<decltype(m)>::naming_policy;
-        return resume_or_start(m.directory(), m.prefix(), data, Naming{}, m.load_options());
+        return resume_or_start(m.directory(), m.prefix(), data, Naming{}, m.load_options(), m.options().on_unreadable);
     }
 
 private:

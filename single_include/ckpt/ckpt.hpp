@@ -13,6 +13,7 @@
 //   codecs       NoCodec, Chain, Key; Zstd and AesGcm in zstd.hpp and
 //                aes_gcm.hpp (targets ckpt::zstd, ckpt::aes_gcm)          codec.hpp
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
+//   series       its lock (SeriesLocked), the record that it finished  series.hpp
 //   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
 //   errors       Error and its subclasses                               error.hpp
 //
@@ -988,6 +989,9 @@ constexpr std::string_view codec_name(CodecId c) {
 /// version 1, which every reader since the first one reads.
 inline constexpr std::uint32_t format_version = 2;
 inline constexpr std::uint32_t format_version_plain = 1;
+/// Format versions above this, in a header that fails its check, are taken for damage rather
+/// than for a newer writer's (decode_header).
+inline constexpr std::uint32_t max_plausible_format_version = 255;
 inline constexpr std::size_t max_codec_stages = 3;
 inline constexpr std::size_t header_size = 64;
 inline constexpr std::array<unsigned char, 8> file_magic = {0x89, 'C', 'K', 'P', 'T', '\r', '\n', 0x1a};
@@ -1074,21 +1078,34 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
     }
     FileHeader h;
     h.version = detail::get_le<std::uint32_t>(b + 8);
-    if (h.version < format_version_plain || h.version > format_version)
+    const bool header_checks = detail::get_le<std::uint64_t>(b + 56) == detail::xxh3(b, 56);
+    // A version this reader does not know is a newer writer's (whose header may be laid out
+    // otherwise, its check elsewhere), unless the number is one no writer would reach and the
+    // header fails its check here: a bit flipped in the version field.
+    if (h.version < format_version_plain || h.version > format_version) {
+        if (!header_checks && (h.version == 0 || h.version > max_plausible_format_version))
+            throw ChecksumError("checkpoint '" + path + "' has a corrupt header (format version field reads " +
+                                    std::to_string(h.version) + ", header check mismatch)",
+                                path);
         throw VersionError("checkpoint '" + path + "' has format version " + std::to_string(h.version) +
                                "; this reader knows versions 1 to " + std::to_string(format_version),
                            path);
-    if (detail::get_le<std::uint64_t>(b + 56) != detail::xxh3(b, 56))
+    }
+    if (!header_checks)
         throw ChecksumError("checkpoint '" + path + "' has a corrupt header (header check mismatch)", path);
     const auto kind = std::to_integer<std::uint32_t>(b[12]);
     if (kind > static_cast<std::uint32_t>(ArchiveKind::xml))
-        throw FormatError("checkpoint '" + path + "' names unknown archive kind " + std::to_string(kind), path);
+        throw VersionError("checkpoint '" + path + "' names archive kind " + std::to_string(kind) +
+                               ", which this version of ckpt does not know (written by a newer version?)",
+                           path);
     h.archive = static_cast<ArchiveKind>(kind);
     bool ended = false;
     for (std::size_t i = 0; i < max_codec_stages; ++i) {
         const auto id = std::to_integer<std::uint32_t>(b[13 + i]);
         if (id > static_cast<std::uint32_t>(CodecId::aes_256_gcm))
-            throw FormatError("checkpoint '" + path + "' names unknown codec " + std::to_string(id), path);
+            throw VersionError("checkpoint '" + path + "' names codec " + std::to_string(id) +
+                                   ", which this version of ckpt does not know (written by a newer version?)",
+                               path);
         h.codecs[i] = static_cast<CodecId>(id);
         if (id != 0 && (ended || h.version == format_version_plain))
             throw FormatError("checkpoint '" + path + "' has a malformed codec list (header bytes 13 to 15)", path);
@@ -2066,6 +2083,7 @@ LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = fa
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -2245,16 +2263,21 @@ private:
     bool committed_ = false;
 };
 
-/// Removes temporaries in `dir` whose name starts with ".{prefix}" and whose writer process
-/// is gone (a crash mid-save). Temporaries of live writers are left alone.
-inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefix) {
+/// Removes temporaries in `dir` whose name starts with ".{prefix}" and whose writer is gone:
+/// those whose final name `ours` says are of a series the caller holds the lock of, and the
+/// others whose writer process is gone (a crash mid-save). Temporaries of live writers of other
+/// series are left alone.
+inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefix,
+                                     const std::function<bool(std::string_view)>& ours = {}) {
     boost::system::error_code ec;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
         const std::string name = it->path().filename().string();
         if (name.size() < prefix.size() + 1 || name.compare(1, prefix.size(), prefix) != 0) continue;
         const auto pid = temporary_owner(name);
         if (!pid) continue;
-        if (::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH) continue;
+        const std::string_view final_name = std::string_view(name).substr(1, name.rfind(temp_marker) - 1);
+        const bool series = ours && ours(final_name);
+        if (!series && (::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH)) continue;
         if (::unlink(it->path().c_str()) == 0)
             log(LogLevel::info, "removed stale temporary '" + it->path().string() + "' left by process " +
                                     std::to_string(*pid));
@@ -2480,7 +2503,12 @@ private:
         std::uint32_t dtype = 0, rank = 0;
         ar_ >> make_nvp("dtype", dtype) >> make_nvp("rank", rank);
         const auto dt = dtype_from_code(dtype);
-        if (!dt) fail("tensor '" + e.name + "' has unknown dtype code " + std::to_string(dtype));
+        // the body passed its checksum before it is parsed: a code this reader lacks is a newer writer's
+        if (!dt)
+            throw VersionError("checkpoint '" + path_ + "': tensor '" + e.name + "' has dtype code " +
+                                   std::to_string(dtype) + ", which this version of ckpt does not know (" +
+                                   "written by a newer version?)",
+                               path_);
         if (rank > max_tensor_rank)
             fail("tensor '" + e.name + "' has rank " + std::to_string(rank) + " (at most " +
                  std::to_string(max_tensor_rank) + ")");
@@ -3723,6 +3751,7 @@ CKPT_INLINE LoadReport load_checkpoint_into(const PathArg& file, ParamDict& targ
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -4280,10 +4309,11 @@ private:
 //
 // Members: MindSporeNaming (the seed's), StepNaming, LastWordsNaming (the seed's last-words
 // layout) and SingleFileNaming (one file, replaced at every save: the do-nothing member).
-// Retention scope by default: MindSporeNaming the current run (the seed's tree, where every
-// run keeps its own files); StepNaming every run of the prefix (a bound on the disk that holds
-// across restarts, like Orbax's max_to_keep). LastWordsNaming and SingleFileNaming have a
-// single run, so both scopes are the same there.
+// Retention scope by default: every run of the prefix, for MindSporeNaming and StepNaming (a
+// bound on the disk that holds across restarts, like Orbax's max_to_keep; a job killed and
+// started again 12 times keeps what its policy says, not that much per restart). The seed's
+// tree, where every run keeps its own files, is RetentionScope::current_run. LastWordsNaming
+// and SingleFileNaming have a single run, so both scopes are the same there.
 
 #include <charconv>
 #include <concepts>
@@ -4496,9 +4526,10 @@ struct GlobalStepPosition {
 /// for exception saves, and "{prefix}-graph.meta". A second run with the same prefix in the
 /// same directory uses "{prefix}_1-…", then "{prefix}_2-…", as MindSpore's code does (its
 /// tutorial's tree shows "lenet-1-7_1875.ckpt", which the code never writes).
-/// Retention manages the current run's files only (the seed's tree keeps each run's files).
+/// Retention manages every run's files (a bound across restarts); the seed's tree, which keeps
+/// each run's files, is ManagerOptions::retention_scope = RetentionScope::current_run.
 struct MindSporeNaming : detail::RunNaming<detail::EpochStepPosition> {
-    static constexpr RetentionScope retention_scope = RetentionScope::current_run;
+    static constexpr RetentionScope retention_scope = RetentionScope::all_runs;
 };
 
 /// Names by the global step: "{prefix}-{global_step}.ckpt" ("…_breakpoint.ckpt" for exception
@@ -4880,6 +4911,34 @@ namespace ckpt {
 struct SkippedCheckpoint {
     Path path;
     std::string reason;
+    /// Intact, but this program cannot read it: a newer format version, a dtype or codec it
+    /// lacks, or a key it was not given. Otherwise damaged (torn, truncated, altered).
+    bool unsupported = false;
+};
+
+/// What a lookup (restore(), latest(), resume_or_start, load_latest_resharded) does when the
+/// newest checkpoints cannot be used.
+enum class OnUnreadable {
+    /// A damaged checkpoint is passed over, with a warning, for the next older one. One that
+    /// this program cannot read (see SkippedCheckpoint::unsupported) stops the lookup with
+    /// UnreadableCheckpoints, as do checkpoints that exist when none of them can be used:
+    /// checkpoints are never taken for none, nor an older one for the newest.
+    refuse,
+    /// Every checkpoint that cannot be used is passed over, with a warning, for an older one,
+    /// or for none (a fresh start).
+    fall_back,
+};
+
+/// Checkpoints were found, but the newest cannot be read by this program, or none can be used
+/// (see OnUnreadable). The message names each file and why; files() has them.
+class UnreadableCheckpoints : public Error {
+public:
+    UnreadableCheckpoints(const std::string& what, std::vector<SkippedCheckpoint> files)
+        : Error(what), files_(std::move(files)) {}
+    const std::vector<SkippedCheckpoint>& files() const noexcept { return files_; }
+
+private:
+    std::vector<SkippedCheckpoint> files_;
 };
 
 namespace detail {
@@ -5021,14 +5080,24 @@ std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_v
     return out;
 }
 
-/// Checks that `file` is a whole, uncorrupted checkpoint whose header agrees with its name.
-/// Returns the reason it is not, or nothing when it is.
-inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
-    try {
-        file.header = verify_checkpoint(file.path);
-    } catch (const Error& e) {
-        return std::string(e.what());
-    }
+namespace detail {
+
+/// Whether `e`, thrown reading an intact file, says this program cannot read it (a newer
+/// format version, a dtype or codec it lacks, a key it was not given), rather than that the
+/// file is damaged.
+inline bool unsupported_here(const Error& e) {
+    return dynamic_cast<const VersionError*>(&e) || dynamic_cast<const KeyError*>(&e) ||
+           dynamic_cast<const ConfigError*>(&e);
+}
+
+/// Why a checkpoint cannot be used, and whether it is damaged or unsupported here.
+struct CheckpointIssue {
+    std::string why;
+    bool unsupported = false;
+};
+
+/// Why the verified header of `file` disagrees with its name, or nothing.
+inline std::optional<std::string> name_disagrees(const StoredCheckpoint& file) {
     if (!file.name.positioned) return std::nullopt;
     if (file.name.epoch_in_name) {
         if (file.header.epoch != file.name.epoch || file.header.step != file.name.step)
@@ -5044,11 +5113,85 @@ inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
     return std::nullopt;
 }
 
+/// checkpoint_problem(), saying also whether the file is unsupported here rather than damaged.
+inline std::optional<CheckpointIssue> checkpoint_issue(StoredCheckpoint& file) {
+    try {
+        file.header = verify_checkpoint(file.path);
+    } catch (const Error& e) {
+        return CheckpointIssue{e.what(), unsupported_here(e)};
+    }
+    if (auto why = name_disagrees(file)) return CheckpointIssue{*why, false};
+    return std::nullopt;
+}
+
+}  // namespace detail
+
+/// Checks that `file` is a whole, uncorrupted checkpoint whose header agrees with its name.
+/// Returns the reason it is not, or nothing when it is.
+inline std::optional<std::string> checkpoint_problem(StoredCheckpoint& file) {
+    if (auto issue = detail::checkpoint_issue(file)) return issue->why;
+    return std::nullopt;
+}
+
 namespace detail {
 
-inline void note_skipped(const StoredCheckpoint& f, const std::string& why, std::vector<SkippedCheckpoint>* skipped) {
+inline void note_skipped(const StoredCheckpoint& f, const std::string& why, std::vector<SkippedCheckpoint>* skipped,
+                         bool unsupported = false) {
     detail::log(LogLevel::warning, "skipping checkpoint '" + f.path.string() + "': " + why);
-    if (skipped) skipped->push_back({f.path, why});
+    if (skipped) skipped->push_back({f.path, why, unsupported});
+}
+
+/// The checkpoints a lookup passes over, newest first, under its OnUnreadable rule.
+class PassedOver {
+public:
+    /// `series` names what is looked up ("prefix 'heat' in 'runs'"); `skipped`, when given,
+    /// gets every file passed over.
+    PassedOver(std::string series, OnUnreadable rule, std::vector<SkippedCheckpoint>* skipped)
+        : series_(std::move(series)), rule_(rule), skipped_(skipped) {}
+
+    /// `f` cannot be used: passed over, with a warning, or, when this program cannot read it
+    /// and the rule refuses, the lookup ends with UnreadableCheckpoints.
+    void add(const StoredCheckpoint& f, const CheckpointIssue& issue) {
+        if (issue.unsupported && rule_ == OnUnreadable::refuse) {
+            std::string before;
+            for (const auto& p : passed_) before += "; passed over before it, '" + p.path.string() + "': " + p.reason;
+            auto files = passed_;
+            files.push_back({f.path, issue.why, true});
+            throw UnreadableCheckpoints(
+                "checkpoint '" + f.path.string() + "' of " + series_ + " cannot be read by this program: " + issue.why +
+                    before + ". Not resuming from an older checkpoint, which would redo its steps: read it with a "
+                    "program that can (a newer ckpt, its codec, its key), or pass OnUnreadable::fall_back to resume "
+                    "from the newest checkpoint this program reads",
+                std::move(files));
+        }
+        note_skipped(f, issue.why, skipped_, issue.unsupported);
+        passed_.push_back({f.path, issue.why, issue.unsupported});
+    }
+
+    /// The lookup used none of the checkpoints it found: under the refusing rule, when it found
+    /// any, the lookup ends with UnreadableCheckpoints.
+    void none_used() const {
+        if (passed_.empty() || rule_ != OnUnreadable::refuse) return;
+        std::string list;
+        for (const auto& p : passed_) list += (list.empty() ? "" : "; ") + ("'" + p.path.string() + "': " + p.reason);
+        throw UnreadableCheckpoints(std::to_string(passed_.size()) + " checkpoint(s) of " + series_ +
+                                        " exist, but none can be used: " + list +
+                                        ". Not starting over, which would take them for none: repair or move them "
+                                        "away, or pass OnUnreadable::fall_back to start from the beginning",
+                                    passed_);
+    }
+
+    const std::vector<SkippedCheckpoint>& passed() const noexcept { return passed_; }
+
+private:
+    std::string series_;
+    OnUnreadable rule_;
+    std::vector<SkippedCheckpoint>* skipped_;
+    std::vector<SkippedCheckpoint> passed_;
+};
+
+inline std::string series_text(const fs::path& dir, std::string_view prefix) {
+    return "prefix '" + std::string(prefix) + "' in '" + dir.string() + "'";
 }
 
 /// The run number of `run_prefix` among the runs of `prefix` ("exp_2": 2), or -1.
@@ -5099,8 +5242,10 @@ std::optional<StoredCheckpoint> newer_breakpoint(const fs::path& dir, std::strin
 }  // namespace detail
 
 /// The newest valid checkpoint of `prefix` in `dir`, or nothing (also when `dir` does not
-/// exist). Newer files that fail verification are skipped, each with a warning and, when
-/// `skipped` is given, an entry saying why; older ones are tried in turn. An exception save
+/// exist). Newer files that are damaged are skipped, each with a warning and, when `skipped`
+/// is given, an entry saying why; older ones are tried in turn. A file this program cannot
+/// read (a newer format version), or files of which none verifies, end the lookup with
+/// UnreadableCheckpoints unless `on_unreadable` is OnUnreadable::fall_back. An exception save
 /// ("…_breakpoint.ckpt") written after every regular checkpoint is the newest state, and is
 /// returned (with a note saying so). When nothing of this naming is found but files of the
 /// prefix follow another naming, a warning names them. `opts` (the key of encrypted files)
@@ -5108,11 +5253,13 @@ std::optional<StoredCheckpoint> newer_breakpoint(const fs::path& dir, std::strin
 template <NamingPolicy N = detail::AnyRunNaming>
 std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                                   std::vector<SkippedCheckpoint>* skipped = nullptr,
-                                                  const LoadOptions& opts = {}) {
+                                                  const LoadOptions& opts = {},
+                                                  OnUnreadable on_unreadable = OnUnreadable::refuse) {
     auto files = list_checkpoints(dir, prefix, naming);
     std::optional<StoredCheckpoint> found;
+    detail::PassedOver passed(detail::series_text(dir, prefix), on_unreadable, skipped);
     for (auto it = files.rbegin(); it != files.rend() && !found; ++it) {
-        if (auto why = checkpoint_problem(*it)) detail::note_skipped(*it, *why, skipped);
+        if (auto issue = detail::checkpoint_issue(*it)) passed.add(*it, *issue);
         else found = std::move(*it);
     }
     if (auto bp = detail::newer_breakpoint(dir, prefix, naming, found, opts, skipped)) {
@@ -5122,6 +5269,7 @@ std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::strin
         return bp;
     }
     if (!found && files.empty()) detail::warn_unreadable(dir, prefix, naming);
+    if (!found) passed.none_used();
     return found;
 }
 
@@ -5162,8 +5310,9 @@ std::optional<Path> best(const PathArg& dir, std::string_view prefix, const std:
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
 template <NamingPolicy N = detail::AnyRunNaming>
 std::optional<Path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
-                               std::vector<SkippedCheckpoint>* skipped = nullptr) {
-    if (auto c = latest_checkpoint(dir, prefix, naming, skipped)) return c->path;
+                           std::vector<SkippedCheckpoint>* skipped = nullptr,
+                           OnUnreadable on_unreadable = OnUnreadable::refuse) {
+    if (auto c = latest_checkpoint(dir, prefix, naming, skipped, {}, on_unreadable)) return c->path;
     return std::nullopt;
 }
 
@@ -5259,6 +5408,290 @@ struct AnyOf {
 };
 
 }  // namespace ckpt
+// A series: the checkpoints of one prefix in one directory, and its life (docs/FORMAT.md §12).
+//
+// One writer at a time. A CheckpointManager holds an exclusive lock on "{dir}/{prefix}.lock"
+// for as long as it lives; a second writer of the same series (the same job started twice, a
+// second job given the same name) is refused with the holder named:
+//
+//   ckpt::SeriesLocked: prefix 'heat' in 'runs' is held by pid 4242 on host node17 since 2026-11-26 12:01:07 UTC
+//
+// The kernel releases the lock when its holder dies, however it dies; the next writer takes
+// the series over and says so.
+//
+// A series that ended says so. on_train_end() writes "{dir}/{prefix}.finished", naming the
+// final checkpoint, its position and what the loop was given; a later run that restores that
+// checkpoint learns the series is finished (Restored::finished), and a loop that runs to the
+// same end saves and deletes nothing.
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <boost/filesystem.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <chrono>
+#include <cstdint>
+#include <ctime>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+namespace ckpt {
+
+/// A series (directory, prefix) is held by another writer: another process, or another
+/// manager of this one. The message names the holder.
+class SeriesLocked : public ConfigError {
+public:
+    using ConfigError::ConfigError;
+};
+
+/// What "{prefix}.finished" records: the series ended at this checkpoint.
+struct FinishedRecord {
+    std::string file;             ///< the final checkpoint, relative to the series' directory
+    std::uint64_t body_hash = 0;  ///< its header's body checksum
+    std::int64_t epoch = 0, step = 0, global_step = 0;
+    std::string arguments;        ///< what the loop was given ("epochs=10"), as the program said
+    std::string finished;         ///< when, UTC ("2026-11-26T12:31:40Z")
+};
+
+namespace detail {
+
+inline std::string lock_file_name(std::string_view prefix) { return std::string(prefix) + ".lock"; }
+inline std::string finished_file_name(std::string_view prefix) { return std::string(prefix) + ".finished"; }
+
+/// "2026-11-26T12:01:07Z": now, UTC, to the second.
+inline std::string utc_now_iso() {
+    const std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+/// "2026-11-26T12:01:07Z" as "2026-11-26 12:01:07 UTC", for messages; other text as it is.
+inline std::string readable_time(std::string iso) {
+    if (iso.size() == 20 && iso[10] == 'T' && iso[19] == 'Z') return iso.substr(0, 10) + " " + iso.substr(11, 8) + " UTC";
+    return iso;
+}
+
+inline std::string host_name() {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+    return buf;
+}
+
+/// The "key value" lines of a series file (FORMAT.md §12): the first 4096 bytes, lines
+/// without a space left out.
+inline std::vector<std::pair<std::string, std::string>> parse_series_lines(std::string_view text) {
+    std::vector<std::pair<std::string, std::string>> out;
+    text = text.substr(0, 4096);
+    while (!text.empty()) {
+        const auto end = text.find('\n');
+        const std::string_view line = text.substr(0, end);
+        text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+        const auto space = line.find(' ');
+        if (space == std::string_view::npos) continue;
+        out.emplace_back(std::string(line.substr(0, space)), std::string(line.substr(space + 1)));
+    }
+    return out;
+}
+
+inline std::string series_value(const std::vector<std::pair<std::string, std::string>>& lines, std::string_view key) {
+    for (const auto& [k, v] : lines)
+        if (k == key) return v;
+    return {};
+}
+
+/// Reads at most 4096 bytes of `fd` from its start.
+inline std::string read_head(int fd) {
+    std::string text(4096, '\0');
+    ssize_t n;
+    do n = ::pread(fd, text.data(), text.size(), 0);
+    while (n < 0 && errno == EINTR);
+    text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    return text;
+}
+
+/// "pid 4242 on host node17 since 2026-11-26 12:01:07 UTC", from a lock file's lines; empty
+/// when they name no holder.
+inline std::string holder_text(const std::vector<std::pair<std::string, std::string>>& lines) {
+    const std::string pid = series_value(lines, "pid");
+    if (pid.empty()) return {};
+    std::string out = "pid " + pid;
+    if (const auto host = series_value(lines, "host"); !host.empty()) {
+        out += " on host " + host;
+        if (host == host_name() && pid == std::to_string(::getpid())) out += " (this process: another writer of it)";
+    }
+    if (const auto since = series_value(lines, "started"); !since.empty()) out += " since " + readable_time(since);
+    return out;
+}
+
+/// The exclusive lock of a series, held from construction to destruction (FORMAT.md §12.1).
+class SeriesLock {
+public:
+    SeriesLock() = default;
+
+    /// Takes the lock of `prefix` in `dir` (which must exist), or throws SeriesLocked naming
+    /// its holder. Unlocked (held() false), with a note, where the directory cannot be written
+    /// and holds no lock file, or where the file system has no flock.
+    SeriesLock(const fs::path& dir, std::string_view prefix) {
+        const fs::path file = dir / lock_file_name(prefix);
+        const std::string path = file.string();
+        const std::string series = "prefix '" + std::string(prefix) + "' in '" + dir.string() + "'";
+        int fd;
+        do fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        while (fd < 0 && errno == EINTR);
+        writable_ = fd >= 0;
+        if (fd < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) {
+            const int why = errno;
+            do fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+            while (fd < 0 && errno == EINTR);
+            if (fd < 0) {
+                log(LogLevel::info, series + " is not locked: its lock file '" + path + "' cannot be created (" +
+                                        errno_text(why) + "), so nothing can be saved there either");
+                return;
+            }
+        }
+        if (fd < 0) throw_io("open the lock file of " + series + ",", path);
+        fd_ = Fd(fd);
+        // Refused for a moment, the lock may be another's brief look (ckpt ls); asked again
+        // every 10 ms for 200 ms before the series counts as held.
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+        for (;;) {
+            if (::flock(fd_.get(), LOCK_EX | LOCK_NB) == 0) break;
+            const int err = errno;
+            if (err == EINTR) continue;
+            if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL || err == EBADF) {
+                log(LogLevel::warning, series + " is not locked: the file system of '" + dir.string() +
+                                           "' has no flock (" + errno_text(err) +
+                                           "); make sure no other job writes this series (docs/ROBUSTNESS.md)");
+                fd_.reset();
+                return;
+            }
+            if (err != EWOULDBLOCK) throw_io("lock", path, err);
+            if (std::chrono::steady_clock::now() >= give_up) {
+                const std::string holder = holder_text(parse_series_lines(read_head(fd_.get())));
+                throw SeriesLocked(series + " is held by " +
+                                   (holder.empty() ? "another writer, which has not said who it is yet" : holder) +
+                                   ": one job writes a series at a time; give this one another prefix or directory, "
+                                   "or stop the other first (" + path + ")");
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        held_ = true;
+        // A holder named in the file ended without releasing it: it was killed.
+        if (const std::string before = holder_text(parse_series_lines(read_head(fd_.get()))); !before.empty())
+            log(LogLevel::notice, "taking over " + series + " from " + before + ", which ended without releasing it");
+        if (!writable_) return;
+        const std::string text = "ckpt-lock 1\npid " + std::to_string(::getpid()) + "\nhost " + host_name() +
+                                 "\nstarted " + utc_now_iso() + "\n";
+        if (::ftruncate(fd_.get(), 0) != 0) throw_io("truncate", path);
+        pwrite_all(fd_.get(), text.data(), text.size(), 0, path);
+    }
+    SeriesLock(SeriesLock&&) noexcept = default;
+    SeriesLock& operator=(SeriesLock&& o) noexcept {
+        if (this != &o) {
+            release();
+            fd_ = std::move(o.fd_);
+            held_ = std::exchange(o.held_, false);
+            writable_ = o.writable_;
+        }
+        return *this;
+    }
+    ~SeriesLock() { release(); }
+
+    bool held() const noexcept { return held_; }
+
+private:
+    /// Says the series is free (an empty file), then closes it, which releases the lock.
+    void release() noexcept {
+        if (held_ && writable_) [[maybe_unused]] const int r = ::ftruncate(fd_.get(), 0);
+        held_ = false;
+        fd_.reset();
+    }
+
+    Fd fd_;
+    bool held_ = false;
+    bool writable_ = false;
+};
+
+}  // namespace detail
+
+/// The record of `prefix` in `dir` that the series finished, or nothing when there is none,
+/// it does not parse, or it is stale: its file is gone or holds another body than it names.
+/// Whether a newer checkpoint exists is the caller's to check.
+inline std::optional<FinishedRecord> read_finished(const PathArg& dir, std::string_view prefix) {
+    const fs::path path = dir / detail::finished_file_name(prefix);
+    int fd;
+    do fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) return std::nullopt;
+    const detail::Fd owned(fd);
+    const auto lines = detail::parse_series_lines(detail::read_head(fd));
+    if (detail::series_value(lines, "ckpt-finished") != "1") return std::nullopt;
+    FinishedRecord r;
+    r.file = detail::series_value(lines, "file");
+    r.arguments = detail::series_value(lines, "arguments");
+    r.finished = detail::series_value(lines, "finished");
+    const auto number = [&](std::string_view key, std::int64_t& out) {
+        const auto n = detail::parse_count(detail::series_value(lines, key));
+        if (n) out = *n;
+        return n.has_value();
+    };
+    const std::string hash = detail::series_value(lines, "body_xxh3");
+    if (r.file.empty() || hash.size() != 16 || !number("epoch", r.epoch) || !number("step", r.step) ||
+        !number("global_step", r.global_step))
+        return std::nullopt;
+    auto [ptr, ec] = std::from_chars(hash.data(), hash.data() + hash.size(), r.body_hash, 16);
+    if (ec != std::errc() || ptr != hash.data() + hash.size()) return std::nullopt;
+    // a name that leaves the directory is no file of the series
+    if (r.file.front() == '/' || r.file.find("..") != std::string::npos) return std::nullopt;
+    try {
+        if (read_header(dir / r.file).body_hash != r.body_hash) return std::nullopt;
+    } catch (const Error&) {
+        return std::nullopt;
+    }
+    return r;
+}
+
+namespace detail {
+
+/// Writes the record that `prefix` in `dir` finished with `record` (atomically, durably).
+inline void write_finished(const fs::path& dir, std::string_view prefix, const FinishedRecord& record) {
+    char hash[17];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(record.body_hash));
+    std::string arguments = record.arguments;
+    for (char& c : arguments)
+        if (c == '\n' || c == '\r') c = ' ';
+    const std::string text = "ckpt-finished 1\nfile " + record.file + "\nbody_xxh3 " + hash + "\nepoch " +
+                             std::to_string(record.epoch) + "\nstep " + std::to_string(record.step) +
+                             "\nglobal_step " + std::to_string(record.global_step) + "\narguments " + arguments +
+                             "\nfinished " + record.finished + "\n";
+    const fs::path file = dir / finished_file_name(prefix);
+    AtomicFile out(file);
+    write_all(out.fd(), text.data(), text.size(), file.string());
+    out.commit();
+}
+
+/// "finished at epoch 10, step 1875 (global step 18750) with 'epochs=10' on 2026-11-26 12:31:40 UTC".
+inline std::string finished_text(const FinishedRecord& r) {
+    return "finished at epoch " + std::to_string(r.epoch) + ", step " + std::to_string(r.step) + " (global step " +
+           std::to_string(r.global_step) + ")" + (r.arguments.empty() ? "" : " with '" + r.arguments + "'") +
+           (r.finished.empty() ? "" : " on " + readable_time(r.finished));
+}
+
+}  // namespace detail
+
+}  // namespace ckpt
 
 namespace ckpt {
 
@@ -5329,6 +5762,15 @@ struct ManagerOptions {
     /// Set: checkpoints are copied in the background to a second, durable directory (see
     /// DurableLevel); restore() and latest() look at both.
     std::optional<DurableLevel> durable;
+    /// What restore() and latest() do when the newest checkpoints cannot be used: refuse
+    /// (UnreadableCheckpoints) when this program cannot read the newest, or when none of those
+    /// found can be used; or fall back to an older one, or to none (see OnUnreadable).
+    OnUnreadable on_unreadable = OnUnreadable::refuse;
+    /// Hold the series' lock ("{prefix}.lock" in each level's directory) for the manager's
+    /// lifetime, so that a second writer of the series is refused (SeriesLocked). false: no
+    /// lock, for a file system whose flock misbehaves; one job per series is then yours to
+    /// ensure, as on a file system without flock (docs/ROBUSTNESS.md).
+    bool lock = true;
 };
 
 /// A checkpoint restore() loaded: which file, and what the load reported (report.rest holds
@@ -5336,6 +5778,9 @@ struct ManagerOptions {
 struct Restored {
     StoredCheckpoint file;
     LoadReport report;
+    /// Set when the file is the final checkpoint of a series that finished (on_train_end): a
+    /// loop that runs to the same end has nothing left to do, and one that runs further goes on.
+    std::optional<FinishedRecord> finished;
 };
 
 namespace detail {
@@ -5386,7 +5831,7 @@ public:
         for (const auto& c : codecs_)
             if (!c.key.empty()) load_options_.key = c.key;
         if (options_.async_buffers == 0) throw ConfigError("async_buffers must be at least 1, got 0");
-        prepare_directory(dir_);
+        prepare_directory(dir_, lock_);
         if (const auto& d = options_.durable) {
             if (d->directory.empty()) throw ConfigError("the durable level of prefix '" + prefix_ + "' has no directory");
             if (d->every < 1) throw ConfigError("DurableLevel::every must be at least 1, got " + std::to_string(d->every));
@@ -5394,14 +5839,18 @@ public:
                 throw ConfigError("DurableLevel::max_bytes_per_second must be 0 (no limit) or positive, got " +
                                   std::to_string(d->max_bytes_per_second));
             durable_dir_ = d->directory;
-            prepare_directory(durable_dir_);
+            create_directory(durable_dir_);
             if (fs::equivalent(dir_, durable_dir_))
                 throw ConfigError("the durable level '" + durable_dir_.string() + "' is the checkpoint directory '" +
                                   dir_.string() + "' itself: give it a directory of its own");
+            prepare_directory(durable_dir_, durable_lock_);
             flusher_ = std::make_unique<detail::Flusher>(d->max_bytes_per_second);
         }
         // a run's files may be on either level (the local one lost, say): number runs after both
         run_prefix_ = naming_.run_prefix(prefix_, level_names(), SaveKind::regular);
+        boost::system::error_code ec;
+        drop_finished_ = fs::exists(dir_ / detail::finished_file_name(prefix_), ec) ||
+                         (flusher_ && fs::exists(durable_dir_ / detail::finished_file_name(prefix_), ec));
     }
 
     const fs::path& directory() const noexcept { return dir_; }
@@ -5420,16 +5869,59 @@ public:
     bool due_at(Progress& p, Event e) {
         background_.check();
         p.event = e;
+        stepped_ = true;
         return save_due(p);
     }
     /// At the end of training: whether to save the final step. It is saved unless it is saved
     /// already, with every save policy but Never: the end of training is the state most worth
-    /// keeping, and a job run again after it finished finds it.
+    /// keeping, and a job run again after it finished finds it. Saved already: by this run, or,
+    /// when this run took no step, by the checkpoint it started from (a finished job run again).
     bool due_at_train_end(Progress& p) {
         p.event = Event::train_end;
-        if (!save_due(p) && (std::is_same_v<S, Never> || last_saved_ == p.global_step)) return false;
+        if (last_saved_ && *last_saved_ == p.global_step) return false;
+        if (!stepped_)
+            if (auto held = newest_at(p)) {
+                final_file_ = held->path;
+                return false;
+            }
+        if (!save_due(p) && std::is_same_v<S, Never>) return false;
         background_.check();
         return true;
+    }
+
+    /// See CheckpointManager::on_train_end(): records that the series finished at `p` (after
+    /// wait_flushed()), naming the checkpoint that holds it.
+    void record_finished(const Progress& p, std::string_view arguments) {
+        std::optional<fs::path> file = final_file_;
+        if (last_file_ && last_progress_.global_step == p.global_step) file = last_file_;
+        if (!file) return;  // no checkpoint holds the end (the save policy is Never)
+        const bool durable = on_durable_level(*file);
+        const fs::path& level = durable ? durable_dir_ : dir_;
+        const std::string series = detail::series_text(dir_, prefix_);
+        try {
+            FinishedRecord r;
+            r.file = file->lexically_relative(level).generic_string();
+            r.body_hash = read_header(*file).body_hash;
+            if (auto before = read_finished(level, prefix_); before && before->file == r.file && before->body_hash == r.body_hash) {
+                detail::log(LogLevel::notice, series + " had already " + detail::finished_text(*before) +
+                                                  ": nothing saved, nothing deleted");
+                return;
+            }
+            r.epoch = p.epoch;
+            r.step = p.step;
+            r.global_step = p.global_step;
+            r.arguments = std::string(arguments);
+            r.finished = detail::utc_now_iso();
+            detail::write_finished(level, prefix_, r);
+            // the durable level's copy of the final checkpoint says so too
+            if (!durable && flusher_)
+                if (boost::system::error_code ec; fs::exists(durable_dir_ / r.file, ec) &&
+                                                  read_header(durable_dir_ / r.file).body_hash == r.body_hash)
+                    detail::write_finished(durable_dir_, prefix_, r);
+        } catch (const Error& e) {  // only a record: the checkpoint is durable, a re-run checks it
+            detail::log(LogLevel::warning, "cannot record that " + series + " finished at '" + file->string() +
+                                               "': " + e.what());
+        }
     }
 
     /// Blocks until every background save in flight is durable; rethrows the first error.
@@ -5531,6 +6023,7 @@ public:
             const auto start = std::chrono::steady_clock::now();
             const bool waited = background_.submit(dict, [this, file, p, copy, restored = restored_](const ParamDict& snap) {
                 write(file, p, snap, {prefix_, run_prefix_, {}});
+                drop_finished_record();
                 if (copy) queue_copy(file, p, restored);
                 apply_retention(file, p, restored);
             });
@@ -5541,10 +6034,12 @@ public:
             async_stats_.max_blocked_seconds = std::max(async_stats_.max_blocked_seconds, blocked);
         } else {
             write(file, p, dict, {prefix_, run_prefix_, {}});
+            drop_finished_record();
             if (copy) queue_copy(file, p, restored_);
             apply_retention(file, p, restored_);
         }
         last_saved_ = p.global_step;  // only once the save is written (or handed over)
+        final_file_.reset();
         save_.saved(p);
         return file;
     }
@@ -5552,11 +6047,12 @@ public:
     /// The newest valid checkpoint of this prefix, across all runs (see latest_checkpoint()).
     /// With a durable level, the newest on either level, the local copy first.
     std::optional<StoredCheckpoint> latest(std::vector<SkippedCheckpoint>* skipped = nullptr) const {
-        if (!flusher_) return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_);
+        if (!flusher_) return latest_checkpoint(dir_, prefix_, naming_, skipped, load_options_, options_.on_unreadable);
         auto files = level_checkpoints(nullptr);
         std::optional<StoredCheckpoint> found;
+        detail::PassedOver passed(series_text(), options_.on_unreadable, skipped);
         for (auto it = files.rbegin(); it != files.rend() && !found; ++it) {
-            if (auto why = checkpoint_problem(*it)) detail::note_skipped(*it, *why, skipped);
+            if (auto issue = detail::checkpoint_issue(*it)) passed.add(*it, *issue);
             else found = std::move(*it);
         }
         if (auto bp = newer_breakpoint(found, skipped)) {
@@ -5565,6 +6061,7 @@ public:
             return bp;
         }
         if (found) say_if_durable(*found, "the newest checkpoint is");
+        if (!found) passed.none_used();
         return found;
     }
 
@@ -5573,33 +6070,41 @@ public:
     std::optional<Restored> restore_into(ParamDict& target, bool strict, std::vector<SkippedCheckpoint>* skipped,
                                          bool values_are_copies, const detail::TargetShaper* shape) const {
         auto files = level_checkpoints(skipped);
+        detail::PassedOver passed(series_text(), options_.on_unreadable, skipped);
         std::optional<Restored> done;
         // Loads `f` (verified) into the target, or says why it cannot.
-        auto load = [&](StoredCheckpoint& f) -> std::optional<std::string> {
+        auto load = [&](StoredCheckpoint& f) -> std::optional<detail::CheckpointIssue> {
             try {
                 // the owner of an encoded body is read here, with the key (list_checkpoints
                 // checked the others)
                 if (f.header.encoded())
-                    if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name)) return why;
-                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies, shape)};
+                    if (auto why = detail::foreign_owner(read_owner(f.path, load_options_), prefix_, f.name))
+                        return detail::CheckpointIssue{*why, false};
+                done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies, shape), {}};
                 restored_ = f;
+                done->finished = finished_at(f);
+                say_restored(*done);
                 return std::nullopt;
-            } catch (const FormatError& e) {  // changed between verification and load
-                return std::string(e.what());
+            } catch (const FormatError& e) {  // changed between verification and load, or a dtype unknown here
+                return detail::CheckpointIssue{e.what(), detail::unsupported_here(e)};
+            } catch (const KeyError& e) {
+                return detail::CheckpointIssue{e.what(), true};
+            } catch (const ConfigError& e) {  // a codec this program lacks
+                return detail::CheckpointIssue{e.what(), true};
             }
         };
         bool placed_breakpoint = false;
         for (auto it = files.rbegin();; ++it) {
             const bool end = it == files.rend();
-            std::optional<std::string> why = end ? std::nullopt : checkpoint_problem(*it);
+            std::optional<detail::CheckpointIssue> issue = end ? std::nullopt : detail::checkpoint_issue(*it);
             // Once the newest regular checkpoint that verifies is known (or that there is none),
             // an exception save written after it is the newest state.
-            if (!placed_breakpoint && (end || !why)) {
+            if (!placed_breakpoint && (end || !issue)) {
                 placed_breakpoint = true;
                 const auto regular = end ? std::nullopt : std::optional<StoredCheckpoint>(*it);
                 if (auto bp = newer_breakpoint(regular, skipped)) {
                     if (auto failed = load(*bp)) {
-                        detail::note_skipped(*bp, *failed, skipped);
+                        passed.add(*bp, *failed);
                     } else {
                         detail::log(LogLevel::notice, "restored the exception save '" + bp->path.string() +
                                                           "', written after every regular checkpoint of prefix '" +
@@ -5609,17 +6114,22 @@ public:
                 }
             }
             if (end) break;
-            if (!why && !(why = load(*it))) {
+            if (!issue && !(issue = load(*it))) {
                 say_if_durable(*it, "restoring");
                 return done;
             }
-            detail::note_skipped(*it, *why, skipped);
+            passed.add(*it, *issue);
         }
         if (files.empty()) {
             detail::warn_unreadable(dir_, prefix_, naming_);
             detail::log(LogLevel::notice, "no checkpoint of prefix '" + prefix_ + "' in '" + dir_.string() +
                                               (flusher_ ? "' nor in '" + durable_dir_.string() : std::string()) +
                                               "': starting from the beginning");
+        } else {
+            passed.none_used();
+            detail::log(LogLevel::notice, "none of the " + std::to_string(passed.passed().size()) + " checkpoint(s) of " +
+                                              series_text() + " can be used (OnUnreadable::fall_back): starting from "
+                                              "the beginning");
         }
         return std::nullopt;
     }
@@ -5681,9 +6191,10 @@ private:
         return bp;
     }
 
-    bool on_durable_level(const StoredCheckpoint& f) const {
-        return flusher_ && f.path.string().starts_with(durable_dir_.string() + "/");
+    bool on_durable_level(const fs::path& file) const {
+        return flusher_ && file.string().starts_with(durable_dir_.string() + "/");
     }
+    bool on_durable_level(const StoredCheckpoint& f) const { return on_durable_level(f.path); }
 
     /// Says so when `f`, the file taken, is the durable level's: the local level lost it or
     /// holds a damaged copy.
@@ -5697,15 +6208,90 @@ private:
                                           " and nothing newer that verifies");
     }
 
-    /// Creates `dir` when missing and removes the temporaries crashed writers of this prefix left.
-    void prepare_directory(const fs::path& dir) const {
+    /// Creates `dir` when missing, takes the series' lock there (`lock`), and removes the
+    /// temporaries crashed writers left: every one of the series once the lock is held (no
+    /// other writer of it can be writing them), others only when their writer is gone.
+    void prepare_directory(const fs::path& dir, detail::SeriesLock& lock) const {
+        create_directory(dir);
+        if (options_.lock) lock = detail::SeriesLock(dir, prefix_);
+        detail::remove_stale_temporaries(dir, prefix_, [&](std::string_view final_name) {
+            return lock.held() && is_series_file(final_name);
+        });
+    }
+
+    static void create_directory(const fs::path& dir) {
         boost::system::error_code ec;
         fs::create_directories(dir, ec);
         if (ec || !fs::is_directory(dir))
             throw IoError("cannot create checkpoint directory '" + dir.string() + "': " +
                               (ec ? ec.message() : std::string("a file of that name exists")),
                           dir.string(), ec.value());
-        detail::remove_stale_temporaries(dir, prefix_);
+    }
+
+    /// Whether `name`, in a level's directory, is one of the series' files: a checkpoint, a
+    /// run's meta file, or the record that it finished.
+    bool is_series_file(std::string_view name) const {
+        if (naming_.parse(prefix_, name) || name == detail::finished_file_name(prefix_)) return true;
+        constexpr std::string_view meta_tail = "-graph.meta";
+        if (!name.ends_with(meta_tail)) return false;
+        const std::string run(name.substr(0, name.size() - meta_tail.size()));
+        return detail::run_number(prefix_, run) >= 0 && naming_.meta_name(run) == name;
+    }
+
+    std::string series_text() const {
+        return detail::series_text(dir_, prefix_) + (flusher_ ? " (and '" + durable_dir_.string() + "')" : "");
+    }
+
+    /// The record that the series finished, when `f` (just loaded) is the checkpoint it names.
+    std::optional<FinishedRecord> finished_at(const StoredCheckpoint& f) const {
+        const fs::path& level = on_durable_level(f) ? durable_dir_ : dir_;
+        auto record = read_finished(level, prefix_);
+        if (!record || (level / record->file).lexically_normal() != fs::path(f.path).lexically_normal() ||
+            record->body_hash != f.header.body_hash)
+            return std::nullopt;
+        return record;
+    }
+
+    /// Says which file restore() loaded, at which position, and whether the series finished there.
+    void say_restored(const Restored& r) const {
+        const auto& f = r.file;
+        std::string text = "restored '" + f.path.string() + "': epoch " + std::to_string(f.header.epoch) + ", step " +
+                           std::to_string(f.header.step);
+        if (!f.name.epoch_in_name && f.name.positioned) text += " (global step " + std::to_string(f.name.global_step) + ")";
+        if (r.finished)
+            text += "; " + detail::series_text(dir_, prefix_) + " " + detail::finished_text(*r.finished) +
+                    ": a loop run to that end again has nothing left to do";
+        detail::log(LogLevel::notice, text);
+    }
+
+    /// The newest checkpoint of the series, when it holds position `p` (a run that took no
+    /// step since it was restored, or since it started).
+    std::optional<StoredCheckpoint> newest_at(const Progress& p) const {
+        std::optional<StoredCheckpoint> newest = restored_;
+        if (!newest) {
+            try {
+                newest = latest();
+            } catch (const Error&) {
+                return std::nullopt;
+            }
+        }
+        if (!newest || newest->header.epoch != p.epoch || newest->header.step != p.step ||
+            (newest->name.positioned && !newest->name.epoch_in_name && newest->name.global_step != p.global_step))
+            return std::nullopt;
+        return newest;
+    }
+
+    /// Removes the record that the series finished, once a newer checkpoint is durable (a run
+    /// that goes on past the end it records). On the writer thread with async_save.
+    void drop_finished_record() const {
+        if (!drop_finished_.exchange(false)) return;
+        for (const fs::path* level : {&dir_, flusher_ ? &durable_dir_ : nullptr}) {
+            if (!level) continue;
+            boost::system::error_code ec;
+            fs::remove(*level / detail::finished_file_name(prefix_), ec);
+            if (ec) detail::log(LogLevel::warning, "cannot remove the record that " + detail::series_text(*level, prefix_) +
+                                                       " finished: " + ec.message());
+        }
     }
 
     /// The names on every level: the local one's, and the durable one's.
@@ -5955,6 +6541,8 @@ private:
 
     fs::path dir_;
     std::string prefix_;
+    // the series' locks, on each level; released after the copier and the writer are drained
+    detail::SeriesLock lock_, durable_lock_;
     S save_;
     R retention_;
     N naming_;
@@ -5964,6 +6552,9 @@ private:
     std::string run_prefix_;
     std::string breakpoint_prefix_;
     std::optional<std::int64_t> last_saved_;
+    bool stepped_ = false;                   // on_step or on_epoch_end called: the state changed
+    std::optional<fs::path> final_file_;     // the checkpoint that holds the end, when this run saved none
+    mutable std::atomic<bool> drop_finished_{false};  // a record that the series finished is to go
     bool meta_written_ = false;
     // What restore() last loaded; read on the training thread only (a save hands a copy to
     // its retention).
@@ -6041,13 +6632,18 @@ public:
         if (!due_at(p, Event::epoch_end)) return std::nullopt;
         return save_state(p, detail::collect_state(state));
     }
-    /// Saves the final step unless it is saved already (every save policy but Never), then
-    /// waits for every background save to be durable.
+    /// Saves the final step unless it is saved already (every save policy but Never), waits
+    /// for every background save to be durable, then records that the series finished there
+    /// ("{prefix}.finished": the final checkpoint, its position and `arguments`, what the loop
+    /// was given, such as "epochs=10"). Saved already: by this run, or by the checkpoint a run
+    /// that took no step started from, which is how a finished job run again ends with nothing
+    /// saved and nothing deleted.
     template <class State>
-    std::optional<Path> on_train_end(Progress p, State&& state) {
+    std::optional<Path> on_train_end(Progress p, State&& state, std::string_view arguments = {}) {
         std::optional<Path> file;
         if (due_at_train_end(p)) file = save_state(p, detail::collect_state(state));
         wait_flushed();
+        record_finished(p, arguments);
         return file;
     }
     /// Blocks until every background save in flight is durable; rethrows the first error.
@@ -6120,6 +6716,7 @@ public:
 private:
     bool due_at(Progress& p, Event e);
     bool due_at_train_end(Progress& p);
+    void record_finished(const Progress& p, std::string_view arguments);
     void check_background();
     Path save_state(const Progress& p, ParamDict dict);
     Path save_exception(const Progress& p, ParamDict dict);
@@ -6216,6 +6813,11 @@ bool CheckpointManager<S, R, N, A, C>::due_at(Progress& p, Event e) { return cor
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 bool CheckpointManager<S, R, N, A, C>::due_at_train_end(Progress& p) { return core_->due_at_train_end(p); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::record_finished(const Progress& p, std::string_view arguments) {
+    core_->record_finished(p, arguments);
+}
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 void CheckpointManager<S, R, N, A, C>::check_background() { core_->check_background(); }

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -128,16 +129,21 @@ private:
     bool committed_ = false;
 };
 
-/// Removes temporaries in `dir` whose name starts with ".{prefix}" and whose writer process
-/// is gone (a crash mid-save). Temporaries of live writers are left alone.
-inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefix) {
+/// Removes temporaries in `dir` whose name starts with ".{prefix}" and whose writer is gone:
+/// those whose final name `ours` says are of a series the caller holds the lock of, and the
+/// others whose writer process is gone (a crash mid-save). Temporaries of live writers of other
+/// series are left alone.
+inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefix,
+                                     const std::function<bool(std::string_view)>& ours = {}) {
     boost::system::error_code ec;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
         const std::string name = it->path().filename().string();
         if (name.size() < prefix.size() + 1 || name.compare(1, prefix.size(), prefix) != 0) continue;
         const auto pid = temporary_owner(name);
         if (!pid) continue;
-        if (::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH) continue;
+        const std::string_view final_name = std::string_view(name).substr(1, name.rfind(temp_marker) - 1);
+        const bool series = ours && ours(final_name);
+        if (!series && (::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH)) continue;
         if (::unlink(it->path().c_str()) == 0)
             log(LogLevel::info, "removed stale temporary '" + it->path().string() + "' left by process " +
                                     std::to_string(*pid));

@@ -221,7 +221,12 @@ private:
         std::uint32_t dtype = 0, rank = 0;
         ar_ >> make_nvp("dtype", dtype) >> make_nvp("rank", rank);
         const auto dt = dtype_from_code(dtype);
-        if (!dt) fail("tensor '" + e.name + "' has unknown dtype code " + std::to_string(dtype));
+        // the body passed its checksum before it is parsed: a code this reader lacks is a newer writer's
+        if (!dt)
+            throw VersionError("checkpoint '" + path_ + "': tensor '" + e.name + "' has dtype code " +
+                                   std::to_string(dtype) + ", which this version of ckpt does not know (" +
+                                   "written by a newer version?)",
+                               path_);
         if (rank > max_tensor_rank)
             fail("tensor '" + e.name + "' has rank " + std::to_string(rank) + " (at most " +
                  std::to_string(max_tensor_rank) + ")");
