@@ -50,7 +50,8 @@ fs::path save_sharded(const fs::path& dir, int ranks, std::int64_t rows, std::ui
         const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_7.ckpt";
         fs::create_directories(file.parent_path());
         ckpt::save_checkpoint(d, file, save);
-        const ckpt::PieceMap places{{"moments.m", {"moments.m", global, lo}}};
+        // each rank's "name" is its own; declared replicated: a load takes the lowest rank's
+        const ckpt::PieceMap places{{"moments.m", {"moments.m", global, lo}}, {"name", ckpt::PiecePlace::replicated()}};
         const auto path = fault::commit_global_index(comm, dir, 7, file, places, chunk_bytes, read);
         if (comm.rank() == 0) index = path;
     });
@@ -396,4 +397,149 @@ TEST_CASE("a column-major tensor reshards to a tensor of its order, and is refus
     CHECK_THROWS_WITH_AS(ckpt::load_resharded(index, like),
                          doctest::Contains("'square' of 'rank_0/step_1.ckpt' is stored column-major, 'square' is row-major"),
                          ckpt::LoadMismatch);
+}
+
+namespace {
+
+/// Every rank of `ranks` saves the same "w", its own "rng" (a per-rank random state) and its
+/// own "draws" count, under `dir`, with the places `declared`; the step's index is committed.
+void save_per_rank(const fs::path& dir, int ranks, const ckpt::PieceMap& declared) {
+    fault::ThreadGroup group(ranks, std::chrono::seconds(10));
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        const std::int64_t r = comm.rank();
+        ckpt::ParamDict d;
+        d.set("w", iota({2, 3}));
+        d.set("rng", ckpt::Tensor::from(std::vector<std::int64_t>{r * 10, r * 10 + 1, r * 10 + 2}));
+        d.set("draws", std::int64_t{100 + r});
+        const fs::path file = dir / ("rank_" + std::to_string(r)) / "step_5.ckpt";
+        fs::create_directories(file.parent_path());
+        ckpt::save_checkpoint(d, file);
+        fault::commit_global_index(comm, dir, 5, file, declared);
+    }).rethrow();
+}
+
+std::vector<std::string> errors_of(const std::vector<std::exception_ptr>& errors) {
+    std::vector<std::string> out;
+    for (const auto& e : errors) out.push_back(ckpt::detail::message_of(e));
+    return out;
+}
+
+/// A state whose size is known only from the checkpoint: a growing history.
+struct History {
+    std::vector<double> values;
+    std::int64_t steps = 0;
+    bool finished = false;
+    ckpt::ParamDict state_dict() {
+        ckpt::ParamDict d;
+        d.set("history", ckpt::view_of(values));
+        d.set("steps", ckpt::view_of(steps));
+        return d;
+    }
+    ckpt::ParamDict state_dict_for(const std::vector<ckpt::EntryInfo>& entries) {
+        for (const auto& e : entries)
+            if (e.name == "history" && e.kind == ckpt::ValueKind::tensor && e.shape.size() == 1)
+                values.resize(static_cast<std::size_t>(e.shape[0]));
+        return state_dict();
+    }
+    void loaded(const ckpt::LoadReport&) { finished = true; }
+};
+
+}  // namespace
+
+TEST_CASE("an entry left out of the PieceMap that differs between the ranks is refused, naming it and the ranks") {
+    test::TempDir dir;
+    save_per_rank(dir.path(), 4, {});
+    auto like = [] {
+        ckpt::ParamDict d;
+        d.set("w", ckpt::Tensor(ckpt::DType::float32, {2, 3}));
+        d.set("rng", ckpt::Tensor(ckpt::DType::int64, {3}));
+        return d;
+    };
+    fault::ThreadGroup four(4, std::chrono::seconds(10));
+    const auto errors = errors_of(fault::run_ranks(four, [&](fault::ThreadComm& comm) {
+        fault::load_latest_resharded(comm, dir.path(), like());
+    }));
+    // every rank refuses, as it would have loaded rank 0's copy
+    for (const auto& e : errors)
+        CHECK(e.find("entry 'rng' differs between the ranks that saved it: rank(s) 1, 2, 3 hold other values than rank 0") !=
+              std::string::npos);
+    // declared per-rank by the loader, each rank takes its own copy, and its own value
+    const ckpt::PieceMap mine{{"rng", ckpt::PiecePlace::per_rank()}, {"draws", ckpt::PiecePlace::per_rank()}};
+    fault::ThreadGroup again(4, std::chrono::seconds(10));  // the first group's ranks ended with an error
+    fault::run_ranks(again, [&](fault::ThreadComm& comm) {
+        const auto got = fault::load_latest_resharded(comm, dir.path(), like(), mine);
+        REQUIRE(got);
+        const auto rng = got->state.state.tensor("rng").values<std::int64_t>();
+        CHECK(std::vector<std::int64_t>(rng.begin(), rng.end()) ==
+              std::vector<std::int64_t>{comm.rank() * 10, comm.rank() * 10 + 1, comm.rank() * 10 + 2});
+        CHECK(got->state.state.get<std::int64_t>("draws") == 100 + comm.rank());
+    }).rethrow();
+}
+
+TEST_CASE("per-rank entries declared when saving load as each rank's own, and a rank that saved none is told so") {
+    test::TempDir dir;
+    save_per_rank(dir.path(), 2, {{"rng", ckpt::PiecePlace::per_rank()}, {"draws", ckpt::PiecePlace::per_rank()}});
+    ckpt::ParamDict like;
+    like.set("w", ckpt::Tensor(ckpt::DType::float32, {2, 3}));
+    like.set("rng", ckpt::Tensor(ckpt::DType::int64, {3}));
+    const auto index = dir.path() / "index-step_5.ckpt";
+    CHECK(ckpt::read_global_index(index).copies.at("rng") == ckpt::Copies::per_rank);
+    const auto second = ckpt::load_resharded(index, like, {}, {}, 1);
+    CHECK(second.state.tensor("rng").values<std::int64_t>()[0] == 10);
+    CHECK(second.state.get<std::int64_t>("draws") == 101);
+    CHECK_THROWS_WITH_AS(ckpt::load_resharded(index, like, {}, {}, 2),
+                         doctest::Contains("entry 'rng' is per-rank, and rank 2 saved none"), ckpt::LoadMismatch);
+    CHECK_THROWS_WITH_AS(ckpt::load_resharded(index, like), doctest::Contains("pass the loading rank"), ckpt::ConfigError);
+    // declared replicated, any copy serves: the lowest rank's
+    const auto any = ckpt::load_resharded(index, like, {{"rng", ckpt::PiecePlace::replicated()}}, {}, 1);
+    CHECK(any.state.tensor("rng").values<std::int64_t>()[0] == 0);
+}
+
+TEST_CASE("a row block of a column-major matrix is refused when indexed, with the way out, and column blocks are not") {
+    test::TempDir dir;
+    // rank 1's rows [2, 4) of a [4, 3] column-major matrix: stored as its transpose [3, 2]
+    ckpt::ParamDict d;
+    d.set("u", ckpt::Tensor(ckpt::DType::float64, {2, 3}, ckpt::Order::column_major));
+    const fs::path file = dir / "rank_0" / "step_1.ckpt";
+    fs::create_directories(file.parent_path());
+    ckpt::save_checkpoint(d, file);
+    for (const ckpt::PiecePlace& place : {ckpt::PiecePlace{"u", {3, 4}, 2}, ckpt::PiecePlace{"u", {4, 3}, 6}}) {
+        CHECK_THROWS_WITH_AS(ckpt::describe_checkpoint(file, "rank_0/step_1.ckpt", 1, {{"u", place}}),
+                             doctest::Contains("is a [2, 3] block held column-major (stored as its transpose [3, 2])"),
+                             ckpt::ConfigError);
+        CHECK_THROWS_WITH_AS(ckpt::describe_checkpoint(file, "rank_0/step_1.ckpt", 1, {{"u", place}}),
+                             doctest::Contains("blocks of whole columns"), ckpt::ConfigError);
+    }
+    // columns [1, 3) of a [2, 5] column-major matrix: rows of its stored form [5, 2]
+    CHECK_NOTHROW(ckpt::describe_checkpoint(file, "rank_0/step_1.ckpt", 1, {{"u", ckpt::PiecePlace{"u", {5, 2}, 2}}}));
+}
+
+TEST_CASE("load_latest_resharded shapes a target after the index, and a second part loads from the same step") {
+    test::TempDir dir;
+    fault::ThreadGroup two(2, std::chrono::seconds(10));
+    // a history of 37 values, grown during the run: the same on both ranks
+    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+        History h;
+        h.values.resize(37);
+        std::iota(h.values.begin(), h.values.end(), 0.5);
+        h.steps = 37;
+        const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_37.ckpt";
+        fs::create_directories(file.parent_path());
+        ckpt::save_checkpoint(h.state_dict(), file);
+        fault::commit_global_index(comm, dir.path(), 37, file);
+    }).rethrow();
+    fault::ThreadGroup three(3, std::chrono::seconds(10));
+    fault::run_ranks(three, [&](fault::ThreadComm& comm) {
+        History h;  // empty: its size comes from the checkpoint
+        const auto resumed = fault::load_latest_resharded(comm, dir.path(), h);
+        REQUIRE(resumed);
+        CHECK(h.finished);
+        CHECK(h.steps == 37);
+        REQUIRE(h.values.size() == 37);
+        CHECK(h.values[36] == 36.5);
+        // a second part of the state, pinned to the step the first part came from
+        History again;
+        ckpt::load_resharded_into(resumed->index, again, {}, {}, comm.rank());
+        CHECK(again.values == h.values);
+    }).rethrow();
 }

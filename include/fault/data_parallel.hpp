@@ -252,9 +252,12 @@ public:
     /// Where this rank's optimizer-state tensors sit in the global ones, for the global
     /// index and resharding loads: sharded, the state "X.w" of this rank's piece of parameter
     /// w is elements [lo, hi) of a tensor of w's shape; unsharded, nothing (all whole).
+    /// "optimizer.shard", which differs between the ranks, is the new layout's own after a
+    /// load (claim_resharded()): any rank's copy serves.
     ckpt::PieceMap piece_map() {
         ckpt::PieceMap out;
         if (!shard_) return out;
+        out["optimizer.shard"] = ckpt::PiecePlace::replicated();
         const auto& pieces = shard_->parameters();
         for (const auto& [name, value] : inner_.state_dict()) {
             const ckpt::Tensor* t = value.template get_if<ckpt::Tensor>();

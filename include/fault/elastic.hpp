@@ -37,27 +37,27 @@ struct ElasticResume {
     ckpt::ReshardedState state;
 };
 
-/// Every rank of a generation together: rank 0 finds the newest global index in `dir` whose
-/// index verifies and whose files are all there (`dir` must be readable by every rank: a
-/// shared filesystem across hosts), every rank loads its pieces of it for the places `places`
-/// says (ckpt::load_resharded into tensors like `like`, each chunk checked; `opts`: the key of
-/// encrypted files). When a rank's pieces do not load (a chunk that fails its checksum, a
-/// damaged file), every rank says so and they go on to the next older index together, as
-/// latest() falls back past a damaged file. Nothing when no index loads: a fresh start. A
-/// collective.
-///
-/// With two levels (ckpt::DurableLevel), pass both directories of the indexes, the local one
-/// first (every rank the same list): the newest index on either, the local copy first.
-template <Communicator Comm>
-std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector<ckpt::Path>& levels,
-                                                   const ckpt::ParamDict& like, const ckpt::PieceMap& places = {},
-                                                   const ckpt::LoadOptions& opts = {}) {
+namespace detail {
+
+/// load_latest_resharded(), the state of each index loaded into what `like_for(index)` gives,
+/// and `loaded(like, resume)` run once every rank has loaded it.
+template <Communicator Comm, class LikeFor, class Loaded>
+std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::vector<ckpt::Path>& levels,
+                                                        LikeFor&& like_for, Loaded&& loaded,
+                                                        const ckpt::PieceMap& places, const ckpt::LoadOptions& opts,
+                                                        ckpt::OnUnreadable on_unreadable) {
+    // what a rank's load of an index came to
+    enum Outcome : std::int64_t { ok = 0, damaged = 1, unsupported = 2, failed = 3 };
     struct Record {
         std::int64_t value;
     };
+    // rank 0's choice: an index (step, level), none left (-1), or none left of several that
+    // cannot be used (-2), or one this program cannot read (-3)
     struct Choice {
         std::int64_t step, level;
     };
+    std::string levels_text;
+    for (const auto& l : levels) levels_text += (levels_text.empty() ? "'" : " nor '") + l.string() + "'";
     // rank 0's candidates: every level's indexes, newest step first, the first level's copy first
     std::vector<std::pair<std::int64_t, std::int64_t>> candidates;  // (step, level)
     if (comm.rank() == 0)
@@ -65,25 +65,50 @@ std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector
             for (const auto& [step, path] : detail::global_indexes(levels[l]))
                 candidates.emplace_back(step, static_cast<std::int64_t>(l));
     std::stable_sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<ckpt::SkippedCheckpoint> passed;  // rank 0's
+    auto refusal = [&](std::int64_t code) -> ckpt::UnreadableCheckpoints {
+        std::string list;
+        for (const auto& p : passed) list += (list.empty() ? "" : "; ") + ("'" + p.path.string() + "': " + p.reason);
+        if (comm.rank() != 0) list = "rank 0 says which and why";
+        return ckpt::UnreadableCheckpoints(
+            code == -3 ? "the newest global index in " + levels_text + " cannot be read by this program (" + list +
+                             "). Not resuming from an older step, which would redo its steps: read it with a program "
+                             "that can (a newer ckpt, its codec, its key), or pass OnUnreadable::fall_back"
+                       : "global indexes in " + levels_text + " exist, but none can be used (" + list +
+                             "). Not starting over, which would take them for none: repair or move them away, or pass "
+                             "OnUnreadable::fall_back to start from the beginning",
+            passed);
+    };
     auto next = candidates.begin();
     for (;;) {
         Choice mine{-1, 0};
         for (; comm.rank() == 0 && next != candidates.end(); ++next) {
             const auto path = global_index_path(levels[static_cast<std::size_t>(next->second)], next->first);
-            if (auto why = detail::global_index_problem(path)) {
-                ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index '" + path.string() + "': " + *why);
-                continue;
+            const auto issue = detail::global_index_issue(path);
+            if (!issue) {
+                mine = {next->first, next->second};
+                ++next;
+                break;
             }
-            mine = {next->first, next->second};
-            ++next;
-            break;
+            passed.push_back({path, issue->why, issue->unsupported});
+            if (issue->unsupported && on_unreadable == ckpt::OnUnreadable::refuse) {
+                mine = {-3, 0};
+                break;
+            }
+            ckpt::detail::log(ckpt::LogLevel::warning, "skipping global index '" + path.string() + "': " + issue->why);
         }
+        if (comm.rank() == 0 && mine.step == -1 && !passed.empty() && on_unreadable == ckpt::OnUnreadable::refuse)
+            mine.step = -2;
         const Choice chosen = detail::allgather_records(comm, mine)[0];
         const std::int64_t step = chosen.step;
-        if (step < 0) return std::nullopt;
+        if (step == -1) return std::nullopt;
+        if (step < -1) throw refusal(step);
         ElasticResume r;
         r.index = global_index_path(levels.at(static_cast<std::size_t>(chosen.level)), step);
         std::string why;
+        Outcome outcome = ok;
+        std::exception_ptr error;
+        ckpt::ParamDict like;
         try {
             const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
             if (index.global_step != step)
@@ -92,28 +117,106 @@ std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector
                                         r.index.string());
             r.global_step = step;
             r.saved_by = static_cast<int>(index.world_size);
-            r.state = ckpt::load_resharded(r.index, like, places, opts);
-        } catch (const ckpt::KeyError&) {
-            throw;  // another key opens no older index either
-        } catch (const ckpt::FormatError& e) {  // damage (ChecksumError among them): an older index may serve
+            like = like_for(index);
+            r.state = ckpt::load_resharded(index, r.index, like, places, opts, comm.rank());
+        } catch (const ckpt::Error& e) {
             why = e.what();
+            // damage (ChecksumError among them): an older index may serve; what this program
+            // cannot read, or a state that does not fit, ends the load on every rank
+            outcome = ckpt::detail::unsupported_here(e) ? unsupported
+                      : dynamic_cast<const ckpt::FormatError*>(&e) ? damaged
+                                                                   : failed;
+            if (outcome != damaged) error = std::current_exception();
         }
-        // every rank learns which ranks could not load their pieces
-        const auto failed = detail::allgather_records(comm, Record{why.empty() ? 0 : 1});
-        std::string ranks;
-        for (std::size_t i = 0; i < failed.size(); ++i)
-            if (failed[i].value) ranks += (ranks.empty() ? "" : ", ") + std::to_string(i);
-        if (ranks.empty()) return r;
+        // every rank learns which ranks could not load their pieces, and why
+        const auto outcomes = detail::allgather_records(comm, Record{outcome});
+        std::string ranks, failing;
+        bool any_unsupported = false;
+        for (std::size_t i = 0; i < outcomes.size(); ++i) {
+            if (outcomes[i].value != ok) ranks += (ranks.empty() ? "" : ", ") + std::to_string(i);
+            if (outcomes[i].value == failed) failing += (failing.empty() ? "" : ", ") + std::to_string(i);
+            any_unsupported = any_unsupported || outcomes[i].value == unsupported;
+        }
+        if (ranks.empty()) {
+            loaded(like, r);
+            return r;
+        }
+        if (!failing.empty() || (any_unsupported && on_unreadable == ckpt::OnUnreadable::refuse)) {
+            if (error) std::rethrow_exception(error);
+            throw ckpt::LoadMismatch("global index '" + r.index.string() + "' does not load on rank(s) " + ranks +
+                                     " (each says why); not trying an older one");
+        }
+        if (comm.rank() == 0) passed.push_back({r.index, "does not load on rank(s) " + ranks, false});
         ckpt::detail::log(ckpt::LogLevel::warning,
                           "global index of step " + std::to_string(step) + " does not load on rank(s) " + ranks +
                               (why.empty() ? "" : " (here: " + why + ")") + "; trying the next index after '" +
                               r.index.string() + "'");
     }
 }
+
+}  // namespace detail
+
+/// Every rank of a generation together: rank 0 finds the newest global index in `dir` whose
+/// index verifies and whose files are all there (`dir` must be readable by every rank: a
+/// shared filesystem across hosts), every rank loads its pieces of it for the places `places`
+/// says (ckpt::load_resharded into tensors like `like`, each chunk checked; `opts`: the key of
+/// encrypted files). When a rank's pieces do not load (a chunk that fails its checksum, a
+/// damaged file), every rank says so and they go on to the next older index together, as
+/// latest() falls back past a damaged file. Nothing when there is no index: a fresh start.
+/// Indexes that exist when none can be used, or a newest one this program cannot read, end it
+/// on every rank with ckpt::UnreadableCheckpoints, unless `on_unreadable` is
+/// OnUnreadable::fall_back; so does, on every rank, a state that does not fit. A collective.
+///
+/// With two levels (ckpt::DurableLevel), pass both directories of the indexes, the local one
+/// first (every rank the same list): the newest index on either, the local copy first.
+template <Communicator Comm>
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector<ckpt::Path>& levels,
+                                                   const ckpt::ParamDict& like, const ckpt::PieceMap& places = {},
+                                                   const ckpt::LoadOptions& opts = {},
+                                                   ckpt::OnUnreadable on_unreadable = ckpt::OnUnreadable::refuse) {
+    return detail::load_latest_resharded_with(
+        comm, levels, [&](const ckpt::GlobalIndex&) { return like; }, [](const ckpt::ParamDict&, const ElasticResume&) {},
+        places, opts, on_unreadable);
+}
+
+/// load_latest_resharded() into `target`, an object that shapes itself after what it loads
+/// (ckpt::ShapedByCheckpoint: EigenState, TorchState, a growing history): shaped after each
+/// index tried (ckpt::index_entries()), written (strictly) once every rank has loaded its
+/// state, then finished by its loaded(). A state loaded in several parts loads the other parts
+/// from the same step with ckpt::load_resharded_into(resumed->index, …).
+template <Communicator Comm, ckpt::ShapedByCheckpoint T>
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector<ckpt::Path>& levels, T& target,
+                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {},
+                                                   ckpt::OnUnreadable on_unreadable = ckpt::OnUnreadable::refuse) {
+    ckpt::ParamDict views;
+    return detail::load_latest_resharded_with(
+        comm, levels,
+        [&](const ckpt::GlobalIndex& index) {
+            views = target.state_dict_for(ckpt::index_entries(index));
+            return views;
+        },
+        [&](const ckpt::ParamDict&, const ElasticResume& r) {
+            ckpt::LoadReport report;
+            try {
+                report = ckpt::load_param_into_net(views, r.state.state, /*strict=*/true);
+            } catch (const ckpt::LoadMismatch& e) {
+                throw ckpt::LoadMismatch("global index '" + r.index.string() + "' does not fit: " + e.what());
+            }
+            target.loaded(report);
+        },
+        places, opts, on_unreadable);
+}
+template <Communicator Comm, ckpt::ShapedByCheckpoint T>
+std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, T& target,
+                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {},
+                                                   ckpt::OnUnreadable on_unreadable = ckpt::OnUnreadable::refuse) {
+    return load_latest_resharded(comm, std::vector<ckpt::Path>{ckpt::Path(dir)}, target, places, opts, on_unreadable);
+}
 template <Communicator Comm>
 std::optional<ElasticResume> load_latest_resharded(Comm& comm, const ckpt::PathArg& dir, const ckpt::ParamDict& like,
-                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
-    return load_latest_resharded(comm, std::vector<ckpt::Path>{ckpt::Path(dir)}, like, places, opts);
+                                                   const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {},
+                                                   ckpt::OnUnreadable on_unreadable = ckpt::OnUnreadable::refuse) {
+    return load_latest_resharded(comm, std::vector<ckpt::Path>{ckpt::Path(dir)}, like, places, opts, on_unreadable);
 }
 
 /// Thrown by TakeInJoiners on every rank of a generation at the same step, once that step's

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../ckpt/checkpoint.hpp"
+#include "../ckpt/latest.hpp"
 #include "../ckpt/log.hpp"
 #include "../ckpt/reshard.hpp"
 #include "../nn/callbacks.hpp"
@@ -84,6 +85,10 @@ boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir
                 throw ckpt::ConfigError(what + " uses chunks of " + std::to_string(theirs.chunk_bytes) + " bytes, rank 0 " +
                                         std::to_string(index.chunk_bytes));
             index.pieces.insert(index.pieces.end(), theirs.pieces.begin(), theirs.pieces.end());
+            // a value of theirs that is not the lowest rank's: a load checks whether it may differ
+            for (const auto& [name, value] : theirs.values)
+                if (!index.values.contains(name) || !(index.values.at(name) == value)) index.rank_values[r].set(name, value);
+            for (const auto& [name, copies] : theirs.copies) index.copies.emplace(name, copies);
         }
         ckpt::SaveOptions save;
         save.step = global_step;
@@ -115,21 +120,28 @@ inline std::vector<std::pair<std::int64_t, boost::filesystem::path>> global_inde
 }
 
 /// Why the index at `path` cannot be used (it does not verify, or a file it names is gone or
-/// too short), or nothing.
-inline std::optional<std::string> global_index_problem(const boost::filesystem::path& path) {
+/// too short), and whether this program cannot read it rather than it being damaged; or nothing.
+inline std::optional<ckpt::detail::CheckpointIssue> global_index_issue(const boost::filesystem::path& path) {
     try {
         const auto index = ckpt::read_global_index(path);
         for (const auto& p : index.pieces) {
             const auto file = path.parent_path() / p.file;
             boost::system::error_code ec;
             const auto size = boost::filesystem::file_size(file, ec);
-            if (ec) return "'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is gone";
+            if (ec) return ckpt::detail::CheckpointIssue{"'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is gone"};
             if (!p.encoded && size < p.offset + p.count * ckpt::itemsize(p.dtype))
-                return "'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is shorter than its pieces";
+                return ckpt::detail::CheckpointIssue{"'" + file.string() + "' (rank " + std::to_string(p.rank) +
+                                                     ") is shorter than its pieces"};
         }
     } catch (const ckpt::Error& e) {
-        return e.what();
+        return ckpt::detail::CheckpointIssue{e.what(), ckpt::detail::unsupported_here(e)};
     }
+    return std::nullopt;
+}
+
+/// Why the index at `path` cannot be used, or nothing (global_index_issue()).
+inline std::optional<std::string> global_index_problem(const boost::filesystem::path& path) {
+    if (auto issue = global_index_issue(path)) return issue->why;
     return std::nullopt;
 }
 

@@ -7153,15 +7153,45 @@ auto as_xarray(const Tensor& t) {
 
 namespace ckpt {
 
+/// How the copies of an entry that every rank saves whole relate across the ranks.
+enum class Copies {
+    same,        ///< equal on every rank (parameters a data-parallel rank keeps): checked when loaded
+    per_rank,    ///< each rank's own (its random engine, its data position): rank r loads rank r's copy
+    replicated,  ///< any copy serves: loaded from the lowest rank's, unchecked
+};
+
 /// Where an entry of a rank's file sits in a global tensor: elements [first, first + numel)
-/// of `global`, flattened in row-major order.
+/// of `global`, flattened in row-major order (for a column-major tensor, of its stored form:
+/// `global_shape` is the global tensor's stored shape, the reverse of its own). A piece of
+/// rank 2 or more must be whole rows of that order: its dims after the first equal the global
+/// tensor's, so that its elements are one range of the global tensor's.
+///
+/// With `global` empty, the entry is whole, and `copies` says how its copies relate across the
+/// ranks: PiecePlace::per_rank(), PiecePlace::replicated(). An entry left out of a PieceMap is
+/// whole with Copies::same.
 struct PiecePlace {
     std::string global;
     Shape global_shape;
     std::uint64_t first = 0;
+    Copies copies = Copies::same;
+
+    /// A whole entry of which each rank holds its own copy.
+    static PiecePlace per_rank() {
+        PiecePlace p;
+        p.copies = Copies::per_rank;
+        return p;
+    }
+    /// A whole entry of which any rank's copy serves, unchecked.
+    static PiecePlace replicated() {
+        PiecePlace p;
+        p.copies = Copies::replicated;
+        return p;
+    }
+    bool whole() const noexcept { return global.empty(); }
 };
 
-/// Entry name → its place; an entry not listed is a whole tensor of its own name.
+/// Entry name → its place; an entry not listed is a whole tensor of its own name, the same on
+/// every rank (checked when loaded).
 using PieceMap = std::map<std::string, PiecePlace>;
 
 /// One piece of a global tensor in one rank's file.
@@ -7193,6 +7223,11 @@ struct GlobalIndex {
     std::uint64_t chunk_bytes = 1u << 20;
     std::vector<TensorPiece> pieces;
     ParamDict values;  ///< the lowest rank's entries that are not tensors
+    /// Each other rank's entries that are not tensors, where they differ from `values`.
+    std::map<std::int64_t, ParamDict> rank_values;
+    /// How the copies of whole entries relate, as the savers declared it (PiecePlace::per_rank(),
+    /// replicated()); an entry not listed: Copies::same.
+    std::map<std::string, Copies> copies;
 };
 
 /// A rank's state loaded from a global index, and what loading it took.
@@ -7244,6 +7279,35 @@ inline std::string elements_text(std::uint64_t a, std::uint64_t b) {
     return "elements [" + std::to_string(a) + ", " + std::to_string(b) + ")";
 }
 
+inline const char* copies_name(Copies c) {
+    return c == Copies::per_rank ? "per_rank" : c == Copies::replicated ? "replicated" : "same";
+}
+
+/// Refuses a piece whose elements are not one range of the global tensor's (stored) order: a
+/// block of rank 2 or more must be whole rows of it. A row block of a column-major matrix is
+/// not (its stored form is the transpose: the block is a column block there).
+inline void check_piece_is_range(const EntryMeta& e, const PiecePlace& place, const std::string& path) {
+    const Shape& local = e.shape;  // as stored
+    const Shape& global = place.global_shape;
+    if (local.size() < 2) return;  // a flat run of elements: any range is one
+    std::uint64_t row = 1;
+    bool rows = local.size() == global.size();
+    for (std::size_t d = 1; rows && d < local.size(); ++d) {
+        rows = local[d] == global[d];
+        row *= static_cast<std::uint64_t>(global[d]);
+    }
+    if (rows && place.first % row == 0) return;
+    const bool column_major = e.order == Order::column_major;
+    throw ConfigError(
+        "global index: entry '" + e.name + "' of '" + path + "' is a " + shape_string(e.logical_shape()) + " block" +
+        (column_major ? " held column-major (stored as its transpose " + shape_string(local) + ")" : std::string()) +
+        " of '" + place.global + "' (stored shape " + shape_string(global) + ", from element " + std::to_string(place.first) +
+        "): its elements are not one range of the global tensor's stored order, which a PiecePlace describes. " +
+        (column_major ? "Split a column-major matrix into blocks of whole columns (contiguous in its storage), "
+                        "hold the blocks row-major (Eigen::RowMajor), or save each block as a flat vector"
+                      : "Split a row-major tensor into blocks of whole rows, or save each block as a flat vector"));
+}
+
 }  // namespace detail
 
 /// This rank's part of the index: the pieces of its saved `file` (named `relative` in the
@@ -7275,6 +7339,9 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
     out.chunk_bytes = chunk_bytes;
     std::unique_ptr<char[]> buf(new char[chunk_bytes]);
     for (const auto& e : toc) {
+        const auto declared = places.find(e.name);
+        if (declared != places.end() && declared->second.whole() && declared->second.copies != Copies::same)
+            out.copies[e.name] = declared->second.copies;
         if (e.kind != ValueKind::tensor) {
             if (!detail::is_reserved_name(e.name)) out.values.set(e.name, e.scalar);  // not the rank file's owner
             continue;
@@ -7282,7 +7349,8 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
         TensorPiece p;
         p.dtype = e.dtype;
         p.count = detail::numel_of(e.shape);
-        if (const auto it = places.find(e.name); it != places.end()) {
+        if (const auto it = declared; it != places.end() && !it->second.whole()) {
+            detail::check_piece_is_range(e, it->second, path);
             p.global = it->second.global;
             p.global_shape = it->second.global_shape;
             p.first = it->second.first;
@@ -7341,6 +7409,9 @@ inline ParamDict index_to_dict(const GlobalIndex& index) {
         if (p.order == Order::column_major) d.set(at + "order", std::string(detail::column_major_value));
     }
     for (const auto& [name, value] : index.values) d.set("value." + name, value);
+    for (const auto& [rank, values] : index.rank_values)
+        for (const auto& [name, value] : values) d.set("rank." + std::to_string(rank) + ".value." + name, value);
+    for (const auto& [name, copies] : index.copies) d.set("copies." + name, std::string(detail::copies_name(copies)));
     return d;
 }
 
@@ -7392,8 +7463,21 @@ inline GlobalIndex index_from_dict(const ParamDict& d, const std::string& what) 
     } catch (const TypeMismatch& e) {
         throw FormatError(what + ": not a global index (" + e.what() + ")", what);
     }
-    for (const auto& [name, value] : d)
-        if (name.rfind("value.", 0) == 0) index.values.set(name.substr(6), value);
+    for (const auto& [name, value] : d) {
+        if (name.rfind("value.", 0) == 0) {
+            index.values.set(name.substr(6), value);
+        } else if (name.rfind("copies.", 0) == 0) {
+            const auto* c = value.get_if<std::string>();
+            if (!c || (*c != "per_rank" && *c != "replicated"))
+                throw FormatError(what + ": '" + name + "' is not 'per_rank' or 'replicated'", what);
+            index.copies[name.substr(7)] = *c == "per_rank" ? Copies::per_rank : Copies::replicated;
+        } else if (name.rfind("rank.", 0) == 0) {
+            const auto dot = name.find(".value.", 5);
+            const auto rank = dot == std::string::npos ? std::nullopt : detail::parse_count(std::string_view(name).substr(5, dot - 5));
+            if (!rank) throw FormatError(what + ": entry '" + name + "' is not 'rank.{r}.value.{name}'", what);
+            index.rank_values[*rank].set(name.substr(dot + 7), value);
+        }
+    }
     return index;
 }
 
@@ -7402,14 +7486,75 @@ inline GlobalIndex read_global_index(const PathArg& file) {
     return index_from_dict(load_checkpoint(file), "global index '" + file.string() + "'");
 }
 
+namespace detail {
+
+inline std::string ranks_text(const std::vector<std::int64_t>& ranks) {
+    std::string out;
+    for (const auto r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    return out;
+}
+
+/// How the copies of whole entry `name` relate: as the loader declares it in `places`, else as
+/// the savers declared it in the index, else Copies::same.
+inline Copies copies_of(const std::string& name, const PieceMap& places, const GlobalIndex& index) {
+    if (const auto it = places.find(name); it != places.end() && it->second.whole() && it->second.copies != Copies::same)
+        return it->second.copies;
+    if (const auto it = index.copies.find(name); it != index.copies.end()) return it->second;
+    return Copies::same;
+}
+
+inline std::string declare_hint() {
+    return "; if each rank's copy is its own (a random engine, a data position), declare it "
+           "ckpt::PiecePlace::per_rank() in the PieceMap, and rank r loads rank r's copy; if any copy serves, "
+           "ckpt::PiecePlace::replicated()";
+}
+
+/// Of the ranks' copies of whole tensor `name` (`candidates`, by rank), the one(s) rank `rank`
+/// loads: any when they are equal (Copies::same, checked by their chunk checksums), its own
+/// (per_rank), the lowest rank's (replicated).
+inline std::vector<const TensorPiece*> choose_copy(const std::vector<const TensorPiece*>& candidates, Copies mode,
+                                                    std::int64_t rank, const std::string& name, const std::string& where) {
+    std::vector<const TensorPiece*> whole;
+    for (const TensorPiece* p : candidates)
+        if (p->first == 0 && p->count == numel_of(p->global_shape)) whole.push_back(p);
+    if (whole.empty()) return candidates;
+    switch (mode) {
+        case Copies::same: {
+            std::vector<std::int64_t> differ;
+            for (const TensorPiece* p : whole)
+                if (p->chunk_hashes != whole.front()->chunk_hashes) differ.push_back(p->rank);
+            if (!differ.empty())
+                throw LoadMismatch(where + ": entry '" + name + "' differs between the ranks that saved it: rank(s) " +
+                                   ranks_text(differ) + " hold other values than rank " +
+                                   std::to_string(whole.front()->rank) + " (by their checksums)" + declare_hint());
+            return candidates;
+        }
+        case Copies::replicated: return {whole.front()};
+        case Copies::per_rank: {
+            if (rank < 0)
+                throw ConfigError(where + ": entry '" + name + "' is per-rank: pass the loading rank to load_resharded");
+            for (const TensorPiece* p : whole)
+                if (p->rank == rank) return {p};
+            throw LoadMismatch(where + ": entry '" + name + "' is per-rank, and rank " + std::to_string(rank) +
+                               " saved none (the step was saved by " + std::to_string(whole.size()) + " rank(s))");
+        }
+    }
+    return candidates;
+}
+
+}  // namespace detail
+
 /// The state of one rank of a new layout: a tensor for every tensor of `like` (same name,
 /// dtype and shape; Trainer::load_target() gives them), placed in the global tensors by
 /// `places` (entries not listed are whole tensors), filled from the pieces the index at
 /// `index_file` lists; see the file comment. New memory: nothing live changes, whatever fails.
 /// A file with codecs is read and decoded whole, once (`opts.key` for an encrypted one).
-inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict& like, const PieceMap& places = {},
-                                     const LoadOptions& opts = {}) {
-    const GlobalIndex index = read_global_index(index_file);
+///
+/// A whole entry (a tensor or a value) that differs between the ranks that saved it is loaded
+/// only when declared per-rank (rank `rank`'s copy; `rank` is the loading rank) or replicated,
+/// in `places` or by the savers: otherwise LoadMismatch names it and the ranks.
+inline ReshardedState load_resharded(const GlobalIndex& index, const PathArg& index_file, const ParamDict& like,
+                                     const PieceMap& places = {}, const LoadOptions& opts = {}, std::int64_t rank = -1) {
     const boost::filesystem::path dir = index_file.parent_path();
     const std::string where = "global index '" + index_file.string() + "'";
     struct Read {  // a part of one piece this rank needs
@@ -7434,11 +7579,15 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
         used += (t->nbytes() + 63) & ~std::size_t{63};
         report.state.set(name, Tensor::aliasing(t->dtype(), t->logical_shape(), block, base, t->order()));
         PiecePlace place{name, t->shape(), 0};
-        if (const auto it = places.find(name); it != places.end()) place = it->second;
+        const auto declared = places.find(name);
+        const bool whole = declared == places.end() || declared->second.whole();
+        if (!whole) place = declared->second;
         const std::uint64_t first = place.first, last = place.first + t->numel();
         const auto found = by_tensor.find(place.global);
         if (found == by_tensor.end()) throw LoadMismatch(where + " has no tensor '" + place.global + "' (for '" + name + "')");
-        const std::vector<const TensorPiece*>& candidates = found->second;
+        const std::vector<const TensorPiece*> candidates =
+            whole ? detail::choose_copy(found->second, detail::copies_of(name, places, index), rank, name, where)
+                  : found->second;
         const TensorPiece& some = *candidates.front();
         if (some.dtype != t->dtype() || some.global_shape != place.global_shape)
             throw LoadMismatch(where + ": '" + place.global + "' is " + std::string(dtype_name(some.dtype)) + " of shape " +
@@ -7554,9 +7703,95 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
         if (mine) std::rethrow_exception(mine);  // the first chunk in order that failed
         if (helper_error) std::rethrow_exception(helper_error);
     }
-    for (const auto& [name, value] : index.values)
-        if (!report.state.contains(name)) report.state.set(name, value);
+    // the values: the lowest rank's, unless the ranks' differ (see above)
+    std::vector<std::string> names;
+    for (const auto& [name, value] : index.values) names.push_back(name);
+    for (const auto& [r, values] : index.rank_values)
+        for (const auto& [name, value] : values)
+            if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    for (const auto& name : names) {
+        if (report.state.contains(name)) continue;
+        const Value* value = index.values.contains(name) ? &index.values.at(name) : nullptr;
+        std::vector<std::int64_t> differ;
+        for (const auto& [r, values] : index.rank_values)
+            if (values.contains(name)) differ.push_back(r);
+        if (!differ.empty()) {
+            switch (detail::copies_of(name, places, index)) {
+                case Copies::same:
+                    throw LoadMismatch(where + ": value '" + name + "' differs between the ranks that saved it: rank(s) " +
+                                       detail::ranks_text(differ) + " hold other values than the lowest rank" +
+                                       detail::declare_hint());
+                case Copies::replicated:
+                    if (!value) value = &index.rank_values.at(differ.front()).at(name);
+                    break;
+                case Copies::per_rank:
+                    if (rank < 0)
+                        throw ConfigError(where + ": value '" + name + "' is per-rank: pass the loading rank to load_resharded");
+                    if (rank >= index.world_size)
+                        throw LoadMismatch(where + ": value '" + name + "' is per-rank, and rank " + std::to_string(rank) +
+                                           " saved none (the step was saved by " + std::to_string(index.world_size) +
+                                           " rank(s))");
+                    if (const auto it = index.rank_values.find(rank); it != index.rank_values.end() && it->second.contains(name))
+                        value = &it->second.at(name);
+                    break;
+            }
+        }
+        if (value) report.state.set(name, *value);
+    }
     return report;
+}
+inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict& like, const PieceMap& places = {},
+                                     const LoadOptions& opts = {}, std::int64_t rank = -1) {
+    return load_resharded(read_global_index(index_file), index_file, like, places, opts, rank);
+}
+
+/// What a rank of any layout finds in `index` to shape a target by (ShapedByCheckpoint): each
+/// tensor a rank saved whole, with its dtype and (stored) shape, and every value. The pieces of
+/// tensors split across the ranks are left out: their entries' shapes are the loading rank's
+/// own, which `places` says.
+inline std::vector<EntryInfo> index_entries(const GlobalIndex& index) {
+    std::vector<EntryInfo> out;
+    for (const auto& p : index.pieces) {
+        if (p.first != 0 || p.count != detail::numel_of(p.global_shape) || p.global != p.entry) continue;
+        if (std::any_of(out.begin(), out.end(), [&](const EntryInfo& e) { return e.name == p.global; })) continue;
+        EntryInfo e;
+        e.name = p.global;
+        e.kind = ValueKind::tensor;
+        e.dtype = p.dtype;
+        e.shape = p.global_shape;
+        e.order = p.order;
+        e.nbytes = p.count * itemsize(p.dtype);
+        out.push_back(std::move(e));
+    }
+    for (const auto& [name, value] : index.values) {
+        EntryInfo e;
+        e.name = name;
+        e.kind = value.kind();
+        e.scalar = value;
+        out.push_back(std::move(e));
+    }
+    return out;
+}
+
+/// load_resharded() into `target`, an object that shapes itself after what it loads (a
+/// ShapedByCheckpoint: EigenState, TorchState, a growing history): it is shaped after the
+/// index's entries (index_entries()), the state is read into new memory, then written into
+/// it (strictly, as restore() does), and its loaded() runs. For a state loaded in several
+/// parts, each part loads from the same `index_file`: one step. Returns what the load read.
+template <ShapedByCheckpoint T>
+ReshardedState load_resharded_into(const PathArg& index_file, T& target, const PieceMap& places = {},
+                                   const LoadOptions& opts = {}, std::int64_t rank = -1) {
+    const GlobalIndex index = read_global_index(index_file);
+    ParamDict views = target.state_dict_for(index_entries(index));
+    ReshardedState got = load_resharded(index, index_file, views, places, opts, rank);
+    LoadReport report;
+    try {
+        report = load_param_into_net(views, got.state, /*strict=*/true);
+    } catch (const LoadMismatch& e) {
+        throw LoadMismatch("global index '" + index_file.string() + "' does not fit: " + e.what());
+    }
+    target.loaded(report);
+    return got;
 }
 
 }  // namespace ckpt
