@@ -3,12 +3,16 @@
 // newest that verifies on either, the local copy first.
 #include <doctest/doctest.h>
 
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <optional>
 #include <thread>
 
 #include <ckpt/aes_gcm.hpp>
@@ -396,3 +400,108 @@ TEST_CASE("durable level: a copy that waits for other files goes once they are t
     CHECK(mentions(log.warnings, "did not all arrive there in time"));
 }
 
+namespace {
+
+/// Runs `body` in a child process with a tmpfs of `size` mounted at `at`, in a mount namespace
+/// of its own; returns the child's exit status and what it wrote to `report`, or nothing when
+/// mounting is not allowed here.
+template <class Body>
+std::optional<std::pair<int, std::string>> with_small_tmpfs(const fs::path& at, const char* size, Body body) {
+    fs::create_directories(at);
+    int out[2];
+    REQUIRE(::pipe(out) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(out[0]);
+        std::string report;
+        int status = 77;
+        const std::string options = std::string("size=") + size;
+        if (::unshare(CLONE_NEWNS) == 0 && ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+            ::mount("ckpt-test", at.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) == 0) {
+            try {
+                status = body(report) ? 0 : 1;
+            } catch (const std::exception& e) {
+                report += std::string("threw: ") + e.what() + "\n";
+                status = 1;
+            }
+        } else {
+            report = std::string("cannot mount a tmpfs here: ") + std::strerror(errno);
+        }
+        if (::write(out[1], report.data(), report.size()) < 0) status = 2;
+        ::_exit(status);
+    }
+    ::close(out[1]);
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+    ::close(out[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+        MESSAGE("skipped: " << text);
+        return std::nullopt;
+    }
+    return std::pair{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), text};
+}
+
+}  // namespace
+
+TEST_CASE("durable level: a full one makes room by its retention first, a copy that cannot fit is said once and counted") {
+    Levels L;
+    // each checkpoint ~400 KiB; the durable level holds 1 MiB: two fit, a third does not
+    auto result = with_small_tmpfs(L.shared, "1m", [&](std::string& report) {
+        bool ok = true;
+        auto expect = [&](bool cond, const std::string& what) {
+            if (!cond) report += what + "\n";
+            ok = ok && cond;
+        };
+        test::LogCapture log;
+        Sim sim;
+        sim.field.assign(51200, 0.0);
+        {
+            // KeepLast{2} on the durable level: each copy makes room by deleting the oldest first
+            Manager mgr(L.local, "sim", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, two_levels(L.shared, ckpt::KeepLast{2}));
+            for (std::int64_t s = 1; s <= 6; ++s) {
+                sim.advance_to(s);
+                mgr.on_step(at(s), sim);
+                mgr.wait_flushed();
+            }
+            const auto stats = mgr.flush_stats();
+            expect(stats.flushed == 6 && stats.failed == 0,
+                   "room was not made: " + std::to_string(stats.flushed) + " copied, " + std::to_string(stats.failed) +
+                       " failed (" + stats.last_error + ")");
+            expect(checkpoints_in(L.shared) == std::vector<std::string>{"sim-5.ckpt", "sim-6.ckpt"},
+                   "the durable level does not hold the newest two");
+        }
+        // KeepAll cannot make room: the copies that do not fit fail, said once, counted
+        Sim big;
+        big.field.assign(51200, 0.0);
+        std::optional<ckpt::IoError> at_end;
+        {
+            KeepingAll mgr(L.local, "full", ckpt::EverySteps{1}, ckpt::KeepAll{}, {}, two_levels(L.shared));
+            for (std::int64_t s = 1; s <= 4; ++s) {
+                big.advance_to(s);
+                mgr.on_step(at(s), big);
+            }
+            try {
+                mgr.wait_flushed();
+            } catch (const ckpt::IoError& e) {
+                at_end = e;  // the newest checkpoint is not on the durable level: the program learns it
+            }
+            const auto stats = mgr.flush_stats();
+            expect(stats.failed >= 2 && stats.no_space == stats.failed,
+                   "copies that did not fit: " + std::to_string(stats.failed) + " failed, " +
+                       std::to_string(stats.no_space) + " for lack of space");
+        }
+        expect(at_end.has_value(), "wait_flushed() did not report the newest checkpoint's failed copy");
+        const auto said = std::count_if(log.warnings.begin(), log.warnings.end(), [](const std::string& w) {
+            return w.find("the durable level is full") != std::string::npos;
+        });
+        expect(said == 1, "the full durable level was said " + std::to_string(said) + " times");
+        return ok;
+    });
+    if (!result) return;
+    INFO(result->second);
+    CHECK(result->first == 0);
+}

@@ -741,14 +741,23 @@ private:
         retain(dir_, retention_, just_written, p, restored);
     }
 
-    /// Retention over the checkpoints in `dir` (a level), by `policy`.
+    /// Retention over the checkpoints in `dir` (a level), by `policy`. `incoming`, when given, is
+    /// `just_written` before it is there (its header and metrics those of the file to be copied
+    /// there): retention as it will be once it is, to make room for it.
     template <RetentionPolicy Policy>
     void retain(const fs::path& dir, const Policy& policy, const fs::path& just_written, const Progress& p,
-                const std::optional<StoredCheckpoint>& restored) const {
+                const std::optional<StoredCheckpoint>& restored, const StoredCheckpoint* incoming = nullptr) const {
         const auto all = list_checkpoints(dir, prefix_, naming_);
         auto files = readable_checkpoints(retention_scope(), p.rank, all);
         if (detail::ranks_by_metrics(policy))
             for (auto& f : files) f.metrics = metrics_of(f);
+        if (incoming) {
+            files.push_back(*incoming);
+            std::stable_sort(files.begin(), files.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+                return std::tuple_cat(position(a.name), std::tie(a.header.save_time_ns)) <
+                       std::tuple_cat(position(b.name), std::tie(b.header.save_time_ns));
+            });
+        }
         const auto it = std::find_if(files.begin(), files.end(),
                                      [&](const StoredCheckpoint& f) { return f.path == just_written; });
         if (it == files.end()) return;
@@ -799,6 +808,19 @@ private:
         detail::Flusher::Job job;
         job.source = file;
         job.target = durable_dir_ / file.lexically_relative(dir_);
+        // a copy that would not fit first deletes what the durable level's retention deletes
+        // once it is there
+        job.make_room = [this, file, target = job.target, p, restored] {
+            auto parts = naming_.parse(prefix_, target.lexically_relative(durable_dir_).generic_string());
+            if (!parts) return;
+            StoredCheckpoint incoming{Path(file), std::move(*parts), {}};
+            incoming.header = read_header(file);
+            incoming.owner = OwnerRecord::matches;
+            if (detail::ranks_by_metrics(options_.durable->retention)) incoming.metrics = metrics_of(incoming);
+            incoming.path = target;
+            detail::log(LogLevel::info, "making room on the durable level for '" + target.string() + "'");
+            retain(durable_dir_, options_.durable->retention, target, p, restored, &incoming);
+        };
         job.done = [this, p, restored](const fs::path& copied) {
             retain(durable_dir_, options_.durable->retention, copied, p, restored);
             const auto meta = options_.write_meta ? naming_.meta_name(run_prefix_) : std::string();

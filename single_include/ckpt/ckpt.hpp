@@ -3984,6 +3984,7 @@ private:
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <boost/filesystem.hpp>
@@ -4010,6 +4011,10 @@ struct FlushStats {
     std::int64_t flushed = 0;    ///< files copied, checked and in place on the durable level
     std::int64_t failed = 0;     ///< copies that failed (each logged; the local file stays)
     std::int64_t given_up = 0;   ///< global indexes whose files never reached the durable level in time
+    /// Of the failed copies, those that found the durable level full (no space, or over
+    /// quota) after its retention had made what room it could. The first of a run of them is
+    /// a warning; the others are counted here.
+    std::int64_t no_space = 0;
     std::int64_t pending = 0;    ///< queued or being copied now
     std::uint64_t bytes = 0;     ///< bytes copied
     double seconds = 0;          ///< copier time spent copying, pacing included
@@ -4127,6 +4132,9 @@ public:
         std::optional<std::chrono::steady_clock::time_point> give_up{};
         /// After the copy is in place, on the copier's thread (the durable level's retention).
         std::function<void(const fs::path& target)> done{};
+        /// Before a copy that would not fit in the space left where it goes, on the copier's
+        /// thread: deletes what the durable level's retention would delete once it is there.
+        std::function<void()> make_room{};
     };
 
     explicit Flusher(double bytes_per_second) : pace_(bytes_per_second), thread_([this] { run(); }) {}
@@ -4184,6 +4192,15 @@ private:
         return s;
     }
 
+    /// Whether `source` fits where `target` goes, by the space its file system says is left.
+    static bool fits(const fs::path& source, const fs::path& target) {
+        struct stat st {};
+        struct statvfs fs {};
+        if (::stat(source.c_str(), &st) != 0 || ::statvfs(target.parent_path().c_str(), &fs) != 0) return true;
+        const auto left = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+        return left >= static_cast<std::uint64_t>(st.st_size) + fs.f_frsize;  // and a block of slack
+    }
+
     static bool all_exist(const std::vector<fs::path>& files) {
         return std::all_of(files.begin(), files.end(), [](const fs::path& f) {
             struct stat st {};
@@ -4234,9 +4251,14 @@ private:
             lock.unlock();
             const auto start = std::chrono::steady_clock::now();
             std::optional<std::string> error;
+            bool full = false;
             std::uint64_t copied = 0;
             try {
+                if (job->make_room && !fits(job->source, job->target)) job->make_room();
                 copied = copy_file_checked(job->source, job->target, job->checkpoint, pace_);
+            } catch (const IoError& e) {
+                error = e.what();
+                full = e.error_code() == ENOSPC || e.error_code() == EDQUOT;
             } catch (const std::exception& e) {
                 error = e.what();
             }
@@ -4247,13 +4269,25 @@ private:
                     log(LogLevel::warning, "after copying '" + job->target.string() + "': " + e.what());
                 }
             }
-            if (error)
+            // a full durable level is said once, when it fills, and once when it has room again
+            if (error && full && full_said_)
+                log(LogLevel::info, "could not copy '" + job->source.string() + "' to the durable level, still full: " + *error);
+            else if (error && full)
+                log(LogLevel::warning, "the durable level is full: could not copy '" + job->source.string() + "' there (" +
+                                           *error + "), after its retention made what room it could; copies fail "
+                                           "until there is room, each counted in FlushStats::no_space, and the local "
+                                           "level keeps its files meanwhile only as its own retention allows");
+            else if (error)
                 log(LogLevel::warning, "could not copy '" + job->source.string() + "' to the durable level: " + *error);
+            else if (full_said_)
+                log(LogLevel::notice, "the durable level has room again: copied '" + job->source.string() + "'");
+            full_said_ = error ? full_said_ || full : false;
             const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             lock.lock();
             stats_.seconds += took;
             if (error) {
                 ++stats_.failed;
+                stats_.no_space += full;
                 stats_.last_error = *error;
                 last_failed_ = job->source;
             } else {
@@ -4271,6 +4305,7 @@ private:
     std::deque<Job> queue_;
     std::optional<fs::path> current_, last_failed_;
     FlushStats stats_;
+    bool full_said_ = false;  // the copier thread's own
     bool stop_ = false;
     std::thread thread_;  // last: started once the rest is in place
 };
@@ -6377,14 +6412,23 @@ private:
         retain(dir_, retention_, just_written, p, restored);
     }
 
-    /// Retention over the checkpoints in `dir` (a level), by `policy`.
+    /// Retention over the checkpoints in `dir` (a level), by `policy`. `incoming`, when given, is
+    /// `just_written` before it is there (its header and metrics those of the file to be copied
+    /// there): retention as it will be once it is, to make room for it.
     template <RetentionPolicy Policy>
     void retain(const fs::path& dir, const Policy& policy, const fs::path& just_written, const Progress& p,
-                const std::optional<StoredCheckpoint>& restored) const {
+                const std::optional<StoredCheckpoint>& restored, const StoredCheckpoint* incoming = nullptr) const {
         const auto all = list_checkpoints(dir, prefix_, naming_);
         auto files = readable_checkpoints(retention_scope(), p.rank, all);
         if (detail::ranks_by_metrics(policy))
             for (auto& f : files) f.metrics = metrics_of(f);
+        if (incoming) {
+            files.push_back(*incoming);
+            std::stable_sort(files.begin(), files.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
+                return std::tuple_cat(position(a.name), std::tie(a.header.save_time_ns)) <
+                       std::tuple_cat(position(b.name), std::tie(b.header.save_time_ns));
+            });
+        }
         const auto it = std::find_if(files.begin(), files.end(),
                                      [&](const StoredCheckpoint& f) { return f.path == just_written; });
         if (it == files.end()) return;
@@ -6435,6 +6479,19 @@ private:
         detail::Flusher::Job job;
         job.source = file;
         job.target = durable_dir_ / file.lexically_relative(dir_);
+        // a copy that would not fit first deletes what the durable level's retention deletes
+        // once it is there
+        job.make_room = [this, file, target = job.target, p, restored] {
+            auto parts = naming_.parse(prefix_, target.lexically_relative(durable_dir_).generic_string());
+            if (!parts) return;
+            StoredCheckpoint incoming{Path(file), std::move(*parts), {}};
+            incoming.header = read_header(file);
+            incoming.owner = OwnerRecord::matches;
+            if (detail::ranks_by_metrics(options_.durable->retention)) incoming.metrics = metrics_of(incoming);
+            incoming.path = target;
+            detail::log(LogLevel::info, "making room on the durable level for '" + target.string() + "'");
+            retain(durable_dir_, options_.durable->retention, target, p, restored, &incoming);
+        };
         job.done = [this, p, restored](const fs::path& copied) {
             retain(durable_dir_, options_.durable->retention, copied, p, restored);
             const auto meta = options_.write_meta ? naming_.meta_name(run_prefix_) : std::string();
