@@ -543,3 +543,28 @@ TEST_CASE("load_latest_resharded shapes a target after the index, and a second p
         CHECK(again.values == h.values);
     }).rethrow();
 }
+
+TEST_CASE("a retention of one file keeps each rank's file of the newest committed index until the next is committed") {
+    test::TempDir dir;
+    fault::ThreadGroup two(2, std::chrono::seconds(10));
+    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+        std::vector<float> w(16, 0.0f);
+        ckpt::ParamDict state;
+        state.set("w", ckpt::view_of(w));
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> mgr(
+            dir / ("rank_" + std::to_string(comm.rank())), "net", ckpt::EverySteps{1}, ckpt::KeepLast{1});
+        for (std::int64_t s = 1; s <= 4; ++s) {
+            std::fill(w.begin(), w.end(), static_cast<float>(s));
+            const auto file = mgr.on_step(ckpt::Progress::at_iteration(s), state);
+            REQUIRE(file);
+            // step 4 is saved, and the job dies before its index is committed
+            if (s < 4) fault::index_saved_checkpoint(comm, mgr, dir.path(), s, *file);
+        }
+    }).rethrow();
+    // KeepLast{1} deleted step 3's files at step 4's save, but for the index that names them
+    const auto whole = fault::latest_global_index(dir.path());
+    REQUIRE(whole);
+    CHECK(whole->filename() == "index-step_3.ckpt");
+    CHECK(fs::exists(dir / "rank_0" / "net-3.ckpt"));
+    CHECK(fs::exists(dir / "rank_1" / "net-4.ckpt"));
+}

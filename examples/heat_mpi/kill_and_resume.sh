@@ -4,7 +4,10 @@
 # that never stopped.
 #   kill_and_resume.sh PATH/TO/heat_mpi WORKDIR SCENARIO [HASH_FILE]
 #     straight    only the uninterrupted run, its hash written to HASH_FILE
-#     same        4 ranks, rank 2 killed, run again on 4 ranks: resumes from the local level
+#     same        4 ranks, rank 2 killed, run again on 4 ranks: resumes from the local level;
+#                 then, finished, run again three times: each ends at once, writing and
+#                 deleting nothing; then run longer (--iters 650): goes on from iteration 600
+#                 to the field of an uninterrupted 650-iteration run
 #     reshard     4 ranks, rank 1 killed, run again on 3 ranks and (from a copy of the same
 #                 checkpoints) on 2: each resumes from the 4-rank checkpoint by resharding
 #     local-lost  4 ranks, rank 3 killed, the local level deleted, run again on 4 ranks:
@@ -83,6 +86,26 @@ same)
     echo "== run again, 4 ranks"
     run 4 "$work/job" > "$work/resumed.log"
     check "$work/resumed.log" local
+    # every file of both levels, its size and time of change; the locks' text says who holds them
+    files() { find "$work/job" -type f ! -name '*.lock' -printf '%P %s %C@\n' | sort; }
+    before=$(files)
+    for again in 1 2 3; do
+        echo "== finished: the same command again ($again)"
+        run 4 "$work/job" > "$work/again-$again.log" 2>&1
+        grep -q "^resuming from $work/job/local/index-step_600.ckpt" "$work/again-$again.log" ||
+            fail "run $again did not find the finished step: $(head -3 "$work/again-$again.log")"
+        grep -q 'had already finished' "$work/again-$again.log" || fail "run $again did not say the job had finished"
+        [ "$(hash_of "$work/again-$again.log")" = "$straight" ] || fail "run $again ends with another field"
+        [ "$(files)" = "$before" ] || fail "run $again of a finished job changed its files: $(diff <(echo "$before") <(files))"
+    done
+    echo "== run longer: --iters 650"
+    run 4 "$work/job" --iters 650 > "$work/longer.log"
+    grep -q "^resuming from $work/job/local/index-step_600.ckpt" "$work/longer.log" ||
+        fail "the longer run did not go on from iteration 600: $(head -3 "$work/longer.log")"
+    run 4 "$work/straight-650" --iters 650 > "$work/straight-650.log"
+    [ "$(hash_of "$work/longer.log")" = "$(hash_of "$work/straight-650.log")" ] ||
+        fail "the run extended to 650 iterations differs from an uninterrupted one"
+    echo "extended to 650: final_field_xxh3=$(hash_of "$work/longer.log"), as an uninterrupted run"
     ;;
 reshard)
     cp -a "$work/job" "$work/job-2"

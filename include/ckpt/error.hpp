@@ -12,7 +12,10 @@
 //   ├── NotFound               no such key in a ParamDict
 //   ├── TypeMismatch           typed access asked for the wrong type
 //   ├── LoadMismatch           strict load found missing, unexpected or mismatched tensors
-//   └── ConfigError            invalid policy or configuration values
+//   ├── ConfigError            invalid policy or configuration values
+//   │   └── SeriesLocked       another writer holds the series (series.hpp)
+//   └── UnreadableCheckpoints  checkpoints exist, but the newest cannot be read here or none
+//                              can be used (latest.hpp)
 
 #include <cstdint>
 #include <stdexcept>

@@ -320,6 +320,12 @@ public:
     /// Rethrows the error of a background save, if one failed.
     void check_background() { background_.check(); }
 
+    /// See CheckpointManager::pin().
+    void pin(const fs::path& file) {
+        std::lock_guard lock(cache_mutex_);
+        pinned_ = file.lexically_relative(dir_);
+    }
+
     /// See CheckpointManager::wait_flushed().
     FlushStats wait_flushed() {
         background_.wait();
@@ -776,6 +782,12 @@ private:
         // Files still to be copied to the durable level.
         if (flusher_ && dir == dir_)
             for (std::size_t j = 0; j < files.size(); ++j) keep[j] = keep[j] || flusher_->pinned(files[j].path);
+        // The file a committed global index names, on either level (pin()).
+        {
+            std::lock_guard lock(cache_mutex_);
+            for (std::size_t j = 0; j < files.size() && pinned_; ++j)
+                keep[j] = keep[j] || files[j].path.lexically_relative(dir) == *pinned_;
+        }
         // The file just written goes last whatever its name says; it is never deleted.
         std::rotate(files.begin() + static_cast<std::ptrdiff_t>(w), files.begin() + static_cast<std::ptrdiff_t>(w) + 1,
                     files.end());
@@ -955,6 +967,7 @@ private:
     // said once. Retention runs on the writer thread with async_save.
     // And the metrics read of each file (by body checksum), for policies that rank by them.
     mutable std::mutex cache_mutex_;
+    std::optional<fs::path> pinned_;  // pin(): relative to either level's directory, under cache_mutex_
     mutable std::map<std::string, std::uint64_t> unowned_intact_;
     mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
     // The copier, then the writer, last: drained before the members their jobs read (the writer
@@ -1053,6 +1066,12 @@ public:
     /// copied only once every rank's file is there (fault::GlobalIndexer).
     void queue_durable_copy(const PathArg& source, const PathArg& target, std::vector<Path> needs = {},
                             std::function<void()> done = {}) const;
+    /// Retention on either level keeps `file` (one of this manager's, under its directory; its
+    /// copy on the durable level) until the next pin() names another: the file of this rank
+    /// that the newest committed global index names, so that a rank's newer save does not
+    /// break the one whole index before the next is committed (fault::index_saved_checkpoint
+    /// pins each rank's).
+    void pin(const PathArg& file);
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
     std::optional<Path> on_exception(const Progress& p, State&& state) {
@@ -1199,6 +1218,11 @@ bool CheckpointManager<S, R, N, A, C>::due_at(Progress& p, Event e) { return cor
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 bool CheckpointManager<S, R, N, A, C>::due_at_train_end(Progress& p) { return core_->due_at_train_end(p); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::pin(const PathArg& file) {
+    core_->pin(file);
+}
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 void CheckpointManager<S, R, N, A, C>::record_finished(const Progress& p, std::string_view arguments) {

@@ -41,6 +41,7 @@
 #include "detail/hash.hpp"
 #include "detail/verified_reader.hpp"
 #include "error.hpp"
+#include "latest.hpp"
 #include "naming_policy.hpp"
 #include "param_dict.hpp"
 #include "tensor.hpp"
@@ -379,6 +380,43 @@ inline GlobalIndex index_from_dict(const ParamDict& d, const std::string& what) 
 inline GlobalIndex read_global_index(const PathArg& file) {
     return index_from_dict(load_checkpoint(file), "global index '" + file.string() + "'");
 }
+
+/// Whether `name` is a global index's ("index-step_{g}.ckpt"), and its step.
+inline std::optional<std::int64_t> global_index_step(std::string_view name) {
+    if (!detail::consume(name, "index-step_") || !name.ends_with(".ckpt")) return std::nullopt;
+    name.remove_suffix(5);
+    return detail::parse_count(name);
+}
+
+namespace detail {
+
+/// Why the global index at `path` cannot be used (it does not verify, or a file it names is
+/// gone or too short: broken, as retention left it), and whether this program cannot read it
+/// rather than it being damaged; or nothing. `broken`, when given, says whether the index
+/// itself reads and a file it names is gone.
+inline std::optional<CheckpointIssue> global_index_issue(const boost::filesystem::path& path, bool* broken = nullptr) {
+    if (broken) *broken = false;
+    try {
+        const auto index = read_global_index(path);
+        for (const auto& p : index.pieces) {
+            const auto file = path.parent_path() / p.file;
+            boost::system::error_code ec;
+            const auto size = boost::filesystem::file_size(file, ec);
+            if (ec) {
+                if (broken) *broken = true;
+                return CheckpointIssue{"'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is gone"};
+            }
+            if (!p.encoded && size < p.offset + p.count * itemsize(p.dtype))
+                return CheckpointIssue{"'" + file.string() + "' (rank " + std::to_string(p.rank) +
+                                       ") is shorter than its pieces"};
+        }
+    } catch (const Error& e) {
+        return CheckpointIssue{e.what(), unsupported_here(e)};
+    }
+    return std::nullopt;
+}
+
+}  // namespace detail
 
 namespace detail {
 

@@ -105,38 +105,15 @@ inline std::vector<std::pair<std::int64_t, boost::filesystem::path>> global_inde
     std::vector<std::pair<std::int64_t, boost::filesystem::path>> out;
     boost::system::error_code ec;
     for (boost::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-        const std::string name = it->path().filename().string();
-        constexpr std::string_view head = "index-step_", tail = ".ckpt";
-        if (name.size() <= head.size() + tail.size() || name.rfind(head, 0) != 0 ||
-            name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
-            continue;
-        const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
-        if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-            continue;
-        out.emplace_back(std::stoll(digits), it->path());
+        if (const auto step = ckpt::global_index_step(it->path().filename().string())) out.emplace_back(*step, it->path());
     }
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     return out;
 }
 
-/// Why the index at `path` cannot be used (it does not verify, or a file it names is gone or
-/// too short), and whether this program cannot read it rather than it being damaged; or nothing.
+/// See ckpt::detail::global_index_issue().
 inline std::optional<ckpt::detail::CheckpointIssue> global_index_issue(const boost::filesystem::path& path) {
-    try {
-        const auto index = ckpt::read_global_index(path);
-        for (const auto& p : index.pieces) {
-            const auto file = path.parent_path() / p.file;
-            boost::system::error_code ec;
-            const auto size = boost::filesystem::file_size(file, ec);
-            if (ec) return ckpt::detail::CheckpointIssue{"'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is gone"};
-            if (!p.encoded && size < p.offset + p.count * ckpt::itemsize(p.dtype))
-                return ckpt::detail::CheckpointIssue{"'" + file.string() + "' (rank " + std::to_string(p.rank) +
-                                                     ") is shorter than its pieces"};
-        }
-    } catch (const ckpt::Error& e) {
-        return ckpt::detail::CheckpointIssue{e.what(), ckpt::detail::unsupported_here(e)};
-    }
-    return std::nullopt;
+    return ckpt::detail::global_index_issue(path);
 }
 
 /// Why the index at `path` cannot be used, or nothing (global_index_issue()).
@@ -199,10 +176,12 @@ inline std::optional<boost::filesystem::path> latest_global_index(const ckpt::Pa
     return latest_global_index(std::vector<ckpt::Path>{ckpt::Path(dir)}, verify_files, before_step);
 }
 
-/// Removes the global indexes in `dir` whose files are gone (deleted by a retention policy).
+/// Removes the global indexes in `dir` whose files are gone (deleted by a retention policy);
+/// one that is damaged, or that this program cannot read, is left as evidence.
 inline void remove_stale_global_indexes(const ckpt::PathArg& dir) {
     for (const auto& [step, path] : detail::global_indexes(dir)) {
-        if (!detail::global_index_problem(path)) continue;
+        bool broken = false;
+        if (!ckpt::detail::global_index_issue(path, &broken) || !broken) continue;
         boost::system::error_code ec;
         boost::filesystem::remove(path, ec);
     }
@@ -219,12 +198,17 @@ inline void remove_stale_global_indexes(const ckpt::PathArg& dir) {
 /// {shared}/rank_0, the index goes to {shared}. Every rank copies the same steps
 /// (DurableLevel::every counts saves), so the files come. Returns the index's path. A
 /// collective; a loop without nn's callbacks calls it after each save (GlobalIndexer does).
+/// Each rank's manager keeps its file of the newest committed index (CheckpointManager::pin()),
+/// whatever its retention says, until the next one is committed: a retention of one file
+/// never leaves the job without a whole index.
 template <Communicator Comm, class Manager>
 boost::filesystem::path index_saved_checkpoint(Comm& comm, Manager& manager, const ckpt::PathArg& dir,
                                                std::int64_t global_step, const ckpt::PathArg& file,
                                                const ckpt::PieceMap& places = {}) {
     manager.wait();  // durable before it is described
     const auto index = commit_global_index(comm, dir, global_step, file, places, 1u << 20, manager.load_options());
+    // this rank's file of the newest whole index stays until the next index is committed
+    if constexpr (requires { manager.pin(file); }) manager.pin(file);
     if (comm.rank() != 0) return index;
     remove_stale_global_indexes(dir);
     const auto* durable = manager.durable_directory();

@@ -49,7 +49,10 @@
 //   ├── NotFound               no such key in a ParamDict
 //   ├── TypeMismatch           typed access asked for the wrong type
 //   ├── LoadMismatch           strict load found missing, unexpected or mismatched tensors
-//   └── ConfigError            invalid policy or configuration values
+//   ├── ConfigError            invalid policy or configuration values
+//   │   └── SeriesLocked       another writer holds the series (series.hpp)
+//   └── UnreadableCheckpoints  checkpoints exist, but the newest cannot be read here or none
+//                              can be used (latest.hpp)
 
 #include <cstdint>
 #include <stdexcept>
@@ -5991,6 +5994,12 @@ public:
     /// Rethrows the error of a background save, if one failed.
     void check_background() { background_.check(); }
 
+    /// See CheckpointManager::pin().
+    void pin(const fs::path& file) {
+        std::lock_guard lock(cache_mutex_);
+        pinned_ = file.lexically_relative(dir_);
+    }
+
     /// See CheckpointManager::wait_flushed().
     FlushStats wait_flushed() {
         background_.wait();
@@ -6447,6 +6456,12 @@ private:
         // Files still to be copied to the durable level.
         if (flusher_ && dir == dir_)
             for (std::size_t j = 0; j < files.size(); ++j) keep[j] = keep[j] || flusher_->pinned(files[j].path);
+        // The file a committed global index names, on either level (pin()).
+        {
+            std::lock_guard lock(cache_mutex_);
+            for (std::size_t j = 0; j < files.size() && pinned_; ++j)
+                keep[j] = keep[j] || files[j].path.lexically_relative(dir) == *pinned_;
+        }
         // The file just written goes last whatever its name says; it is never deleted.
         std::rotate(files.begin() + static_cast<std::ptrdiff_t>(w), files.begin() + static_cast<std::ptrdiff_t>(w) + 1,
                     files.end());
@@ -6626,6 +6641,7 @@ private:
     // said once. Retention runs on the writer thread with async_save.
     // And the metrics read of each file (by body checksum), for policies that rank by them.
     mutable std::mutex cache_mutex_;
+    std::optional<fs::path> pinned_;  // pin(): relative to either level's directory, under cache_mutex_
     mutable std::map<std::string, std::uint64_t> unowned_intact_;
     mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
     // The copier, then the writer, last: drained before the members their jobs read (the writer
@@ -6724,6 +6740,12 @@ public:
     /// copied only once every rank's file is there (fault::GlobalIndexer).
     void queue_durable_copy(const PathArg& source, const PathArg& target, std::vector<Path> needs = {},
                             std::function<void()> done = {}) const;
+    /// Retention on either level keeps `file` (one of this manager's, under its directory; its
+    /// copy on the durable level) until the next pin() names another: the file of this rank
+    /// that the newest committed global index names, so that a rank's newer save does not
+    /// break the one whole index before the next is committed (fault::index_saved_checkpoint
+    /// pins each rank's).
+    void pin(const PathArg& file);
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
     std::optional<Path> on_exception(const Progress& p, State&& state) {
@@ -6870,6 +6892,11 @@ bool CheckpointManager<S, R, N, A, C>::due_at(Progress& p, Event e) { return cor
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 bool CheckpointManager<S, R, N, A, C>::due_at_train_end(Progress& p) { return core_->due_at_train_end(p); }
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::pin(const PathArg& file) {
+    core_->pin(file);
+}
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 void CheckpointManager<S, R, N, A, C>::record_finished(const Progress& p, std::string_view arguments) {
@@ -7542,6 +7569,43 @@ inline GlobalIndex index_from_dict(const ParamDict& d, const std::string& what) 
 inline GlobalIndex read_global_index(const PathArg& file) {
     return index_from_dict(load_checkpoint(file), "global index '" + file.string() + "'");
 }
+
+/// Whether `name` is a global index's ("index-step_{g}.ckpt"), and its step.
+inline std::optional<std::int64_t> global_index_step(std::string_view name) {
+    if (!detail::consume(name, "index-step_") || !name.ends_with(".ckpt")) return std::nullopt;
+    name.remove_suffix(5);
+    return detail::parse_count(name);
+}
+
+namespace detail {
+
+/// Why the global index at `path` cannot be used (it does not verify, or a file it names is
+/// gone or too short: broken, as retention left it), and whether this program cannot read it
+/// rather than it being damaged; or nothing. `broken`, when given, says whether the index
+/// itself reads and a file it names is gone.
+inline std::optional<CheckpointIssue> global_index_issue(const boost::filesystem::path& path, bool* broken = nullptr) {
+    if (broken) *broken = false;
+    try {
+        const auto index = read_global_index(path);
+        for (const auto& p : index.pieces) {
+            const auto file = path.parent_path() / p.file;
+            boost::system::error_code ec;
+            const auto size = boost::filesystem::file_size(file, ec);
+            if (ec) {
+                if (broken) *broken = true;
+                return CheckpointIssue{"'" + file.string() + "' (rank " + std::to_string(p.rank) + ") is gone"};
+            }
+            if (!p.encoded && size < p.offset + p.count * itemsize(p.dtype))
+                return CheckpointIssue{"'" + file.string() + "' (rank " + std::to_string(p.rank) +
+                                       ") is shorter than its pieces"};
+        }
+    } catch (const Error& e) {
+        return CheckpointIssue{e.what(), unsupported_here(e)};
+    }
+    return std::nullopt;
+}
+
+}  // namespace detail
 
 namespace detail {
 
