@@ -1,6 +1,7 @@
 // The ckpt command-line tool (tools/ckpt.cpp): every subcommand, its output and its exit codes.
 #include <ckpt/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
+#include <ckpt/reshard.hpp>
 #include <ckpt/zstd.hpp>
 
 #include <doctest/doctest.h>
@@ -596,6 +597,96 @@ TEST_CASE("ckpt import takes PyTorch .pt and .pth files, show and diff read them
     auto wrong_in = ckpt_tool({"import", out.string(), (dir / "again.ckpt").string()}, dir.path());
     CHECK(wrong_in.status == 2);
     CHECK(contains(wrong_in.err, "must end in .safetensors, .npz, .pt or .pth"));
+}
+
+TEST_CASE("ckpt ls shows what a series left besides checkpoints: temporaries (--clean), broken indexes, its end, its holder") {
+    test::TempDir dir;
+    const auto run = dir / "run";
+    // step-named files saved in epoch 2: their position is their header's, not epoch 1
+    {
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> mgr(run, "st", ckpt::EverySteps{1},
+                                                                                       ckpt::KeepAll{});
+        ckpt::ParamDict state = small_state(1.0f);
+        ckpt::Progress p;
+        p.epoch = 2;
+        p.step = 50;
+        p.global_step = 300;
+        mgr.on_step(p, state);
+        mgr.on_train_end(p, state, "epochs=2");
+    }
+    // a temporary a killed writer left, one a live writer is writing, and an index whose files are gone
+    const pid_t gone = ::fork();
+    if (gone == 0) ::_exit(0);
+    ::waitpid(gone, nullptr, 0);
+    const std::string dead = ".st-400.ckpt.tmp-" + std::to_string(gone) + "-0";
+    const std::string live = ".st-401.ckpt.tmp-" + std::to_string(::getpid()) + "-0";
+    for (const auto& n : {dead, live}) test::write_bytes(run / n, std::vector<char>(100, 'x'));
+    ckpt::GlobalIndex index;
+    index.global_step = 300;
+    index.world_size = 1;
+    ckpt::TensorPiece piece;
+    piece.global = piece.entry = "w";
+    piece.count = 1;
+    piece.file = "rank_0/gone.ckpt";
+    piece.chunk_hashes = {0};
+    index.pieces.push_back(piece);
+    ckpt::save_checkpoint(ckpt::index_to_dict(index), run / "index-step_300.ckpt");
+
+    auto ls = ckpt_tool({"ls", run.string(), "--json"}, dir.path());
+    CHECK(ls.status == 0);
+    const auto j = json::parse(ls.out);
+    REQUIRE(j["temporaries"].size() == 2);
+    for (const auto& t : j["temporaries"]) {
+        const bool is_dead = t["path"].get<std::string>().ends_with(dead);
+        CHECK(t["writer"] == (is_dead ? "gone" : "running"));
+        CHECK(t["size"] == 100);
+    }
+    bool saw_index = false, saw_series = false;
+    for (const auto& g : j["checkpoints"])
+        for (const auto& c : g["checkpoints"]) {
+            if (c.value("kind", "") == "global_index") {
+                saw_index = true;
+                CHECK(c["valid"] == false);
+                CHECK(contains(c["problem"].get<std::string>(), "'" + (run / "rank_0/gone.ckpt").string() + "' (rank 0) is gone"));
+            } else if (c["path"].get<std::string>().ends_with("st-300.ckpt")) {
+                saw_series = true;
+                CHECK(c["epoch"] == 2);
+                CHECK(c["step"] == 50);
+                CHECK(c["global_step"] == 300);
+                CHECK(g["finished"]["arguments"] == "epochs=2");
+                CHECK(g["held_by"].is_null());
+            }
+        }
+    CHECK(saw_index);
+    CHECK(saw_series);
+    auto verify = ckpt_tool({"verify", run.string()}, dir.path());
+    CHECK(verify.status == 1);
+    CHECK(contains(verify.out, "global index of step 300"));
+    CHECK(contains(verify.out, "2 temporaries of saves that did not finish"));
+    // --clean removes the dead writer's temporary only
+    auto clean = ckpt_tool({"ls", run.string(), "--clean"}, dir.path());
+    CHECK(clean.status == 0);
+    CHECK(contains(clean.out, "removed " + (run / dead).string()));
+    CHECK_FALSE(test::fs::exists(run / dead));
+    CHECK(test::fs::exists(run / live));
+    // held now: ls names the holder (a manager starting removes what is left of its series)
+    {
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> holder(run, "st", ckpt::EverySteps{1},
+                                                                                          ckpt::KeepAll{});
+        auto held = ckpt_tool({"ls", run.string()}, dir.path());
+        CHECK(contains(held.out, "being written by pid " + std::to_string(::getpid())));
+        CHECK(contains(held.out, "finished at 'st-300.ckpt': epoch 2, step 50 (global step 300) with 'epochs=2'"));
+    }
+    // import into a name of a series a job is writing is refused, naming the holder
+    {
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> holder(run, "st", ckpt::EverySteps{1},
+                                                                                          ckpt::KeepAll{});
+        ckpt::save_npz(small_state(2.0f), dir / "w.npz");
+        auto into = ckpt_tool({"import", (dir / "w.npz").string(), (run / "st-500.ckpt").string()}, dir.path());
+        CHECK(into.status == 1);
+        CHECK(contains(into.err, "prefix 'st' in '" + run.string() + "' is held by pid " + std::to_string(::getpid())));
+        CHECK_FALSE(test::fs::exists(run / "st-500.ckpt"));
+    }
 }
 
 }  // TEST_SUITE

@@ -2,7 +2,7 @@
 // safetensors and NumPy's npz, bring in PyTorch's torch.save files, and draw the metrics they
 // record.
 //
-//   ckpt ls DIR [--prefix P] [--headers-only] [--best METRIC[:min|max]] [--json]
+//   ckpt ls DIR [--prefix P] [--headers-only] [--best METRIC[:min|max]] [--json] [--clean]
 //   ckpt show FILE [--stats] [--json]
 //   ckpt verify FILE|DIR ...
 //   ckpt diff A B [--atol X] [--rtol Y]
@@ -16,6 +16,7 @@
 #include <ckpt/ckpt.hpp>
 #include <ckpt/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
+#include <ckpt/reshard.hpp>
 #include <ckpt/zstd.hpp>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +25,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -195,6 +197,21 @@ struct Listed {
     bool latest = false;
     std::map<std::string, double> metrics;  // what the save recorded (Progress::metrics)
     bool best = false;
+    std::optional<std::int64_t> index_step;  // a global index ("index-step_{g}.ckpt") of that step
+};
+
+/// A temporary a writer left (".{name}.tmp-{pid}-{n}"): killed mid-save, or still writing.
+struct Temporary {
+    fs::path path;
+    long pid = 0;
+    std::uint64_t size = 0;
+    bool writer_running = false;
+};
+
+/// What `ckpt ls` says of a series besides its files: whether it finished, and who holds it.
+struct SeriesState {
+    std::optional<ckpt::FinishedRecord> finished;
+    std::string held_by;  // the lock's holder, when the lock is held now
 };
 
 /// What `ckpt ls --best NAME[:max]` ranks by.
@@ -232,7 +249,8 @@ bool classify(Listed& f, const std::string& name, const std::optional<std::strin
     return false;
 }
 
-std::vector<Listed> find_checkpoints(const fs::path& dir, const std::optional<std::string>& only_prefix) {
+std::vector<Listed> find_checkpoints(const fs::path& dir, const std::optional<std::string>& only_prefix,
+                                     std::vector<Temporary>* temporaries = nullptr) {
     if (!fs::is_directory(dir)) throw Failure("'" + dir.string() + "' is not a directory");
     std::vector<Listed> out;
     boost::system::error_code ec;
@@ -240,10 +258,22 @@ std::vector<Listed> find_checkpoints(const fs::path& dir, const std::optional<st
         if (ec) throw Failure("cannot list '" + dir.string() + "': " + ec.message());
         if (it.depth() > 4) it.disable_recursion_pending();
         const fs::path p = it->path();
-        if (!fs::is_regular_file(it->status()) || p.extension() != ".ckpt" || is_temporary(p)) continue;
+        if (!fs::is_regular_file(it->status())) continue;
+        if (const auto pid = ckpt::detail::temporary_owner(p.filename().string())) {
+            const bool running = ::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH;
+            if (temporaries) temporaries->push_back({p, *pid, fs::file_size(p, ec), running});
+            continue;
+        }
+        if (p.extension() != ".ckpt") continue;
         Listed f;
         f.path = p;
         f.size = fs::file_size(p, ec);
+        if ((f.index_step = ckpt::global_index_step(p.filename().string()))) {
+            if (only_prefix) continue;
+            f.group = p.parent_path().string();
+            out.push_back(std::move(f));
+            continue;
+        }
         const std::string rel = p.lexically_relative(dir).generic_string();
         const auto lw = rel.find("tft_saved_checkpoints-step_");
         if (lw != std::string::npos && (lw == 0 || rel[lw - 1] == '/')) {
@@ -294,6 +324,12 @@ void check(Listed& f, bool headers_only) {
         f.header = ckpt::read_header(f.path);
     } catch (const ckpt::Error& e) {
         f.problem = e.what();
+        return;
+    }
+    if (f.index_step) {  // an index whose files retention deleted is broken, whatever its checksum says
+        if (headers_only) return;
+        if (auto issue = ckpt::detail::global_index_issue(f.path)) f.problem = "global index of step " +
+                                                                              std::to_string(*f.index_step) + ": " + issue->why;
         return;
     }
     take_recorded_owner(f);
@@ -402,23 +438,99 @@ std::string metrics_text(const std::map<std::string, double>& metrics) {
     return out;
 }
 
+/// A named file's epoch and step: from its name, or, for names that carry only the global step
+/// (StepNaming), from its header when it reads.
+std::pair<std::int64_t, std::int64_t> position_of(const Listed& f) {
+    if (!f.parts.epoch_in_name && !f.last_words && f.header) return {f.header->epoch, f.header->step};
+    return {f.parts.epoch, f.parts.step};
+}
+
+void print_temporaries(const std::vector<Temporary>& temporaries) {
+    if (temporaries.empty()) return;
+    std::cout << "\ntemporaries (each a save that did not finish; 'ckpt ls --clean' removes those whose writer is gone):\n";
+    for (const auto& t : temporaries)
+        std::cout << "  " << t.path.string() << "  " << human_size(t.size) << "  pid " << t.pid << " "
+                  << (t.writer_running ? "running" : "gone") << "\n";
+}
+
+/// Whether `prefix` in `dir` finished, and who holds its lock now: a shared lock taken for a
+/// moment (a writer starting then asks again), refused while a writer holds it.
+SeriesState series_state(const fs::path& dir, const std::string& prefix) {
+    SeriesState state;
+    state.finished = ckpt::read_finished(dir, prefix);
+    const std::string lock = (dir / ckpt::detail::lock_file_name(prefix)).string();
+    const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return state;
+    const ckpt::detail::Fd owned(fd);
+    if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
+        ::flock(fd, LOCK_UN);
+        return state;
+    }
+    if (errno == EWOULDBLOCK) {
+        state.held_by = ckpt::detail::holder_text(ckpt::detail::parse_series_lines(ckpt::detail::read_head(fd)));
+        if (state.held_by.empty()) state.held_by = "a writer that has not said who it is yet";
+    }
+    return state;
+}
+
+/// Removes the temporaries whose writer is gone (on this host); returns how many.
+std::size_t clean_temporaries(std::vector<Temporary>& temporaries) {
+    std::size_t removed = 0;
+    for (auto it = temporaries.begin(); it != temporaries.end();) {
+        if (!it->writer_running && ::unlink(it->path.c_str()) == 0) {
+            std::cout << "removed " << it->path.string() << " (left by process " << it->pid << ", gone)\n";
+            ++removed;
+            it = temporaries.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    return removed;
+}
+
 int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool headers_only, bool as_json,
-           const std::optional<BestBy>& best_by) {
+           const std::optional<BestBy>& best_by, bool clean) {
     if (best_by && headers_only) throw UsageError("--best needs the files verified: it cannot go with --headers-only");
-    auto files = find_checkpoints(dir, prefix);
+    if (clean && as_json) throw UsageError("--clean reports what it removes as text: it cannot go with --json");
+    std::vector<Temporary> temporaries;
+    auto files = find_checkpoints(dir, prefix, &temporaries);
+    if (prefix)
+        std::erase_if(temporaries, [&](const Temporary& t) {
+            return !t.path.filename().string().starts_with("." + *prefix);
+        });
+    std::sort(temporaries.begin(), temporaries.end(), [](const Temporary& a, const Temporary& b) { return a.path < b.path; });
+    if (clean) clean_temporaries(temporaries);
     for (auto& f : files) check(f, headers_only);
     order_and_mark(files);
     if (best_by) mark_best(files, *best_by);
+    // the series the groups are: whether each finished, who holds it
+    std::map<std::string, SeriesState> series;
+    for (const auto& f : files)
+        if (f.named && !f.last_words && !series.contains(f.group)) series[f.group] = series_state(f.path.parent_path(), f.prefix);
     if (as_json) {
         json groups = json::array();
         for (const auto& f : files) {
-            if (groups.empty() || groups.back()["group"] != f.group)
+            if (groups.empty() || groups.back()["group"] != f.group) {
                 groups.push_back({{"group", f.group}, {"prefix", f.prefix}, {"naming", f.naming}, {"checkpoints", json::array()}});
+                if (const auto it = series.find(f.group); it != series.end()) {
+                    const auto& r = it->second.finished;
+                    groups.back()["finished"] = r ? json{{"file", r->file}, {"epoch", r->epoch}, {"step", r->step},
+                                                         {"global_step", r->global_step}, {"arguments", r->arguments},
+                                                         {"time", r->finished}}
+                                                  : json(nullptr);
+                    groups.back()["held_by"] = it->second.held_by.empty() ? json(nullptr) : json(it->second.held_by);
+                }
+            }
             json c = {{"path", f.path.string()}, {"size", f.size}};
+            if (f.index_step) {
+                c["kind"] = "global_index";
+                c["global_step"] = *f.index_step;
+            }
             if (f.named) {
+                const auto [epoch, step] = position_of(f);
                 c["run"] = f.parts.run;
-                c["epoch"] = f.parts.epoch;
-                c["step"] = f.parts.step;
+                c["epoch"] = epoch;
+                c["step"] = step;
                 if (f.parts.global_step >= 0) c["global_step"] = f.parts.global_step;
                 if (f.parts.rank >= 0) c["rank"] = f.parts.rank;
                 c["kind"] = f.last_words ? "last_words" : f.parts.kind == ckpt::SaveKind::breakpoint ? "breakpoint" : "regular";
@@ -431,11 +543,16 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
             if (best_by) c["best"] = f.best;
             groups.back()["checkpoints"].push_back(std::move(c));
         }
-        std::cout << json{{"directory", dir.string()}, {"checkpoints", groups}}.dump(2) << "\n";
+        json temps = json::array();
+        for (const auto& t : temporaries)
+            temps.push_back({{"path", t.path.string()}, {"pid", t.pid}, {"size", t.size},
+                             {"writer", t.writer_running ? "running" : "gone"}});
+        std::cout << json{{"directory", dir.string()}, {"checkpoints", groups}, {"temporaries", temps}}.dump(2) << "\n";
         return 0;
     }
     if (files.empty()) {
         std::cout << "no checkpoints in '" << dir.string() << "'" << (prefix ? " with prefix '" + *prefix + "'" : "") << "\n";
+        print_temporaries(temporaries);
         return 0;
     }
     std::string group;
@@ -444,6 +561,14 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
             group = f.group;
             std::cout << (&f == &files.front() ? "" : "\n") << f.group
                       << (f.naming.empty() ? "" : " (" + f.naming + ")") << "\n";
+            if (const auto it = series.find(f.group); it != series.end()) {
+                if (const auto& r = it->second.finished)
+                    std::cout << "  finished at '" << r->file << "': epoch " << r->epoch << ", step " << r->step
+                              << " (global step " << r->global_step << ")"
+                              << (r->arguments.empty() ? "" : " with '" + r->arguments + "'") << ", "
+                              << ckpt::detail::readable_time(r->finished) << "\n";
+                if (!it->second.held_by.empty()) std::cout << "  being written by " << it->second.held_by << "\n";
+            }
             std::printf("  %-44s %4s %6s %8s %-10s %10s  %-20s %s\n", "FILE", "RUN", "EPOCH", "STEP", "KIND", "SIZE",
                         "SAVED", "STATUS");
         }
@@ -451,10 +576,14 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
         const std::string status = f.problem ? "INVALID: " + *f.problem : headers_only ? "header ok" : "ok";
         std::string run = "-", epoch = "-", step = "-", kind = "-";
         if (f.named) {
+            const auto [e, st] = position_of(f);
             run = std::to_string(f.parts.run);
-            epoch = std::to_string(f.parts.epoch);
-            step = std::to_string(f.parts.step);
+            epoch = std::to_string(e);
+            step = std::to_string(st);
             kind = f.last_words ? "last words" : f.parts.kind == ckpt::SaveKind::breakpoint ? "breakpoint" : "regular";
+        } else if (f.index_step) {
+            step = std::to_string(*f.index_step);
+            kind = "index";
         } else if (f.header) {
             epoch = std::to_string(f.header->epoch);
             step = std::to_string(f.header->step);
@@ -467,6 +596,7 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
                     f.header ? utc_time(f.header->save_time_ns).c_str() : "-", status.c_str(), metrics.c_str(),
                     marks.c_str());
     }
+    print_temporaries(temporaries);
     return 0;
 }
 
@@ -925,14 +1055,16 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
 
 int cmd_verify(const std::vector<fs::path>& paths) {
     int failed = 0, passed = 0;
+    std::size_t temporaries = 0;
     for (const auto& target : paths) {
         std::vector<fs::path> files;
         if (fs::is_directory(target)) {
             boost::system::error_code ec;
             for (fs::recursive_directory_iterator it(target, ec), end; it != end; it.increment(ec)) {
                 if (ec) throw Failure("cannot list '" + target.string() + "': " + ec.message());
-                if (fs::is_regular_file(it->status()) && it->path().extension() == ".ckpt" && !is_temporary(it->path()))
-                    files.push_back(it->path());
+                if (!fs::is_regular_file(it->status())) continue;
+                if (is_temporary(it->path())) ++temporaries;
+                else if (it->path().extension() == ".ckpt") files.push_back(it->path());
             }
             std::sort(files.begin(), files.end());
             if (files.empty()) {
@@ -945,6 +1077,11 @@ int cmd_verify(const std::vector<fs::path>& paths) {
         for (const auto& f : files) {
             try {
                 const auto h = ckpt::verify_checkpoint(f);
+                // a global index whose files retention deleted is broken, whatever its checksum says
+                if (const auto step = ckpt::global_index_step(f.filename().string()))
+                    if (auto issue = ckpt::detail::global_index_issue(f))
+                        throw ckpt::FormatError("global index of step " + std::to_string(*step) + ": " + issue->why,
+                                                f.string());
                 // With the key, an encrypted body is also decrypted: that authenticates it.
                 const bool authenticated = h.encrypted() && !load_options.key.empty();
                 if (authenticated) ckpt::load_checkpoint(f, load_options);
@@ -960,6 +1097,10 @@ int cmd_verify(const std::vector<fs::path>& paths) {
         }
     }
     std::cout << passed << " verified, " << failed << " failed\n";
+    if (temporaries)
+        std::cout << temporaries << " temporar" << (temporaries == 1 ? "y" : "ies")
+                  << " of saves that did not finish (ckpt ls shows them, ckpt ls --clean removes those whose writer "
+                     "is gone)\n";
     return failed ? 1 : 0;
 }
 
@@ -1087,6 +1228,13 @@ int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, st
     if (!load_options.key.empty()) opts.codecs.push_back(ckpt::AesGcm{load_options.key}.codecs().front());
     refuse_overwrite(out, force);
     const auto dict = sel.apply(load_any(in));
+    // a file named as a series' checkpoint is written holding the series' lock, as its jobs do:
+    // never into a series a job is writing
+    std::optional<ckpt::detail::SeriesLock> lock;
+    if (Listed probe; classify(probe, out.filename().string(), std::nullopt)) {
+        const fs::path dir = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+        if (fs::is_directory(dir)) lock.emplace(dir, probe.prefix);
+    }
     ckpt::save_checkpoint(dict, out, opts);
     std::cout << "imported " << dict.size() << " entries into " << out.string() << " (epoch " << epoch << ", step "
               << step << ", " << archive << " archive"
@@ -1121,6 +1269,8 @@ int main(int argc, char** argv) {
     ls->add_option("--prefix", prefix, "Only this prefix's checkpoints (all its runs)");
     ls->add_flag("--headers-only", headers_only, "Read headers only; do not verify checksums");
     ls->add_flag("--json", as_json, "Print JSON");
+    bool clean = false;
+    ls->add_flag("--clean", clean, "First remove the temporaries of saves whose writer is gone (killed mid-save)");
     ls->add_option("--best", best_spec,
                    "Mark in each prefix the checkpoint with the best recorded METRIC that verifies, as ckpt::best() "
                    "finds it (METRIC:max when larger is better)");
@@ -1206,7 +1356,7 @@ int main(int argc, char** argv) {
         if (!key_file.empty()) load_options.key = ckpt::Key::from_file(key_file);
         if (*ls)
             return cmd_ls(dir, prefix.empty() ? std::nullopt : std::optional(prefix), headers_only, as_json,
-                          best_spec.empty() ? std::nullopt : std::optional(parse_best(best_spec)));
+                          best_spec.empty() ? std::nullopt : std::optional(parse_best(best_spec)), clean);
         if (*show) return cmd_show(file, stats, as_json);
         if (*verify) {
             std::vector<fs::path> paths(verify_paths.begin(), verify_paths.end());

@@ -165,10 +165,8 @@ def test_latest_agrees_with_the_cpp_tool(tool, runs, prefix):
     assert sorted(py) == sorted(cpp)
     for name, c in cpp.items():
         assert (py[name].run, py[name].problem is None, py[name].latest) == (c["run"], c["valid"], c["latest"]), name
-        # the position of a file named by its global step alone is its header's in ckpt.ls (see
-        # test_ls_marks_what_latest_takes); `ckpt ls` is not held to that here yet
-        if py[name].global_step < 0:
-            assert (py[name].epoch, py[name].step) == (c["epoch"], c["step"]), name
+        # a file named by its global step alone is at its header's epoch and step in both
+        assert (py[name].epoch, py[name].step) == (c["epoch"], c["step"]), name
 
 
 def test_latest_after_each_change(tool, tmp_path):
