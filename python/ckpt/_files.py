@@ -134,6 +134,8 @@ def _cannot_read(e):
         return "pass its key (key=...)"
     if isinstance(e, MissingModule):
         return "install the module it names"
+    if getattr(e, "over_budget", False):
+        return "pass a larger max_decoded_bytes"
     if isinstance(e, IoError):
         return _GONE if e.errno == errno.ENOENT else "make it readable"
     return None
@@ -231,7 +233,7 @@ def _none_usable(directory, prefix, passed):
         directory, passed, directory, prefix)
 
 
-def latest(directory, prefix, skipped=None, key=None, fall_back=False):
+def latest(directory, prefix, skipped=None, key=None, fall_back=False, max_decoded_bytes=None):
     """The path of the newest checkpoint of `prefix` in `directory` that verifies, or None when
     the directory holds none of the prefix (with a notice naming the prefixes it holds). "~" is
     expanded; a directory that does not exist is an IoError.
@@ -247,7 +249,9 @@ def latest(directory, prefix, skipped=None, key=None, fall_back=False):
 
     An exception save ("..._breakpoint.ckpt") written after every regular checkpoint is the
     newest state and is returned. `key` is needed only to read the owner record of an
-    encrypted exception save."""
+    encrypted exception save; `max_decoded_bytes` (as for load()) bounds what the owner record
+    of a compressed one may decode to, and one over it stops the search like a file this
+    reader cannot read."""
     _check_prefix(prefix)
     directory = _directory(directory)
     passed = []
@@ -276,7 +280,8 @@ def latest(directory, prefix, skipped=None, key=None, fall_back=False):
         owner = None
         if why is None:
             try:
-                owner = _owner_in({e.name: e.value for e in contents(bp.path, key=key) if e.kind == "string"})
+                entries = contents(bp.path, key=key, max_decoded_bytes=max_decoded_bytes)
+                owner = _owner_in({e.name: e.value for e in entries if e.kind == "string"})
             except Error as e:
                 why, action = str(e), _cannot_read(e)
         if why is not None:
@@ -321,7 +326,7 @@ def _metric(entries, metric):
     return None if v is None or not math.isfinite(v) else float(v)
 
 
-def best(directory, prefix, metric, mode="min", skipped=None, key=None, fall_back=False):
+def best(directory, prefix, metric, mode="min", skipped=None, key=None, fall_back=False, max_decoded_bytes=None):
     """The path of the checkpoint of `prefix` with the best value of `metric` ("min": smallest)
     that verifies. Of equal values the newer file wins. "~" is expanded; a directory that does
     not exist is an IoError.
@@ -330,9 +335,9 @@ def best(directory, prefix, metric, mode="min", skipped=None, key=None, fall_bac
     or no file records a finite value of `metric` (the notice names the metrics recorded).
     Damaged files are passed over with a warning (and in `skipped`), as by latest(). Any file
     may hold the best value, so any file this reader cannot read but that may be whole (a newer
-    format version, an encrypted file without its key, a missing module) is
-    UnreadableCheckpoints, as are files of which none is whole; `fall_back=True` passes over
-    them instead and ranks the others."""
+    format version, an encrypted file without its key, a missing module, one that decodes to
+    more than `max_decoded_bytes`, as for load()) is UnreadableCheckpoints, as are files of
+    which none is whole; `fall_back=True` passes over them instead and ranks the others."""
     _check_prefix(prefix)
     if mode not in ("min", "max"):
         raise ConfigError("mode is 'min' or 'max', not %r" % (mode,))
@@ -342,7 +347,7 @@ def best(directory, prefix, metric, mode="min", skipped=None, key=None, fall_bac
     present = 0
     for i, f in enumerate(files):
         try:
-            entries = contents(f.path, key=key)  # (which checks the checksum)
+            entries = contents(f.path, key=key, max_decoded_bytes=max_decoded_bytes)  # (which checks the checksum)
             f.header = header(f.path)
         except Error as e:
             action = _cannot_read(e)
@@ -401,12 +406,13 @@ class Listed:
     latest: bool = False
 
 
-def ls(directory, prefix=None, key=None):
+def ls(directory, prefix=None, key=None, max_decoded_bytes=None):
     """Every checkpoint in `directory` named as ckpt names them (of `prefix`, or of every
     prefix found), ordered by prefix, run and position, each verified. A file named by its
     global step alone gets its epoch and step from its header when that reads. "~" is
     expanded; a directory that does not exist is an IoError. Temporaries are not listed here:
-    see temporaries()."""
+    see temporaries(). `key` and `max_decoded_bytes` are load()'s, for the entries of coded
+    bodies."""
     directory = _directory(directory)
     out = []
     for n in _names(directory):
@@ -426,7 +432,7 @@ def ls(directory, prefix=None, key=None):
             if key is None and f.header.encrypted:
                 verify(f.path)  # the checksum needs no key; the entries do
             else:
-                entries = contents(f.path, key=key)  # checks the checksum
+                entries = contents(f.path, key=key, max_decoded_bytes=max_decoded_bytes)  # checks the checksum
             problem = _against_name(f)
         except Error as e:
             problem = str(e)

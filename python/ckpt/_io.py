@@ -1,12 +1,14 @@
 """Loading, saving and checking checkpoint files."""
 
 import errno as _errno
+import functools
 import itertools
 import math
 import mmap as _mmap
 import numbers
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -19,7 +21,7 @@ from . import _format as F
 from . import _series
 from . import codecs as C
 from ._names import series_of
-from .errors import ChecksumError, ConfigError, FormatError, IoError, LoadMismatch
+from .errors import ChecksumError, ConfigError, Error, FormatError, IoError, LoadMismatch
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "EntryInfo", "LoadReport"]
 
@@ -34,6 +36,47 @@ def _fspath(path):
 
 def _io_error(what, path, e):
     return IoError("cannot %s '%s': %s" % (what, path, e.strerror or e), path, e.errno or 0)
+
+
+def _shown(path):
+    try:
+        return _fspath(path)
+    except (Error, TypeError):
+        return str(path)
+
+
+def _foreign():
+    """The exceptions of what a reader calls (Python, NumPy, zstandard) that say an input could
+    not be read; ckpt's readers turn any that get through into a ckpt error naming the file."""
+    types = [ValueError, ArithmeticError, IndexError, struct.error, RecursionError]
+    zstandard = sys.modules.get("zstandard")
+    if zstandard is not None:
+        types.append(zstandard.ZstdError)
+    return tuple(types)
+
+
+def _reader(fn):
+    """`fn(path, ...)` raising nothing but ckpt errors, each naming the file: MemoryError and
+    the exceptions of NumPy, zstandard and the standard library never reach its caller."""
+    @functools.wraps(fn)
+    def read(path, *args, **kwargs):
+        try:
+            return fn(path, *args, **kwargs)
+        except Error:
+            raise
+        except MemoryError:
+            shown = _shown(path)
+            try:
+                size = " (%d bytes)" % os.path.getsize(shown)
+            except (OSError, ValueError):
+                size = ""
+            raise Error("not enough memory to read checkpoint '%s'%s" % (shown, size), shown) from None
+        except OSError as e:
+            raise _io_error("read", _shown(path), e) from None
+        except _foreign() as e:
+            shown = _shown(path)
+            raise FormatError("checkpoint '%s' cannot be read: %s (%s)" % (shown, e, type(e).__name__), shown) from e
+    return read
 
 
 def _read_exactly(fd, view, offset, path):
@@ -242,19 +285,21 @@ class _Opened:
         return buf
 
     def decoded_body(self, key, max_decoded_bytes):
-        """Section 8 steps 10 to 12: the archive's bytes, as a uint8 array."""
-        body = self.stored_body()
+        """Section 8 steps 10 to 12: the archive's bytes, as a uint8 array, each stage's output
+        held to the budget of max_decoded_bytes before it is allocated."""
         h = self.header
+        budget = C.decoded_budget(max_decoded_bytes, h.body_length)
         key = C.as_key(key)
+        body = self.stored_body()
         if h.encrypted and key is None:
             raise C.CkptKeyError("checkpoint '%s' is encrypted (aes-256-gcm): pass its key (key=..., a key file or "
                                  "32 bytes)" % self.path, self.path)
         try:
             for codec in reversed(h.codecs):
                 if codec == "aes-256-gcm":
-                    body = C.aes_decode(body, key, h.raw[:56], self.path)
+                    body = C.aes_decode(body, key, h.raw[:56], self.path, budget)
                 else:
-                    body = C.zstd_decode(body, self.path, max_decoded_bytes)
+                    body = C.zstd_decode(body, self.path, budget)
         except C.MissingModule as e:
             raise C.MissingModule("checkpoint '%s' cannot be decoded here: %s" % (self.path, e), self.path) from None
         return body
@@ -262,6 +307,7 @@ class _Opened:
 
 def _parse(opened, key, use_mmap, max_decoded_bytes):
     """The entries of an opened file and the buffer their payload offsets refer to."""
+    C.decoded_budget(max_decoded_bytes, 0)  # (a wrong value is refused whether or not it is used)
     h = opened.header
     if h.archive == "binary" and not h.codecs and use_mmap:
         mm, body = opened.mapped_body()
@@ -298,6 +344,7 @@ def _read(path, key, mmap, max_decoded_bytes):
         return _parse(opened, key, mmap, max_decoded_bytes)
 
 
+@_reader
 def load(path, key=None, mmap=False, max_decoded_bytes=None):
     """The entries of checkpoint `path` as a dict, in the file's order: tensors as numpy
     arrays, int64, double, bool and string values as int, float, bool and str. Entries the
@@ -314,7 +361,10 @@ def load(path, key=None, mmap=False, max_decoded_bytes=None):
     The body's checksum is checked before anything is returned.
 
     `key`: for encrypted files, a ckpt.Key, 32 bytes or a key file's path.
-    `max_decoded_bytes`: refuse a compressed body that decodes to more (files from elsewhere).
+    `max_decoded_bytes`: the most a body with codecs may decode to, refused (FormatError)
+    before anything is allocated. None, the default, allows the larger of 256 MiB and 64 times
+    the body as stored, which no real state exceeds but for one compressed from little but
+    zeros; pass a larger int for such a file you trust, or math.inf for no limit.
     """
     path = _fspath(path)
     entries, buf, base = _read(path, key, mmap, max_decoded_bytes)
@@ -341,6 +391,7 @@ class LoadReport:
         return not self.missing and not self.unexpected
 
 
+@_reader
 def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None, mmap=False):
     """Writes the tensors of checkpoint `path` into the arrays of `arrays` (a mapping of names
     to writable numpy arrays), checking dtypes and shapes first: nothing is written unless
@@ -413,11 +464,13 @@ class EntryInfo:
 _KIND_NAMES = ("tensor", "int64", "double", "bool", "string")
 
 
+@_reader
 def contents(path, key=None, max_decoded_bytes=None):
     """The table of contents of checkpoint `path` (reserved `__ckpt.*` entries included, but
     for storage order records, which become the tensors' `order`), in order, without the
-    payloads; the checksum is checked."""
+    payloads; the checksum is checked. `max_decoded_bytes` as for load()."""
     path = _fspath(path)
+    C.decoded_budget(max_decoded_bytes, 0)
     with _Opened(path) as opened:
         h = opened.header
         if h.archive == "binary" and not h.codecs:
@@ -435,6 +488,7 @@ def contents(path, key=None, max_decoded_bytes=None):
     return out
 
 
+@_reader
 def header(path):
     """The header of checkpoint `path`, checked (magic, version, header check, archive kind,
     codec list, body length); the body is not read."""
@@ -442,15 +496,17 @@ def header(path):
         return opened.header
 
 
-def verify(path, key=None):
+@_reader
+def verify(path, key=None, max_decoded_bytes=None):
     """Checks that `path` is a whole checkpoint whose body matches its checksum (no key
     needed) and returns its header. With `key`, an encrypted body is also decrypted and
-    authenticated, and every body parsed."""
+    authenticated, and every body parsed (decoded within `max_decoded_bytes`, as by load())."""
     with _Opened(path) as opened:
         if key is None:
+            C.decoded_budget(max_decoded_bytes, 0)  # (a wrong value is refused whether or not it is used)
             opened.check_body()
         else:
-            _parse(opened, key, False, None)
+            _parse(opened, key, False, max_decoded_bytes)
         return opened.header
 
 

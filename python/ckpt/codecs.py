@@ -2,6 +2,7 @@
 segments, and the key files the `ckpt` tool takes. The writers make the same choices as the
 C++ library's, so that a file compressed here holds the bytes the C++ library writes."""
 
+import math
 import os
 import struct
 
@@ -16,6 +17,13 @@ AES_PREFIX_SIZE = 64
 AES_TAG_SIZE = 16
 MAX_SEGMENT_SIZE = 1 << 30
 KEY_SIZE = 32
+
+# What a body may decode to unless the caller says otherwise: the larger of a floor, which
+# every small file fits, and a multiple of the stored body, above what real states compress
+# to (float weights barely shrink, zero-filled optimizer moments shrink most). A crafted file
+# of n bytes then takes at most max(256 MiB, 64 n) however much its blocks claim.
+DEFAULT_DECODED_FLOOR = 256 << 20
+DEFAULT_DECODED_RATIO = 64
 
 
 class MissingModule(ConfigError):
@@ -130,6 +138,59 @@ def _hkdf(key, salt, info, length):
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(key)
 
 
+# --------------------------------------------------------------------------- the budget
+
+class Budget:
+    """What a stored body of `stored` bytes may decode to: `limit` bytes (None: no limit)."""
+
+    __slots__ = ("limit", "stored", "default")
+
+    def __init__(self, limit, stored, default):
+        self.limit, self.stored, self.default = limit, stored, default
+
+    def check(self, size, path):
+        """A FormatError when `size` bytes of output would exceed the budget."""
+        if self.limit is not None and size > self.limit:
+            raise over_budget(path, self.limit, self.stored, self.default)
+
+
+def decoded_budget(max_decoded_bytes, stored_bytes):
+    """The Budget of a stored body of `stored_bytes`: the default rule for None, no limit for
+    math.inf, else `max_decoded_bytes` itself (a non-negative int)."""
+    if max_decoded_bytes is None:
+        return Budget(max(DEFAULT_DECODED_FLOOR, DEFAULT_DECODED_RATIO * stored_bytes), stored_bytes, True)
+    if max_decoded_bytes == math.inf:
+        return Budget(None, stored_bytes, False)
+    if isinstance(max_decoded_bytes, bool) or not isinstance(max_decoded_bytes, int) or max_decoded_bytes < 0:
+        raise ConfigError("max_decoded_bytes is a number of bytes (an int >= 0), None for the default (the larger of "
+                          "%d bytes and %d times the stored body) or math.inf for no limit; got %r"
+                          % (DEFAULT_DECODED_FLOOR, DEFAULT_DECODED_RATIO, max_decoded_bytes))
+    return Budget(max_decoded_bytes, stored_bytes, False)
+
+
+def over_budget(path, budget, stored_bytes, default):
+    """The FormatError of a body that would decode to more than `budget` bytes; `default`:
+    whether the budget is the default rule's."""
+    why = ("the default max_decoded_bytes: the larger of %d bytes and %d times its %d stored bytes; pass a larger "
+           "max_decoded_bytes for a file you trust" % (DEFAULT_DECODED_FLOOR, DEFAULT_DECODED_RATIO, stored_bytes)
+           if default else "max_decoded_bytes")
+    e = FormatError("checkpoint '%s' decodes to more than %d bytes (%s): refused before decoding"
+                    % (path, budget, why), path)
+    e.over_budget = True  # not damage: a file this reader was told not to decode (latest() stops at it)
+    return e
+
+
+def allocate(size, path, what):
+    """A uint8 array of `size` bytes, or a FormatError naming the file when the claim cannot be
+    allocated (NumPy's MemoryError never reaches the caller)."""
+    import numpy as np
+    try:
+        return np.empty(size, dtype=np.uint8)
+    except MemoryError:
+        raise FormatError("checkpoint '%s' claims to decode to %d bytes (%s), which cannot be allocated; a "
+                          "max_decoded_bytes below it refuses the file first" % (path, size, what), path) from None
+
+
 # --------------------------------------------------------------------------- zstd
 
 def zstd_blocks(writes):
@@ -183,9 +244,11 @@ def zstd_encode(blocks, level):
     return out
 
 
-def zstd_decode(stored, path, max_decoded_bytes=None):
+def zstd_decode(stored, path, budget=None):
     """Undoes section 9.2: checks every block header first, then decompresses into one
-    buffer of the decoded size (a numpy uint8 array, so that payloads stay aligned)."""
+    buffer of the decoded size (a numpy uint8 array, so that payloads stay aligned). `budget`
+    (a Budget; None: no limit) is checked as the blocks' claims add up, before anything is
+    allocated."""
     import numpy as np
     zstandard = _need("zstandard", "python3-zstandard")
     stored = memoryview(stored).cast("B")
@@ -213,12 +276,11 @@ def zstd_decode(stored, path, max_decoded_bytes=None):
             if declared != plain:
                 raise malformed(at, "a zstd frame that does not declare the block's %d bytes" % plain)
         total += plain
-        if max_decoded_bytes is not None and total > max_decoded_bytes:
-            raise FormatError("checkpoint '%s' decodes to more than the limit of %d bytes"
-                              % (path, max_decoded_bytes), path)
+        if budget is not None:
+            budget.check(total, path)
         blocks.append((at + 8, plain, kept))
         at += 8 + kept
-    out = np.empty(total, dtype=np.uint8)
+    out = allocate(total, path, "the sum of its zstd blocks")
     dctx = zstandard.ZstdDecompressor()
     pos = 0
     for (start, plain, kept) in blocks:
@@ -268,9 +330,10 @@ def aes_encode(plain, key, header56):
     return out
 
 
-def aes_decode(stored, key, header56, path):
+def aes_decode(stored, key, header56, path, budget=None):
     """Undoes section 9.3, checking as its table says; nothing of the plaintext is returned
-    unless every tag matched."""
+    unless every tag matched. The plaintext is shorter than `stored`; it is held to `budget`
+    all the same (a caller's own limit may be lower)."""
     import numpy as np
     stored = memoryview(stored).cast("B")
     if len(stored) < AES_PREFIX_SIZE + AES_TAG_SIZE:
@@ -296,12 +359,14 @@ def aes_decode(stored, key, header56, path):
         raise FormatError("checkpoint '%s' has a malformed aes-256-gcm body: its last segment is shorter than a tag"
                           % path, path)
     count = -(-body // (seg + AES_TAG_SIZE))
+    if budget is not None:
+        budget.check(body - AES_TAG_SIZE * count, path)
     _need("cryptography", "python3-cryptography")
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     aead = AESGCM(_hkdf(key.raw(), prefix[8:24], b"ckpt aes-256-gcm body", 32))
     aad = _aad(header56, prefix)
-    out = np.empty(body - AES_TAG_SIZE * count, dtype=np.uint8)
+    out = allocate(body - AES_TAG_SIZE * count, path, "its aes-256-gcm plaintext")
     at, pos = AES_PREFIX_SIZE, 0
     for i in range(count):
         n = min(seg + AES_TAG_SIZE, len(stored) - at)

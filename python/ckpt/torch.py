@@ -35,7 +35,8 @@ def load_state_dict(path, prefix="", key=None, mmap=False, max_decoded_bytes=Non
     as a dict: tensors as torch tensors that share memory with the arrays ckpt.load returns,
     other values as they are. `mmap=True` maps an uncompressed binary body instead of reading
     it: the tensors are then read-only views of the file (torch warns that it cannot enforce
-    that); use them to copy from, as load_state_dict() does."""
+    that); use them to copy from, as load_state_dict() does. `key` and `max_decoded_bytes` are
+    ckpt.load's."""
     torch = _torch()
     out = {}
     for name, value in load(path, key=key, mmap=mmap, max_decoded_bytes=max_decoded_bytes).items():
@@ -419,7 +420,7 @@ def save_training_state(path, model, optimizer=None, scheduler=None, extra=None,
 
 
 def load_training_state(path, model, optimizer=None, scheduler=None, generator=True, model_prefix="model.",
-                        key=None):
+                        key=None, max_decoded_bytes=None):
     """Loads a TorchState checkpoint (from a libtorch program or save_training_state) into the
     module, the optimizer (its param groups' options and the state of each parameter the file
     holds state for; the others get none, as before their first step), the scheduler and the
@@ -427,11 +428,12 @@ def load_training_state(path, model, optimizer=None, scheduler=None, generator=T
     name missing or left over, another dtype or shape, another optimizer or scheduler kind or
     other parameters in a param group is a LoadMismatch. The scheduler takes the file's whole
     state (its settings too, as PyTorch's load_state_dict() does); a StepLR saved by a libtorch
-    program goes on as PyTorch's would (see above). Returns the file's other entries."""
+    program goes on as PyTorch's would (see above). Returns the file's other entries.
+    `key` and `max_decoded_bytes` are ckpt.load's."""
     import numpy as np
     torch = _torch()
     path = str(path)
-    entries = load(path, key=key)
+    entries = load(path, key=key, max_decoded_bytes=max_decoded_bytes)
     plan = []
 
     def target(name, t):

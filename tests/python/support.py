@@ -213,6 +213,14 @@ def make_file(body, version=1, archive=0, codecs=(0, 0, 0), epoch=0, step=0, sav
     return head + u64(xxhash.xxh3_64_intdigest(head)) + body
 
 
+def zstd_bomb(blocks):
+    """A binary checkpoint whose zstd body is `blocks` blocks, each a frame of 50 bytes that
+    stands for 1 MiB of zeros (section 9.2): 58 bytes of file per MiB claimed."""
+    import zstandard
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(1 << 20))
+    return make_file((u32(1 << 20) + u32(len(frame)) + frame) * blocks, version=2, codecs=(1, 0, 0))
+
+
 def reseal(raw):
     """`raw` with its body length, body checksum and header check recomputed."""
     raw = bytearray(raw)

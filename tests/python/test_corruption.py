@@ -2,12 +2,17 @@
 names, a message that names the file and prints safely, and never an array of wrong values.
 Hostile tables of contents (checksums recomputed) are refused quickly, without allocating
 what they claim."""
+import math
 import os
 import struct
+import subprocess
+import sys
+import textwrap
 import time
 import tracemalloc
 
 import pytest
+import xxhash
 import zstandard
 
 import ckpt
@@ -267,7 +272,7 @@ def test_max_decoded_bytes_refuses_before_allocating(tmp_path):
     path = support.write(tmp_path / "bomb.ckpt", _zstd_file(_claims(512)))  # 512 MiB from 30 KB
     tracemalloc.start()
     try:
-        refused(path, ckpt.FormatError, match="decodes to more than the limit of %d bytes" % (8 << 20),
+        refused(path, ckpt.FormatError, match=r"decodes to more than %d bytes \(max_decoded_bytes\)" % (8 << 20),
                 max_decoded_bytes=8 << 20)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -276,14 +281,96 @@ def test_max_decoded_bytes_refuses_before_allocating(tmp_path):
     # under the limit, the body is decoded (and then is no binary body)
     path = support.write(tmp_path / "two.ckpt", _zstd_file(_claims(2)))
     e = refused(path, ckpt.FormatError, max_decoded_bytes=2 << 20)
-    assert "limit" not in str(e)
+    assert "decodes to more" not in str(e)
 
 
 def test_max_decoded_bytes_at_the_exact_size():
-    refused(golden("v2-zstd.ckpt"), match="limit of 1279 bytes", max_decoded_bytes=1279)
+    refused(golden("v2-zstd.ckpt"), match="decodes to more than 1279 bytes", max_decoded_bytes=1279)
     support.assert_entries(ckpt.load(golden("v2-zstd.ckpt"), max_decoded_bytes=1280), support.golden_state())
     support.assert_entries(ckpt.load(golden("v2-zstd-aes-256-gcm.ckpt"), key=GOLDEN_KEY, max_decoded_bytes=2155),
                            support.golden_state())
+    # an encrypted body's plaintext (870 bytes of text body) is held to it too
+    refused(golden("v2-aes-256-gcm.ckpt"), match="decodes to more than 869 bytes", max_decoded_bytes=869)
+    support.assert_entries(ckpt.load(golden("v2-aes-256-gcm.ckpt"), key=GOLDEN_KEY, max_decoded_bytes=870),
+                           support.golden_state())
+
+
+def test_a_zstd_bomb_is_refused_by_default(tmp_path):
+    """237 KB whose blocks claim 4 GiB: refused under the default budget (the larger of 256 MiB
+    and 64 times the stored body) before anything of that size is allocated, by every reader
+    that decodes bodies."""
+    path = support.write(tmp_path / "bomb.ckpt", _zstd_file(_claims(4096)))
+    assert os.path.getsize(path) < 240_000
+    match = r"decodes to more than %d bytes \(the default max_decoded_bytes" % (256 << 20)
+    for read in (lambda: ckpt.load(path), lambda: ckpt.contents(path), lambda: ckpt.verify(path, key=GOLDEN_KEY),
+                 lambda: ckpt.load_into(path, {}, strict=False)):
+        tracemalloc.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(ckpt.FormatError, match=match) as info:
+                read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert time.monotonic() - started < 1.0
+        assert peak < 4 << 20, "peak allocation %d bytes" % peak
+        assert info.value.path == path and "%d stored bytes" % (os.path.getsize(path) - 64) in str(info.value)
+    ckpt.verify(path)  # its checksum holds: only decoding it is refused
+    # the figure is the caller's to set: a trusted file that decodes to more passes with a larger one
+    two = support.write(tmp_path / "two.ckpt", _zstd_file(_claims(2)))
+    refused(two, match=r"decodes to more than 1048576 bytes \(max_decoded_bytes\)", max_decoded_bytes=1 << 20)
+    for limit in (None, 2 << 20, math.inf):
+        e = refused(two, max_decoded_bytes=limit)  # decoded, and then not a binary body
+        assert "decodes to more" not in str(e)
+
+
+def test_the_default_budget_grows_with_the_stored_body():
+    budget = ckpt.codecs.decoded_budget
+    assert budget(None, 1000).limit == 256 << 20
+    assert budget(None, 10 << 20).limit == 640 << 20
+    assert budget(math.inf, 10).limit is None and budget(5, 10 << 20).limit == 5
+
+
+@pytest.mark.parametrize("value", [-1, "1", 1.5, True, [1]])
+def test_a_max_decoded_bytes_that_is_no_size_is_refused(value):
+    for name in ("v1-binary.ckpt", "v2-zstd.ckpt"):  # used or not
+        for read in (ckpt.load, ckpt.contents):
+            with pytest.raises(ckpt.ConfigError, match="max_decoded_bytes is a number of bytes"):
+                read(golden(name), max_decoded_bytes=value)
+        with pytest.raises(ckpt.ConfigError, match="max_decoded_bytes"):
+            ckpt.verify(golden(name), max_decoded_bytes=value)
+
+
+def test_memory_that_cannot_be_had_is_a_ckpt_error(tmp_path):
+    """With the address space limited (RLIMIT_AS) below what a file needs, NumPy's
+    MemoryError never reaches the caller: a zstd claim allowed by the caller (math.inf) is a
+    FormatError saying so, the body of a large file without codecs an Error; both name the
+    file."""
+    bomb = support.write(tmp_path / "bomb.ckpt", _zstd_file(_claims(4096)))
+    large = str(tmp_path / "large.ckpt")
+    body = 3 << 30  # a sparse file: nothing written but the header
+    with open(large, "wb") as f:
+        head = support.MAGIC + struct.pack("<IB3BQQqqq", 1, 0, 0, 0, 0, body, 0, 0, 0, 0)
+        f.write(head + u64(xxhash.xxh3_64_intdigest(head)))
+        f.truncate(64 + body)
+    script = textwrap.dedent("""
+        import math, resource, sys
+        import ckpt
+        used = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 30),) * 2)
+        for path, options in ((sys.argv[1], {"max_decoded_bytes": math.inf}), (sys.argv[2], {})):
+            try:
+                ckpt.load(path, **options)
+            except ckpt.Error as e:
+                print(type(e).__name__, e.path == path, e)
+        """)
+    env = dict(os.environ, PYTHONPATH=os.path.join(support.SOURCE, "python"), PYTHONDONTWRITEBYTECODE="1")
+    r = subprocess.run([sys.executable, "-c", script, bomb, large], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout
+    assert lines[0].startswith("FormatError True checkpoint '%s' claims to decode to 4294967296 bytes" % bomb)
+    assert lines[1] == "Error True not enough memory to read checkpoint '%s' (%d bytes)" % (large, 64 + body)
 
 
 # --------------------------------------------------------------------------- hostile tables of contents

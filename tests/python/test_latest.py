@@ -497,3 +497,18 @@ def test_a_codec_whose_module_is_missing_is_not_damage(tmp_path):
     assert lines[0].startswith("checkpoint '%s' of prefix 'exp' in '%s' cannot be read here: checkpoint '%s' cannot be "
                                "decoded here: this checkpoint needs the Python module 'zstandard'" % (packed, d, packed))
     assert "install the module it names" in lines[0] and lines[1] == plain
+
+
+def test_a_file_over_the_decoded_budget_is_unreadable_not_damaged(tmp_path):
+    """best() decodes every file; one that would decode to more than max_decoded_bytes may be
+    whole: it is not passed over as damaged, and the error says what to do."""
+    d = str(tmp_path)
+    for step, loss in ((1, 0.5), (2, 0.25)):
+        ckpt.save(os.path.join(d, "exp-1_%d.ckpt" % step), {"w": np.zeros(1000)}, epoch=1, step=step, zstd=3,
+                  metrics={"loss": loss})
+    assert ckpt.best(d, "exp", "loss") == os.path.join(d, "exp-1_2.ckpt")
+    with pytest.raises(ckpt.UnreadableCheckpoints, match="decodes to more than 100 bytes .*pass a larger "
+                       "max_decoded_bytes") as info:
+        ckpt.best(d, "exp", "loss", max_decoded_bytes=100)
+    assert len(info.value.files) == 2
+    assert ckpt.best(d, "exp", "loss", max_decoded_bytes=100, fall_back=True) is None
