@@ -365,14 +365,30 @@ def _f64_text(v, name, path):
     return b"%.17e" % v
 
 
+_WS_RUN = re.compile(rb"[ \t\r\n\f\v]*")
+_LEADING_ZEROS = re.compile(rb"0*")
+
+
+def _integer(text):
+    """The int of a decimal integer token, in time linear in its length: leading zeros are
+    skipped (as C++ streams read them), and more than 20 digits after them are out of every
+    range read here (int() of a long string takes time quadratic in its length, and Python
+    refuses more than 4300 digits); None then."""
+    negative = text.startswith(b"-")
+    digits = text[1:] if negative else text
+    digits = digits[_LEADING_ZEROS.match(digits).end():]
+    if len(digits) > 20:
+        return None
+    v = int(digits) if digits else 0
+    return -v if negative else v
+
+
 class _TextReader:
     def __init__(self, buf, path):
         self.buf, self.at, self.p = bytes(buf), 0, _Parser(path, len(buf))
 
     def skip_ws(self):
-        b, n = self.buf, len(self.buf)
-        while self.at < n and b[self.at] in _WS:
-            self.at += 1
+        self.at = _WS_RUN.match(self.buf, self.at).end()
 
     _NUMBER = re.compile(rb"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
@@ -384,7 +400,12 @@ class _TextReader:
         self.at = m.end()
         if self.at < len(self.buf) and self.buf[self.at] not in _WS:
             self.p.fail("expected %s at byte %d of the body" % (what, m.start()))
-        return float(m.group(0)) if real else int(m.group(0))
+        if real:
+            return float(m.group(0))
+        v = _integer(m.group(0))
+        if v is None:
+            self.p.fail("%s at byte %d of the body has %d digits, out of range" % (what, m.start(), m.end() - m.start()))
+        return v
 
     def u(self, bits, what):
         v = self.number(what)
@@ -421,18 +442,19 @@ class _TextReader:
         return data
 
     def _collect(self, want, what):
+        """`want` base64 characters from self.at on, with white space anywhere between them, in
+        time linear in the bytes read: each slice is as long as the characters still wanted,
+        so it never takes one too many, and white space goes at the speed of bytes methods."""
         got, at, b, n = [], self.at, self.buf, len(self.buf)
         count = 0
         while count < want:
-            while at < n and b[at] in _WS:
-                at += 1
-            start = at
-            while at < n and b[at] not in _WS and count + (at - start) < want:
-                at += 1
-            if at == start:
+            at = _WS_RUN.match(b, at).end()
+            if at == n:
                 self.p.fail("%s ends early: %d of %d base64 characters" % (what, count, want))
-            got.append(b[start:at])
-            count += at - start
+            piece = b[at:at + want - count].translate(None, _WS)
+            at = min(n, at + want - count)
+            got.append(piece)
+            count += len(piece)
         if at < n and b[at] not in _WS:
             self.p.fail("%s has more base64 characters than its length says" % what)
         return b"".join(got), at
@@ -566,8 +588,12 @@ class _XmlReader(_TextReader):
         m = self._NUMBER.fullmatch(text)
         if not m or (m.group(1) or m.group(2)) and not real or (text.startswith(b"-") and not (signed or real)):
             self.p.fail("%s is '%s', not a number of its kind" % (what, decode_name(text[:40])))
-        v = float(text) if real else int(text)
-        if not real and not signed and v >= 1 << bits or signed and not -(1 << 63) <= v < 1 << 63:
+        if real:
+            return float(text)
+        v = _integer(text)
+        if v is None:
+            self.p.fail("%s has %d digits, out of range" % (what, len(text)))
+        if not signed and v >= 1 << bits or signed and not -(1 << 63) <= v < 1 << 63:
             self.p.fail("%s is %d, out of range" % (what, v))
         return v
 

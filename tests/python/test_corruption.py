@@ -2,6 +2,8 @@
 names, a message that names the file and prints safely, and never an array of wrong values.
 Hostile tables of contents (checksums recomputed) are refused quickly, without allocating
 what they claim."""
+import base64
+import json
 import math
 import os
 import struct
@@ -11,6 +13,7 @@ import textwrap
 import time
 import tracemalloc
 
+import numpy as np
 import pytest
 import xxhash
 import zstandard
@@ -439,6 +442,8 @@ HOSTILE = {
         make_file(b"22 serialization::archive 18 1 1\n\ndA==\n0 0 2 1048576 1048576 4398046511104\n", archive=1),
         "impossible shape"),
     "text negative count": (make_file(b"22 serialization::archive 18 -1\n", archive=1), "entry count"),
+    "text number of 5000 digits": (make_file(b"22 serialization::archive 18 1 1\n\nYQ==\n1 " + b"7" * 5000 + b"\n",
+                                             archive=1), "the value of 'a' at byte 41 of the body has 5000 digits"),
     # xml bodies
     "xml entry count 2^60": (make_file(XML_HEAD + b"<entries>1152921504606846976</entries>\n"
                                        b"</boost_serialization>\n\n", archive=2), "entry count"),
@@ -447,6 +452,9 @@ HOSTILE = {
         b"<name>t</name>\n<kind>0</kind>\n<dtype>1</dtype>\n<rank>2</rank>\n<dim>1099511627776</dim>\n"
         b"<dim>1099511627776</dim>\n<nbytes>9671406556917033397649408</nbytes>\n</boost_serialization>\n\n",
         archive=2), "out of range|impossible shape"),
+    "xml number of 5000 digits": (make_file(XML_HEAD + b"<entries>1</entries>\n<name>a</name>\n<kind>1</kind>\n<value>"
+                                            + b"7" * 5000 + b"</value>\n</boost_serialization>\n\n", archive=2),
+                                  "the value of 'a' has 5000 digits, out of range"),
     "xml element never closed": (make_file(XML_HEAD + b"<entries>1</entries>\n<name>" + b"x" * 1000, archive=2),
                                  "not closed"),
 }
@@ -471,6 +479,35 @@ def test_hostile_table_of_contents(tmp_path, case):
         assert "malformed" in str(e) or "version" in str(e)
     with pytest.raises(ckpt.FormatError):
         ckpt.contents(path)
+
+
+def test_numbers_with_leading_zeros_read_as_the_cpp_library_reads_them(tool, tmp_path):
+    """Text and xml numbers are read in time linear in their digits: leading zeros, which C++
+    streams skip, whatever their number (Python's int() refuses more than 4300 digits)."""
+    zeros = b"0" * 100_000
+    text = make_file(b"22 serialization::archive 18 " + zeros + b"1 1\n\nYQ==\n1 -" + zeros + b"7\n", archive=1)
+    xml = make_file(XML_HEAD + b"<entries>" + zeros + b"1</entries>\n<name>a</name>\n<kind>1</kind>\n<value>-" + zeros
+                    + b"7</value>\n</boost_serialization>\n\n", archive=2)
+    for name, data in (("t.ckpt", text), ("x.ckpt", xml)):
+        path = support.write(tmp_path / name, data)
+        started = time.monotonic()
+        assert ckpt.load(path) == {"a": -7}
+        assert time.monotonic() - started < 0.5
+        assert json.loads(tool.run("show", "--json", path).stdout)["entries"] == [
+            {"name": "a", "kind": "int64", "value": -7}]
+
+
+def test_base64_with_white_space_between_every_character(tmp_path):
+    """White space may stand between any two base64 characters; it is skipped at the speed of
+    bytes methods, not a character at a time."""
+    data = bytes(range(256)) * (16 << 10)  # 4 MiB: 11 MB of text
+    toc = b"22 serialization::archive 18 1 1\n\nYQ==\n0 5 1 %d %d\n" % (len(data), len(data))
+    b64 = np.frombuffer(base64.b64encode(data), dtype=np.uint8)
+    spaced = np.stack([b64, np.full_like(b64, ord(" "))], axis=1).tobytes()
+    path = support.write(tmp_path / "s.ckpt", make_file(toc + spaced, archive=1))
+    started = time.monotonic()
+    assert ckpt.load(path)["a"].tobytes() == data
+    assert time.monotonic() - started < 0.4  # (a character at a time: 1.3 s)
 
 
 def test_a_hostile_body_behind_zstd(tmp_path):
