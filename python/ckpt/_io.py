@@ -6,7 +6,9 @@ import itertools
 import math
 import mmap as _mmap
 import numbers
+import logging
 import os
+import secrets
 import struct
 import sys
 import threading
@@ -21,9 +23,11 @@ from . import _format as F
 from . import _series
 from . import codecs as C
 from ._names import series_of
-from .errors import ChecksumError, ConfigError, Error, FormatError, IoError, LoadMismatch
+from .errors import ChecksumError, ConfigError, Error, FormatError, IoError, LoadMismatch, printable
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "EntryInfo", "LoadReport"]
+
+log = logging.getLogger("ckpt")
 
 
 def _fspath(path):
@@ -654,13 +658,34 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
     return path
 
 
+_TEMPORARY_TRIES = 16    # names tried for a temporary before a save gives up
+
+
+def _create_temporary(path, directory):
+    """A new temporary beside `path` (docs/FORMAT.md section 12.3), opened for writing: (name,
+    fd). A name that exists (another user may create names in a shared directory, a symlink
+    among them) is never opened: O_EXCL|O_NOFOLLOW refuses it, and the next name tried is a
+    random one, which nobody can have made ready, a bounded number of times."""
+    base = os.path.basename(path)
+    for attempt in range(_TEMPORARY_TRIES):
+        n = next(_sequence) if attempt == 0 else secrets.randbelow(10 ** 18)
+        temp = os.path.join(directory, ".%s.tmp-%d-%d" % (base, os.getpid(), n))
+        try:
+            return temp, os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno not in (_errno.EEXIST, _errno.ELOOP):
+                raise _io_error("create a temporary for", path, e) from None
+            if attempt == 0:
+                log.warning("the temporary '%s' for '%s' exists already (made by another): writing under a random "
+                            "name instead", printable(temp), printable(path))
+    raise IoError("cannot create a temporary for '%s': %d names tried in '%s' exist already (another user may be "
+                  "making them); nothing written" % (path, _TEMPORARY_TRIES, directory), path, _errno.EEXIST)
+
+
 def _write_file(path, directory, prefix56, pieces, overwrite):
-    """The atomic commit: a temporary beside `path`, fsync, rename, fsync of the directory."""
-    temp = os.path.join(directory, ".%s.tmp-%d-%d" % (os.path.basename(path), os.getpid(), next(_sequence)))
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise _io_error("create a temporary for", path, e) from None
+    """The atomic commit: a temporary beside `path`, fsync, rename, fsync of the directory.
+    The rename replaces whatever is at `path` (a symlink there is replaced, never followed)."""
+    temp, fd = _create_temporary(path, directory)
     try:
         try:
             hasher = xxhash.xxh3_64()

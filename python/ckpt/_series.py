@@ -65,11 +65,16 @@ class SeriesLock:
         return "prefix '%s' in '%s'" % (self.prefix, self.directory)
 
     def _open(self):
+        # O_NOFOLLOW: a symlink planted under the lock's name (a shared directory) would have the
+        # writer truncate and write whatever file it points to
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             self.writable = True
             return True
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise IoError("the lock file '%s' of %s is a symbolic link, which a writer never follows: remove it "
+                              "(it is not ckpt's)" % (self.path, self._where()), self.path, e.errno) from None
             if e.errno == errno.ENOENT and not os.path.isdir(self.directory):
                 raise IoError("cannot write %s: the directory '%s' does not exist" % (self._where(), self.directory),
                               self.directory, errno.ENOENT) from None
@@ -78,7 +83,7 @@ class SeriesLock:
                               self.path, e.errno) from None
         # a directory this writer cannot write to: the lock file read-only when there is one
         try:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             return True
         except OSError:
             return False

@@ -357,3 +357,63 @@ def test_temporaries_of_a_live_writer_are_running(tmp_path, holder):
     assert json.loads(r.stdout)["temporaries"] == [{"path": path, "pid": h.pid, "size": 123, "writer": "running"}]
     with pytest.raises(ckpt.IoError, match="does not exist"):
         ckpt.temporaries(str(tmp_path / "absent"))
+
+
+# --------------------------------------------------------------------------- names another user made first
+
+def next_temporaries(directory, final, count):
+    """The names the next `count` saves of this process would give their first temporaries
+    (docs/FORMAT.md section 12.3: ".{final}.tmp-{pid}-{n}", n the process's own sequence)."""
+    n = next(ckpt._io._sequence)
+    return [os.path.join(directory, ".%s.tmp-%d-%d" % (final, os.getpid(), n + 1 + i)) for i in range(count)]
+
+
+def test_a_temporary_name_another_made_first_is_passed_for_a_random_one(tmp_path, caplog):
+    """Another local user who creates the names a save will use first (a shared 1777 directory)
+    blocks no save, and loses nothing: each save writes under a random name instead."""
+    d = str(tmp_path)
+    theirs = next_temporaries(d, "out.ckpt", 3)
+    for p in theirs:
+        support.write(p, b"theirs")
+    with caplog.at_level(logging.WARNING, logger="ckpt"):
+        for step in range(3):
+            ckpt.save(os.path.join(d, "out.ckpt"), state(), step=step)
+    assert ckpt.load(os.path.join(d, "out.ckpt"))["step"] == 4 and ckpt.header(os.path.join(d, "out.ckpt")).step == 2
+    assert all(support.read(p) == b"theirs" for p in theirs)
+    assert sorted(os.listdir(d)) == sorted(["out.ckpt"] + [os.path.basename(p) for p in theirs])
+    warned = [r.getMessage() for r in caplog.records if "exists already" in r.getMessage()]
+    assert warned == ["the temporary '%s' for '%s' exists already (made by another): writing under a random name "
+                      "instead" % (p, os.path.join(d, "out.ckpt")) for p in theirs]
+
+
+def test_a_symlink_where_the_temporary_goes_is_never_followed(tmp_path):
+    d = str(tmp_path)
+    victim = support.write(tmp_path / "victim", b"precious")
+    planted = next_temporaries(d, "exp-1.ckpt", 1)[0]
+    os.symlink(victim, planted)
+    ckpt.save(os.path.join(d, "exp-1.ckpt"), state(), step=1)
+    assert support.read(victim) == b"precious" and os.readlink(planted) == victim
+    assert ckpt.load(os.path.join(d, "exp-1.ckpt"))["step"] == 4
+
+
+def test_a_symlink_at_the_final_name_is_replaced_never_followed(tmp_path):
+    d = str(tmp_path)
+    victim = support.write(tmp_path / "victim", b"precious")
+    os.symlink(victim, os.path.join(d, "out.ckpt"))
+    with pytest.raises(ckpt.IoError, match="exists and overwrite=False"):
+        ckpt.save(os.path.join(d, "out.ckpt"), state(), overwrite=False)
+    ckpt.save(os.path.join(d, "out.ckpt"), state())
+    assert support.read(victim) == b"precious" and not os.path.islink(os.path.join(d, "out.ckpt"))
+    assert sorted(os.listdir(d)) == ["out.ckpt", "victim"]
+
+
+def test_a_symlink_planted_as_the_lock_file_is_refused_and_its_target_kept(tmp_path):
+    """A writer would truncate and write the file a lock-file symlink points to."""
+    d = tmp_path / "shared"
+    os.mkdir(d)
+    victim = support.write(tmp_path / "victim", b"precious")
+    os.symlink(victim, d / "exp.lock")
+    with pytest.raises(ckpt.IoError, match="the lock file '%s' of prefix 'exp' in '%s' is a symbolic link"
+                       % (d / "exp.lock", d)):
+        ckpt.save(str(d / "exp-1.ckpt"), state(), step=1)
+    assert support.read(victim) == b"precious" and sorted(os.listdir(d)) == ["exp.lock"]
