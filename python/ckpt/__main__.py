@@ -3,11 +3,13 @@
 import argparse
 import json
 import math
+import os
 import signal
 import sys
 import time
 
-from . import contents, header, ls, temporaries, verify
+from . import contents, header, ls, verify
+from ._files import temporaries_under
 from .codecs import as_key
 from .errors import Error, printable
 
@@ -25,7 +27,7 @@ def _json_value(v):
 
 def _ls(args):
     found = ls(args.dir, args.prefix, key=args.key_file)
-    left = temporaries(args.dir)  # every temporary of the directory, whatever its prefix
+    left = temporaries_under(args.dir)  # every temporary there, whatever its prefix
     if args.json:
         print(json.dumps({"directory": args.dir, "checkpoints": [
             {"path": c.path, "prefix": c.prefix, "run": c.run, "epoch": c.epoch, "step": c.step, "kind": c.kind,
@@ -37,20 +39,21 @@ def _ls(args):
         return 0
     if not found:
         print("no checkpoints in '%s'%s" % (args.dir, " with prefix '%s'" % args.prefix if args.prefix else ""))
-        _print_temporaries(left)
+        _print_temporaries(left, args.dir)
         return 0
     print("%-44s %4s %6s %8s %-10s %-20s %s" % ("FILE", "RUN", "EPOCH", "STEP", "KIND", "SAVED", "STATUS"))
     for c in found:
         status = "INVALID: " + c.problem if c.problem else "ok"
         metrics = "  " + " ".join("%s=%.6g" % kv for kv in sorted(c.metrics.items())) if c.metrics else ""
-        print("%-44s %4d %6d %8d %-10s %-20s %s%s%s" % (c.path.rsplit("/", 1)[-1], c.run, c.epoch, c.step, c.kind,
-                                                     _when(c.header.save_time_ns) if c.header else "-", status, metrics,
-                                                     "  <- latest" if c.latest else ""))
-    _print_temporaries(left)
+        print("%-44s %4s %6s %8s %-10s %-20s %s%s%s" % (
+            os.path.relpath(c.path, args.dir), "-" if c.run is None else c.run, "-" if c.epoch is None else c.epoch,
+            "-" if c.step is None else c.step, c.kind or "-", _when(c.header.save_time_ns) if c.header else "-",
+            status, metrics, "  <- latest" if c.latest else ""))
+    _print_temporaries(left, args.dir)
     return 0
 
 
-def _print_temporaries(left):
+def _print_temporaries(left, directory):
     if not left:
         return
     gone = [t for t in left if not t.writer_alive]
@@ -58,7 +61,7 @@ def _print_temporaries(left):
                                             ", %d left by writers that are gone: the next save here removes them"
                                             % len(gone) if gone else ""))
     for t in left:
-        print("  %-44s %10d bytes  pid %-8d %s" % (printable(t.path.rsplit("/", 1)[-1]), t.size, t.pid,
+        print("  %-44s %10d bytes  pid %-8d %s" % (printable(os.path.relpath(t.path, directory)), t.size, t.pid,
                                                    "running" if t.writer_alive else "gone"))
 
 

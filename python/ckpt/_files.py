@@ -392,72 +392,134 @@ class Listed:
     """A checkpoint ls() found: its name's parts (the epoch and step of a file named by its
     global step alone from its header, when that reads), its header (None when unreadable),
     why it fails verification (None when it verifies), its recorded metrics, and whether
-    latest() would take it among the regular checkpoints of its prefix."""
+    latest() would take it among the regular checkpoints of its prefix in its directory. A
+    `.ckpt` file named as no checkpoint of a series has `prefix`, `run` and `kind` None, and its
+    header's epoch and step."""
     path: str
     prefix: str
     run: int
     epoch: int
     step: int
     global_step: int
-    kind: str                   # "regular" or "breakpoint"
+    kind: str                   # "regular" or "breakpoint"; None for a file of no series
     header: F.Header = None
     problem: str = None
     metrics: dict = field(default_factory=dict)
     latest: bool = False
 
 
+LS_DEPTH = 5   # `ckpt ls` reads subdirectories this deep: files 5 levels below the directory, not 6
+
+
+def _walk(directory):
+    """(directory, names of its files) for `directory` and its subdirectories down to LS_DEPTH
+    levels, as `ckpt ls` reads them: in name order, a symlink to a file taken as the file, a
+    symlink to a directory not entered (no loops; no walk out of the tree). Temporaries are
+    not among the names."""
+    out = []
+
+    def visit(d, depth):
+        try:
+            with os.scandir(d) as it:
+                found = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            raise IoError("cannot list '%s': %s" % (d, e.strerror), d, e.errno) from None
+        names, below = [], []
+        for e in found:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    below.append(e.path)
+                elif e.is_file() and not (e.name.startswith(".") and ".tmp-" in e.name):
+                    names.append(e.name)
+            except OSError:
+                continue  # gone meanwhile
+        out.append((d, names))
+        if depth < LS_DEPTH:
+            for sub in below:
+                visit(sub, depth + 1)
+
+    visit(directory, 0)
+    return out
+
+
 def ls(directory, prefix=None, key=None, max_decoded_bytes=None):
-    """Every checkpoint in `directory` named as ckpt names them (of `prefix`, or of every
-    prefix found), ordered by prefix, run and position, each verified. A file named by its
-    global step alone gets its epoch and step from its header when that reads. "~" is
-    expanded; a directory that does not exist is an IoError. Temporaries are not listed here:
-    see temporaries(). `key` and `max_decoded_bytes` are load()'s, for the entries of coded
-    bodies."""
+    """Every checkpoint in `directory` and its subdirectories (LS_DEPTH levels, as `ckpt ls`
+    reads them), each verified: the files named as ckpt names them (of `prefix`, or of every
+    prefix found) and, without `prefix`, every other `.ckpt` file. Ordered by directory,
+    prefix, run and position. A file whose owner record (docs/FORMAT.md section 3) names
+    another prefix is listed under that prefix when its name is one of that prefix's, and has
+    a problem when it is not. A file named by its global step alone gets its epoch and step
+    from its header when that reads. "~" is expanded; a directory that does not exist is an
+    IoError. Temporaries are not listed here: see temporaries(). `key` and
+    `max_decoded_bytes` are load()'s, for the entries of coded bodies."""
     directory = _directory(directory)
     out = []
-    for n in _names(directory):
-        if prefix is None:
-            found = _guess(n)
-            if found is None:
-                continue
-            base, name = found
-        else:
-            base, name = prefix, _parse_name(prefix, n)
-            if name is None:
-                continue
-        f = _File(os.path.join(directory, n), name)
-        problem, entries, metrics = None, [], {}
-        try:
-            f.header = header(f.path)
-            if key is None and f.header.encrypted:
-                verify(f.path)  # the checksum needs no key; the entries do
+    for where, names in _walk(directory):
+        for n in names:
+            if prefix is None:
+                found = _guess(n)
+                if found is None and not n.endswith(".ckpt"):
+                    continue
+                base, name = found if found else (None, None)
             else:
-                entries = contents(f.path, key=key, max_decoded_bytes=max_decoded_bytes)  # checks the checksum
-            problem = _against_name(f)
-        except Error as e:
-            problem = str(e)
-        # another's file (as latest() sees it, and `ckpt ls`); records of coded bodies are not read
-        owner = _owner_in({e.name: e.value for e in entries if e.kind == "string"}) \
-            if problem is None and not f.header.codecs else None
-        if _foreign(owner, base, name):
-            problem = ("named as run '%s' of prefix '%s' but it records prefix '%s' (run '%s'): not that prefix's "
-                       "checkpoint" % (name.run_prefix, base, owner[0], owner[1]))
-        if problem is None:
-            metrics = {e.name[len(F.METRIC_PREFIX):]: e.value for e in entries
-                       if e.name.startswith(F.METRIC_PREFIX) and e.kind == "double"}
-        epoch, step = name.epoch, name.step
-        if not name.epoch_in_name and f.header is not None:  # the name holds the global step alone
-            epoch, step = f.header.epoch, f.header.step
-        out.append(Listed(f.path, base, name.run, epoch, step, name.global_step,
-                          "breakpoint" if name.breakpoint else "regular", f.header, problem, metrics))
-    out.sort(key=lambda c: (c.prefix, c.run, c.global_step, c.epoch, c.step, c.kind))
+                base, name = prefix, _parse_name(prefix, n)
+                if name is None:
+                    continue
+            out.append(_listed(os.path.join(where, n), n, base, name, key, max_decoded_bytes))
+    out.sort(key=lambda c: (os.path.dirname(c.path), c.prefix is not None, c.prefix or "", c.run or 0,
+                            c.global_step, c.epoch if c.epoch is not None else -1,
+                            c.step if c.step is not None else -1, c.kind or "", c.path))
     newest = {}
     for c in out:
         if c.kind == "regular" and c.problem is None:
-            newest[c.prefix] = c
+            newest[os.path.dirname(c.path), c.prefix] = c
     for c in newest.values():
         c.latest = True
     return out
+
+
+def _listed(path, n, base, name, key, max_decoded_bytes):
+    """The Listed of file `path` (named `n`), verified; `base` and `name` what its name says
+    (None for a file of no series)."""
+    f = _File(path, name)
+    problem, entries, metrics = None, [], {}
+    try:
+        f.header = header(path)
+        if key is None and f.header.encrypted:
+            verify(path)  # the checksum needs no key; the entries do
+        else:
+            entries = contents(path, key=key, max_decoded_bytes=max_decoded_bytes)  # checks the checksum
+    except Error as e:
+        problem = str(e)
+    if name is not None and problem is None and not f.header.codecs:
+        # whose it is, as latest() and `ckpt ls` see it; records of coded bodies are not read
+        owner = _owner_in({e.name: e.value for e in entries if e.kind == "string"})
+        if _foreign(owner, base, name):
+            again = _parse_name(owner[0], n)
+            if again is not None and again.run_prefix == owner[1] and again.breakpoint == name.breakpoint:
+                base, name = owner[0], again  # its recorded prefix's file ("exp_1-50.ckpt" of prefix "exp_1")
+                f.name = name
+            else:
+                problem = ("named as run '%s' of prefix '%s' but it records prefix '%s' (run '%s'): not that "
+                           "prefix's checkpoint" % (name.run_prefix, base, owner[0], owner[1]))
+    if name is not None and problem is None:
+        problem = _against_name(f)
+    if problem is None:
+        metrics = {e.name[len(F.METRIC_PREFIX):]: e.value for e in entries
+                   if e.name.startswith(F.METRIC_PREFIX) and e.kind == "double"}
+    if name is None:
+        h = f.header
+        return Listed(path, None, None, h.epoch if h else None, h.step if h else None, -1, None, h, problem, metrics)
+    epoch, step = name.epoch, name.step
+    if not name.epoch_in_name and f.header is not None:  # the name holds the global step alone
+        epoch, step = f.header.epoch, f.header.step
+    return Listed(path, base, name.run, epoch, step, name.global_step,
+                  "breakpoint" if name.breakpoint else "regular", f.header, problem, metrics)
+
+
+def temporaries_under(directory):
+    """The temporaries of `directory` and of the subdirectories ls() reads."""
+    return [t for d, _ in _walk(directory) for t in _series.temporaries(d)]
 
 
 def temporaries(directory):

@@ -499,6 +499,56 @@ def test_a_codec_whose_module_is_missing_is_not_damage(tmp_path):
     assert "install the module it names" in lines[0] and lines[1] == plain
 
 
+def _tree(tool, d):
+    """Checkpoints in subdirectories (one too deep for `ckpt ls`), .ckpt files of no series,
+    files whose owner record names another prefix, and symlinks to a file and to a directory."""
+    put(d, "exp-1_10.ckpt", 1, 10)
+    ckpt.save(os.path.join(d, "final.ckpt"), {"w": np.zeros(2)}, epoch=3, step=7)
+    support.write(os.path.join(d, "broken.ckpt"), b"junk")
+    with_record(tool, d, "exp_1-50.ckpt", 1, 50, {"prefix": "exp_1", "run": "exp_1"})  # prefix "exp_1"'s file
+    with_record(tool, d, "exp_2-60.ckpt", 1, 60, {"prefix": "other", "run": "other"})  # renamed by hand
+    with_record(tool, d, "exp_4-80.ckpt", 1, 80, {"prefix": "exp", "run": "exp_9"})
+    deep = os.path.join(d, "sub")
+    os.makedirs(os.path.join(deep, "deeper"))
+    put(deep, "exp-2_20.ckpt", 2, 20)
+    put(deep, "exp-2_30.ckpt", 2, 30)
+    put(os.path.join(deep, "deeper"), "job-5.ckpt", 1, 5)
+    five = os.path.join(d, "a", "b", "c", "d", "e")
+    os.makedirs(os.path.join(five, "f"))
+    put(five, "x-1.ckpt", 1, 1)                   # 5 levels down: listed
+    put(os.path.join(five, "f"), "y-1.ckpt", 1, 1)  # 6: not
+    os.symlink(".", os.path.join(d, "loop"))
+    os.symlink("final.ckpt", os.path.join(d, "link.ckpt"))
+
+
+@pytest.mark.parametrize("prefix", [None, "exp"])
+def test_ls_reads_subdirectories_and_judges_files_as_the_cpp_tool_does(tool, tmp_path, prefix):
+    d = str(tmp_path)
+    _tree(tool, d)
+    py = {os.path.relpath(c.path, d): c for c in ckpt.ls(d, prefix)}
+    out = json.loads(tool.run("ls", "--json", d, *(["--prefix", prefix] if prefix else [])).stdout)
+    cpp = {os.path.relpath(c["path"], d): dict(c, prefix=g["prefix"] or None) for g in out["checkpoints"]
+           for c in g["checkpoints"]}
+    assert sorted(py) == sorted(cpp)
+    assert ("a/b/c/d/e/x-1.ckpt" in py, "a/b/c/d/e/f/y-1.ckpt" in py) == (prefix is None, False)
+    assert ("final.ckpt" in py, "sub/deeper/job-5.ckpt" in py) == (prefix is None, prefix is None)
+    for name, c in cpp.items():
+        p = py[name]
+        assert (p.prefix, p.problem is None, p.latest) == (c["prefix"], c["valid"], c["latest"]), name
+        assert (p.run, p.epoch, p.step) == (c.get("run"), c.get("epoch", p.epoch), c.get("step", p.step)), name
+        if "records prefix" in (c.get("problem") or ""):
+            assert p.problem == c["problem"], name
+    assert py["exp_1-50.ckpt"].prefix == "exp_1" and py["exp_1-50.ckpt"].latest
+    assert "records prefix 'other'" in py["exp_2-60.ckpt"].problem
+    assert [n for n, c in py.items() if c.latest] == (
+        ["exp-1_10.ckpt", "exp_1-50.ckpt", "sub/exp-2_30.ckpt"] if prefix else
+        ["exp-1_10.ckpt", "exp_1-50.ckpt", "a/b/c/d/e/x-1.ckpt", "sub/exp-2_30.ckpt", "sub/deeper/job-5.ckpt"])
+    if prefix is None:
+        assert (py["final.ckpt"].kind, py["final.ckpt"].run, py["final.ckpt"].epoch) == (None, None, 3)
+        assert "is not a ckpt checkpoint" in py["broken.ckpt"].problem and py["link.ckpt"].problem is None
+    assert "records prefix 'exp' (run 'exp_9')" in py["exp_4-80.ckpt"].problem
+
+
 def test_a_file_over_the_decoded_budget_is_unreadable_not_damaged(tmp_path):
     """best() decodes every file; one that would decode to more than max_decoded_bytes may be
     whole: it is not passed over as damaged, and the error says what to do."""
