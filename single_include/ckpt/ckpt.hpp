@@ -3160,11 +3160,11 @@ decltype(auto) translating_archive_errors(const std::string& path, F&& f) {
     try {
         return f();
     } catch (const boost::archive::archive_exception& e) {
-        throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
+        throw FormatError("checkpoint '" + path + "' is malformed: it could not be parsed: " + e.what(), path);
     } catch (const boost::archive::iterators::dataflow_exception& e) {  // bad base64 in text or xml
-        throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
+        throw FormatError("checkpoint '" + path + "' is malformed: it could not be parsed: " + e.what(), path);
     } catch (const std::length_error& e) {  // a length read from the file beyond any string's
-        throw FormatError("checkpoint '" + path + "' could not be parsed: " + e.what(), path);
+        throw FormatError("checkpoint '" + path + "' is malformed: it could not be parsed: " + e.what(), path);
     }
 }
 
