@@ -4,6 +4,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -18,6 +19,54 @@ def _when(ns):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
 
 
+def _text(s):
+    """A name, path, prefix or string value as text output shows it: escaped as error messages
+    are (control characters and undecodable bytes as \\xNN), and a line feed or tab too, so
+    that one value stays on its line of the table."""
+    return printable(s).replace("\n", "\\x0a").replace("\t", "\\x09")
+
+
+def _json_text(v):
+    """A str as JSON holds it: bytes of a name or string that are not UTF-8 (kept by
+    surrogateescape) become U+FFFD, as JSON holds only Unicode; any other value as it is."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return v
+
+
+def _json(doc):
+    """`doc` with every str of it (keys too) made JSON text."""
+    if isinstance(doc, dict):
+        return {_json_text(k): _json(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_json(v) for v in doc]
+    return _json_text(doc)
+
+
+_C1 = re.compile("[\x7f-\x9f]")
+
+
+def _dump(doc):
+    """`doc` as JSON text: UTF-8 as it is, and what JSON leaves raw of the controls a terminal
+    acts on (DEL, C1) escaped too; a parser reads the same strings back."""
+    text = json.dumps(_json(doc), indent=2, ensure_ascii=False)
+    return _C1.sub(lambda m: "\\u%04x" % ord(m.group()), text)
+
+
+_SIZE = re.compile(r"([0-9]{1,20})(|K|M|G|T|KiB|MiB|GiB|TiB)")
+
+
+def _size(text):
+    """--max-decoded-bytes: a number of bytes, with K, M, G or T (KiB ...: powers of 1024)."""
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise argparse.ArgumentTypeError("'%s' is not a number of bytes (such as 1073741824 or 1G)" % _text(text))
+    return int(m.group(1)) << (10 * "KMGT".find(m.group(2)[:1]) + 10 if m.group(2) else 0)
+
+
 def _json_value(v):
     """JSON has no NaN or infinity: those as the C++ tool prints them."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -26,29 +75,30 @@ def _json_value(v):
 
 
 def _ls(args):
-    found = ls(args.dir, args.prefix, key=args.key_file)
+    found = ls(args.dir, args.prefix, key=args.key_file, max_decoded_bytes=args.max_decoded_bytes)
     left = temporaries_under(args.dir)  # every temporary there, whatever its prefix
     if args.json:
-        print(json.dumps({"directory": args.dir, "checkpoints": [
+        print(_dump({"directory": args.dir, "checkpoints": [
             {"path": c.path, "prefix": c.prefix, "run": c.run, "epoch": c.epoch, "step": c.step, "kind": c.kind,
              "valid": c.problem is None, "problem": c.problem, "latest": c.latest,
              "metrics": {k: _json_value(v) for k, v in c.metrics.items()},
              "save_time": _when(c.header.save_time_ns) if c.header else None} for c in found],
             "temporaries": [{"path": t.path, "pid": t.pid, "size": t.size,
-                             "writer": "running" if t.writer_alive else "gone"} for t in left]}, indent=2))
+                             "writer": "running" if t.writer_alive else "gone"} for t in left]}))
         return 0
     if not found:
-        print("no checkpoints in '%s'%s" % (args.dir, " with prefix '%s'" % args.prefix if args.prefix else ""))
+        print("no checkpoints in '%s'%s" % (_text(args.dir), " with prefix '%s'" % _text(args.prefix)
+                                             if args.prefix else ""))
         _print_temporaries(left, args.dir)
         return 0
     print("%-44s %4s %6s %8s %-10s %-20s %s" % ("FILE", "RUN", "EPOCH", "STEP", "KIND", "SAVED", "STATUS"))
     for c in found:
-        status = "INVALID: " + c.problem if c.problem else "ok"
-        metrics = "  " + " ".join("%s=%.6g" % kv for kv in sorted(c.metrics.items())) if c.metrics else ""
+        status = "INVALID: " + _text(c.problem) if c.problem else "ok"
+        metrics = "  " + " ".join("%s=%.6g" % (_text(k), v) for k, v in sorted(c.metrics.items())) if c.metrics else ""
         print("%-44s %4s %6s %8s %-10s %-20s %s%s%s" % (
-            os.path.relpath(c.path, args.dir), "-" if c.run is None else c.run, "-" if c.epoch is None else c.epoch,
-            "-" if c.step is None else c.step, c.kind or "-", _when(c.header.save_time_ns) if c.header else "-",
-            status, metrics, "  <- latest" if c.latest else ""))
+            _text(os.path.relpath(c.path, args.dir)), "-" if c.run is None else c.run,
+            "-" if c.epoch is None else c.epoch, "-" if c.step is None else c.step, c.kind or "-",
+            _when(c.header.save_time_ns) if c.header else "-", status, metrics, "  <- latest" if c.latest else ""))
     _print_temporaries(left, args.dir)
     return 0
 
@@ -61,7 +111,7 @@ def _print_temporaries(left, directory):
                                             ", %d left by writers that are gone: the next save here removes them"
                                             % len(gone) if gone else ""))
     for t in left:
-        print("  %-44s %10d bytes  pid %-8d %s" % (printable(os.path.relpath(t.path, directory)), t.size, t.pid,
+        print("  %-44s %10d bytes  pid %-8d %s" % (_text(os.path.relpath(t.path, directory)), t.size, t.pid,
                                                    "running" if t.writer_alive else "gone"))
 
 
@@ -70,7 +120,8 @@ def _show(args):
     h = header(args.file)
     entries = None
     if not h.encrypted or args.key_file:
-        entries = contents(args.file, key=args.key_file)  # checks the checksum
+        # (checks the checksum)
+        entries = contents(args.file, key=args.key_file, max_decoded_bytes=args.max_decoded_bytes)
     else:
         verify(args.file)
     if args.json:
@@ -83,9 +134,9 @@ def _show(args):
                    {"name": e.name, "kind": _JSON_KINDS.get(e.kind, e.kind),
                     **({"dtype": e.dtype, "shape": list(e.shape), "order": e.order, "bytes": e.nbytes}
                        if e.kind == "tensor" else {"value": _json_value(e.value)})} for e in entries]}
-        print(json.dumps(out, indent=2, ensure_ascii=False))
+        print(_dump(out))
         return 0
-    for k, v in (("path", args.file), ("format_version", h.version), ("archive", h.archive),
+    for k, v in (("path", _text(args.file)), ("format_version", h.version), ("archive", h.archive),
                  ("codecs", ", ".join(h.codecs) or "none"), ("epoch", h.epoch), ("step", h.step),
                  ("save_time", _when(h.save_time_ns)), ("body_bytes", h.body_length),
                  ("body_xxh3", "%016x" % h.body_checksum)):
@@ -96,8 +147,9 @@ def _show(args):
     print("entries:        %d" % len(entries))
     for e in entries:
         what = ("%s%s%s %d bytes" % (e.dtype, list(e.shape), " column-major" if e.order == "column_major" else "",
-                                     e.nbytes) if e.kind == "tensor" else "%s %r" % (e.kind, e.value))
-        print("  %-40s %s" % (e.name, what))
+                                     e.nbytes) if e.kind == "tensor" else
+                "%s '%s'" % (e.kind, _text(e.value)) if e.kind == "string" else "%s %r" % (e.kind, e.value))
+        print("  %-40s %s" % (_text(e.name), what))
     return 0
 
 
@@ -108,11 +160,11 @@ def _verify(args):
     failed = 0
     for path in args.files:
         try:
-            verify(path, key=args.key_file)
-            print("ok       %s" % path)
+            verify(path, key=args.key_file, max_decoded_bytes=args.max_decoded_bytes)
+            print("ok       %s" % _text(path))
         except Error as e:
             failed += 1
-            print("FAILED   %s: %s" % (path, e))
+            print("FAILED   %s: %s" % (_text(path), _text(str(e))))
     print("%d verified, %d failed" % (len(args.files) - failed, failed))
     return 1 if failed else 0
 
@@ -135,6 +187,9 @@ def main(argv=None):
     p.set_defaults(run=_verify)
     for p in sub.choices.values():
         p.add_argument("--key-file", help="the key of encrypted checkpoints (32 bytes, or 64 hex digits)")
+        p.add_argument("--max-decoded-bytes", type=_size, metavar="BYTES",
+                       help="the most a compressed or encrypted body may decode to (default: the larger of 256 MiB "
+                            "and 64 times the body as stored)")
     args = parser.parse_args(argv)
     try:
         if args.key_file:

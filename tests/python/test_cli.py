@@ -6,10 +6,12 @@ import json
 import math
 import os
 import signal
+import struct
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import ckpt
 from ckpt import __main__ as cli
@@ -151,3 +153,111 @@ def test_ls_gives_the_header_position_of_step_named_files(tmp_path):
     lines = run("ls", d).stdout.splitlines()
     assert [line.split()[:4] for line in lines[1:]] == [["heat-2_60.ckpt", "0", "2", "60"],
                                                         ["heat-300.ckpt", "0", "2", "50"]]
+
+
+# --------------------------------------------------------------------------- hostile names and files
+
+HOSTILE_NAMES = [b"esc\x1b[31mred", b"bel\x07", b"cr\rover", b"line\nfeed", b"not utf-8 \xff\xfe", b"c1 \xc2\x9b2J"]
+
+
+def _hostile_file(path):
+    """A checkpoint whose entry names, a string value and a metric name hold control bytes
+    and bytes that are not UTF-8 (FORMAT.md section 3: names and strings are byte strings)."""
+    body = support.u64(len(HOSTILE_NAMES) + 2)
+    for i, name in enumerate(HOSTILE_NAMES):
+        body += support.string(name) + support.u32(1) + support.i64(i)
+    body += support.string(b"s") + support.u32(4) + support.string(b"v\x1b]0;title\x07\xff")
+    body += support.string(b"__ckpt.metric.loss\x1b[2J") + support.u32(2) + struct.pack("<d", 0.5)
+    return support.write(path, support.make_file(body, epoch=1, step=1))
+
+
+def _no_raw_control(text):
+    return support.printable(text.replace("\t", " ")) and "\x1b" not in text
+
+
+def test_show_and_verify_print_names_paths_and_values_escaped(tmp_path):
+    path = _hostile_file(tmp_path / "evil\x1b[2J\x07.ckpt")
+    out = run("show", path).stdout
+    assert _no_raw_control(out), repr(out)
+    for shown in ("esc\\x1b[31mred", "bel\\x07", "cr\\x0dover", "line\\x0afeed", "not utf-8 \\xff\\xfe", "c1 \\xc2\\x9b2J",
+                  "string 'v\\x1b]0;title\\x07\\xff'", "__ckpt.metric.loss\\x1b[2J", "evil\\x1b[2J\\x07.ckpt"):
+        assert shown in out, shown
+    out = run("verify", path).stdout
+    assert _no_raw_control(out) and "ok       %s" % str(path).replace("\x1b", "\\x1b").replace("\x07", "\\x07") in out
+
+
+def test_show_json_keeps_names_exact_and_bytes_that_are_not_utf8_replaced(tmp_path):
+    """JSON holds Unicode, escaped by the parser: control characters come back exact; a byte
+    that is not UTF-8 cannot, and becomes U+FFFD."""
+    path = _hostile_file(tmp_path / "h.ckpt")
+    out = strict_json(run("show", "--json", path).stdout)
+    names = [e["name"] for e in out["entries"]]
+    assert names[:len(HOSTILE_NAMES)] == [n.decode("utf-8", "replace") for n in HOSTILE_NAMES]
+    assert names[1] == "bel\x07" and names[4] == "not utf-8 \ufffd\ufffd"
+    assert out["entries"][len(HOSTILE_NAMES)]["value"] == "v\x1b]0;title\x07\ufffd"
+
+
+def test_every_command_runs_where_stdout_takes_only_utf8(tmp_path):
+    """Names and file names that are not UTF-8 never reach a strict UTF-8 stdout unescaped."""
+    d = tmp_path / "d"
+    os.mkdir(d)
+    _hostile_file(d / "exp-1_1.ckpt")
+    ckpt.save(str(d / "exp\udcff-1_2.ckpt"), {"w\udcfe": np.zeros(1)}, epoch=1, step=2, metrics={"m\udcfd": 1.0})
+    env = dict(os.environ, PYTHONPATH=os.path.join(support.SOURCE, "python"), PYTHONDONTWRITEBYTECODE="1",
+               PYTHONIOENCODING="utf-8:strict")
+    for args in (["show", d / "exp-1_1.ckpt"], ["show", "--json", d / "exp-1_1.ckpt"], ["ls", d], ["ls", "--json", d],
+                 ["verify", d / "exp-1_1.ckpt", "%s/exp\udcff-1_2.ckpt" % d], ["show", "%s/exp\udcff-1_2.ckpt" % d]):
+        r = subprocess.run([sys.executable, "-m", "ckpt", *map(str, args)], capture_output=True, env=env, timeout=60)
+        assert r.returncode == 0 and r.stderr == b"", (args, r.stderr)
+        text = r.stdout.decode("utf-8")  # (strict: raises on bytes that are not UTF-8)
+        assert _no_raw_control(text), (args, text)
+        if "--json" not in args:
+            assert "\\xff" in text or "\\x1b" in text, (args, text)
+
+
+def test_ls_prints_file_names_prefixes_and_metrics_escaped(tmp_path):
+    d = tmp_path / "runs"
+    os.makedirs(d / "sub\x1b]0;x\x07")
+    ckpt.save(str(d / "exp\x1b[2J-1_1.ckpt"), {"w": np.zeros(1)}, epoch=1, step=1, metrics={"loss\x07\n": 0.5})
+    ckpt.save(str(d / "sub\x1b]0;x\x07" / "job\r-5.ckpt"), {"w": np.zeros(1)}, epoch=1, step=5)
+    support.write(d / ".exp\x1b-1_2.ckpt.tmp-1-0", b"left")  # a temporary, listed too
+    out = run("ls", str(d)).stdout
+    assert _no_raw_control(out), repr(out)
+    for shown in ("exp\\x1b[2J-1_1.ckpt", "loss\\x07\\x0a=0.5", "sub\\x1b]0;x\\x07/job\\x0d-5.ckpt",
+                  ".exp\\x1b-1_2.ckpt.tmp-1-0"):
+        assert shown in out, shown
+    out = strict_json(run("ls", "--json", str(d)).stdout)
+    assert {c["path"] for c in out["checkpoints"]} == {str(d / "exp\x1b[2J-1_1.ckpt"),
+                                                        str(d / "sub\x1b]0;x\x07" / "job\r-5.ckpt")}
+    assert [c["metrics"] for c in out["checkpoints"] if c["metrics"]] == [{"loss\x07\n": 0.5}]
+    empty = tmp_path / "nothing\x1b[2J"
+    os.mkdir(empty)
+    out = run("ls", str(empty), "--prefix", "p\x07").stdout
+    assert out == "no checkpoints in '%s' with prefix 'p\\x07'\n" % str(empty).replace("\x1b", "\\x1b")
+
+
+def test_max_decoded_bytes_on_every_command_that_reads(tmp_path):
+    """The default budget refuses a bomb by name and figure; --max-decoded-bytes sets another,
+    in bytes or with K, M, G, T."""
+    bomb = support.write(tmp_path / "bomb.ckpt", support.zstd_bomb(4096))  # 4 GiB from 237 KB
+    r = run("show", bomb, expect=1)
+    assert r.stderr.startswith("ckpt: checkpoint '%s' decodes to more than %d bytes (the default max_decoded_bytes"
+                               % (bomb, 256 << 20)) and r.stdout == ""
+    r = run("show", bomb, "--max-decoded-bytes", "1G", expect=1)
+    assert "decodes to more than %d bytes (max_decoded_bytes)" % (1 << 30) in r.stderr
+    zstd = support.golden("v2-zstd.ckpt")
+    assert "decodes to more than 1279 bytes" in run("show", zstd, "--max-decoded-bytes", "1279", expect=1).stderr
+    assert "entries:        16" in run("show", zstd, "--max-decoded-bytes", "1280").stdout
+    aes = support.golden("v2-aes-256-gcm.ckpt")
+    r = run("verify", aes, "--key-file", support.GOLDEN_KEY, "--max-decoded-bytes", "869", expect=1)
+    assert "FAILED   %s: checkpoint '%s' decodes to more than 869 bytes" % (aes, aes) in r.stdout
+    run("verify", aes, "--key-file", support.GOLDEN_KEY, "--max-decoded-bytes", "1K")
+    d = tmp_path / "runs"
+    os.mkdir(d)
+    ckpt.save(str(d / "exp-1_1.ckpt"), {"w": np.zeros(1000)}, epoch=1, step=1, zstd=3)
+    listed = strict_json(run("ls", "--json", str(d), "--max-decoded-bytes", "100").stdout)["checkpoints"]
+    assert "decodes to more than 100 bytes" in listed[0]["problem"]
+    assert strict_json(run("ls", "--json", str(d)).stdout)["checkpoints"][0]["valid"] is True
+    with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit) as info:
+        cli.main(["show", zstd, "--max-decoded-bytes", "lots"])
+    assert info.value.code == 2 and "'lots' is not a number of bytes" in err.getvalue()
