@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from . import _format as F
 from . import _series
-from ._io import _Opened, contents, header, verify
+from ._io import _Opened, _reader, contents, header, verify
 from ._names import count as _count, guess as _guess, parse as _parse_name
 from ._series import Temporary
 from .codecs import MissingModule
@@ -59,15 +59,22 @@ class _File:
     header: F.Header = None
 
 
+@_reader
+def _table(path):
+    """The table of contents of a file whose body has no codecs, not verified; None for one
+    with codecs."""
+    with _Opened(path) as opened:
+        return None if opened.header.codecs else opened.table()
+
+
 def _owner(path):
     """The owner record (prefix, run, follows_run) of a file whose body has no codecs, read from
     its table of contents without verifying it; None when it has none or cannot be read."""
     try:
-        with _Opened(path) as opened:
-            if opened.header.codecs:
-                return None
-            entries = opened.table()
+        entries = _table(path)
     except Error:
+        return None
+    if entries is None:
         return None
     return _owner_in({e.name: e.value for e in entries if e.kind == F.STRING})
 
