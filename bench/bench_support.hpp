@@ -1,6 +1,6 @@
 #pragma once
-// What the I/O benchmarks share: the machine description printed before the figures, timing
-// helpers, and how they fail.
+// What the benchmarks share: the machine description printed before the figures, timing
+// helpers, the checks of what they timed, and how they fail.
 
 #include <errno.h>
 #include <stdlib.h>
@@ -19,6 +19,7 @@
 #include <ctime>
 #include <exception>
 #include <fstream>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -60,11 +61,83 @@ inline void fill_random_floats(float* p, std::size_t n, std::uint64_t seed) {
     }
 }
 
+/// Element `i` of what fill_random_floats(p, n, seed) writes, for n > i.
+inline float random_float_at(std::uint64_t seed, std::size_t i) {
+    std::uint64_t z = seed * 0x9E3779B97F4A7C15ULL + 1 + (static_cast<std::uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
+}
+
 inline double median(std::vector<double> v) {
+    if (v.empty()) return 0;  // Checks::count says what is missing
     std::sort(v.begin(), v.end());
     const std::size_t n = v.size();
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
+
+/// More bytes a second than any machine's memory gives one process: a copy, save or load
+/// timed faster than this moved nothing in the time taken (or the clock read nothing).
+constexpr double max_bytes_per_second = 1e12;
+
+/// What a benchmark checks about what it timed, before its figures are believed: that it
+/// timed every event it planned (saves, loads, copies, collectives, steps), and that the
+/// figures it divides by are plausible. Every failed check prints a line to stderr naming
+/// what was planned, what was timed, or which figure is implausible; status() is then 1.
+class Checks {
+public:
+    /// `timed` events of `what` (a plural: "saves timed") where `planned` were.
+    void count(const std::string& what, long long planned, long long timed) {
+        if (timed != planned) fail(what + ": planned " + std::to_string(planned) + ", timed " + std::to_string(timed));
+    }
+    /// At least `least` events of `what`.
+    void at_least(const std::string& what, long long least, long long timed) {
+        if (timed < least)
+            fail(what + ": planned at least " + std::to_string(least) + ", timed " + std::to_string(timed));
+    }
+    /// `seconds` to move `bytes`: more than nothing, and no faster than memory.
+    void rate(const std::string& what, double bytes, double seconds) {
+        char buf[256];
+        if (!(bytes > 0)) {
+            std::snprintf(buf, sizeof buf, "%s: implausible: %.0f bytes moved", what.c_str(), bytes);
+            fail(buf);
+        } else if (!(seconds > 0) || !std::isfinite(seconds) || bytes / seconds > max_bytes_per_second) {
+            std::snprintf(buf, sizeof buf, "%s: implausible: %.3f MiB in %.6f ms, above %.0f GB/s", what.c_str(),
+                          bytes / 1048576.0, seconds * 1e3, max_bytes_per_second / 1e9);
+            fail(buf);
+        }
+    }
+    /// A time or a ratio that must be a finite number above zero (a divisor, a stall).
+    void positive(const std::string& what, double value) {
+        if (!(value > 0) || !std::isfinite(value)) {
+            char buf[256];
+            std::snprintf(buf, sizeof buf, "%s: implausible: %g", what.c_str(), value);
+            fail(buf);
+        }
+    }
+    /// A condition the figures rest on, with what it means when it does not hold.
+    void that(bool ok, const std::string& what) {
+        if (!ok) fail(what);
+    }
+    bool failed() const noexcept { return failures_ > 0; }
+    /// 1 when a check failed (after a line saying how many), otherwise `rc`.
+    int status(int rc = 0) const {
+        if (!failures_) return rc;
+        std::fprintf(stderr,
+                     "%s: %d check(s) of what was timed failed: the figures above do not measure what they say\n",
+                     program_invocation_short_name, failures_);
+        return 1;
+    }
+
+private:
+    void fail(const std::string& line) {
+        ++failures_;
+        std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, line.c_str());
+        std::fflush(stderr);
+    }
+    int failures_ = 0;
+};
 
 /// Runs `run(dir)` in `dir_arg`, or, when it is empty, in a new directory under /var/tmp that
 /// is removed afterwards (in a given directory only `files` are removed). Returns run's exit
