@@ -13,8 +13,12 @@
 // dropped. Ratios are throughput ratios, baseline_time / ckpt_time: 1.00 means as fast as
 // the baseline, above 1 faster.
 //
-//   ckpt_io [--rounds N] [--dir DIR] [--verbose] [--no-prime]
+//   ckpt_io [--rounds N] [--tensors T] [--dir DIR] [--verbose] [--no-prime]
 //
+// --tensors T saves T tensors of 4 MiB instead of 64 (a quick run: its figures mean nothing,
+// its checks apply). Exit status 1 when a load gives back other bytes than were saved, or
+// the run did not time what it planned: every round's save and write of the whole state
+// (files of its size), loads that filled every tensor, times no faster than memory.
 // --verbose prints every round's times. Before every timed operation, ckpt or baseline, the
 // memory it is about to use is primed the same way (the source buffers touched before a
 // save; before a load, the file read once with plain read() into the destination buffers,
@@ -55,10 +59,10 @@ namespace {
 namespace fs = boost::filesystem;
 using namespace bench;
 
-constexpr int tensor_count = 64;
 constexpr std::int64_t rows = 1024, cols = 1024;
 constexpr std::size_t tensor_bytes = static_cast<std::size_t>(rows * cols) * sizeof(float);
-constexpr std::size_t total_bytes = tensor_bytes * tensor_count;
+int tensor_count = 64;                          // --tensors
+std::size_t total_bytes = tensor_bytes * 64;
 constexpr double small_buffer_mib = 1.0;  // allowance on top of the largest tensor for the save peak
 
 
@@ -220,6 +224,7 @@ void scramble(const Buffers& b) {
 
 struct Args {
     int rounds = 7;
+    int tensors = 64;
     std::string dir;
     bool verbose = false;
     bool prime = true;
@@ -231,6 +236,8 @@ Args parse_args(int argc, char** argv) {
         const std::string arg = argv[i];
         if (arg == "--rounds" && i + 1 < argc) {
             a.rounds = std::atoi(argv[++i]);
+        } else if (arg == "--tensors" && i + 1 < argc) {
+            a.tensors = std::atoi(argv[++i]);
         } else if (arg == "--dir" && i + 1 < argc) {
             a.dir = argv[++i];
         } else if (arg == "--verbose") {
@@ -238,14 +245,16 @@ Args parse_args(int argc, char** argv) {
         } else if (arg == "--no-prime") {
             a.prime = false;
         } else {
-            std::fprintf(stderr, "usage: %s [--rounds N] [--dir DIR] [--verbose] [--no-prime]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--rounds N] [--tensors T] [--dir DIR] [--verbose] [--no-prime]\n", argv[0]);
             std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
         }
     }
-    if (a.rounds < 1) {
-        std::fprintf(stderr, "ckpt_io: --rounds must be at least 1\n");
+    if (a.rounds < 1 || a.tensors < 1 || a.tensors > 100) {
+        std::fprintf(stderr, "ckpt_io: --rounds must be at least 1, --tensors from 1 to 100\n");
         std::exit(2);
     }
+    tensor_count = a.tensors;
+    total_bytes = tensor_bytes * static_cast<std::size_t>(a.tensors);
     return a;
 }
 
@@ -311,6 +320,11 @@ int run(const Args& args, const std::string& dir) {
     // Timed rounds. Each pair runs in both orders, alternating round by round. The read()
     // baseline is paired with each ckpt load, so it gets two samples per round.
     std::vector<double> t_save, t_write, t_inplace, t_fresh, t_read, t_free;
+    // what each timed operation did, checked after it (untimed): whole files, filled tensors
+    int saves_whole = 0, writes_whole = 0, inplace_full = 0, fresh_full = 0;
+    auto whole = [](const std::string& path, std::size_t least) {
+        return static_cast<std::size_t>(fs::file_size(path)) >= least;
+    };
     for (int r = 0; r < args.rounds; ++r) {
         const bool ckpt_first = r % 2 == 0;
         auto pair = [&](const std::function<void()>& ck, const std::function<void()>& base) {
@@ -338,15 +352,19 @@ int run(const Args& args, const std::string& dir) {
             [&] {
                 prime_save();
                 t_save.push_back(timed([&] { ckpt::save_checkpoint(dict, ckpt_path); }));
+                saves_whole += whole(ckpt_path, total_bytes);
             },
             [&] {
                 prime_save();
                 t_write.push_back(timed([&] { baseline_write(base_path, source); }));
+                writes_whole += whole(base_path, total_bytes);
             });
         pair(
             [&] {
                 prime_load(ckpt_path);
-                t_inplace.push_back(timed([&] { ckpt::load_checkpoint_into(ckpt_path, target); }));
+                ckpt::LoadReport report;
+                t_inplace.push_back(timed([&] { report = ckpt::load_checkpoint_into(ckpt_path, target); }));
+                inplace_full += report.complete();
             },
             read_baseline);
         pair(
@@ -354,6 +372,7 @@ int run(const Args& args, const std::string& dir) {
                 prime_load(ckpt_path);
                 std::optional<ckpt::ParamDict> fresh;
                 t_fresh.push_back(timed([&] { fresh = ckpt::load_checkpoint(ckpt_path); }));
+                fresh_full += fresh->size() == static_cast<std::size_t>(tensor_count);
                 t_free.push_back(timed([&] { fresh.reset(); }));  // reported, not counted in load_fresh
             },
             read_baseline);
@@ -398,7 +417,22 @@ int run(const Args& args, const std::string& dir) {
         std::printf("peak_extra_save_mib=n/a\n");
     }
     std::printf("ckpt_io save/write=%.2f load_inplace/read=%.2f load_fresh/read=%.2f\n", r1, r2, r3);
-    return 0;
+
+    Checks check;
+    const long long n = args.rounds;
+    check.count("saves timed", n, static_cast<long long>(t_save.size()));
+    check.count("saves that wrote a file of the whole state", n, saves_whole);
+    check.count("baseline writes that wrote the whole state", n, writes_whole);
+    check.count("load_inplace loads that filled every tensor from the file", n, inplace_full);
+    check.count("load_fresh loads that returned every tensor", n, fresh_full);
+    check.count("baseline reads timed (two a round)", 2 * n, static_cast<long long>(t_read.size()));
+    const double bytes = static_cast<double>(total_bytes);
+    check.rate("save (median)", bytes, save / 1e3);
+    check.rate("write() baseline (median)", bytes, write / 1e3);
+    check.rate("load_inplace (median)", bytes, inplace / 1e3);
+    check.rate("load_fresh (median)", bytes, fresh / 1e3);
+    check.rate("read() baseline (median)", bytes, read / 1e3);
+    return check.status();
 }
 
 }  // namespace

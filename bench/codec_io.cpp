@@ -48,8 +48,12 @@
 // codec_time (1.00: as fast as no codec, above 1 faster).
 //
 //   codec_io [--rounds N] [--dp-rounds N] [--stall-rounds N] [--small-rounds N] [--zstd-level L]
-//            [--lenet FILE] [--lenet-images N] [--dp-steps N] [--data DIR] [--dir DIR]
-//            [--only PARTS] [--verbose] [--no-prime]
+//            [--lenet FILE] [--lenet-images N] [--dp-steps N] [--net dp|small] [--tensors T]
+//            [--data DIR] [--dir DIR] [--only PARTS] [--verbose] [--no-prime]
+//
+// A quick run (its figures mean nothing, its checks apply): --net small trains the
+// 784-512-512-10 network of cluster_recover (5 MiB of state) for the dp and stall parts,
+// --tensors T makes the random and bits states T tensors of 4 MiB instead of 64.
 //
 // Rounds: --rounds (default 7) for random, bits and aes; --dp-rounds (3) for zstd on dp;
 // --stall-rounds (7); --small-rounds (21) for lenet.
@@ -59,7 +63,9 @@
 //   codec_io zstd_size lenet=A dp=B random=C bits=D zstd_save/none random=E bits=F aes save=G
 //            load_into=H load_fresh=I cold_into=J cold_fresh=K stall/memcpy=L
 // (sizes: zstd file / NoCodec file; 0 for a part not run). Exit status 1 if a load does not
-// give back what was saved, 2 on an error; missing a floor does not fail the run (these
+// give back what was saved, or the run did not time what it planned (every round's saves,
+// each writing a file of the size its first did; loads that filled or returned every tensor;
+// the stall part's async saves, each written; times no faster than memory), 2 on an error; missing a floor does not fail the run (these
 // numbers are too noisy on shared machines for a gate). Training runs BLAS on one thread: the bench re-runs itself with
 // OPENBLAS_NUM_THREADS=1 unless it is set.
 
@@ -98,7 +104,7 @@ using namespace bench;
 // ---------------------------------------------------------------------------------------------
 // States
 
-constexpr int random_tensors = 64;
+int random_tensors = 64;  // --tensors
 constexpr std::int64_t random_rows = 1024, random_cols = 1024;
 
 /// Pseudo-random bytes, every bit of them (splitmix64 output as is): incompressible.
@@ -232,6 +238,7 @@ struct Args {
     std::string lenet_file;
     std::size_t lenet_images = 60000;
     std::int64_t dp_steps = 20;
+    bool small_net = false;  // --net small
     std::string data = "/usr/share/datasets/fashion-mnist";
     std::string dir;
     std::set<std::string> parts = {"lenet", "dp", "random", "bits", "aes", "stall"};
@@ -242,7 +249,8 @@ struct Args {
 [[noreturn]] void usage(const char* argv0, int status) {
     std::fprintf(status ? stderr : stdout,
                  "usage: %s [--rounds N] [--dp-rounds N] [--stall-rounds N] [--small-rounds N] [--zstd-level L]\n"
-                 "          [--lenet FILE] [--lenet-images N] [--dp-steps N] [--data DIR] [--dir DIR]\n"
+                 "          [--lenet FILE] [--lenet-images N] [--dp-steps N] [--net dp|small] [--tensors T]\n"
+                 "          [--data DIR] [--dir DIR]\n"
                  "          [--only lenet,dp,random,bits,aes,stall]\n"
                  "          [--verbose] [--no-prime]\n",
                  argv0);
@@ -265,6 +273,8 @@ Args parse_args(int argc, char** argv) {
         else if (arg == "--lenet") a.lenet_file = value();
         else if (arg == "--lenet-images") a.lenet_images = static_cast<std::size_t>(std::atoll(value().c_str()));
         else if (arg == "--dp-steps") a.dp_steps = std::atoll(value().c_str());
+        else if (arg == "--net") a.small_net = value() == "small";
+        else if (arg == "--tensors") random_tensors = std::atoi(value().c_str());
         else if (arg == "--data") a.data = value();
         else if (arg == "--dir") a.dir = value();
         else if (arg == "--only") {
@@ -279,8 +289,10 @@ Args parse_args(int argc, char** argv) {
         else if (arg == "--no-prime") a.prime = false;
         else usage(argv[0], arg == "--help" || arg == "-h" ? 0 : 2);
     }
-    if (a.rounds < 1 || a.dp_rounds < 1 || a.stall_rounds < 1 || a.small_rounds < 1 || a.dp_steps < 1 || a.lenet_images < 32) {
-        std::fprintf(stderr, "codec_io: rounds and steps must be at least 1, --lenet-images at least 32\n");
+    if (a.rounds < 1 || a.dp_rounds < 1 || a.stall_rounds < 1 || a.small_rounds < 1 || a.dp_steps < 1 || a.lenet_images < 32 ||
+        random_tensors < 1 || random_tensors > 100) {
+        std::fprintf(stderr, "codec_io: rounds and steps must be at least 1, --lenet-images at least 32, --tensors from 1 "
+                             "to 100\n");
         std::exit(2);
     }
     return a;
@@ -303,6 +315,10 @@ struct Series {
 struct PairResult {
     std::uint64_t payload = 0, base_size = 0, codec_size = 0;
     Series save, into, fresh, cold_into, cold_fresh;
+    int rounds = 0;
+    // timed operations that did their whole task, checked after each (untimed): saves whose
+    // file has the size of the warm-up's, loads that filled or returned every tensor
+    int saves_whole = 0, loads_full = 0;
     double cold_resident = -1;  // what was left in the page cache after a drop (checked once)
 };
 
@@ -319,6 +335,7 @@ PairResult run_pair(const std::string& label, const ckpt::ParamDict& state, cons
                     const Contender& codec, int rounds, bool cold, const Args& args) {
     PairResult res;
     res.payload = payload_bytes(state);
+    res.rounds = rounds;
     ckpt::ParamDict target = make_target(state);
 
     // Warm-up, untimed: both files, and the check that both loads give back what was saved.
@@ -355,14 +372,18 @@ PairResult run_pair(const std::string& label, const ckpt::ParamDict& state, cons
         }
         if (drop) drop_cache(c.path);
     };
+    const std::size_t tensors = tensor_count(state);
     auto load_into = [&](const Contender& c, std::vector<double>& out, bool drop) {
         prime_load(c, drop);
-        out.push_back(timed([&] { ckpt::load_checkpoint_into(c.path, target, false, c.load); }));
+        ckpt::LoadReport report;
+        out.push_back(timed([&] { report = ckpt::load_checkpoint_into(c.path, target, false, c.load); }));
+        res.loads_full += report.complete();
     };
     auto load_fresh = [&](const Contender& c, std::vector<double>& out, bool drop) {
         prime_load(c, drop);
         std::optional<ckpt::ParamDict> loaded;
         out.push_back(timed([&] { loaded = ckpt::load_checkpoint(c.path, c.load); }));
+        res.loads_full += tensor_count(*loaded) == tensors;
         loaded.reset();  // not timed
     };
 
@@ -383,6 +404,7 @@ PairResult run_pair(const std::string& label, const ckpt::ParamDict& state, cons
             [&](const Contender& c, std::vector<double>& out) {
                 prime_save();
                 out.push_back(timed([&] { ckpt::save_checkpoint(state, c.path, c.save); }));
+                res.saves_whole += file_bytes(c.path) == (&c == &base ? res.base_size : res.codec_size);
             },
             res.save);
         pair([&](const Contender& c, std::vector<double>& out) { load_into(c, out, false); }, res.into);
@@ -466,26 +488,38 @@ ckpt::ParamDict trained_lenet(const Args& args) {
     return state;
 }
 
-struct DpState {
-    nn::DataParallelNet net;
+template <class Net>
+struct Trained {
+    Net net;
     nn::Momentum opt{net.parameters(), 0.01, 0.9};
-    ckpt::ParamDict views;  // parameters and Momentum state, views of the live tensors
 };
 
-std::unique_ptr<DpState> trained_dp(const Args& args) {
-    auto s = std::make_unique<DpState>();
+struct DpState {
+    std::shared_ptr<void> owner;  // the network and optimizer the views are of
+    ckpt::ParamDict views;        // parameters and Momentum state, views of the live tensors
+};
+
+template <class Net>
+std::unique_ptr<DpState> trained(const Args& args, const char* name) {
+    auto t = std::make_shared<Trained<Net>>();
     nn::MnistDataset data(args.data, nn::Usage::train);
     data.take(static_cast<std::size_t>(args.dp_steps) * 32).map({nn::Rescale(1.0 / 255.0, 0), nn::HWC2CHW()}).batch(32, true);
-    nn::Trainer<nn::DataParallelNet, nn::Momentum> trainer(s->net, s->opt);
+    nn::Trainer<Net, nn::Momentum> trainer(t->net, t->opt);
     const auto t0 = Clock::now();
     trainer.train(1, data);
     const double sec = ms_since(t0) / 1e3;
+    auto s = std::make_unique<DpState>();
     s->views = trainer.load_target();
-    std::printf("dp: DataParallelNet + Momentum(0.01, 0.9) trained %lld steps of batch 32 in %.1f s: %zu tensors, "
-                "%.1f MiB\n",
+    s->owner = std::move(t);
+    std::printf("dp: %s + Momentum(0.01, 0.9) trained %lld steps of batch 32 in %.1f s: %zu tensors, %.1f MiB\n", name,
                 static_cast<long long>(args.dp_steps), sec, tensor_count(s->views),
                 static_cast<double>(payload_bytes(s->views)) / 1048576.0);
     return s;
+}
+
+std::unique_ptr<DpState> trained_dp(const Args& args) {
+    return args.small_net ? trained<nn::UceNet>(args, "784-512-512-10")
+                          : trained<nn::DataParallelNet>(args, "DataParallelNet");
 }
 
 /// 64 tensors of [1024, 1024] in buffers of their own: float32 filled as bench/ckpt_io does, or
@@ -510,6 +544,7 @@ ckpt::ParamDict random_state(bool bits) {
 
 struct StallResult {
     std::vector<double> memcpy_ms, none_ms, chain_ms;
+    std::int64_t none_saves = 0, chain_saves = 0, none_written = 0, chain_written = 0;  // in the timed rounds
     double none_write_s = 0, chain_write_s = 0, chain_write_max_s = 0;
     double first_none_ms = 0, first_chain_ms = 0;
 };
@@ -574,6 +609,10 @@ StallResult run_stall(const ckpt::ParamDict& state, const std::string& dir, cons
                             res.memcpy_ms.back(), res.none_ms.back(), res.chain_ms.back());
         }
         const auto none1 = none.async_stats(), chain1 = chain.async_stats();
+        res.none_saves = none1.saves - none0.saves;
+        res.chain_saves = chain1.saves - chain0.saves;
+        res.none_written = none1.written - none0.written;
+        res.chain_written = chain1.written - chain0.written;
         res.none_write_s = (none1.write_seconds - none0.write_seconds) / static_cast<double>(none1.written - none0.written);
         res.chain_write_s =
             (chain1.write_seconds - chain0.write_seconds) / static_cast<double>(chain1.written - chain0.written);
@@ -627,17 +666,19 @@ int run(const Args& args, const std::string& dir) {
     std::optional<ckpt::ParamDict> rnd;
     if (has("random") || has("aes")) rnd = random_state(false);
     if (has("random")) {
-        std::printf("\n== zstd on the random 256 MiB state of bench/ckpt_io (float32 uniform in [-1, 1)); %d rounds\n",
-                    args.rounds);
+        std::printf("\n== zstd on the random %d MiB state of bench/ckpt_io (float32 uniform in [-1, 1)); %d rounds\n",
+                    4 * random_tensors, args.rounds);
         random_z = run_pair("random", *rnd, none, zstd, args.rounds, false, args);
     }
     if (has("bits")) {
         const ckpt::ParamDict bits_state = random_state(true);
-        std::printf("\n== zstd on 256 MiB of random bits (64 int32 tensors of [1024, 1024]); %d rounds\n", args.rounds);
+        std::printf("\n== zstd on %d MiB of random bits (%d int32 tensors of [1024, 1024]); %d rounds\n",
+                    4 * random_tensors, random_tensors, args.rounds);
         bits = run_pair("bits", bits_state, none, zstd, args.rounds, false, args);
     }
     if (has("aes")) {
-        std::printf("\n== AES-256-GCM on the random 256 MiB state; %d rounds, loads warm and cold\n", args.rounds);
+        std::printf("\n== AES-256-GCM on the random %d MiB state; %d rounds, loads warm and cold\n", 4 * random_tensors,
+                    args.rounds);
         random_a = run_pair("aes", *rnd, none, aes, args.rounds, true, args);
     }
     rnd.reset();
@@ -704,7 +745,46 @@ int run(const Args& args, const std::string& dir) {
                 random_a ? ratio(random_a->save) : 0.0, random_a ? ratio(random_a->into) : 0.0,
                 random_a ? ratio(random_a->fresh) : 0.0, random_a ? ratio(random_a->cold_into) : 0.0,
                 random_a ? ratio(random_a->cold_fresh) : 0.0, stall_ratio);
-    return 0;
+
+    Checks check;
+    auto pair_checks = [&](const char* name, const std::optional<PairResult>& p, bool cold) {
+        if (!p) return;
+        const std::string n = name;
+        const long long rounds = p->rounds, loads = (cold ? 8 : 4) * rounds;  // two contenders, two or four loads
+        check.count(n + ": saves timed that wrote a file of the warm-up's size", 2 * rounds, p->saves_whole);
+        check.count(n + ": loads timed that filled or returned every tensor", loads, p->loads_full);
+        const double bytes = static_cast<double>(p->payload);
+        auto rate = [&](const char* what, const Series& s) {
+            if (s.base.empty() && s.codec.empty()) return;
+            check.rate(n + ": " + what + " without a codec (median)", bytes, median(s.base) / 1e3);
+            check.rate(n + ": " + what + " with the codec (median)", bytes, median(s.codec) / 1e3);
+        };
+        rate("save", p->save);
+        rate("load_into", p->into);
+        rate("load_fresh", p->fresh);
+        rate("cold load_into", p->cold_into);
+        rate("cold load_fresh", p->cold_fresh);
+    };
+    pair_checks("zstd lenet", lenet, false);
+    pair_checks("zstd dp", dp, false);
+    pair_checks("zstd random", random_z, false);
+    pair_checks("zstd bits", bits, false);
+    pair_checks("aes", random_a, true);
+    if (stall) {
+        const long long rounds = args.stall_rounds;
+        const double bytes = static_cast<double>(payload_bytes(dp_state->views));
+        check.count("stall: memcpy baselines timed", rounds, static_cast<long long>(stall->memcpy_ms.size()));
+        check.count("stall: async saves without a codec handed to the writer", rounds, stall->none_saves);
+        check.count("stall: async saves with Chain<Zstd, AesGcm> handed to the writer", rounds, stall->chain_saves);
+        check.count("stall: async saves without a codec written", rounds, stall->none_written);
+        check.count("stall: async saves with Chain<Zstd, AesGcm> written", rounds, stall->chain_written);
+        check.rate("stall: memcpy of the state (median)", bytes, median(stall->memcpy_ms) / 1e3);
+        check.rate("stall: async save without a codec, which copies the state (median)", bytes,
+                   median(stall->none_ms) / 1e3);
+        check.rate("stall: async save with Chain<Zstd, AesGcm>, which copies the state (median)", bytes,
+                   median(stall->chain_ms) / 1e3);
+    }
+    return check.status();
 }
 
 }  // namespace

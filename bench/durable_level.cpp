@@ -20,6 +20,9 @@
 // durable level one of DIR2 (default: DIR too). On one disk, the copies take the disk's
 // bandwidth from the saves: a worst case for (1), which --rate (DurableLevel's pace, in
 // bytes per second) eases. A cluster's durable level is another device.
+// Exit status 1 if the run did not time what it planned: every save of every round, each
+// leaving a file of the whole state (and with the durable level, every one copied there),
+// every copy of every round, each copying the whole file, no faster than memory.
 
 #include <ckpt/ckpt.hpp>
 
@@ -55,8 +58,9 @@ void spin_for(std::chrono::milliseconds d) {
 }
 
 /// The training thread's time of each of `o.saves` saves of `state`, with a compute gap after each.
+/// `whole` counts the saves that left a file of the whole state.
 std::vector<double> save_times(const fs::path& local, const std::optional<fs::path>& durable, const Options& o,
-                               std::vector<float>& state, std::int64_t& step) {
+                               std::vector<float>& state, std::int64_t& step, int& whole) {
     ckpt::ManagerOptions options;
     options.write_meta = false;
     if (durable) options.durable = ckpt::DurableLevel{*durable, ckpt::KeepLast{2}, 1, o.rate};
@@ -70,7 +74,9 @@ std::vector<double> save_times(const fs::path& local, const std::optional<fs::pa
         ckpt::Progress p;
         p.epoch = 1;
         p.step = p.global_step = step;
-        times.push_back(bench::timed([&] { mgr.save(p, d); }));
+        ckpt::Path saved;
+        times.push_back(bench::timed([&] { saved = mgr.save(p, d); }));
+        whole += fs::exists(saved) && fs::file_size(saved) >= state.size() * sizeof(float);
         spin_for(std::chrono::milliseconds(o.gap_ms));
     }
     const auto stats = mgr.wait_flushed();
@@ -101,11 +107,13 @@ int run(const std::string& dir, const Options& o) {
     Options warm = o;
     warm.saves = 2;
     warm.gap_ms = 0;
-    save_times(local, shared, warm, state, step);  // warm-up: page cache, allocator
+    int whole_with = 0, whole_alone = 0, ignored = 0;
+    save_times(local, shared, warm, state, step, ignored);  // warm-up: page cache, allocator
     for (int r = 0; r < o.rounds; ++r) {
         for (int k = 0; k < 2; ++k) {
             const bool copy = (k == 0) == (r % 2 == 0);
-            auto t = save_times(local, copy ? std::optional<fs::path>(shared) : std::nullopt, o, state, step);
+            auto t = save_times(local, copy ? std::optional<fs::path>(shared) : std::nullopt, o, state, step,
+                                copy ? whole_with : whole_alone);
             (copy ? with : alone).insert((copy ? with : alone).end(), t.begin(), t.end());
         }
     }
@@ -120,6 +128,7 @@ int run(const std::string& dir, const Options& o) {
     fs::create_directories(to);
     std::vector<double> copier, plain;
     std::uint64_t bytes = 0;
+    int copier_whole = 0, plain_whole = 0;  // copies of the whole file
     ckpt::detail::Pacer unpaced(0);
     for (int r = 0; r < o.rounds; ++r)
         for (const auto& f : files) {
@@ -127,13 +136,17 @@ int run(const std::string& dir, const Options& o) {
             for (int k = 0; k < 2; ++k) {
                 fs::remove(target);
                 if ((k == 0) == (r % 2 == 0)) {
-                    copier.push_back(bench::timed([&] { ckpt::detail::copy_file_checked(f, target, true, unpaced); }));
+                    std::uint64_t copied = 0;
+                    copier.push_back(
+                        bench::timed([&] { copied = ckpt::detail::copy_file_checked(f, target, true, unpaced); }));
+                    copier_whole += copied == fs::file_size(f) && fs::file_size(target) == fs::file_size(f);
                 } else {
                     plain.push_back(bench::timed([&] {
                         std::filesystem::copy_file(f.string(), target.string());
                         fsync_path(target.string(), O_RDONLY);
                         fsync_path(to.string(), O_RDONLY | O_DIRECTORY);
                     }));
+                    plain_whole += fs::file_size(target) == fs::file_size(f);
                 }
             }
             bytes = fs::file_size(f);
@@ -143,7 +156,21 @@ int run(const std::string& dir, const Options& o) {
                 static_cast<double>(bytes) / (1 << 20), bench::median(copier), bench::median(plain), copier.size());
     std::printf("durable_level save_with_copy/save_alone=%.3f copy/plain_copy=%.3f\n", save_ratio, copy_ratio);
     for (const auto& d : {local, shared, to}) fs::remove_all(d);
-    return 0;
+
+    bench::Checks check;
+    const long long saves = static_cast<long long>(o.rounds) * o.saves;
+    const double state_bytes = static_cast<double>(state.size() * sizeof(float));
+    check.count("saves with the durable level that left a file of the whole state", saves, whole_with);
+    check.count("saves without it that left a file of the whole state", saves, whole_alone);
+    check.rate("save with the durable level (median)", state_bytes, bench::median(with) / 1e3);
+    check.rate("save without it (median)", state_bytes, bench::median(alone) / 1e3);
+    check.at_least("checkpoint files to copy", 1, static_cast<long long>(files.size()));
+    const long long copies = static_cast<long long>(o.rounds) * static_cast<long long>(files.size());
+    check.count("copies by the copier of a whole file", copies, copier_whole);
+    check.count("plain copies of a whole file", copies, plain_whole);
+    check.rate("copy by the copier (median)", static_cast<double>(bytes), bench::median(copier) / 1e3);
+    check.rate("plain copy (median)", static_cast<double>(bytes), bench::median(plain) / 1e3);
+    return check.status();
 }
 
 }  // namespace
@@ -173,6 +200,10 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "durable_level: unknown option '%s' (try --help)\n", a.c_str());
             return 2;
         }
+    }
+    if (o.mib < 1 || o.saves < 1 || o.rounds < 1 || o.gap_ms < 0) {
+        std::fprintf(stderr, "durable_level: --mib, --saves and --rounds must be at least 1\n");
+        return 2;
     }
     ckpt::set_log_sink([](ckpt::LogLevel, std::string_view) {});
     return bench::run_in_directory(o.dir, {}, [&](const std::string& dir) { return run(dir, o); });

@@ -37,7 +37,12 @@
 // step every fresh import starts with 256 MiB of just-freed, host-backed huge pages. Ratios are
 // baseline_time / ckpt_time (>= 1: at least as fast).
 //
-//   interop_io [--rounds N] [--dir DIR] [--verbose] [--no-prime]
+//   interop_io [--rounds N] [--tensors T] [--dir DIR] [--verbose] [--no-prime]
+//
+// --tensors T: T tensors of 4 MiB instead of 64 (a quick run: its figures mean nothing, its
+// checks apply). Exit status 1 when an import gives back other bytes than were exported, or
+// the run did not time what it planned: every round's export and write of the whole file,
+// imports that returned every tensor or read the whole file, times no faster than memory.
 
 #include <ckpt/interop.hpp>
 
@@ -68,10 +73,10 @@ namespace {
 namespace fs = boost::filesystem;
 using namespace bench;
 
-constexpr int tensor_count = 64;
 constexpr std::int64_t rows = 1024, cols = 1024;
 constexpr std::size_t tensor_bytes = static_cast<std::size_t>(rows * cols) * sizeof(float);
-constexpr std::size_t total_bytes = tensor_bytes * tensor_count;
+int tensor_count = 64;  // --tensors
+std::size_t total_bytes = tensor_bytes * 64;
 
 
 // ---------------------------------------------------------------------------------------------
@@ -173,6 +178,7 @@ bool payload_matches(const std::byte* buf, std::size_t file_size, const std::vec
 
 struct Args {
     int rounds = 8;
+    int tensors = 64;
     std::string dir;
     bool verbose = false;
     bool prime = true;
@@ -183,18 +189,21 @@ Args parse_args(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         if (arg == "--rounds" && i + 1 < argc) a.rounds = std::atoi(argv[++i]);
+        else if (arg == "--tensors" && i + 1 < argc) a.tensors = std::atoi(argv[++i]);
         else if (arg == "--dir" && i + 1 < argc) a.dir = argv[++i];
         else if (arg == "--verbose") a.verbose = true;
         else if (arg == "--no-prime") a.prime = false;
         else {
-            std::fprintf(stderr, "usage: %s [--rounds N] [--dir DIR] [--verbose] [--no-prime]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--rounds N] [--tensors T] [--dir DIR] [--verbose] [--no-prime]\n", argv[0]);
             std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
         }
     }
-    if (a.rounds < 1) {
-        std::fprintf(stderr, "interop_io: --rounds must be at least 1\n");
+    if (a.rounds < 1 || a.tensors < 1 || a.tensors > 100) {
+        std::fprintf(stderr, "interop_io: --rounds must be at least 1, --tensors from 1 to 100\n");
         std::exit(2);
     }
+    tensor_count = a.tensors;
+    total_bytes = tensor_bytes * static_cast<std::size_t>(a.tensors);
     return a;
 }
 
@@ -252,11 +261,14 @@ int run(const Args& args, const std::string& dir) {
 
     std::vector<double> t_save, t_write, t_load, t_alloc, t_malloc, t_reused, t_free_load, t_free_alloc, t_free_malloc;
     bool fresh_ok = true;
+    // what each timed operation did, checked after it (untimed): whole files, every tensor
+    int exports_whole = 0, writes_whole = 0, imports_full = 0;
     const std::vector<std::function<void()>> imports = {
         [&] {  // load_safetensors
             prime_read();
             std::optional<ckpt::ParamDict> loaded;
             t_load.push_back(timed([&] { loaded = ckpt::load_safetensors(st_path); }));
+            imports_full += loaded->size() == static_cast<std::size_t>(tensor_count);
             t_free_load.push_back(timed([&] { loaded.reset(); }));
         },
         [&] {  // fresh/alloc: the library's allocator
@@ -292,10 +304,12 @@ int run(const Args& args, const std::string& dir) {
         auto save = [&] {
             prime_write();
             t_save.push_back(timed([&] { ckpt::save_safetensors(dict, st_path); }));
+            exports_whole += fs::file_size(st_path) == file_size;
         };
         auto write = [&] {
             prime_write();
             t_write.push_back(timed([&] { baseline_write(raw_path, prefix, source); }));
+            writes_whole += fs::file_size(raw_path) == file_size;
         };
         if (ckpt_first) save(), write();
         else write(), save();
@@ -340,7 +354,24 @@ int run(const Args& args, const std::string& dir) {
     std::printf("  import/read reused buffer      %.3f  (no allocation: the copy alone, not the headline)\n", r_reused);
     std::printf("  import/read (faster fresh)     %.3f  floor >= 0.80  %s\n", r_import, verdict(r_import));
     std::printf("interop_io export/write=%.2f import/read=%.2f\n", r_export, r_import);
-    return 0;
+
+    // the baseline reads return only when they read the whole file (or exit)
+    Checks check;
+    const long long n = args.rounds;
+    check.count("exports that wrote the whole file", n, exports_whole);
+    check.count("baseline writes of the whole file", n, writes_whole);
+    check.count("imports that returned every tensor", n, imports_full);
+    check.count("fresh/alloc reads timed", n, static_cast<long long>(t_alloc.size()));
+    check.count("fresh/malloc reads timed", n, static_cast<long long>(t_malloc.size()));
+    check.count("reused-buffer reads timed", n, static_cast<long long>(t_reused.size()));
+    const double bytes = static_cast<double>(file_size);
+    check.rate("export save_safetensors (median)", bytes, save / 1e3);
+    check.rate("export write() baseline (median)", bytes, write / 1e3);
+    check.rate("import load_safetensors (median)", bytes, load / 1e3);
+    check.rate("import read() fresh/alloc (median)", bytes, alloc / 1e3);
+    check.rate("import read() fresh/malloc (median)", bytes, mall / 1e3);
+    check.rate("import read() reused buffer (median)", bytes, reuse / 1e3);
+    return check.status();
 }
 
 }  // namespace

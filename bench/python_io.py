@@ -26,7 +26,9 @@ the VM handed back costs many times more, and would fall on whichever contender 
 --dir: default a fresh directory under /var/tmp (on disk), removed at the end; with --dir,
 only the bench's own files are removed. /dev/shm measures each contender apart from the disk.
 The last line is machine-readable. Exit status 1 if anything loaded differs from what was
-saved; a missed target does not fail the run.
+saved, or the run did not time what it planned: every round's loads, each returning every
+array, and saves, each leaving a file of at least the state's size, none of them faster than
+memory; a missed target does not fail the run.
 """
 
 import argparse
@@ -48,6 +50,10 @@ try:
     import torch
 except ImportError:  # the torch contenders are skipped
     torch = None
+
+# More bytes a second than any machine's memory gives one process: a load or save timed faster
+# than this moved nothing in the time taken.
+MAX_BYTES_PER_SECOND = 1e12
 
 TARGETS = {  # ratio name: the least it should be
     "load: ckpt.load(mmap=False) / np.load(npz)": 1.0,
@@ -257,6 +263,7 @@ def run(args, directory):
     del files[3:]
 
     times = {name: [] for name in list(loads) + list(saves)}
+    whole = {name: 0 for name in times}  # timed loads that returned every array, saves that left the whole file
     busy0, mine0, wall0 = *busy_seconds(), time.perf_counter()
     for r in range(args.rounds):
         order = list(loads)
@@ -264,6 +271,7 @@ def run(args, directory):
         for name in order:
             prime(payload)
             t, out = timed(loads[name])
+            whole[name] += len(out) == len(state)
             del out
             times[name].append(t)
         order = list(saves)
@@ -275,6 +283,7 @@ def run(args, directory):
             os.sync()
             t, _ = timed(saves[name])
             times[name].append(t)
+            whole[name] += os.path.getsize(files[-1]) >= payload
         if args.verbose:
             print("round %d: %s" % (r + 1, ", ".join("%s %.1f" % (n, v[-1] * 1e3) for n, v in times.items())))
     busy1, mine1, wall1 = *busy_seconds(), time.perf_counter()
@@ -319,7 +328,27 @@ def run(args, directory):
             ("load_mmap_read/npz", "load: ckpt.load (mmap) + read every byte / np.load(npz)"),
             ("save/npz", "save: ckpt.save / np.savez+fsync"))
     print("python_io " + " ".join("%s=%.2f" % (tag, short[k]) for tag, k in tags if k in short))
-    return 1 if bad else 0
+    failed = check_timed(args.rounds, payload, times, whole, loads)
+    return 1 if bad or failed else 0
+
+
+def check_timed(rounds, payload, times, whole, loads):
+    """Whether the run timed what it planned (see the top); says on stderr what it did not."""
+    failed = []
+    for name, v in times.items():
+        what = "loads that returned every array" if name in loads else "saves that left a file of the whole state"
+        if len(v) != rounds or whole[name] != rounds:
+            failed.append("%s: %s: planned %d, timed %d, %d whole" % (name, what, rounds, len(v), whole[name]))
+        med = statistics.median(v) if v else 0
+        if not med > 0 or payload / med > MAX_BYTES_PER_SECOND:
+            failed.append("%s: implausible: %.3f MiB in %.6f ms, above %.0f GB/s"
+                          % (name, payload / (1 << 20), med * 1e3, MAX_BYTES_PER_SECOND / 1e9))
+    for line in failed:
+        print("python_io: " + line, file=sys.stderr)
+    if failed:
+        print("python_io: %d check(s) of what was timed failed: the figures above do not measure what they say"
+              % len(failed), file=sys.stderr)
+    return bool(failed)
 
 
 def main():

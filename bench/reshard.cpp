@@ -13,7 +13,12 @@
 // Printed per layout: bytes read / bytes needed (target ≤ 1.1) and the median of
 // resharded / plain load time over the rounds (target ≤ 1.3).
 //
-//   reshard [--rounds N] [--dir DIR]
+//   reshard [--rounds N] [--side S] [--dir DIR]
+//
+// --side S: tensors of [S, S] instead of [2048, 2048] (a quick run: its figures mean nothing,
+// its checks apply). Exit status 1 if the run did not time what it planned: every round's
+// two loads, each returning every tensor of the rank's state, the resharded one reading at
+// least the bytes it needs, both no faster than memory.
 
 #include <fault/fault.hpp>
 
@@ -29,7 +34,7 @@ namespace fs = boost::filesystem;
 
 constexpr int saved_ranks = 4;
 constexpr int tensors = 4;
-constexpr std::int64_t side = 2048;
+std::int64_t side = 2048;  // --side
 
 ckpt::ParamDict rank_state(int rank) {
     ckpt::ParamDict d;
@@ -80,6 +85,7 @@ int run(const fs::path& dir, int rounds) {
         if (e) std::rethrow_exception(e);
     std::printf("saved: %d ranks, %d x [%lld, %lld] float32 parameters on every rank, their momentum in %d pieces\n",
                 saved_ranks, tensors, static_cast<long long>(side), static_cast<long long>(side), saved_ranks);
+    bench::Checks check;
     for (const int shards : {2, 3}) {
         const int shard = 1;
         const ckpt::ParamDict like = like_of(shards, shard);
@@ -87,16 +93,30 @@ int run(const fs::path& dir, int rounds) {
         const fs::path plain = dir / ("plain_" + std::to_string(shards) + ".ckpt");
         ckpt::save_checkpoint(ckpt::load_resharded(index, like, places).state, plain);
         (void)ckpt::load_checkpoint(plain);  // both in the page cache before the first round
-        std::vector<double> ratios;
-        double resharded_ms = 0, plain_ms = 0, read_ratio = 0;
+        std::vector<double> ratios, resharded_s, plain_s;
+        double resharded_ms = 0, plain_ms = 0, read_ratio = 0, needed = 0;
+        int resharded_whole = 0, plain_whole = 0;  // loads that returned every tensor of `like`
+        auto whole = [&](const ckpt::ParamDict& got) {
+            for (const auto& e : like) {
+                const ckpt::Value* v = got.find(e.name);
+                const auto* t = v ? v->get_if<ckpt::Tensor>() : nullptr;
+                if (!t || t->nbytes() != e.value.get_if<ckpt::Tensor>()->nbytes()) return false;
+            }
+            return true;
+        };
         for (int r = 0; r < rounds; ++r) {
             ckpt::ReshardedState got;
             const double a = bench::timed([&] { got = ckpt::load_resharded(index, like, places); });
             read_ratio = double(got.bytes_read) / double(got.bytes_needed);
+            needed = double(got.bytes_needed);
+            resharded_whole += whole(got.state) && got.bytes_read >= got.bytes_needed;
             got = {};
             ckpt::ParamDict base;
             const double b = bench::timed([&] { base = ckpt::load_checkpoint(plain); });
+            plain_whole += whole(base);
             base = {};
+            resharded_s.push_back(a / 1e3);
+            plain_s.push_back(b / 1e3);
             ratios.push_back(a / b);
             resharded_ms += a;
             plain_ms += b;
@@ -105,8 +125,14 @@ int run(const fs::path& dir, int rounds) {
                     "median %.2f (target <= 1.3), means %.1f / %.1f ms over %d rounds\n",
                     shards, shard, shards == 2 ? "old pieces joined" : "pieces cut through the old ones", read_ratio,
                     bench::median(ratios), resharded_ms / rounds, plain_ms / rounds, rounds);
+        const std::string layout = std::to_string(shards) + " ranks: ";
+        check.count(layout + "resharded loads that returned the rank's whole state, reading at least what it needs",
+                    rounds, resharded_whole);
+        check.count(layout + "plain loads that returned the rank's whole state", rounds, plain_whole);
+        check.rate(layout + "resharded load (median), of the bytes needed", needed, bench::median(resharded_s));
+        check.rate(layout + "plain load (median), of the same bytes", needed, bench::median(plain_s));
     }
-    return 0;
+    return check.status();
 }
 
 }  // namespace
@@ -117,12 +143,17 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
+        else if (a == "--side" && i + 1 < argc) side = std::atoll(argv[++i]);
         else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
         else {
-            std::fprintf(stderr, "usage: reshard [--rounds N] [--dir DIR]\n");
+            std::fprintf(stderr, "usage: reshard [--rounds N] [--side S] [--dir DIR]\n");
             return 2;
         }
     }
     if (rounds < 1) rounds = 1;
+    if (side < 16) {
+        std::fprintf(stderr, "reshard: --side must be at least 16\n");
+        return 2;
+    }
     return bench::run_in_directory(dir, {}, [&](const std::string& d) { return run(d, rounds); });
 }
