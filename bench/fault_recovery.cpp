@@ -11,10 +11,17 @@
 // Each round trains two steps, fails (or damages) a rank, and measures; the baselines are
 // measured in the same job right before.
 //
-//   OPENBLAS_NUM_THREADS=1 fault_recovery [--rounds R] [--dir DIR] [--shard-size S]
+//   OPENBLAS_NUM_THREADS=1 fault_recovery [--rounds R] [--dir DIR] [--shard-size S] [--net dp|small]
+// --net small: the 784-512-512-10 network of cluster_recover (5 MiB of state), for a quick
+// run whose figures mean nothing but whose checks apply.
 // Last line: fault_recovery last_words/save=X uce_repair/copy=Y
+// Exit status 1 if the run did not time what it planned: every round's last words saved
+// and durable, one repair of the damaged rank, every tensor copied in the baseline, and
+// saves and copies no faster than memory.
 
 #include <fault/fault.hpp>
+
+#include "bench_support.hpp"
 
 #include <stdlib.h>
 
@@ -41,27 +48,34 @@ nn::MnistDataset data_for(int ranks, int rank) {
 }
 
 double median(std::vector<double> v) {
+    if (v.empty()) return 0;  // the checks say what is missing
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
 
-}  // namespace
+double tensor_bytes(const ckpt::ParamDict& d) {
+    double n = 0;
+    for (const auto& e : d)
+        if (const auto* t = e.value.get_if<ckpt::Tensor>()) n += static_cast<double>(t->nbytes());
+    return n;
+}
 
-int main(int argc, char** argv) {
-    int rounds = 3;
-    int shard_size = 1;
-    fs::path base = "/var/tmp";
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const std::string a = argv[i];
-        if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
-        else if (a == "--dir") base = argv[i + 1];
-        else if (a == "--shard-size") shard_size = std::atoi(argv[i + 1]);
-    }
-    nn::set_blas_threads(1);
+double bytes_under(const fs::path& dir) {
+    double n = 0;
+    for (const auto& f : fs::recursive_directory_iterator(dir))
+        if (fs::is_regular_file(f.path())) n += static_cast<double>(fs::file_size(f.path()));
+    return n;
+}
+
+template <class Net>
+int run(int rounds, int shard_size, const fs::path& base) {
     const int ranks = 4;
     const fault::ShardLayout layout{shard_size};
     using Sgd = fault::ShardedOptimizer<nn::SGD, fault::ThreadComm>;
     std::vector<double> lw, save, repair, copy, stop;
+    bench::Checks check;
+    // per round, untimed: what each timed operation did
+    int lw_durable = 0, repairs = 0, copies_whole = 0;
     for (int round = 0; round < rounds; ++round) {
         std::string tmpl = (base / "ckpt-bench-fault-XXXXXX").string();
         if (!::mkdtemp(tmpl.data())) return 1;
@@ -70,17 +84,20 @@ int main(int argc, char** argv) {
         {
             fault::ThreadGroup group(ranks, std::chrono::seconds(120));
             std::vector<double> lw_seconds(ranks, 0.0);
-            double save_seconds = 0;
+            double save_seconds = 0, save_bytes = 0, lw_bytes = 0;
+            bool durable = false;
             (void)fault::run_ranks(group, [&](fault::ThreadComm& comm) {
                 auto data = data_for(ranks, comm.rank());
-                nn::DataParallelNet net;
+                Net net;
                 Sgd sgd(net.parameters(), comm, layout, 1e-2);
-                nn::Trainer<nn::DataParallelNet, DpOpt> trainer(net, sgd.optimizer(), {}, comm.rank());
+                nn::Trainer<Net, DpOpt> trainer(net, sgd.optimizer(), {}, comm.rank());
                 trainer.train(1, data, std::tuple<>{});  // warm: every buffer touched
                 if (comm.rank() == 0) {                  // the baseline: a normal save of the same state
+                    const auto state = trainer.state_dict(data);
                     const auto t = Clock::now();
-                    ckpt::save_checkpoint(trainer.state_dict(data), dir / "normal.ckpt");
+                    ckpt::save_checkpoint(state, dir / "normal.ckpt");
                     save_seconds = since(t);
+                    save_bytes = tensor_bytes(state);
                 }
                 comm.barrier();
                 fault::LastWordsCheckpoint last_words(comm, dir / "ttp", {.layout = layout});
@@ -88,23 +105,33 @@ int main(int argc, char** argv) {
                 try {
                     trainer.train(2, data, nn::callbacks(crash, last_words), 1);
                 } catch (...) {
-                    lw_seconds[static_cast<std::size_t>(comm.rank())] = last_words.outcome().seconds;
+                    const auto& outcome = last_words.outcome();
+                    lw_seconds[static_cast<std::size_t>(comm.rank())] = outcome.seconds;
+                    if (comm.rank() == 0 && outcome.step_directory) {
+                        durable = outcome.saver == 0;
+                        lw_bytes = bytes_under(*outcome.step_directory);
+                    }
                     throw;
                 }
             });  // rank 1 fails by design: the others save its last words
             lw.push_back(lw_seconds[0]);  // rank 0 saves (rank 1 failed)
             save.push_back(save_seconds);
+            lw_durable += durable;
+            check.rate("round " + std::to_string(round + 1) + ": normal save", save_bytes, save_seconds);
+            check.rate("round " + std::to_string(round + 1) + ": last words (the step's files)", lw_bytes, lw.back());
         }
         // UCE repair, with its baseline
         {
             fault::ThreadGroup group(ranks, std::chrono::seconds(120));
             std::vector<double> repair_seconds(ranks, 0.0), stop_seconds(ranks, 0.0);
-            double copy_seconds = 0;
+            double copy_seconds = 0, copy_bytes = 0;
+            int repaired = 0;
+            bool copy_whole = false;
             const auto errors = fault::run_ranks(group, [&](fault::ThreadComm& comm) {
                 auto data = data_for(ranks, comm.rank());
-                nn::DataParallelNet net;
+                Net net;
                 Sgd sgd(net.parameters(), comm, layout, 1e-2);
-                nn::Trainer<nn::DataParallelNet, DpOpt> trainer(net, sgd.optimizer(), {}, comm.rank());
+                nn::Trainer<Net, DpOpt> trainer(net, sgd.optimizer(), {}, comm.rank());
                 fault::AscendModel device(comm.rank());
                 fault::attach(device, trainer.load_target());
                 trainer.train(1, data, std::tuple<>{});
@@ -112,20 +139,29 @@ int main(int argc, char** argv) {
                     const auto holders = layout.replica_group(layout.shard_of(2), ranks);  // the lowest other is the source
                     const int source = holders.front() == 2 ? holders[1] : holders.front();
                     comm.barrier();
+                    ckpt::ParamDict target = trainer.load_target();
                     const auto t = Clock::now();
                     int tag = 0;
-                    for (auto& [name, value] : trainer.load_target())
-                        if (auto* tensor = value.get_if<ckpt::Tensor>()) {
-                            if (comm.rank() == source) comm.send(tensor->values<float>(), 2, tag);
-                            if (comm.rank() == 2) comm.recv(tensor->values<float>(), source, tag);
+                    double bytes = 0;
+                    for (auto& [name, value] : target)
+                        if (auto* tensor = value.template get_if<ckpt::Tensor>()) {
+                            if (comm.rank() == source) comm.send(tensor->template values<float>(), 2, tag);
+                            if (comm.rank() == 2) comm.recv(tensor->template values<float>(), source, tag);
+                            bytes += static_cast<double>(tensor->nbytes());
                             ++tag;
                         }
                     comm.barrier();
-                    if (comm.rank() == 2) copy_seconds = since(t);
+                    if (comm.rank() == 2) {
+                        copy_seconds = since(t);
+                        copy_bytes = bytes;
+                        copy_whole = bytes > 0 && bytes == tensor_bytes(target);
+                    }
                 }
                 fault::UceRepair repair(comm, device, {.layout = layout});
                 fault::InjectUce inject(device, "layer3.weight", 5, /*rank=*/2);
                 trainer.train(2, data, nn::callbacks(repair, inject), 1);
+                if (comm.rank() == 2)
+                    for (const auto& rec : repair.records()) repaired += rec.repaired_rank == 2;
                 if (!repair.records().empty()) {
                     const auto& rec = repair.records()[0];
                     repair_seconds[static_cast<std::size_t>(comm.rank())] = rec.seconds - rec.stop_seconds;
@@ -137,6 +173,10 @@ int main(int argc, char** argv) {
             repair.push_back(repair_seconds[2]);
             stop.push_back(stop_seconds[2]);
             copy.push_back(copy_seconds);
+            repairs += repaired == 1;
+            copies_whole += copy_whole;
+            check.rate("round " + std::to_string(round + 1) + ": state copy between ranks", copy_bytes, copy_seconds);
+            check.positive("round " + std::to_string(round + 1) + ": UCE repair's time", repair_seconds[2]);
         }
         fs::remove_all(dir);
         std::printf("round %d: last words %.1f ms, normal save %.1f ms (%.2f); UCE repair %.1f ms, state copy %.1f ms "
@@ -147,4 +187,30 @@ int main(int argc, char** argv) {
     }
     std::printf("fault_recovery last_words/save=%.2f uce_repair/copy=%.2f\n", median(lw) / median(save),
                 median(repair) / median(copy));
+    check.count("rounds whose last words rank 0 saved, durable", rounds, lw_durable);
+    check.count("rounds with one repair of rank 2", rounds, repairs);
+    check.count("rounds whose baseline copied every tensor", rounds, copies_whole);
+    return check.status();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int rounds = 3;
+    int shard_size = 1;
+    bool small = false;
+    fs::path base = "/var/tmp";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string a = argv[i];
+        if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
+        else if (a == "--dir") base = argv[i + 1];
+        else if (a == "--shard-size") shard_size = std::atoi(argv[i + 1]);
+        else if (a == "--net") small = std::string(argv[i + 1]) == "small";
+    }
+    if (rounds < 1) {
+        std::fprintf(stderr, "fault_recovery: --rounds must be at least 1\n");
+        return 2;
+    }
+    nn::set_blas_threads(1);
+    return small ? run<nn::UceNet>(rounds, shard_size, base) : run<nn::DataParallelNet>(rounds, shard_size, base);
 }

@@ -19,8 +19,14 @@
 //   B   median training-thread time in the callback (pack, and the exchange in the
 //       foreground; in the background, waiting for the previous transfer)
 //   C   median step time without
+// Exit status 1 if the run did not time what it planned: at least P pairs of whole segments,
+// a memory checkpoint at every E-th step of those with them (the state's step in the rank's
+// memory after the callback, the partner's copy there at the segment's end), and packing no
+// faster than memory.
 
 #include <fault/fault.hpp>
+
+#include "bench_support.hpp"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -55,6 +61,10 @@ struct Options {
 
 struct Results {
     std::vector<double> with, without, pack, save;
+    int snapshots = 0;        // timed callbacks after which the rank's memory held the step
+    int segments = 0;         // timed segments with memory checkpoints
+    int copies_held = 0;      // of those, ends at which the partner's copy of the step was here
+    double packed_bytes = 0;  // rank 0's state, packed
 };
 
 /// Whether the segment holding global step g (counted from 1) takes memory checkpoints.
@@ -99,7 +109,14 @@ void run_rank(fault::ThreadComm& comm, const Options& o, Results& out) {
                 // the segment's last transfer is waited for within it, not in the next one
                 if (c.global_step % o.steps == 0) every_step.wait();
                 ++saves;
-                if (rank0 && warm) out.save.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+                if (rank0 && warm) {
+                    out.save.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+                    out.snapshots += level.newest_step() == c.global_step;
+                    if (c.global_step % o.steps == 0) {
+                        ++out.segments;
+                        out.copies_held += level.copy(1, c.global_step) != nullptr;
+                    }
+                }
             }
             const auto now = Clock::now();
             if (rank0 && warm) (on ? out.with : out.without).push_back(std::chrono::duration<double>(now - last).count());
@@ -116,6 +133,7 @@ void run_rank(fault::ThreadComm& comm, const Options& o, Results& out) {
             p.pack(state, static_cast<std::int64_t>(i));
             out.pack.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         }
+        out.packed_bytes = static_cast<double>(p.bytes());
         std::printf("state per rank: %.1f MiB packed; memory level holds %.1f MiB per rank\n",
                     static_cast<double>(p.bytes()) / (1 << 20), static_cast<double>(level.bytes()) / (1 << 20));
     }
@@ -175,5 +193,17 @@ int main(int argc, char** argv) {
     std::printf("memory_level every=%lld background=%d step_with/without=%.3f pack_ms=%.1f callback_ms=%.1f step_ms=%.1f\n",
                 static_cast<long long>(o.every), o.background ? 1 : 0, with / without, 1e3 * pack, 1e3 * save,
                 1e3 * without);
-    return 0;
+
+    bench::Checks check;
+    const long long steps_timed = static_cast<long long>(r.with.size());
+    check.at_least("steps timed with memory checkpoints (whole segments of P pairs)", o.pairs * o.steps, steps_timed);
+    check.count("steps timed without, as many as with", steps_timed, static_cast<long long>(r.without.size()));
+    check.count("memory checkpoints timed, one every E-th step with them", steps_timed / o.every,
+                static_cast<long long>(r.save.size()));
+    check.count("memory checkpoints after which the rank's memory held the step", steps_timed / o.every, r.snapshots);
+    check.count("segments with memory checkpoints that ended with the partner's copy held", r.segments, r.copies_held);
+    check.rate("packing the state (median)", r.packed_bytes, pack);
+    check.rate("memory checkpoint on the training thread, which packs the state (median)", r.packed_bytes, save);
+    check.positive("step time without", without);
+    return check.status();
 }

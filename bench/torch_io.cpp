@@ -9,11 +9,18 @@
 //         torch::load(module) + torch::load(optimizer); the limit is a plain read into them
 // Then asynchronous saves while a smaller model trains: the slowdown of training, and the
 // training thread's longest stall against a memcpy of the state.
-//   torch_io [DIR] [--rounds N]      (default: the current directory, 5 rounds)
+//   torch_io [DIR] [--rounds N] [--width W] [--train-width V]
+// (default: the current directory, 5 rounds, layers of 4096 and 1024). --width and
+// --train-width make the models' layers W x W and V x V (a quick run: its figures mean
+// nothing, its checks apply). Exit status 1 if the run did not time what it planned: every
+// round's saves, each leaving its files, and loads; an async save every 10 steps of every
+// run with saves, each written, and a memcpy at the same steps of every run without; none
+// of it faster than memory.
 
 #include <ckpt/torch.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <torch/nn/modules/container/sequential.h>
@@ -89,12 +96,19 @@ void plain_read(const std::string& path, const std::vector<at::Tensor>& ts) {
 }
 
 struct Model {
-    torch::nn::Sequential net = make_model(4096, 4);  // 4 x (4096 x 4096 + 4096) floats: 256 MiB
-    torch::optim::Adam opt{net->parameters(), torch::optim::AdamOptions(1e-3)};
-    Model() { fake_step(net, opt); }
+    torch::nn::Sequential net;  // 4 x (4096 x 4096 + 4096) floats by default: 256 MiB
+    torch::optim::Adam opt;
+    explicit Model(std::int64_t width) : net(make_model(width, 4)), opt(net->parameters(), torch::optim::AdamOptions(1e-3)) {
+        fake_step(net, opt);
+    }
 };
 
-void io(Model& m, const std::string& dir, int rounds) {
+std::int64_t file_size(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<std::int64_t>(st.st_size) : -1;
+}
+
+void io(Model& m, const std::string& dir, int rounds, bench::Checks& check) {
     ckpt::TorchState state(m.net, m.opt);
     const auto tensors = state_tensors(m.net, m.opt);
     double bytes = 0;
@@ -115,6 +129,16 @@ void io(Model& m, const std::string& dir, int rounds) {
         torch::save(m.opt, to);
     };
     std::map<std::string, std::vector<double>> ms;
+    // what each timed save left, checked after it (untimed): its files, of the state's size
+    // for ckpt and the plain write; loads fail loudly when they cannot fill every tensor
+    std::map<std::string, int> left;
+    const auto whole = [&](const std::string& f) { return file_size(f) >= static_cast<std::int64_t>(bytes); };
+    const std::map<std::string, std::function<bool()>> wrote = {
+        {"ckpt save", [&] { return whole(ck); }},
+        {"torch::save", [&] { return file_size(tm) > 0 && file_size(to) > 0; }},
+        {"torch::save+fsync", [&] { return file_size(tm) > 0 && file_size(to) > 0; }},
+        {"write+fsync", [&] { return whole(raw); }},
+    };
     std::vector<std::pair<std::string, std::function<void()>>> saves = {
         {"ckpt save", [&] { ckpt::save_checkpoint(state.state_dict(), ck); }},
         {"torch::save", torch_save},
@@ -131,6 +155,7 @@ void io(Model& m, const std::string& dir, int rounds) {
         for (auto& [name, f] : saves) {
             clean({ck, tm, to, raw});
             ms[name].push_back(timed(f));
+            left[name] += wrote.at(name)();
         }
         // every file again, untimed, so that each load reads a file just written
         ckpt::save_checkpoint(state.state_dict(), ck);
@@ -151,6 +176,14 @@ void io(Model& m, const std::string& dir, int rounds) {
     std::printf("  load: ckpt / torch::load %.2fx, / read %.2fx\n", med("torch::load") / med("ckpt load"),
                 med("read") / med("ckpt load"));
     for (const auto& f : {ck, tm, to, raw}) bench::remove_file(f);
+    for (const auto& [name, f] : saves) {
+        check.count(dir + ": " + name + " saves that left their files", rounds, left[name]);
+        check.rate(dir + ": " + name + " (median)", bytes, med(name) / 1e3);
+    }
+    for (const auto& [name, f] : loads) {
+        check.count(dir + ": " + name + " loads timed", rounds, static_cast<long long>(ms[name].size()));
+        check.rate(dir + ": " + name + " (median)", bytes, med(name) / 1e3);
+    }
 }
 
 struct TrainRun {
@@ -163,11 +196,11 @@ struct TrainRun {
 // `every` steps; without, a memcpy of the same state into a buffer at those steps instead,
 // timed: what the training thread's part of a save is measured against, in the same state
 // of the caches.
-TrainRun train(const std::string& dir, int steps, int every, bool save) {
+TrainRun train(const std::string& dir, int steps, int every, bool save, std::int64_t width) {
     torch::manual_seed(2);
-    auto model = make_model(1024, 4);
+    auto model = make_model(width, 4);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
-    const auto x = torch::randn({256, 1024});
+    const auto x = torch::randn({256, width});
     ckpt::TorchState state(model, opt);
     ckpt::ManagerOptions mo;
     mo.async_save = true;
@@ -206,15 +239,18 @@ TrainRun train(const std::string& dir, int steps, int every, bool save) {
     return run;
 }
 
-void async_training(const std::string& dir, int rounds) {
+void async_training(const std::string& dir, int rounds, std::int64_t width, bench::Checks& check) {
     const int steps = 60, every = 10;
     std::vector<double> plain, saving, stall, first_stall, copy;
     ckpt::AsyncSaveStats last;
+    int saves_whole = 0, copies_whole = 0;  // runs with every save handed over and written, every copy timed
     for (int r = 0; r < rounds; ++r) {  // the order flips every round
         std::vector<TrainRun> runs;
-        if (r % 2 == 0) runs.push_back(train(dir, steps, every, false));
-        const TrainRun with = train(dir, steps, every, true);
-        if (r % 2 == 1) runs.push_back(train(dir, steps, every, false));
+        if (r % 2 == 0) runs.push_back(train(dir, steps, every, false, width));
+        const TrainRun with = train(dir, steps, every, true, width);
+        if (r % 2 == 1) runs.push_back(train(dir, steps, every, false, width));
+        saves_whole += with.stats.saves == steps / every && with.stats.written == with.stats.saves;
+        copies_whole += runs.front().copy_ms.size() == static_cast<std::size_t>(steps / every);
         plain.push_back(runs.front().seconds);
         copy.push_back(bench::median(runs.front().copy_ms));
         saving.push_back(with.seconds);
@@ -227,14 +263,20 @@ void async_training(const std::string& dir, int rounds) {
     }
     const double p = bench::median(plain), s = bench::median(saving), st = bench::median(stall),
                  fst = bench::median(first_stall), c = bench::median(copy);
-    std::printf("\nasync saves while training (%d steps, a save every %d, 48 MiB of state, median of %d):\n", steps,
-                every, rounds);
+    const double state_bytes = 3.0 * 4 * static_cast<double>(width * width + width) * sizeof(float);  // with Adam's
+    std::printf("\nasync saves while training (%d steps, a save every %d, %.0f MiB of state, median of %d):\n", steps,
+                every, state_bytes / (1 << 20), rounds);
     std::printf("  training %.2f s without saves, %.2f s with: slowdown %.1f%%\n", p, s, (s / p - 1) * 100);
     std::printf("  training-thread stall per save after the first %.1f ms; a memcpy of the state at the same steps\n"
                 "  %.1f ms: %.2fx (the first save, which also allocates the snapshot buffer: %.1f ms, %.2fx)\n",
                 st, c, st / c, fst, fst / c);
     std::printf("  (last round: %lld saves, %lld waited for a buffer, writer %.0f ms each at most)\n",
                 static_cast<long long>(last.saves), static_cast<long long>(last.waited), last.max_write_seconds * 1e3);
+    check.count("training runs with a save every 10 steps, each written", rounds, saves_whole);
+    check.count("training runs without saves with a memcpy every 10 steps", rounds, copies_whole);
+    check.rate("training-thread stall per save after the first (median), which copies the state", state_bytes, st / 1e3);
+    check.rate("memcpy of the state (median)", state_bytes, c / 1e3);
+    check.positive("training without saves (median)", p);
 }
 
 }  // namespace
@@ -242,17 +284,22 @@ void async_training(const std::string& dir, int rounds) {
 int main(int argc, char** argv) {
     std::string dir = ".";
     int rounds = 5;
+    std::int64_t width = 4096, train_width = 1024;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--rounds" && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
+        else if (a == "--width" && i + 1 < argc) width = std::max(16LL, std::atoll(argv[++i]));
+        else if (a == "--train-width" && i + 1 < argc) train_width = std::max(16LL, std::atoll(argv[++i]));
         else dir = a;
     }
     torch::set_num_threads(1);
     bench::print_machine(dir);
+    bench::Checks check;
     {
-        Model m;
-        io(m, dir, rounds);
-        io(m, "/dev/shm", rounds);  // memory: what each costs besides the disk
+        Model m(width);
+        io(m, dir, rounds, check);
+        io(m, "/dev/shm", rounds, check);  // memory: what each costs besides the disk
     }
-    async_training(dir, rounds);
+    async_training(dir, rounds, train_width, check);
+    return check.status();
 }

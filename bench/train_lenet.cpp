@@ -9,8 +9,12 @@
 // nn's figure includes its data pipeline (decode, Rescale, Resize, HWC2CHW per batch);
 // libtorch trains on batches made beforehand, so the comparison is conservative for nn.
 // Built with libtorch when configured with -DCKPT_BENCH_TORCH=ON (Debian's libtorch-dev).
+// Exit status 1 if the run did not time what it planned: every epoch's batches, one save at
+// the end of each epoch with a checkpoint, and saves no faster than memory.
 
 #include <nn/nn.hpp>
+
+#include "bench_support.hpp"
 
 #ifdef CKPT_BENCH_TORCH
 #include <torch/torch.h>
@@ -36,34 +40,44 @@ nn::MnistDataset lenet_data(const fs::path& dir, std::size_t images) {
     return ds;
 }
 
-struct NnRun {
-    nn::LeNet5 net;
-    nn::Momentum opt{net.parameters(), 0.01, 0.9};
-    nn::Trainer<nn::LeNet5, nn::Momentum> trainer{net, opt};
-    std::int64_t epochs = 0;
-    // One more epoch; returns its seconds.
-    template <class Cbs = std::tuple<>>
-    double epoch(nn::MnistDataset& data, Cbs&& cbs = {}) {
-        const auto t = Clock::now();
-        trainer.train(epochs + 1, data, std::forward<Cbs>(cbs), epochs);
-        ++epochs;
-        return seconds_since(t);
-    }
-};
-
-// A ModelCheckpoint whose epoch-end and train-end work is timed.
+// A ModelCheckpoint whose epoch-end and train-end work is timed, and its epoch-end saves counted.
 struct Timed {
     nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast> cb;
     double seconds;
+    int saves = 0;
     void on_epoch_end(nn::RunContext& ctx) {
+        const auto before = cb.last_saved();
         const auto t = Clock::now();
         cb.on_epoch_end(ctx);
         seconds += seconds_since(t);
+        saves += cb.last_saved() != before;
     }
     void on_train_end(nn::RunContext& ctx) {
         const auto t = Clock::now();
         cb.on_train_end(ctx);
         seconds += seconds_since(t);
+    }
+};
+
+// The steps each epoch trained, as the epoch's end sees them.
+struct StepsSeen {
+    std::int64_t steps = 0;
+    void on_epoch_end(nn::RunContext& ctx) { steps += ctx.step; }
+};
+
+struct NnRun {
+    nn::LeNet5 net;
+    nn::Momentum opt{net.parameters(), 0.01, 0.9};
+    nn::Trainer<nn::LeNet5, nn::Momentum> trainer{net, opt};
+    std::int64_t epochs = 0;
+    StepsSeen seen;
+    // One more epoch; returns its seconds.
+    double epoch(nn::MnistDataset& data, Timed* cb = nullptr) {
+        const auto t = Clock::now();
+        if (cb) trainer.train(epochs + 1, data, nn::callbacks(seen, *cb), epochs);
+        else trainer.train(epochs + 1, data, nn::callbacks(seen), epochs);
+        ++epochs;
+        return seconds_since(t);
     }
 };
 
@@ -132,6 +146,11 @@ int main(int argc, char** argv) {
     std::printf("LeNet5, batch 32, %g images per epoch, single-threaded, %d rounds\n", n, rounds);
 
     NnRun ours;
+    double state_bytes = 0;  // what a save writes, about: parameters and Momentum state
+    for (const auto& d : {ours.net.state_dict(), ours.opt.state_dict()})
+        for (const auto& e : d)
+            if (const auto* t = e.value.get_if<ckpt::Tensor>()) state_bytes += static_cast<double>(t->nbytes());
+    bench::Checks check;
     ours.epoch(data);  // warm-up: first-touch of buffers
     double nn_best = 1e30;
 #ifdef CKPT_BENCH_TORCH
@@ -171,9 +190,12 @@ int main(int argc, char** argv) {
             Timed cb{nn::ModelCheckpoint<ckpt::EveryEpochs, ckpt::KeepLast>(tmpl, "lenet", opts), 0.0};
             for (int r = 0; r < rounds; ++r) {
                 without += ours.epoch(data);
-                with += ours.epoch(data, cb);
+                with += ours.epoch(data, &cb);
             }
             in_save = cb.seconds;
+            const std::string mode = async ? "async_save: " : "sync: ";
+            check.count(mode + "saves timed at the epochs' ends", rounds, cb.saves);
+            check.rate(mode + "save on the training thread (mean)", state_bytes, in_save / rounds);
         }
         std::printf("checkpoint per epoch (%s): %.2f ms on the training thread per save = %.3f%% of an epoch; "
                     "epochs with saves vs without %+.2f%%\n",
@@ -182,4 +204,8 @@ int main(int argc, char** argv) {
     }
     fs::remove_all(tmpl);
     std::printf("train_lenet images_per_s=%.0f\n", n / nn_best);
+    check.at_least("batches of 32 in an epoch", 1, data.steps_per_epoch());
+    check.count("steps trained, every epoch whole", ours.epochs * data.steps_per_epoch(), ours.seen.steps);
+    check.positive("fastest epoch's time", nn_best);
+    return check.status();
 }
