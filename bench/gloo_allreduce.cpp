@@ -3,11 +3,16 @@
 // meeting through a file store. For each size the two run alternately, several times; the
 // ratio is of bandwidths (GlooComm over raw Gloo), from the medians.
 //
-//   gloo_allreduce [--ranks R] [--reps N] [--dir DIR]
+//   gloo_allreduce [--ranks R] [--reps N] [--max-mib M] [--dir DIR]
+// --max-mib M: sizes up to M MiB (default 128: 0.25, 4, 32 and 128 MiB).
 // Last line: gloo_allreduce bandwidth GlooComm/raw=X (the largest size)
+// Exit status 1 if the run did not time what it planned: every timed allreduce, of either,
+// summed every rank's buffer (each element R afterwards), no faster than memory.
 
 #include <fault/gloo_comm.hpp>
 #include <gloo/rendezvous/file_store.h>
+
+#include "bench_support.hpp"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -25,11 +30,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double median(std::vector<double> v) {
+    if (v.empty()) return 0;  // the checks say what is missing
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
 
-int run_rank(const std::string& store_dir, int rank, int ranks, int reps) {
+int run_rank(const std::string& store_dir, int rank, int ranks, int reps, std::size_t max_mib) {
     fault::FileStore store(store_dir);
     fault::GlooComm comm(store, rank, ranks, {.prefix = "comm/"});
     // raw Gloo: its own context and device, its own FileStore on its own directory
@@ -42,9 +48,16 @@ int run_rank(const std::string& store_dir, int rank, int ranks, int reps) {
     ctx->connectFullMesh(raw_store, device);
 
     double last_ratio = 0;
+    bench::Checks check;
+    // every element of every rank's 1.0 summed: the allreduce happened, over the whole buffer
+    auto summed = [&](const std::vector<float>& b) {
+        return std::all_of(b.begin(), b.end(), [&](float v) { return v == static_cast<float>(ranks); });
+    };
     for (const std::size_t floats : {std::size_t(1) << 16, std::size_t(1) << 20, std::size_t(1) << 23, std::size_t(1) << 25}) {
+        if (floats * sizeof(float) > (max_mib << 20)) break;
         std::vector<float> buf(floats, 1.0f);
         std::vector<double> raw_s, comm_s;
+        int raw_summed = 0, comm_summed = 0;
         auto raw_allreduce = [&] {
             comm.barrier();
             const auto t = Clock::now();
@@ -52,21 +65,32 @@ int run_rank(const std::string& store_dir, int rank, int ranks, int reps) {
             o.setOutput(buf.data(), buf.size());
             o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
             gloo::allreduce(o);
-            return std::chrono::duration<double>(Clock::now() - t).count();
+            const double s = std::chrono::duration<double>(Clock::now() - t).count();
+            raw_summed += summed(buf);
+            std::fill(buf.begin(), buf.end(), 1.0f);
+            return s;
         };
         auto comm_allreduce = [&] {
             comm.barrier();
             const auto t = Clock::now();
             comm.allreduce(buf, fault::ReduceOp::sum);
-            return std::chrono::duration<double>(Clock::now() - t).count();
+            const double s = std::chrono::duration<double>(Clock::now() - t).count();
+            comm_summed += summed(buf);
+            std::fill(buf.begin(), buf.end(), 1.0f);
+            return s;
         };
         for (int i = 0; i < reps + 1; ++i) {  // the first of each is a warm-up; who goes first alternates
             double raw = 0, mine = 0;
             if (i % 2 == 0) raw = raw_allreduce(), mine = comm_allreduce();
             else mine = comm_allreduce(), raw = raw_allreduce();
-            std::fill(buf.begin(), buf.end(), 1.0f);  // keep the values finite
             if (i > 0) raw_s.push_back(raw), comm_s.push_back(mine);
         }
+        const double bytes = static_cast<double>(floats * sizeof(float));
+        const std::string size = "rank " + std::to_string(rank) + ", " + std::to_string(floats * sizeof(float) >> 10) + " KiB: ";
+        check.count(size + "raw Gloo allreduces that summed every element (warm-up included)", reps + 1, raw_summed);
+        check.count(size + "GlooComm allreduces that summed every element (warm-up included)", reps + 1, comm_summed);
+        check.rate(size + "raw Gloo allreduce (median)", bytes, median(raw_s));
+        check.rate(size + "GlooComm allreduce (median)", bytes, median(comm_s));
         // rank 0's medians speak for all: every rank waits for the slowest in each call
         const double mib = static_cast<double>(floats * sizeof(float)) / (1 << 20);
         last_ratio = median(raw_s) / median(comm_s);
@@ -76,19 +100,26 @@ int run_rank(const std::string& store_dir, int rank, int ranks, int reps) {
         std::fflush(stdout);
     }
     if (rank == 0) std::printf("gloo_allreduce bandwidth GlooComm/raw=%.3f\n", last_ratio);
-    return 0;
+    check.positive("rank " + std::to_string(rank) + ": sizes timed", last_ratio);
+    return check.status();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
     int ranks = 4, reps = 15;
+    std::size_t max_mib = 128;
     std::string base = "/tmp";
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
         if (a == "--ranks") ranks = std::atoi(argv[i + 1]);
         else if (a == "--reps") reps = std::atoi(argv[i + 1]);
+        else if (a == "--max-mib") max_mib = std::strtoul(argv[i + 1], nullptr, 10);
         else if (a == "--dir") base = argv[i + 1];
+    }
+    if (ranks < 2 || reps < 1 || max_mib < 1) {
+        std::fprintf(stderr, "gloo_allreduce: --ranks must be at least 2, --reps and --max-mib at least 1\n");
+        return 2;
     }
     std::string tmpl = base + "/ckpt-bench-gloo-XXXXXX";
     if (!::mkdtemp(tmpl.data()) || ::mkdir((tmpl + "/raw").c_str(), 0755) != 0) return 1;
@@ -100,7 +131,7 @@ int main(int argc, char** argv) {
         if (pid == 0) {
             int rc = 1;
             try {
-                rc = run_rank(tmpl, r, ranks, reps);
+                rc = run_rank(tmpl, r, ranks, reps, max_mib);
             } catch (const std::exception& e) {
                 std::fprintf(stderr, "rank %d: %s\n", r, e.what());
             }

@@ -8,6 +8,9 @@
 //
 //   bash scripts/mpirun.sh -np 4 build/bench/mpi_comm [--reps N] [--max-mib M] [--state-mib S] [--dir DIR]
 // Last line: mpi_comm ranks=R allreduce GlooComm/MpiComm=X (the largest size) checkpoint GlooComm/MpiComm=Y
+// Exit status 1 if the run did not time what it planned: every allreduce, of either, left
+// the sum of every rank's values (its first and last elements checked), every checkpoint
+// committed its global index, all no faster than memory.
 
 #include <fault/global_index.hpp>
 #include <fault/gloo_comm.hpp>
@@ -66,19 +69,39 @@ int run(const Options& o, fault::MpiComm& mpi, const std::string& dir) {
         std::fflush(stdout);
     }
     double allreduce_ratio = 0;
+    bench::Checks check;
     for (std::size_t bytes = 4096; bytes <= (o.max_mib << 20); bytes *= 4) {
         std::vector<float> buf(bytes / sizeof(float));
         auto refill = [&] { bench::fill_random_floats(buf.data(), buf.size(), static_cast<std::uint64_t>(rank) + 1); };
+        // the first and last elements hold every rank's sum (in any order: a tolerance)
+        auto summed = [&] {
+            for (const std::size_t i : {std::size_t(0), buf.size() - 1}) {
+                double want = 0;
+                for (int r = 0; r < ranks; ++r) want += bench::random_float_at(static_cast<std::uint64_t>(r) + 1, i);
+                if (std::abs(buf[i] - want) > 1e-5 * ranks) return false;
+            }
+            return true;
+        };
+        int mpi_summed = 0, gloo_summed = 0;
         const auto [t_mpi, t_gloo] = alternate(
             o.reps,
             [&](int) {
                 refill();
-                return timed_after_barrier(mpi, [&] { mpi.allreduce(buf, fault::ReduceOp::sum); });
+                const double t = timed_after_barrier(mpi, [&] { mpi.allreduce(buf, fault::ReduceOp::sum); });
+                mpi_summed += summed();
+                return t;
             },
             [&](int) {
                 refill();
-                return timed_after_barrier(gloo, [&] { gloo.allreduce(buf, fault::ReduceOp::sum); });
+                const double t = timed_after_barrier(gloo, [&] { gloo.allreduce(buf, fault::ReduceOp::sum); });
+                gloo_summed += summed();
+                return t;
             });
+        const std::string size = "rank " + std::to_string(rank) + ", " + std::to_string(bytes >> 10) + " KiB: ";
+        check.count(size + "MpiComm allreduces that left every rank's sum (warm-up included)", o.reps + 1, mpi_summed);
+        check.count(size + "GlooComm allreduces that left every rank's sum (warm-up included)", o.reps + 1, gloo_summed);
+        check.rate(size + "MpiComm allreduce (median)", static_cast<double>(bytes), t_mpi / 1e3);
+        check.rate(size + "GlooComm allreduce (median)", static_cast<double>(bytes), t_gloo / 1e3);
         allreduce_ratio = t_gloo / t_mpi;
         const double mib = static_cast<double>(bytes) / (1 << 20);
         if (rank == 0)
@@ -96,19 +119,24 @@ int run(const Options& o, fault::MpiComm& mpi, const std::string& dir) {
     bench::fill_random_floats(w.values<float>().data(), w.numel(), static_cast<std::uint64_t>(rank) + 7);
     state.set("w", std::move(w));
     std::vector<double> commit_mpi, commit_gloo;
-    auto checkpoint = [&](auto& comm, std::int64_t step, std::vector<double>& commits) {
-        return timed_after_barrier(comm, [&] {
+    int indexed_mpi = 0, indexed_gloo = 0;  // commits after which the step's global index was there
+    auto checkpoint = [&](auto& comm, std::int64_t step, std::vector<double>& commits, int& indexed) {
+        fs::path index;
+        const double t = timed_after_barrier(comm, [&] {
             const fs::path file = mine / ("step_" + std::to_string(step) + ".ckpt");
             state.set("trainer.global_step", step);
             ckpt::save_checkpoint(state, file);
-            commits.push_back(bench::timed([&] { fault::commit_global_index(comm, ckpt_dir, step, file); }));
+            commits.push_back(bench::timed([&] { index = fault::commit_global_index(comm, ckpt_dir, step, file); }));
+            // every rank is told the index's path; rank 0, which removes it, sees that it is there
+            indexed += index == fault::global_index_path(ckpt_dir, step) && (comm.rank() != 0 || fs::exists(index));
             fs::remove(file);
-            if (comm.rank() == 0) fs::remove(fault::global_index_path(ckpt_dir, step));
+            if (comm.rank() == 0) fs::remove(index);
         });
+        return t;
     };
     const auto [t_mpi, t_gloo] = alternate(
-        o.reps, [&](int i) { return checkpoint(mpi, 2 * i, commit_mpi); },
-        [&](int i) { return checkpoint(gloo, 2 * i + 1, commit_gloo); });
+        o.reps, [&](int i) { return checkpoint(mpi, 2 * i, commit_mpi, indexed_mpi); },
+        [&](int i) { return checkpoint(gloo, 2 * i + 1, commit_gloo, indexed_gloo); });
     commit_mpi.erase(commit_mpi.begin());  // the warm-up rounds
     commit_gloo.erase(commit_gloo.begin());
     const double checkpoint_ratio = t_gloo / t_mpi;
@@ -121,7 +149,13 @@ int run(const Options& o, fault::MpiComm& mpi, const std::string& dir) {
         std::printf("mpi_comm ranks=%d allreduce GlooComm/MpiComm=%.2f checkpoint GlooComm/MpiComm=%.2f\n", ranks,
                     allreduce_ratio, checkpoint_ratio);
     }
-    return 0;
+    const std::string me = "rank " + std::to_string(rank) + ": ";
+    check.count(me + "MpiComm checkpoints that committed their global index (warm-up included)", o.reps + 1, indexed_mpi);
+    check.count(me + "GlooComm checkpoints that committed their global index (warm-up included)", o.reps + 1, indexed_gloo);
+    const double state_bytes = static_cast<double>(o.state_mib << 20);
+    check.rate(me + "MpiComm checkpoint (median), which saves the rank's state", state_bytes, t_mpi / 1e3);
+    check.rate(me + "GlooComm checkpoint (median), which saves the rank's state", state_bytes, t_gloo / 1e3);
+    return check.status();
 }
 
 }  // namespace
