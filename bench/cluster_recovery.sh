@@ -19,19 +19,34 @@
 # memory, the restarted rank)
 #
 #   bench/cluster_recovery.sh <cluster_recover> <ckpt-run> [rounds] [save_every] [memory_every]
+# CKPT_BENCH_EPOCHS (default 3) is the job's epochs of 40 steps (1: a quick run, its figures
+# meaningless, its checks applied). Exit status 1 if a round did not time what it planned: a
+# kill, then every rank resuming from the kind of checkpoint the round is about, a recovery
+# and a fresh start of more than no time, and a step resumed from no later than the last done.
 set -euo pipefail
 program=$1
 launcher=$2
 rounds=${3:-3}
 save_every=${4:-5}
 memory_every=${5:-}
+epochs=${CKPT_BENCH_EPOCHS:-3}
+[ "$rounds" -ge 1 ] && [ "$epochs" -ge 1 ] || { echo "cluster_recovery: rounds and epochs must be at least 1" >&2; exit 2; }
 work=$(mktemp -d /tmp/ckpt-bench-cluster-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OPENBLAS_NUM_THREADS=1
 now() { date +%s.%N; }
-# wait until a line matching $2 is in $1; prints the time it was seen (polled every 5 ms)
+# wait until a line matching $2 is in $1; prints the time it was seen (polled every 5 ms).
+# Fails when the job ($job) ends without it: the event the round times never came.
 seen_at() {
-    until grep -q "$2" "$1" 2>/dev/null; do sleep 0.005; done
+    until grep -q "$2" "$1" 2>/dev/null; do
+        if ! kill -0 "$job" 2>/dev/null; then
+            grep -q "$2" "$1" && break
+            echo "cluster_recovery: the job ended without a line '$2':" >&2
+            tail -n 20 "$1" >&2
+            return 1
+        fi
+        sleep 0.005
+    done
     now
 }
 recoveries=() rolled=() starts=() restores=() mem_recoveries=() mem_rolled=() mem_restores=()
@@ -42,7 +57,7 @@ run_job() {
     mkdir -p "$dir"
     t0=$(now)
     "$launcher" --nproc 4 --store "file://$dir/store" --max-restarts 1 -- "$program" --dir "$dir/ckpt" \
-        --epochs 3 --save-every "$save_every" --cooldown-ms 0 "$@" > "$dir/job.log" 2>&1 &
+        --epochs "$epochs" --save-every "$save_every" --cooldown-ms 0 "$@" > "$dir/job.log" 2>&1 &
     job=$!
     t1=$(seen_at "$dir/job.log" "^generation 1:")
     seen_at "$dir/job.log" "^step 30:" > /dev/null
@@ -55,11 +70,17 @@ run_job() {
     last=$(sed -n 's/^rank [013]: after global step \([0-9]*\):.*/\1/p' "$dir/job.log" | sort -n | tail -1)
     recovery=$(awk -v a="$tr" -v b="$tk" 'BEGIN { printf "%.3f", a - b }')
     start=$(awk -v a="$t1" -v b="$t0" 'BEGIN { printf "%.3f", a - b }')
-    back=$((last - (resumed - 1)))
     from=$(sed -n 's/^generation 2: every rank resumes at global step [0-9]* ([^)]*) from \([a-z]*\).*/\1/p' "$dir/job.log")
     # the slowest of rank 0's restore and (from memory) the restarted rank's
     restore=$( (sed -n 's/^generation 2: .*state restored in \([0-9.]*\) ms$/\1/p' "$dir/job.log"
                 sed -n "s/^rank 2: state of global step [0-9]* from .* in \([0-9.]*\) ms$/\1/p" "$dir/job.log") | sort -g | tail -1)
+    # what the round timed: a resumption after the kill, and times of more than nothing
+    [ -n "$resumed" ] && [ -n "$last" ] && [ -n "$restore" ] ||
+        { echo "cluster_recovery: no step resumed, last step done or restore time in the job's log:" >&2
+          tail -n 20 "$dir/job.log" >&2; exit 1; }
+    back=$((last - (resumed - 1)))
+    awk -v r="$recovery" -v s="$start" -v b="$back" 'BEGIN { exit !(r > 0 && s > 0 && b >= 0) }' ||
+        { echo "cluster_recovery: implausible: recovery ${recovery} s, fresh start ${start} s, ${back} steps done again" >&2; exit 1; }
 }
 for round in $(seq 1 "$rounds"); do
     modes=(files)

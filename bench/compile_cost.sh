@@ -9,11 +9,17 @@
 # and its median is reported. The compiled cases are also linked and run, so that what is
 # measured is a program that works.
 #   bash bench/compile_cost.sh [rounds] [optimization...]     (default: 3 -O0 -O2)
+# The library the compiled cases link against is compiled at the last level given (-O2 by
+# default; `1 -O0` is a quick run, its figures meaningless, its checks applied).
 # Last line:
 #   compile_cost header_only/deps=R1 compiled/deps=R2 (smallest, -O0)
+# Exit status 1 if the run did not time what it planned: every case compiled `rounds` times,
+# each writing its object file anew, none in less than 0.1 s (no file that includes Boost's
+# archives compiles that fast: such a time is a cache's answer, e.g. CXX="ccache g++").
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-3}
+[ "$rounds" -ge 1 ] || { echo "compile_cost: rounds must be at least 1" >&2; exit 2; }
 shift || true
 levels=("$@")
 [ ${#levels[@]} -gt 0 ] || levels=(-O0 -O2)
@@ -66,16 +72,22 @@ libs=(-lboost_serialization -lboost_filesystem -lxxhash -lpthread)
 echo "compile_cost: $cxx $($cxx -dumpversion), $(nproc) cores, $(date -u +%F)"
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.2f", b - a}'; }
 start=$(date +%s.%N)
-$cxx -std=c++20 -O2 -DCKPT_SEPARATE_COMPILATION -I"$root/include" -c "$root/src/ckpt.cpp" -o libckpt.o
-echo "the compiled library (src/ckpt.cpp, -O2, once per build): $(elapsed "$start") s"
+lib_level=${levels[${#levels[@]} - 1]}
+$cxx -std=c++20 "$lib_level" -DCKPT_SEPARATE_COMPILATION -I"$root/include" -c "$root/src/ckpt.cpp" -o libckpt.o
+echo "the compiled library (src/ckpt.cpp, $lib_level, once per build): $(elapsed "$start") s"
 
-# seconds <source> <flags...>: wall time of one compile to an object file
+# seconds <source> <flags...>: wall time of one compile to an object file, which must be new
 seconds() {
-    local src=$1 t0
+    local src=$1 t0 t
     shift
+    rm -f "${src%.cpp}.o"
     t0=$(date +%s.%N)
     $cxx -std=c++20 "$@" -I"$root/include" -c "$src" -o "${src%.cpp}.o"
-    elapsed "$t0"
+    t=$(elapsed "$t0")
+    [ -s "${src%.cpp}.o" ] || { echo "compile_cost: $src $*: no object file written" >&2; exit 1; }
+    awk -v t="$t" 'BEGIN { exit !(t >= 0.1) }' ||
+        { echo "compile_cost: implausible: $src $* compiled in $t s (under 0.1 s: not a compile)" >&2; exit 1; }
+    echo "$t"
 }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
@@ -95,8 +107,14 @@ for opt in "${levels[@]}"; do
             read -r prog mode <<< "$c"
             flags=("$opt")
             [ "$mode" = compiled ] && flags+=(-DCKPT_SEPARATE_COMPILATION)
-            times[$c]+="$(seconds "$prog.cpp" "${flags[@]}") "
+            t=$(seconds "$prog.cpp" "${flags[@]}")
+            times[$c]+="$t "
         done
+    done
+    for c in "${cases[@]}"; do
+        # shellcheck disable=SC2086
+        n=$(set -- ${times[$c]}; echo $#)
+        [ "$n" -eq "$rounds" ] || { echo "compile_cost: $opt $c: planned $rounds compiles, timed $n" >&2; exit 1; }
     done
     # the compiled programs link against the library and run
     for prog in smallest using_it; do
