@@ -370,6 +370,19 @@ TEST_CASE("damaged npz files are FormatErrors naming the file and the member") {
     }
 }
 
+TEST_CASE("save_safetensors refuses a name or string that is not UTF-8 as a ConfigError naming it, writing nothing") {
+    test::TempDir dir;
+    for (const auto& [name, value] : std::vector<std::pair<std::string, ckpt::Value>>{
+             {"w\xff", ckpt::Tensor::from(std::vector<float>{1})}, {"s", std::string("a\xfe")}, {"n\xc0", std::int64_t{3}}}) {
+        ckpt::ParamDict d;
+        d.set(name, value);
+        CAPTURE(ckpt::detail::printable(name));
+        CHECK_THROWS_WITH_AS(ckpt::save_safetensors(d, dir / "w.safetensors"), doctest::Contains("is not valid UTF-8"),
+                             ckpt::ConfigError);
+    }
+    CHECK(test::names_in(dir.path()).empty());
+}
+
 TEST_CASE("interop writes are atomic: an error leaves the existing file and no temporary") {
     test::TempDir dir;
     ckpt::ParamDict first{{"w", ckpt::Tensor::from(std::vector<float>{1, 2})}};

@@ -143,20 +143,379 @@ inline std::optional<DType> dtype_from_safetensors(std::string_view s) {
     throw FormatError("safetensors file '" + path + "' is malformed: " + why, path);
 }
 
-/// The JSON a ckpt metadata key of a safetensors header holds (an object, or an array), or
-/// nothing when the key is absent.
-inline std::optional<nlohmann::json> metadata_json(const nlohmann::json& metadata, std::string_view key, bool array,
-                                                   const std::string& path) {
-    const auto it = metadata.find(key);
-    if (it == metadata.end() || !it->is_string()) return std::nullopt;
-    std::optional<nlohmann::json> parsed;
-    try {
-        parsed = nlohmann::json::parse(it->get<std::string>());
-    } catch (const nlohmann::json::exception&) {
+/// How deep JSON may nest in a header: deeper is a FormatError, found as the text is read,
+/// never a recursion as deep as a file asks for.
+inline constexpr std::size_t max_json_depth = 64;
+
+/// One tensor a safetensors header describes.
+struct SafetensorsSlot {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    std::uint64_t begin, end;
+};
+
+/// A safetensors header's events, from nlohmann's SAX parser: no tree of the header is built,
+/// each tensor's description is checked as its object closes, time is linear in the text, and
+/// nesting stops at max_json_depth. The first thing found wrong is kept, and the text read on
+/// to its end, so that a header that is not JSON at all is called that first.
+class SafetensorsHeaderEvents final : public nlohmann::json_sax<nlohmann::json> {
+public:
+    /// `text_size`: the header's length, which bounds how many tensors it can name.
+    SafetensorsHeaderEvents(std::uint64_t buffer_size, std::size_t text_size) : buffer_size_(buffer_size) {
+        names_.reserve(text_size / 64);  // no rehashing for headers of ckpt's ~70 bytes per tensor
     }
-    if (!parsed || (array ? !parsed->is_array() : !parsed->is_object()))
-        safetensors_fail(path, "__metadata__ '" + std::string(key) + "' is not a JSON " + (array ? "array" : "object"));
-    return parsed;
+
+    /// Whether `name` is a key of the header's top level (a tensor, or __metadata__).
+    bool named(const std::string& name) const { return names_.contains(name); }
+
+    std::vector<SafetensorsSlot> slots;                          // in header order
+    std::vector<std::pair<std::string, std::string>> metadata;  // in header order
+    std::string problem;                                         // the first thing wrong, JSON syntax aside
+    std::string syntax_error;
+    bool too_deep = false;  // parsing stopped there: the text was not read to its end
+
+    bool null() override { return scalar(Scalar::other); }
+    bool boolean(bool) override { return scalar(Scalar::other); }
+    bool number_integer(number_integer_t v) override {
+        return v < 0 ? scalar(Scalar::other) : scalar(Scalar::count, static_cast<std::uint64_t>(v));
+    }
+    bool number_unsigned(number_unsigned_t v) override { return scalar(Scalar::count, v); }
+    bool number_float(number_float_t, const string_t&) override { return scalar(Scalar::other); }
+    bool binary(binary_t&) override { return scalar(Scalar::other); }
+    bool string(string_t& s) override { return scalar(Scalar::text, 0, &s); }
+    bool start_object(std::size_t) override { return open(true); }
+    bool start_array(std::size_t) override { return open(false); }
+    bool end_object() override { return close(); }
+    bool end_array() override { return close(); }
+    bool key(string_t& k) override {
+        if (problem.empty() && !stack_.empty()) {
+            switch (stack_.back()) {
+                case Ctx::top:
+                    if (!names_.insert(k).second)
+                        fail(k == "__metadata__" ? "'__metadata__' appears twice" : "tensor '" + k + "' appears twice in the header");
+                    key_ = k;
+                    break;
+                case Ctx::metadata:
+                    if (!meta_keys_.insert(k).second) fail("__metadata__ '" + k + "' appears twice");
+                    key_ = k;
+                    break;
+                case Ctx::tensor: {
+                    field_ = k == "dtype" ? Field::dtype : k == "shape" ? Field::shape : k == "data_offsets" ? Field::offsets : Field::other;
+                    bool* seen = field_ == Field::dtype ? &tensor_.has_dtype : field_ == Field::shape ? &tensor_.has_shape
+                               : field_ == Field::offsets ? &tensor_.has_offsets : nullptr;
+                    if (seen && std::exchange(*seen, true)) fail("tensor '" + tensor_.name + "' has '" + k + "' twice");
+                    break;
+                }
+                default: break;
+            }
+        }
+        return true;
+    }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+        syntax_error = e.what();
+        return false;
+    }
+
+private:
+    enum class Ctx : std::uint8_t { top, metadata, tensor, shape, offsets, skip };
+    enum class Field : std::uint8_t { dtype, shape, offsets, other };
+    enum class Scalar : std::uint8_t { text, count, other };
+
+    /// The tensor whose object is open. Reused from one tensor to the next: a header of many
+    /// tensors costs no allocations per tensor beyond its name and shape.
+    struct OpenTensor {
+        std::string name, dtype;
+        bool has_dtype = false, has_shape = false, has_offsets = false, shape_array = false;
+        bool dtype_bad = false, shape_bad = false, offsets_bad = false;
+        std::vector<std::uint64_t> shape, offsets;
+        void reset(const std::string& n) {
+            name = n;
+            has_dtype = has_shape = has_offsets = shape_array = dtype_bad = shape_bad = offsets_bad = false;
+            dtype.clear();
+            shape.clear();
+            offsets.clear();
+        }
+    };
+
+    void fail(const std::string& why) {
+        if (problem.empty()) problem = why;
+    }
+    std::string tensor_what() const { return "tensor '" + tensor_.name + "'"; }
+
+    bool scalar(Scalar kind, std::uint64_t count = 0, string_t* text = nullptr) {
+        if (!problem.empty()) return true;
+        if (stack_.empty()) return fail("its header is not a JSON object"), true;
+        switch (stack_.back()) {
+            case Ctx::top:
+                fail(key_ == "__metadata__" ? "__metadata__ is not an object" : "tensor '" + key_ + "' is not described by an object");
+                break;
+            case Ctx::metadata:
+                if (kind != Scalar::text) fail("__metadata__ '" + key_ + "' is not a string");
+                else metadata.emplace_back(key_, std::move(*text));
+                break;
+            case Ctx::tensor:
+                if (field_ == Field::dtype) {
+                    if (kind == Scalar::text) tensor_.dtype = std::move(*text);
+                    else tensor_.dtype_bad = true;
+                }
+                tensor_.offsets_bad |= field_ == Field::offsets;  // data_offsets that are no array
+                break;
+            case Ctx::shape:
+            case Ctx::offsets: {
+                const bool shape = stack_.back() == Ctx::shape;
+                auto& list = shape ? tensor_.shape : tensor_.offsets;
+                bool& bad = shape ? tensor_.shape_bad : tensor_.offsets_bad;
+                // a list longer than any valid one is wrong already: it is not kept growing
+                if (kind != Scalar::count || list.size() > (shape ? max_tensor_rank : 2)) bad = true;
+                else list.push_back(count);
+                break;
+            }
+            case Ctx::skip: break;
+        }
+        return true;
+    }
+
+    bool open(bool object) {
+        if (stack_.size() >= max_json_depth) {
+            fail("its JSON nests deeper than " + std::to_string(max_json_depth) + " levels");
+            too_deep = true;
+            return false;  // no deeper: the parser keeps a stack of its own
+        }
+        Ctx next = Ctx::skip;
+        if (problem.empty()) {
+            if (stack_.empty()) {
+                if (object) next = Ctx::top;
+                else fail("its header is not a JSON object");
+            } else {
+                switch (stack_.back()) {
+                    case Ctx::top:
+                        if (!object) scalar(Scalar::other);  // the same complaint as a scalar there
+                        else if (key_ == "__metadata__") next = Ctx::metadata;
+                        else {
+                            next = Ctx::tensor;
+                            tensor_.reset(key_);
+                        }
+                        break;
+                    case Ctx::metadata: scalar(Scalar::other); break;
+                    case Ctx::tensor:
+                        if (!object && field_ == Field::shape) next = Ctx::shape, tensor_.shape_array = true;
+                        else if (!object && field_ == Field::offsets) next = Ctx::offsets;
+                        else scalar(Scalar::other);
+                        break;
+                    case Ctx::shape: tensor_.shape_bad = true; break;
+                    case Ctx::offsets: tensor_.offsets_bad = true; break;
+                    case Ctx::skip: break;
+                }
+            }
+        }
+        stack_.push_back(next);
+        return true;
+    }
+
+    bool close() {
+        const Ctx done = stack_.back();
+        stack_.pop_back();
+        if (done == Ctx::tensor && problem.empty()) finish_tensor();
+        return true;
+    }
+
+    /// Checks the description of the tensor whose object just closed, in the order: dtype,
+    /// shape, data_offsets, then whether they agree.
+    void finish_tensor() {
+        const std::string what = tensor_what();
+        if (!tensor_.has_dtype || tensor_.dtype_bad) return fail(what + " has no dtype string");
+        const auto dtype = dtype_from_safetensors(tensor_.dtype);
+        if (!dtype)
+            return fail(what + " has dtype " + tensor_.dtype +
+                        ", which ckpt does not hold (F32, F64, F16, I32, I64, U8, BOOL)");
+        if (!tensor_.shape_array || tensor_.shape.size() > max_tensor_rank)
+            return fail(what + " has no shape array of at most " + std::to_string(max_tensor_rank) + " dimensions");
+        if (tensor_.shape_bad) return fail(what + " has a shape entry that is not a count");
+        Shape shape;
+        for (const auto v : tensor_.shape) {
+            if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+                return fail(what + " has an impossible dimension " + std::to_string(v));
+            shape.push_back(static_cast<std::int64_t>(v));
+        }
+        if (!tensor_.has_offsets || tensor_.offsets_bad || tensor_.offsets.size() != 2)
+            return fail(what + " has no data_offsets pair [begin, end]");
+        const auto begin = tensor_.offsets[0], end = tensor_.offsets[1];
+        if (begin > end || end > buffer_size_)
+            return fail(what + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] outside the " +
+                        std::to_string(buffer_size_) + "-byte buffer");
+        std::size_t numel = 0;
+        try {
+            numel = checked_numel(shape, static_cast<std::size_t>(buffer_size_));
+        } catch (const FormatError&) {
+            return fail(what + " has an impossible shape " + shape_string(shape));
+        }
+        if (numel * itemsize(*dtype) != end - begin)
+            return fail(what + " of " + std::string(dtype_name(*dtype)) + shape_string(shape) + " needs " +
+                        std::to_string(numel * itemsize(*dtype)) + " bytes, its data_offsets hold " +
+                        std::to_string(end - begin));
+        slots.push_back({tensor_.name, *dtype, std::move(shape), begin, end});
+    }
+
+    std::uint64_t buffer_size_;
+    std::vector<Ctx> stack_;
+    std::string key_;  // the key whose value comes next, at the top or in __metadata__
+    Field field_ = Field::other;
+    OpenTensor tensor_;
+    std::unordered_set<std::string> names_, meta_keys_;
+};
+
+/// The JSON text of a ckpt metadata value (ckpt.kinds: an object of strings; ckpt.order: an
+/// array of strings), read flat: anything else in it is a FormatError.
+class FlatStringsEvents final : public nlohmann::json_sax<nlohmann::json> {
+public:
+    explicit FlatStringsEvents(bool object) : object_(object) {}
+    std::vector<std::pair<std::string, std::string>> items;  // key (empty in an array), value
+
+    bool null() override { return false; }
+    bool boolean(bool) override { return false; }
+    bool number_integer(number_integer_t) override { return false; }
+    bool number_unsigned(number_unsigned_t) override { return false; }
+    bool number_float(number_float_t, const string_t&) override { return false; }
+    bool binary(binary_t&) override { return false; }
+    bool string(string_t& s) override {
+        if (!open_) return false;
+        items.emplace_back(std::move(key_), std::move(s));
+        key_.clear();
+        return true;
+    }
+    bool start_object(std::size_t) override { return object_ && !std::exchange(open_, true) && !done_; }
+    bool start_array(std::size_t) override { return !object_ && !std::exchange(open_, true) && !done_; }
+    bool end_object() override { return open_ = false, done_ = true; }
+    bool end_array() override { return open_ = false, done_ = true; }
+    bool key(string_t& k) override { return key_ = std::move(k), true; }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+private:
+    bool object_, open_ = false, done_ = false;
+    std::string key_;
+};
+
+/// The items of the ckpt metadata value `text` (FlatStringsEvents), or a FormatError.
+inline std::vector<std::pair<std::string, std::string>> metadata_strings(const std::string& text, std::string_view key,
+                                                                        bool object, const std::string& path) {
+    FlatStringsEvents events(object);
+    if (!nlohmann::json::sax_parse(text, &events))
+        safetensors_fail(path, "__metadata__ '" + std::string(key) + "' is not a JSON " +
+                                   (object ? "object" : "array") + " of strings");
+    return std::move(events.items);
+}
+
+/// What a safetensors file's header describes, its tensors' bytes not read.
+struct SafetensorsContents {
+    std::vector<SafetensorsSlot> slots;  // in buffer order
+    ParamDict values;                     // the __metadata__ entries, typed as ckpt.kinds says
+    std::vector<std::string> order;       // ckpt.order: the writer's order of entries, when it recorded one
+    std::uint64_t buffer_start = 0, buffer_size = 0;
+};
+
+/// Reads and checks the header of the open file `fd` of `size` bytes.
+inline SafetensorsContents read_safetensors_header(int fd, std::uint64_t size, const std::string& path) {
+    std::array<std::byte, 8> raw{};
+    if (size < raw.size())
+        safetensors_fail(path, "it is " + std::to_string(size) + " bytes, too short for the 8-byte header length");
+    pread_exact(fd, reinterpret_cast<char*>(raw.data()), raw.size(), 0, path);
+    const auto header_len = get_le<std::uint64_t>(raw.data());
+    if (header_len > size - 8)
+        safetensors_fail(path, "header length " + std::to_string(header_len) + " runs past the end of the " +
+                                   std::to_string(size) + "-byte file");
+    if (header_len > max_safetensors_header)
+        safetensors_fail(path, "header length " + std::to_string(header_len) + " exceeds the " +
+                                   std::to_string(max_safetensors_header) + "-byte limit");
+    std::string text(static_cast<std::size_t>(header_len), '\0');
+    pread_exact(fd, text.data(), text.size(), 8, path);
+    SafetensorsContents out;
+    out.buffer_start = 8 + header_len;
+    out.buffer_size = size - out.buffer_start;
+
+    SafetensorsHeaderEvents events(out.buffer_size, text.size());
+    nlohmann::json::sax_parse(text, &events);
+    if (!events.too_deep && !events.syntax_error.empty())
+        safetensors_fail(path, "its header is not valid JSON: " + events.syntax_error);
+    if (!events.problem.empty()) safetensors_fail(path, events.problem);
+    text = std::string();
+
+    // The buffer is covered exactly: no overlaps, no holes, nothing after the last tensor.
+    out.slots = std::move(events.slots);
+    std::stable_sort(out.slots.begin(), out.slots.end(), [](const SafetensorsSlot& a, const SafetensorsSlot& b) {
+        return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+    });
+    std::uint64_t covered = 0;
+    for (const auto& s : out.slots) {
+        if (s.begin < covered)
+            safetensors_fail(path, "tensor '" + s.name + "' at [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
+                                       "] overlaps the tensor before it");
+        if (s.begin > covered)
+            safetensors_fail(path, "bytes [" + std::to_string(covered) + ", " + std::to_string(s.begin) +
+                                       ") of the buffer belong to no tensor");
+        covered = s.end;
+    }
+    if (covered != out.buffer_size)
+        safetensors_fail(path, std::to_string(out.buffer_size - covered) + " bytes after the last tensor's data");
+
+    std::unordered_map<std::string, std::string> kinds;
+    for (const auto& [key, text_value] : events.metadata) {
+        if (key == safetensors_kinds_key)
+            for (auto& [name, kind] : metadata_strings(text_value, key, true, path)) kinds[name] = std::move(kind);
+        if (key == safetensors_order_key) {
+            std::unordered_set<std::string> named;
+            for (auto& [unused, name] : metadata_strings(text_value, key, false, path)) {
+                if (!named.insert(name).second)
+                    safetensors_fail(path, "__metadata__ '" + std::string(key) + "' names '" + name + "' twice");
+                out.order.push_back(std::move(name));
+            }
+        }
+    }
+    for (auto& [key, text_value] : events.metadata) {
+        if (key == safetensors_kinds_key || key == safetensors_order_key) continue;
+        if (key != "__metadata__" && events.named(key)) safetensors_fail(path, "'" + key + "' is both a tensor and a __metadata__ key");
+        const auto it = kinds.find(key);
+        const std::string kind = it == kinds.end() ? "string" : it->second;
+        auto bad = [&, &key = key, &text_value = text_value] {
+            safetensors_fail(path, "__metadata__ '" + key + "' = '" + text_value + "' is not a " + kind);
+        };
+        if (kind == "int64") {
+            const auto v = parse_number<std::int64_t>(text_value);
+            if (!v) bad();
+            out.values.set(key, *v);
+        } else if (kind == "float64") {
+            const auto v = parse_number<double>(text_value);
+            if (!v) bad();
+            out.values.set(key, *v);
+        } else if (kind == "bool") {
+            if (text_value != "true" && text_value != "false") bad();
+            out.values.set(key, text_value == "true");
+        } else {
+            out.values.set(key, std::move(text_value));
+        }
+    }
+    return out;
+}
+
+/// `dict` in the writer's recorded order (names it does not hold are passed over), then what the
+/// order does not name, as read.
+inline ParamDict in_recorded_order(ParamDict dict, const std::vector<std::string>& order) {
+    if (order.empty()) return dict;
+    ParamDict ordered;
+    for (const auto& name : order)  // no name twice: read_safetensors_header refuses that
+        if (Value* v = dict.find(name)) ordered.set(name, std::move(*v));
+    for (auto& [name, value] : dict)
+        if (!ordered.contains(name)) ordered.set(name, std::move(value));
+    return ordered;
+}
+
+/// A string as JSON text; a name or value that is not UTF-8 cannot be one.
+inline std::string json_string(const std::string& s, const std::string& path, const std::string& what) {
+    try {
+        return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+    } catch (const nlohmann::json::exception&) {
+        throw ConfigError("cannot save '" + path + "': " + what + " is not valid UTF-8, which a JSON header cannot hold");
+    }
 }
 
 /// Throws on a name the format cannot carry.
@@ -171,44 +530,50 @@ inline void check_safetensors_name(const std::string& name, const std::string& p
 /// The format has no storage order: column-major tensors are copied into row-major order.
 inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
     const std::string path = file.string();
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
-    nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
+    // The header text is written as it goes: a JSON object keyed by name would look every name
+    // up in the names before it.
+    std::string tensors, metadata, kinds;
     std::vector<Tensor> row_major;  // the payloads, in dict order
     std::uint64_t offset = 0;
+    auto member = [&](std::string& out, const std::string& key, const std::string& value_text) {
+        if (!out.empty()) out += ',';
+        out.append(key).append(":").append(value_text);
+    };
+    auto quoted = [](const std::string& text) { return std::string("\"").append(text).append("\""); };
     for (const auto& [name, value] : dict) {
         detail::check_safetensors_name(name, path);
+        const std::string key = detail::json_string(name, path, "entry name '" + name + "'");
         if (const Tensor* t = value.get_if<Tensor>()) {
             row_major.push_back(t->in_order(Order::row_major));
-            header[name] = {{"dtype", detail::safetensors_dtype(t->dtype())},
-                            {"shape", t->logical_shape()},
-                            {"data_offsets", {offset, offset + t->nbytes()}}};
+            std::string shape;
+            for (const auto d : t->logical_shape()) shape.append(shape.empty() ? "" : ",").append(std::to_string(d));
+            member(tensors, key,
+                   "{\"dtype\":\"" + std::string(detail::safetensors_dtype(t->dtype())) + "\",\"shape\":[" + shape +
+                       "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t->nbytes()) + "]}");
             offset += t->nbytes();
         } else if (const auto* s = value.get_if<std::string>()) {
-            metadata[name] = *s;
+            member(metadata, key, detail::json_string(*s, path, "string '" + name + "'"));
         } else {
-            kinds[name] = detail::value_kind_name(value.kind());
-            if (const auto* i = value.get_if<std::int64_t>()) metadata[name] = std::to_string(*i);
-            else if (const auto* d = value.get_if<double>()) metadata[name] = detail::double_text(*d);
-            else metadata[name] = *value.get_if<bool>() ? "true" : "false";
+            member(kinds, key, quoted(detail::value_kind_name(value.kind())));
+            if (const auto* i = value.get_if<std::int64_t>()) member(metadata, key, quoted(std::to_string(*i)));
+            else if (const auto* d = value.get_if<double>()) member(metadata, key, quoted(detail::double_text(*d)));
+            else member(metadata, key, quoted(*value.get_if<bool>() ? "true" : "false"));
         }
     }
-    if (!kinds.empty()) metadata[std::string(detail::safetensors_kinds_key)] = kinds.dump();
+    auto text_of = [](const std::string& json_text) { return nlohmann::json(json_text).dump(); };
+    if (!kinds.empty()) member(metadata, text_of(std::string(detail::safetensors_kinds_key)), text_of("{" + kinds + "}"));
     bool value_seen = false, reordered = false;  // a value before a tensor: the order needs recording
-    nlohmann::json order = nlohmann::json::array();
+    std::string order;
     for (const auto& [name, value] : dict) {
-        order.push_back(name);
+        order.append(order.empty() ? "" : ",").append(detail::json_string(name, path, "entry name '" + name + "'"));
         reordered = reordered || (value_seen && value.is_tensor());
         value_seen = value_seen || !value.is_tensor();
     }
-    if (reordered) metadata[std::string(detail::safetensors_order_key)] = order.dump();
-    if (!metadata.empty()) {
-        // __metadata__ goes first, as the reference writer puts it.
-        nlohmann::ordered_json with_meta = {{"__metadata__", metadata}};
-        for (auto& [k, v] : header.items()) with_meta[k] = std::move(v);
-        header = std::move(with_meta);
-    }
-    std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+    if (reordered) member(metadata, text_of(std::string(detail::safetensors_order_key)), text_of("[" + order + "]"));
+    std::string text = "{";
+    if (!metadata.empty()) text += "\"__metadata__\":{" + metadata + "}";  // first, as the reference writer puts it
+    if (!metadata.empty() && !tensors.empty()) text += ",";
+    text += tensors + "}";
     text.append((8 - text.size() % 8) % 8, ' ');  // the buffer starts 8-byte aligned
     std::array<std::byte, 8> length{};
     detail::put_le<std::uint64_t>(length.data(), text.size());
@@ -226,143 +591,12 @@ inline ParamDict load_safetensors(const PathArg& file) {
     const std::string path = file.string();
     auto fd = detail::open_for_read(path);
     const std::uint64_t size = detail::file_size(fd.get(), path);
-    std::array<std::byte, 8> raw{};
-    if (size < raw.size())
-        detail::safetensors_fail(path, "it is " + std::to_string(size) + " bytes, too short for the 8-byte header length");
-    detail::pread_exact(fd.get(), reinterpret_cast<char*>(raw.data()), raw.size(), 0, path);
-    const auto header_len = detail::get_le<std::uint64_t>(raw.data());
-    if (header_len > size - 8)
-        detail::safetensors_fail(path, "header length " + std::to_string(header_len) + " runs past the end of the " +
-                                           std::to_string(size) + "-byte file");
-    if (header_len > detail::max_safetensors_header)
-        detail::safetensors_fail(path, "header length " + std::to_string(header_len) + " exceeds the " +
-                                           std::to_string(detail::max_safetensors_header) + "-byte limit");
-    std::string text(static_cast<std::size_t>(header_len), '\0');
-    detail::pread_exact(fd.get(), text.data(), text.size(), 8, path);
-    const std::uint64_t buffer_start = 8 + header_len, buffer_size = size - buffer_start;
-
-    // Duplicate names would silently replace each other in a JSON object: refuse them.
-    std::unordered_set<std::string> seen;
-    std::string duplicate;
-    nlohmann::ordered_json::parser_callback_t no_duplicates = [&](int depth, nlohmann::ordered_json::parse_event_t event,
-                                                                 nlohmann::ordered_json& parsed) {
-        if (event == nlohmann::ordered_json::parse_event_t::key && depth == 1 && parsed.is_string() &&
-            !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
-            duplicate = parsed.get<std::string>();
-        return true;
-    };
-    nlohmann::ordered_json header;
-    try {
-        header = nlohmann::ordered_json::parse(text, no_duplicates);
-    } catch (const nlohmann::json::exception& e) {
-        detail::safetensors_fail(path, std::string("its header is not valid JSON: ") + e.what());
-    }
-    if (!header.is_object()) detail::safetensors_fail(path, "its header is not a JSON object");
-    if (!duplicate.empty()) detail::safetensors_fail(path, "tensor '" + duplicate + "' appears twice in the header");
-
-    struct Slot {
-        std::string name;
-        DType dtype;
-        Shape shape;
-        std::uint64_t begin, end;
-    };
-    std::vector<Slot> slots;
-    ParamDict meta_values;
-    std::optional<nlohmann::json> order;  // the writer's order of entries, when it recorded one
-    for (const auto& [name, spec] : header.items()) {
-        if (name == "__metadata__") {
-            if (!spec.is_object()) detail::safetensors_fail(path, "__metadata__ is not an object");
-            const auto kinds = detail::metadata_json(spec, detail::safetensors_kinds_key, false, path);
-            order = detail::metadata_json(spec, detail::safetensors_order_key, true, path);
-            for (const auto& [key, value] : spec.items()) {
-                if (key == detail::safetensors_kinds_key || key == detail::safetensors_order_key) continue;
-                if (!value.is_string()) detail::safetensors_fail(path, "__metadata__ '" + key + "' is not a string");
-                const auto text_value = value.get<std::string>();
-                const std::string kind = kinds && kinds->contains(key) && (*kinds)[key].is_string()
-                                             ? (*kinds)[key].get<std::string>()
-                                             : "string";
-                // key by an init-capture: clang before 16 cannot capture a structured binding
-                auto bad = [&, &key = key] {
-                    detail::safetensors_fail(path, "__metadata__ '" + key + "' = '" + text_value + "' is not a " + kind);
-                };
-                if (kind == "int64") {
-                    auto v = detail::parse_number<std::int64_t>(text_value);
-                    if (!v) bad();
-                    meta_values.set(key, *v);
-                } else if (kind == "float64") {
-                    auto v = detail::parse_number<double>(text_value);
-                    if (!v) bad();
-                    meta_values.set(key, *v);
-                } else if (kind == "bool") {
-                    if (text_value != "true" && text_value != "false") bad();
-                    meta_values.set(key, text_value == "true");
-                } else {
-                    meta_values.set(key, text_value);
-                }
-            }
-            continue;
-        }
-        const std::string what = "tensor '" + name + "'";
-        if (!spec.is_object()) detail::safetensors_fail(path, what + " is not described by an object");
-        const auto dt = spec.find("dtype"), sh = spec.find("shape"), off = spec.find("data_offsets");
-        if (dt == spec.end() || !dt->is_string()) detail::safetensors_fail(path, what + " has no dtype string");
-        const auto dtype = detail::dtype_from_safetensors(dt->get<std::string>());
-        if (!dtype)
-            detail::safetensors_fail(path, what + " has dtype " + dt->get<std::string>() +
-                                               ", which ckpt does not hold (F32, F64, F16, I32, I64, U8, BOOL)");
-        if (sh == spec.end() || !sh->is_array() || sh->size() > detail::max_tensor_rank)
-            detail::safetensors_fail(path, what + " has no shape array of at most " +
-                                               std::to_string(detail::max_tensor_rank) + " dimensions");
-        Shape shape;
-        for (const auto& d : *sh) {
-            if (!d.is_number_unsigned()) detail::safetensors_fail(path, what + " has a shape entry that is not a count");
-            const auto v = d.get<std::uint64_t>();
-            if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-                detail::safetensors_fail(path, what + " has an impossible dimension " + std::to_string(v));
-            shape.push_back(static_cast<std::int64_t>(v));
-        }
-        if (off == spec.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-            !(*off)[1].is_number_unsigned())
-            detail::safetensors_fail(path, what + " has no data_offsets pair [begin, end]");
-        const auto begin = (*off)[0].get<std::uint64_t>(), end = (*off)[1].get<std::uint64_t>();
-        if (begin > end || end > buffer_size)
-            detail::safetensors_fail(path, what + " has data_offsets [" + std::to_string(begin) + ", " +
-                                               std::to_string(end) + "] outside the " + std::to_string(buffer_size) +
-                                               "-byte buffer");
-        std::size_t numel = 0;
-        try {
-            numel = detail::checked_numel(shape, static_cast<std::size_t>(buffer_size));
-        } catch (const FormatError&) {
-            detail::safetensors_fail(path, what + " has an impossible shape " + shape_string(shape));
-        }
-        if (numel * itemsize(*dtype) != end - begin)
-            detail::safetensors_fail(path, what + " of " + std::string(dtype_name(*dtype)) + shape_string(shape) +
-                                               " needs " + std::to_string(numel * itemsize(*dtype)) +
-                                               " bytes, its data_offsets hold " + std::to_string(end - begin));
-        slots.push_back({name, *dtype, std::move(shape), begin, end});
-    }
-    // The buffer is covered exactly: no overlaps, no holes, nothing after the last tensor.
-    std::stable_sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) {
-        return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
-    });
-    std::uint64_t covered = 0;
-    for (const auto& s : slots) {
-        if (s.begin < covered)
-            detail::safetensors_fail(path, "tensor '" + s.name + "' at [" + std::to_string(s.begin) + ", " +
-                                               std::to_string(s.end) + "] overlaps the tensor before it");
-        if (s.begin > covered)
-            detail::safetensors_fail(path, "bytes [" + std::to_string(covered) + ", " + std::to_string(s.begin) +
-                                               ") of the buffer belong to no tensor");
-        covered = s.end;
-    }
-    if (covered != buffer_size)
-        detail::safetensors_fail(path, std::to_string(buffer_size - covered) + " bytes after the last tensor's data");
-
-    auto block = detail::allocate_aligned(static_cast<std::size_t>(buffer_size));
-    detail::pread_exact(fd.get(), reinterpret_cast<char*>(block.get()), static_cast<std::size_t>(buffer_size),
-                        buffer_start, path);
+    auto contents = detail::read_safetensors_header(fd.get(), size, path);
+    auto block = detail::allocate_aligned(static_cast<std::size_t>(contents.buffer_size));
+    detail::pread_exact(fd.get(), reinterpret_cast<char*>(block.get()), static_cast<std::size_t>(contents.buffer_size),
+                        contents.buffer_start, path);
     ParamDict dict;
-    for (const auto& s : slots) {
+    for (const auto& s : contents.slots) {
         std::byte* at = block.get() + s.begin;
         if (s.dtype == DType::boolean)  // a bool read from any other byte is undefined behaviour
             for (std::uint64_t b = 0; b < s.end - s.begin; ++b)
@@ -376,18 +610,8 @@ inline ParamDict load_safetensors(const PathArg& file) {
             dict.set(s.name, std::move(t));
         }
     }
-    for (auto& [name, value] : meta_values) {
-        if (dict.contains(name)) detail::safetensors_fail(path, "'" + name + "' is both a tensor and a __metadata__ key");
-        dict.set(name, std::move(value));
-    }
-    if (!order) return dict;
-    ParamDict ordered;  // the recorded order first; anything it does not name after, as read
-    for (const auto& name : *order)
-        if (name.is_string())
-            if (Value* v = dict.find(name.get<std::string>())) ordered.set(name.get<std::string>(), std::move(*v));
-    for (auto& [name, value] : dict)
-        if (!ordered.contains(name)) ordered.set(name, std::move(value));
-    return ordered;
+    for (auto& [name, value] : contents.values) dict.set(name, std::move(value));
+    return detail::in_recorded_order(std::move(dict), contents.order);
 }
 
 namespace detail {

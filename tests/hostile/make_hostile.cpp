@@ -35,10 +35,12 @@ struct Case {
 std::vector<Case> cases;
 fs::path out_dir;
 
-/// Writes `bytes` as `file` and records its case.
+/// Writes `bytes` as `file` and records its case. `keep`: a file already there stays (one whose
+/// bytes differ from run to run, though its case does not).
 void add(const std::string& file, const std::string& format, const std::string& bytes, const std::string& expect,
-         const std::string& contains, const std::string& why) {
-    std::ofstream((out_dir / file).string(), std::ios::binary | std::ios::trunc) << bytes;
+         const std::string& contains, const std::string& why, bool keep = false) {
+    if (!keep || !fs::exists(out_dir / file))
+        std::ofstream((out_dir / file).string(), std::ios::binary | std::ios::trunc) << bytes;
     cases.push_back({file, format, expect, contains, why});
 }
 
@@ -267,7 +269,7 @@ void checkpoint_cases() {
         const fs::path tmp = out_dir / ".aes.tmp";
         ckpt::save_checkpoint(small, tmp, aes);
         add("encrypted-no-key.ckpt", "ckpt", read_file(tmp), "KeyError", "encrypted",
-            "an aes-256-gcm body, read without its key");
+            "an aes-256-gcm body, read without its key", true);
         fs::remove(tmp);
     }
     // entry count near the body's size: the table must grow with what is read, not the count
@@ -316,6 +318,31 @@ void safetensors_cases() {
     add("shape-overflow.safetensors", "safetensors",
         file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,16]}})", floats),
         "FormatError", "impossible shape", "a shape whose product overflows");
+    // ckpt.order naming an entry twice: the second copy was a moved-from value (a crash for a
+    // tensor, an empty string for a value)
+    add("order-names-tensor-twice.safetensors", "safetensors",
+        file(R"({"__metadata__":{"ckpt.order":"[\"w\",\"w\"]"},"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+             floats),
+        "FormatError", "names 'w' twice", "ckpt.order naming a tensor twice");
+    add("order-names-value-twice.safetensors", "safetensors",
+        file(R"({"__metadata__":{"s":"text","ckpt.order":"[\"s\",\"w\",\"s\"]"},"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+             floats),
+        "FormatError", "names 's' twice", "ckpt.order naming a string value twice");
+    add("order-not-strings.safetensors", "safetensors",
+        file(R"({"__metadata__":{"ckpt.order":"[[\"w\"]]"},"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", floats),
+        "FormatError", "is not a JSON array of strings", "ckpt.order holding an array");
+    // JSON nested 70,000 deep: a stack overflow for a recursive reader
+    add("metadata-nested-70000.safetensors", "safetensors",
+        file("{\"__metadata__\":{\"x\":" + std::string(70000, '[') + std::string(70000, ']') + "}}", ""), "FormatError",
+        "__metadata__ 'x' is not a string", "a metadata value of arrays nested 70,000 deep");
+    add("tensor-field-nested-100.safetensors", "safetensors",
+        file(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16],"x":)" + std::string(100, '[') + std::string(100, ']') +
+                 "}}",
+             floats),
+        "FormatError", "nests deeper than 64 levels", "a field of a tensor nested 100 deep");
+    add("tensor-field-extra.safetensors", "safetensors",
+        file(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16],"x":{"y":[1,{"z":null}]}}})", floats), "ok", "",
+        "a field the format does not name, passed over");
     add("bool-byte-2.safetensors", "safetensors",
         file(R"({"b":{"dtype":"BOOL","shape":[4],"data_offsets":[0,4]}})", std::string("\0\1\2\1", 4)), "FormatError",
         "neither 0 nor 1", "a BOOL element holding 2");
