@@ -3,10 +3,10 @@
 import errno as _errno
 import functools
 import itertools
+import logging
 import math
 import mmap as _mmap
 import numbers
-import logging
 import os
 import secrets
 import struct
@@ -74,7 +74,8 @@ def _reader(fn):
                 size = " (%d bytes)" % os.path.getsize(shown)
             except (OSError, ValueError):
                 size = ""
-            raise Error("not enough memory to read checkpoint '%s'%s" % (shown, size), shown) from None
+            # a FormatError, as the C++ readers make std::bad_alloc
+            raise FormatError("not enough memory to read checkpoint '%s'%s" % (shown, size), shown) from None
         except OSError as e:
             raise _io_error("read", _shown(path), e) from None
         except _foreign() as e:

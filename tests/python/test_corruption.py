@@ -347,8 +347,8 @@ def test_a_max_decoded_bytes_that_is_no_size_is_refused(value):
 def test_memory_that_cannot_be_had_is_a_ckpt_error(tmp_path):
     """With the address space limited (RLIMIT_AS) below what a file needs, NumPy's
     MemoryError never reaches the caller: a zstd claim allowed by the caller (math.inf) is a
-    FormatError saying so, the body of a large file without codecs an Error; both name the
-    file."""
+    FormatError saying so, and so is the body of a large file without codecs (as std::bad_alloc
+    is in C++); both name the file."""
     bomb = support.write(tmp_path / "bomb.ckpt", _zstd_file(_claims(4096)))
     large = str(tmp_path / "large.ckpt")
     body = 3 << 30  # a sparse file: nothing written but the header
@@ -373,7 +373,7 @@ def test_memory_that_cannot_be_had_is_a_ckpt_error(tmp_path):
     lines = r.stdout.splitlines()
     assert len(lines) == 2, r.stdout
     assert lines[0].startswith("FormatError True checkpoint '%s' claims to decode to 4294967296 bytes" % bomb)
-    assert lines[1] == "Error True not enough memory to read checkpoint '%s' (%d bytes)" % (large, 64 + body)
+    assert lines[1] == "FormatError True not enough memory to read checkpoint '%s' (%d bytes)" % (large, 64 + body)
 
 
 # --------------------------------------------------------------------------- hostile tables of contents
