@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "alloc_tracker.hpp"
 #include "interop_pattern.hpp"
 #include "python_scripts.hpp"
 #include "support.hpp"
@@ -381,6 +382,62 @@ TEST_CASE("save_safetensors refuses a name or string that is not UTF-8 as a Conf
                              ckpt::ConfigError);
     }
     CHECK(test::names_in(dir.path()).empty());
+}
+
+TEST_CASE("files from elsewhere are held to max_decoded_bytes before the memory is taken, and running out of memory names the file") {
+    test::TempDir dir;
+    const ckpt::ParamDict d{{"w", ckpt::Tensor::from(std::vector<float>(std::size_t{1} << 19, 1.0f))}};  // 2 MiB
+    ckpt::save_safetensors(d, dir / "w.safetensors");
+    ckpt::save_npz(d, dir / "w.npz");
+    ckpt::save_npz(d, dir / "deflated.npz", true);  // 2 MiB from a few KiB
+    ckpt::save_checkpoint(d, dir / "w.ckpt");
+    const std::string torch_file = (test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile" / "ok.pt").string();
+    using Read = std::function<void(const std::string&, std::optional<std::uint64_t>)>;
+    const std::vector<std::pair<std::string, Read>> readers = {
+        {(dir / "w.safetensors").string(), [](const std::string& p, auto max) { ckpt::load_safetensors(p, {max}); }},
+        {(dir / "w.npz").string(), [](const std::string& p, auto max) { ckpt::load_npz(p, {max}); }},
+        {(dir / "deflated.npz").string(), [](const std::string& p, auto max) { ckpt::load_npz(p, {max}); }},
+        {torch_file, [](const std::string& p, auto max) { ckpt::load_torch(p, {max}); }},
+        {(dir / "w.ckpt").string(), [](const std::string& p, auto max) {
+             ckpt::LoadOptions o;
+             o.max_decoded_bytes = max;
+             ckpt::load_checkpoint(p, o);
+         }}};
+    for (const auto& [path, read] : readers) {
+        CAPTURE(path);
+        CHECK_NOTHROW(read(path, std::nullopt));  // the default: the larger of 256 MiB and 64 times the file
+        if (path.ends_with(".ckpt")) continue;    // a body without codecs decodes to itself
+        test::AllocationWatch watch;
+        try {
+            read(path, 64);
+            FAIL("read within a budget of 64 bytes");
+        } catch (const ckpt::FormatError& e) {
+            const std::string what = e.what();
+            INFO(what);
+            CHECK(what.find("'" + path + "' decodes to more than 64 bytes: ") != std::string::npos);
+            CHECK(what.find("InteropLoadOptions::max_decoded_bytes") != std::string::npos);
+            CHECK(e.path() == path);
+        }
+        watch.stop();
+        CHECK(watch.largest_new() < 4096);  // refused before the tensors' memory was taken
+        CHECK(watch.largest_mapping() == 0);
+    }
+    // Memory the machine does not grant: a FormatError naming the file, never std::bad_alloc.
+    for (const auto& [path, read] : readers) {
+        if (path == torch_file) continue;  // 16 bytes of tensors
+        CAPTURE(path);
+        test::AllocationWatch refuse(std::size_t{1} << 20);
+        try {
+            read(path, std::nullopt);
+            FAIL("read with no allocation of more than 1 MiB granted");
+        } catch (const ckpt::FormatError& e) {
+            refuse.stop();
+            INFO(e.what());
+            CHECK(std::string(e.what()).find("cannot read '" + path + "': it asked for more memory than there is") !=
+                  std::string::npos);
+            CHECK(e.path() == path);
+        }
+    }
 }
 
 TEST_CASE("interop writes are atomic: an error leaves the existing file and no temporary") {

@@ -365,6 +365,38 @@ TEST_CASE("ckpt show prints the header and entries without reading payloads, --s
     CHECK(contains(not_ckpt.err, "not a ckpt checkpoint"));
 }
 
+TEST_CASE("every subcommand that reads takes --max-decoded-bytes, and a file past it is refused naming the figure") {
+    test::TempDir dir;
+    const auto hostile = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile";
+    for (const char* name : {"ok-zstd.ckpt", "ok.npz", "ok.pt", "ok.safetensors"}) {
+        const std::string file = (hostile / name).string();
+        CAPTURE(file);
+        CHECK(ckpt_tool({"show", "--stats", file}, dir.path()).status == 0);  // within the default
+        auto r = ckpt_tool({"show", "--stats", file, "--max-decoded-bytes", "8"}, dir.path());
+        CHECK(r.status == 1);
+        CHECK(contains(r.err, "'" + file + "' decodes to more than 8 bytes"));
+        r = ckpt_tool({"diff", file, file, "--max-decoded-bytes", "8"}, dir.path());
+        CHECK(r.status == 1);
+        CHECK(contains(r.err, "decodes to more than 8 bytes"));
+    }
+    const std::string zstd = (hostile / "ok-zstd.ckpt").string();
+    auto r = ckpt_tool({"import", (hostile / "ok.npz").string(), (dir / "out.ckpt").string(), "--max-decoded-bytes", "8"},
+                       dir.path());
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "decodes to more than 8 bytes"));
+    CHECK_FALSE(test::fs::exists(dir / "out.ckpt"));
+    r = ckpt_tool({"export", zstd, (dir / "out.npz").string(), "--max-decoded-bytes", "8"}, dir.path());
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "decodes to more than 8 bytes"));
+    CHECK_FALSE(test::fs::exists(dir / "out.npz"));
+    // verify reads the stored bytes, and decodes nothing without a key
+    CHECK(ckpt_tool({"verify", zstd, "--max-decoded-bytes", "8"}, dir.path()).status == 0);
+    for (const char* sub : {"ls", "plot"}) {
+        CAPTURE(sub);
+        CHECK(contains(ckpt_tool({sub, "--help"}, dir.path()).out, "--max-decoded-bytes"));
+    }
+}
+
 TEST_CASE("ckpt ls goes by a file's owner record, not its name, and show reads safetensors and refuses --stats without a key") {
     test::TempDir dir;
     {

@@ -126,14 +126,16 @@ const char* format_name(FileFormat f) {
     return "checkpoint";
 }
 
-/// --key-file: the key of encrypted checkpoints, for every subcommand that reads bodies.
+/// --key-file: the key of encrypted checkpoints, for every subcommand that reads bodies; and
+/// --max-decoded-bytes, for every subcommand that reads files.
 ckpt::LoadOptions load_options;
+ckpt::InteropLoadOptions interop_options;
 
 ckpt::ParamDict load_any(const fs::path& p) {
     switch (format_of(p)) {
-        case FileFormat::safetensors: return ckpt::load_safetensors(p);
-        case FileFormat::npz: return ckpt::load_npz(p);
-        case FileFormat::torch: return ckpt::load_torch(p);
+        case FileFormat::safetensors: return ckpt::load_safetensors(p, interop_options);
+        case FileFormat::npz: return ckpt::load_npz(p, interop_options);
+        case FileFormat::torch: return ckpt::load_torch(p, interop_options);
         case FileFormat::checkpoint: break;
     }
     return ckpt::load_checkpoint(p, load_options);
@@ -337,7 +339,7 @@ void check(Listed& f, bool headers_only) {
     // decoded whole for its metrics, unless only headers were asked for.
     if (!f.header->encrypted() && !(f.header->encoded() && headers_only)) {
         try {
-            f.metrics = ckpt::detail::recorded_metrics(ckpt::read_contents(f.path).entries);
+            f.metrics = ckpt::detail::recorded_metrics(ckpt::read_contents(f.path, load_options).entries);
         } catch (const ckpt::Error&) {
             // verification says what is wrong with it
         }
@@ -1262,6 +1264,13 @@ int main(int argc, char** argv) {
     auto add_key_file = [&](CLI::App* cmd, const char* what) {
         cmd->add_option("--key-file", key_file, what)->check(CLI::ExistingFile);
     };
+    std::optional<std::uint64_t> max_decoded;
+    auto add_max_decoded = [&](CLI::App* cmd) {
+        cmd->add_option("--max-decoded-bytes", max_decoded,
+                        "Refuse a file that would decode to more than this many bytes (a compressed body, deflated npz "
+                        "members or PyTorch records, a pickle's objects, views of one storage); default: the larger of "
+                        "256 MiB and 64 times the file's size");
+    };
 
     auto* ls = app.add_subcommand("ls", "List every checkpoint under DIR (regular, breakpoint, last-words, per-rank), "
                                         "ordered by run, epoch and step, each verified; marks what latest() picks");
@@ -1271,6 +1280,7 @@ int main(int argc, char** argv) {
     ls->add_flag("--json", as_json, "Print JSON");
     bool clean = false;
     ls->add_flag("--clean", clean, "First remove the temporaries of saves whose writer is gone (killed mid-save)");
+    add_max_decoded(ls);
     ls->add_option("--best", best_spec,
                    "Mark in each prefix the checkpoint with the best recorded METRIC that verifies, as ckpt::best() "
                    "finds it (METRIC:max when larger is better)");
@@ -1282,10 +1292,12 @@ int main(int argc, char** argv) {
                    "the count of NaN and Inf");
     show->add_flag("--json", as_json, "Print JSON");
     add_key_file(show, "Key of an encrypted checkpoint (32 bytes, or 64 hex digits): without it only the header shows");
+    add_max_decoded(show);
 
     auto* verify = app.add_subcommand("verify", "Verify checkpoint files (header and checksum); exit 0 only if all pass");
     verify->add_option("PATH", verify_paths, "Checkpoint files, or directories searched for *.ckpt")->required();
     add_key_file(verify, "Also decrypt and authenticate encrypted checkpoints with this key (the checksum needs none)");
+    add_max_decoded(verify);
 
     auto* diff = app.add_subcommand("diff", "Compare two checkpoints (or .safetensors/.npz/.pt/.pth files) entry by entry "
                                             "(a tensor's dtype, shape and storage order first, then its elements); "
@@ -1295,6 +1307,7 @@ int main(int argc, char** argv) {
     diff->add_option("--atol", atol, "Absolute tolerance (default 0)")->check(CLI::NonNegativeNumber);
     diff->add_option("--rtol", rtol, "Relative tolerance, of |B| (default 0)")->check(CLI::NonNegativeNumber);
     add_key_file(diff, "Key of encrypted checkpoints");
+    add_max_decoded(diff);
 
     auto add_selection = [&](CLI::App* cmd) {
         cmd->add_option("--select", sel.select, "Only entries whose name matches this regular expression");
@@ -1308,6 +1321,7 @@ int main(int argc, char** argv) {
     exp->add_option("OUT", out, "Output file: .safetensors or .npz")->required();
     exp->add_flag("--compress", compress, "Deflate the npz members (np.savez_compressed)");
     add_key_file(exp, "Key of an encrypted checkpoint");
+    add_max_decoded(exp);
     add_selection(exp);
 
     auto* imp = app.add_subcommand("import", "Write the entries of a .safetensors, .npz or PyTorch .pt/.pth file (torch.save; "
@@ -1320,6 +1334,7 @@ int main(int argc, char** argv) {
     imp->add_option("--archive", archive, "Body archive")->check(CLI::IsMember({"binary", "text", "xml"}));
     imp->add_option("--zstd", zstd_level, "Compress the body with zstd at this level (1 .. 19)")->check(CLI::Range(1, 19));
     add_key_file(imp, "Encrypt the body with AES-256-GCM under this key (after --zstd)");
+    add_max_decoded(imp);
     add_selection(imp);
 
     std::vector<std::string> plot_metrics;
@@ -1332,6 +1347,7 @@ int main(int argc, char** argv) {
         ->allow_extra_args(false);
     plot->add_option("-o,--output", out, "PNG file to write")->required();
     plot->add_option("--prefix", prefix, "Only this prefix's checkpoints (all its runs)");
+    add_max_decoded(plot);
     plot->add_flag("--force", force, "Replace the output file if it exists");
     plot->add_option("--timeout", plot_timeout, "Seconds gnuplot may take before it is killed (default 60)")
         ->check(CLI::Range(1, 3600));
@@ -1354,6 +1370,7 @@ int main(int argc, char** argv) {
     ckpt::set_log_sink([](ckpt::LogLevel, std::string_view) {});  // findings are in the output
     try {
         if (!key_file.empty()) load_options.key = ckpt::Key::from_file(key_file);
+        load_options.max_decoded_bytes = interop_options.max_decoded_bytes = max_decoded;
         if (*ls)
             return cmd_ls(dir, prefix.empty() ? std::nullopt : std::optional(prefix), headers_only, as_json,
                           best_spec.empty() ? std::nullopt : std::optional(parse_best(best_spec)), clean);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "codec.hpp"
+#include "detail/decode_budget.hpp"
 #include "detail/entry.hpp"
 #include "detail/linkage.hpp"
 #include "detail/posix_io.hpp"
@@ -37,9 +38,10 @@ struct SaveOptions {
 struct LoadOptions {
     std::optional<ArchiveKind> archive;  ///< when set, a file of another archive kind is an error
     Key key{};                           ///< for encrypted checkpoints
-    /// A compressed body larger than this once decoded is refused before it is decoded. zstd
-    /// frames can expand thousands of times: a reader of files from elsewhere should set it.
-    std::uint64_t max_decoded_bytes = UINT64_MAX;
+    /// A body that would decode to more than this is refused (FormatError) before it is
+    /// decoded. Unset: the larger of 256 MiB and 64 times the stored body (detail/decode_budget.hpp
+    /// says why); UINT64_MAX: no limit, for files you trust.
+    std::optional<std::uint64_t> max_decoded_bytes = std::nullopt;
 };
 
 /// What a load into existing tensors did, in the seed's terms.
@@ -134,6 +136,8 @@ std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const std::st
 BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts);
 /// The table of contents of a decoded body (read_decoded_body).
 std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, const std::string& path);
+/// verify_checkpoint(), its errors not translated (detail::reading).
+FileHeader verify_opened(const std::string& path, const LoadOptions& opts);
 /// read_contents() of an opened file, or, with `decode_encoded` false, only its header for a
 /// body that passed through codecs (entries left empty): what a cheap look at a file costs.
 CheckpointContents contents_of(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts,

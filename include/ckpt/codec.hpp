@@ -215,7 +215,8 @@ struct DecodeContext {
     std::string path;
     std::array<std::byte, 56> associated_data{};
     Key key;
-    std::uint64_t max_decoded_bytes = UINT64_MAX;  ///< LoadOptions::max_decoded_bytes
+    std::uint64_t max_decoded_bytes = UINT64_MAX;  ///< the budget (LoadOptions::max_decoded_bytes, or its default)
+    std::string budget_origin = "LoadOptions::max_decoded_bytes";  ///< where the budget comes from, for messages
 };
 
 /// What a codec made of a body it read from the file itself (CodecImpl::read_decode).

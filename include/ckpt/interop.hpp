@@ -60,6 +60,7 @@
 
 #include "detail/atomic_file.hpp"
 #include "detail/body.hpp"
+#include "detail/decode_budget.hpp"
 #include "detail/posix_io.hpp"
 #include "detail/verified_reader.hpp"
 #include "error.hpp"
@@ -524,6 +525,31 @@ inline void check_safetensors_name(const std::string& name, const std::string& p
         throw ConfigError("cannot save '" + path + "': the entry name '" + name + "' is reserved in safetensors files");
 }
 
+/// A read of `path` (detail::reading), nlohmann's exceptions too made FormatErrors naming it.
+template <class F>
+decltype(auto) reading_foreign(const std::string& path, F&& f) {
+    return reading(path, [&]() -> decltype(auto) {
+        try {
+            return f();
+        } catch (const nlohmann::json::exception& e) {
+            throw FormatError("cannot read '" + path + "': " + e.what(), path);
+        }
+    });
+}
+
+}  // namespace detail
+
+/// How load_safetensors, load_npz and load_torch read a file from elsewhere.
+struct InteropLoadOptions {
+    /// A file whose tensors and values would take more than this is refused (FormatError)
+    /// before the memory is taken: a deflated npz member or PyTorch record, a pickle's objects,
+    /// views of one storage under many names. Unset: the larger of 256 MiB and 64 times the
+    /// file's size (detail/decode_budget.hpp says why); UINT64_MAX: no limit.
+    std::optional<std::uint64_t> max_decoded_bytes = std::nullopt;
+};
+
+namespace detail {
+inline constexpr const char* interop_budget_option = "InteropLoadOptions::max_decoded_bytes";
 }  // namespace detail
 
 /// Writes `dict` as a safetensors file: tensors in dict order, other values in __metadata__.
@@ -585,23 +611,23 @@ inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
     out.commit();
 }
 
-/// Reads a safetensors file. Tensors come first, in buffer order, then the metadata entries.
-/// Tensors whose bytes sit aligned in the buffer share one block read in a single pass.
-inline ParamDict load_safetensors(const PathArg& file) {
-    const std::string path = file.string();
-    auto fd = detail::open_for_read(path);
-    const std::uint64_t size = detail::file_size(fd.get(), path);
-    auto contents = detail::read_safetensors_header(fd.get(), size, path);
-    auto block = detail::allocate_aligned(static_cast<std::size_t>(contents.buffer_size));
-    detail::pread_exact(fd.get(), reinterpret_cast<char*>(block.get()), static_cast<std::size_t>(contents.buffer_size),
-                        contents.buffer_start, path);
+namespace detail {
+inline ParamDict load_safetensors_file(const std::string& path, const InteropLoadOptions& opts) {
+    auto fd = open_for_read(path);
+    const std::uint64_t size = file_size(fd.get(), path);
+    auto contents = read_safetensors_header(fd.get(), size, path);
+    DecodeBudget budget("safetensors file '" + path + "'", path, opts.max_decoded_bytes, size, interop_budget_option);
+    budget.take(contents.buffer_size, [&] { return "its tensors' " + std::to_string(contents.buffer_size) + " bytes"; });
+    auto block = allocate_aligned(static_cast<std::size_t>(contents.buffer_size));
+    pread_exact(fd.get(), reinterpret_cast<char*>(block.get()), static_cast<std::size_t>(contents.buffer_size),
+                contents.buffer_start, path);
     ParamDict dict;
     for (const auto& s : contents.slots) {
         std::byte* at = block.get() + s.begin;
         if (s.dtype == DType::boolean)  // a bool read from any other byte is undefined behaviour
             for (std::uint64_t b = 0; b < s.end - s.begin; ++b)
                 if (static_cast<unsigned>(at[b]) > 1)
-                    detail::safetensors_fail(path, "tensor '" + s.name + "' holds a BOOL byte that is neither 0 nor 1");
+                    safetensors_fail(path, "tensor '" + s.name + "' holds a BOOL byte that is neither 0 nor 1");
         if (s.begin % itemsize(s.dtype) == 0) {
             dict.set(s.name, Tensor::aliasing(s.dtype, s.shape, block, at));
         } else {  // a misaligned element type gets its own block
@@ -611,7 +637,15 @@ inline ParamDict load_safetensors(const PathArg& file) {
         }
     }
     for (auto& [name, value] : contents.values) dict.set(name, std::move(value));
-    return detail::in_recorded_order(std::move(dict), contents.order);
+    return in_recorded_order(std::move(dict), contents.order);
+}
+}  // namespace detail
+
+/// Reads a safetensors file. Tensors come first, in buffer order, then the metadata entries.
+/// Tensors whose bytes sit aligned in the buffer share one block read in a single pass.
+inline ParamDict load_safetensors(const PathArg& file, const InteropLoadOptions& opts = {}) {
+    const std::string path = file.string();
+    return detail::reading_foreign(path, [&] { return detail::load_safetensors_file(path, opts); });
 }
 
 namespace detail {
@@ -1006,18 +1040,17 @@ inline void save_npz(const ParamDict& dict, const PathArg& file, bool compressed
     out.commit();
 }
 
-/// Reads an npz file (np.savez or np.savez_compressed): one entry per "{name}.npy" member,
-/// in the archive's order.
-inline ParamDict load_npz(const PathArg& file) {
-    const std::string path = file.string();
+namespace detail {
+inline ParamDict load_npz_file(const std::string& path, const InteropLoadOptions& opts) {
     std::uint64_t file_bytes = 0;
     {
-        auto fd = detail::open_for_read(path);  // an IoError naming the file when it cannot be read
-        file_bytes = detail::file_size(fd.get(), path);
+        auto fd = open_for_read(path);  // an IoError naming the file when it cannot be read
+        file_bytes = file_size(fd.get(), path);
     }
     int err = 0;
-    detail::ZipArchive zip{zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err)};
-    if (!zip.za) detail::npz_fail(path, "it is not a readable zip archive: " + detail::zip_error_text(err));
+    ZipArchive zip{zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err)};
+    if (!zip.za) npz_fail(path, "it is not a readable zip archive: " + zip_error_text(err));
+    DecodeBudget budget("npz file '" + path + "'", path, opts.max_decoded_bytes, file_bytes, interop_budget_option);
     const zip_int64_t count = zip_get_num_entries(zip.za, 0);
     ParamDict dict;
     for (zip_int64_t k = 0; k < count; ++k) {
@@ -1025,42 +1058,43 @@ inline ParamDict load_npz(const PathArg& file) {
         zip_stat_t st;
         zip_stat_init(&st);
         if (zip_stat_index(zip.za, i, 0, &st) != 0)
-            detail::npz_fail(path, "member " + std::to_string(k) + ": " + zip_strerror(zip.za));
+            npz_fail(path, "member " + std::to_string(k) + ": " + zip_strerror(zip.za));
         const std::string member = st.name ? st.name : "";
         if (!member.empty() && member.back() == '/') continue;  // a directory
         if (member.size() <= 4 || member.substr(member.size() - 4) != ".npy")
-            detail::npz_fail(path, "member '" + member + "' is not a .npy array");
+            npz_fail(path, "member '" + member + "' is not a .npy array");
         const std::string name = member.substr(0, member.size() - 4);
-        auto fail = [&](const std::string& why) { detail::npz_fail(path, "member '" + member + "' " + why); };
-        detail::check_member_entry(st, file_bytes, "npz", path, member);
-        if (dict.contains(name)) detail::npz_fail(path, "'" + name + "' appears twice");
+        auto fail = [&](const std::string& why) { npz_fail(path, "member '" + member + "' " + why); };
+        check_member_entry(st, file_bytes, "npz", path, member);
+        if (dict.contains(name)) npz_fail(path, "'" + name + "' appears twice");
+        budget.take(st.size, [&] { return "member '" + member + "' unpacks to " + std::to_string(st.size) + " bytes"; });
 
-        detail::MemberReader in(zip.za, i, st.size, path, member);
+        MemberReader in(zip.za, i, st.size, path, member);
         std::array<std::byte, 12> prelude{};
         in.read(prelude.data(), 10);
-        if (std::memcmp(prelude.data(), detail::npy_magic.data(), detail::npy_magic.size()) != 0)
+        if (std::memcmp(prelude.data(), npy_magic.data(), npy_magic.size()) != 0)
             fail("is not an npy array (bad magic bytes)");
         const auto major = static_cast<unsigned>(prelude[6]);
         if (major < 1 || major > 3) fail("has npy format version " + std::to_string(major) + " (1 to 3 are read)");
-        std::uint64_t header_len = detail::get_le<std::uint16_t>(prelude.data() + 8);
+        std::uint64_t header_len = get_le<std::uint16_t>(prelude.data() + 8);
         if (major > 1) {
             in.read(prelude.data() + 10, 2);
-            header_len = detail::get_le<std::uint32_t>(prelude.data() + 8);
+            header_len = get_le<std::uint32_t>(prelude.data() + 8);
         }
         if (header_len > in.remaining())
             fail("has an npy header of " + std::to_string(header_len) + " bytes, more than the member's " +
                  std::to_string(in.remaining()) + " left");
         const std::string header = in.read_growing(header_len);
 
-        detail::NpyHeaderParser parser(header, path, member);
-        std::optional<detail::NpyType> type;
+        NpyHeaderParser parser(header, path, member);
+        std::optional<NpyType> type;
         std::optional<bool> fortran;
         std::optional<Shape> shape;
         parser.expect('{');
         while (!parser.eat('}')) {
             const std::string key = parser.quoted();
             parser.expect(':');
-            if (key == "descr") type = detail::parse_npy_descr(parser.quoted(), parser);
+            if (key == "descr") type = parse_npy_descr(parser.quoted(), parser);
             else if (key == "fortran_order") fortran = parser.boolean();
             else if (key == "shape") shape = parser.tuple();
             else parser.fail("unknown key '" + key + "'");
@@ -1074,7 +1108,7 @@ inline ParamDict load_npz(const PathArg& file) {
 
         std::size_t numel = 0;
         try {
-            numel = detail::checked_numel(*shape, static_cast<std::size_t>(in.remaining()));
+            numel = checked_numel(*shape, static_cast<std::size_t>(in.remaining()));
         } catch (const FormatError&) {
             fail("has an impossible shape " + shape_string(*shape));
         }
@@ -1087,7 +1121,7 @@ inline ParamDict load_npz(const PathArg& file) {
         const bool scalar_marked = [&] {
             zip_uint32_t len = 0;
             const char* c = zip_file_get_comment(zip.za, i, &len, 0);
-            return c && std::string_view(c, len) == detail::npz_scalar_comment;
+            return c && std::string_view(c, len) == npz_scalar_comment;
         }();
 
         if (type->string_kind) {
@@ -1099,9 +1133,9 @@ inline ParamDict load_npz(const PathArg& file) {
                 text = raw;
             } else {
                 for (std::size_t c = 0; c < type->chars; ++c) {
-                    auto code = detail::get_le<std::uint32_t>(reinterpret_cast<const std::byte*>(raw.data()) + 4 * c);
+                    auto code = get_le<std::uint32_t>(reinterpret_cast<const std::byte*>(raw.data()) + 4 * c);
                     if (type->big_endian) code = __builtin_bswap32(code);
-                    if (!detail::append_utf8(text, static_cast<char32_t>(code)))
+                    if (!append_utf8(text, static_cast<char32_t>(code)))
                         fail("holds a string with the invalid code point " + std::to_string(code));
                 }
             }
@@ -1113,7 +1147,7 @@ inline ParamDict load_npz(const PathArg& file) {
         Tensor t = Tensor::uninitialized(*type->dtype, *shape, *fortran ? Order::column_major : Order::row_major);
         in.read(t.data(), t.nbytes());
         in.finish();
-        if (type->big_endian) detail::swap_bytes(t.data(), t.nbytes(), width);
+        if (type->big_endian) swap_bytes(t.data(), t.nbytes(), width);
         if (*type->dtype == DType::boolean)
             for (std::size_t b = 0; b < t.nbytes(); ++b)
                 if (static_cast<unsigned>(t.data()[b]) > 1) fail("holds a bool that is neither 0 nor 1");
@@ -1128,6 +1162,14 @@ inline ParamDict load_npz(const PathArg& file) {
         dict.set(name, std::move(t));
     }
     return dict;
+}
+}  // namespace detail
+
+/// Reads an npz file (np.savez or np.savez_compressed): one entry per "{name}.npy" member,
+/// in the archive's order.
+inline ParamDict load_npz(const PathArg& file, const InteropLoadOptions& opts = {}) {
+    const std::string path = file.string();
+    return detail::reading_foreign(path, [&] { return detail::load_npz_file(path, opts); });
 }
 
 
@@ -1234,8 +1276,13 @@ struct TorchTensorRef {
 /// is a FormatError naming the file, the record and the byte.
 class TorchUnpickler {
 public:
-    TorchUnpickler(std::string_view pickle, std::string path, std::string member)
-        : data_(pickle), path_(std::move(path)), member_(std::move(member)) {}
+    /// Every opcode takes op_cost of `budget`, and every string its bytes: what a pickle can
+    /// build is bounded by the budget, however it is packed (a deflated list of 8 million ints).
+    TorchUnpickler(std::string_view pickle, std::string path, std::string member, DecodeBudget& budget)
+        : data_(pickle), path_(std::move(path)), member_(std::move(member)), budget_(budget) {}
+
+    /// What an opcode may cost in memory: its value on the stack and in the container it joins.
+    static constexpr std::uint64_t op_cost = 2 * sizeof(PyRef);
 
     std::vector<std::string> strings;            // str and bytes values
     std::vector<std::vector<PyRef>> containers;  // tuple and list items; a dict's keys and values, alternating
@@ -1246,6 +1293,7 @@ public:
     PyRef run() {
         while (pos_ < data_.size()) {
             op_at_ = pos_;
+            budget_.take(op_cost, [&] { return "the objects of its pickle (record '" + member_ + "', byte " + std::to_string(op_at_) + ")"; });
             const auto op = static_cast<unsigned char>(data_[pos_++]);
             switch (op) {
                 case 0x80: {  // PROTO
@@ -1409,7 +1457,9 @@ private:
 
     static PyRef integer(std::int64_t v) { return PyRef{PyRef::integer, v}; }
     PyRef text(PyRef::Kind kind, std::uint64_t n) {
-        strings.emplace_back(take(n));
+        const std::string_view bytes = take(n);
+        budget_.take(bytes.size(), [&] { return "the strings of its pickle (record '" + member_ + "', byte " + std::to_string(op_at_) + ")"; });
+        strings.emplace_back(bytes);
         return PyRef{kind, static_cast<std::int64_t>(strings.size() - 1)};
     }
     PyRef container(PyRef::Kind kind, std::vector<PyRef> items) {
@@ -1516,6 +1566,7 @@ private:
     std::vector<PyRef> stack_;
     std::vector<std::size_t> marks_;
     std::unordered_map<std::uint32_t, PyRef> memo_;
+    DecodeBudget& budget_;
 };
 
 /// Nested dicts, lists and tuples → (dotted name, leaf) pairs, in the pickle's order.
@@ -1523,8 +1574,12 @@ class TorchFlattener {
 public:
     /// Visits may cost at most `budget` (a visit costs its name's length + 1): a small pickle
     /// whose shared containers hold each other many times over expands exponentially.
-    TorchFlattener(const TorchUnpickler& u, std::string path, std::uint64_t budget)
-        : u_(u), path_(std::move(path)), budget_(budget) {}
+    TorchFlattener(const TorchUnpickler& u, std::string path, std::uint64_t budget, DecodeBudget& decoded)
+        : u_(u), path_(std::move(path)), budget_(budget), decoded_(decoded) {}
+
+    /// What an entry of the result costs besides its name: its place here, in the ParamDict
+    /// and in the ParamDict's index.
+    static constexpr std::uint64_t entry_cost = sizeof(std::pair<std::string, PyRef>) + sizeof(ParamDict::Entry) + 64;
 
     std::vector<std::pair<std::string, PyRef>> entries;
 
@@ -1559,7 +1614,10 @@ public:
             case PyRef::integer:
             case PyRef::floating:
             case PyRef::string:
-            case PyRef::tensor: entries.emplace_back(name, v); return;
+            case PyRef::tensor:
+                decoded_.take(2 * name.size() + entry_cost, [&] { return "its entries, at " + where; });
+                entries.emplace_back(name, v);
+                return;
             case PyRef::bytes:
             case PyRef::global:
             case PyRef::storage: break;
@@ -1574,6 +1632,7 @@ private:
     const TorchUnpickler& u_;
     std::string path_;
     std::uint64_t budget_, spent_ = 0;
+    DecodeBudget& decoded_;
 };
 
 /// Makes the tensors of a torch.save file, reading each storage record once, when a tensor
@@ -1582,10 +1641,12 @@ private:
 /// times the bytes of the storages read so far.
 class TorchTensorMaker {
 public:
+    /// Each storage record read, and each tensor made (its bytes are what a caller copies or
+    /// writes, though views share them here), takes its bytes of `budget`.
     TorchTensorMaker(zip_t* za, const TorchUnpickler& u, std::string path, std::string prefix, std::uint64_t file_bytes,
-                     bool swap)
+                     bool swap, DecodeBudget& budget)
         : za_(za), u_(u), path_(std::move(path)), prefix_(std::move(prefix)), file_bytes_(file_bytes), swap_(swap),
-          made_(u.tensors.size()) {}
+          made_(u.tensors.size()), budget_(budget) {}
 
     Tensor make(std::size_t index, const std::string& name) {
         if (made_[index]) return *made_[index];  // the same tensor object under several names (tied weights)
@@ -1624,6 +1685,7 @@ public:
             last += span * t.stride[k];
         }
         const std::byte* base = storage_bytes(s, width, name) + t.offset * width;
+        budget_.take(numel * width, [&] { return "tensor '" + name + "' (" + what + ") among views of the storages read"; });
         bool contiguous = true;
         std::uint64_t expected = 1;
         for (std::size_t k = t.size.size(); k-- > 0;) {
@@ -1679,6 +1741,7 @@ private:
                 torch_fail(path_, what + " holds " + std::to_string(st.size) + " bytes where its " +
                                       std::to_string(s.numel) + " elements of " + std::to_string(width) + " bytes need " +
                                       (overflow ? "more" : std::to_string(s.numel * width)));
+            budget_.take(st.size, [&] { return what + ", of " + std::to_string(st.size) + " bytes"; });
             Block b{nullptr, st.size, swap_ ? width : 1};
             MemberReader in(za_, static_cast<zip_uint64_t>(index), st.size, path_, member, "PyTorch");
             if (st.comp_method == ZIP_CM_STORE) {  // torch.save stores: the size is what the file holds
@@ -1718,21 +1781,99 @@ private:
     std::vector<std::optional<Tensor>> made_;
     std::unordered_map<std::string, Block> blocks_;
     std::uint64_t read_ = 0, copied_ = 0;
+    DecodeBudget& budget_;
 };
 
 /// One small record of the archive ("data.pkl", "byteorder") as text.
 inline std::string torch_record(zip_t* za, zip_uint64_t index, std::uint64_t file_bytes, const std::string& path,
-                                const std::string& member) {
+                                const std::string& member, DecodeBudget& budget) {
     zip_stat_t st;
     zip_stat_init(&st);
     if (zip_stat_index(za, index, 0, &st) != 0) torch_fail(path, "record '" + member + "': " + zip_strerror(za));
     check_member_entry(st, file_bytes, "PyTorch", path, member);
+    budget.take(st.size, [&] { return "record '" + member + "' unpacks to " + std::to_string(st.size) + " bytes"; });
     MemberReader in(za, index, st.size, path, member, "PyTorch");
     std::string out = in.read_growing(st.size);
     in.finish();
     return out;
 }
 
+}  // namespace detail
+
+namespace detail {
+inline ParamDict load_torch_file(const std::string& path, const InteropLoadOptions& opts) {
+    std::uint64_t file_bytes = 0;
+    {
+        auto fd = open_for_read(path, "PyTorch file");
+        file_bytes = file_size(fd.get(), path);
+        std::array<char, 32> head{};
+        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, head.size()));
+        pread_exact(fd.get(), head.data(), n, 0, path);
+        const std::string_view start(head.data(), n);
+        if (start.starts_with('\x80') && start.find(torch_legacy_magic) != std::string_view::npos)
+            throw FormatError("PyTorch file '" + path +
+                                  "' is a legacy torch.save file (before PyTorch 1.6); re-save it with torch.save(..., "
+                                  "_use_new_zipfile_serialization=True)",
+                              path);
+    }
+    int err = 0;
+    ZipArchive zip{zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err)};
+    if (!zip.za) torch_fail(path, "it is not a readable zip archive: " + zip_error_text(err));
+    DecodeBudget budget("PyTorch file '" + path + "'", path, opts.max_decoded_bytes, file_bytes, interop_budget_option);
+
+    // The archive's folder: the one holding data.pkl ("archive/" since PyTorch 2.0; the file's
+    // stem before).
+    std::string prefix;
+    std::optional<zip_uint64_t> pickle_index;
+    const zip_int64_t count = zip_get_num_entries(zip.za, 0);
+    for (zip_int64_t k = 0; k < count && !pickle_index; ++k) {
+        const char* name = zip_get_name(zip.za, static_cast<zip_uint64_t>(k), 0);
+        const std::string_view member = name ? name : "";
+        const auto slash = member.find('/');
+        if (slash != std::string_view::npos && member.substr(slash + 1) == "data.pkl") {
+            prefix = std::string(member.substr(0, slash + 1));
+            pickle_index = static_cast<zip_uint64_t>(k);
+        }
+    }
+    if (!pickle_index) torch_fail(path, "it has no '{archive}/data.pkl' record: it is a zip, but not one torch.save wrote");
+    if (zip_name_locate(zip.za, (prefix + "constants.pkl").c_str(), 0) >= 0)
+        throw FormatError("PyTorch file '" + path +
+                              "' is a TorchScript archive (torch.jit.save), which holds code; ckpt reads what torch.save "
+                              "writes: save the module's state_dict() with torch.save",
+                          path);
+
+    bool swap = false;  // the storages' byte order differs from this machine's
+    if (const zip_int64_t at = zip_name_locate(zip.za, (prefix + "byteorder").c_str(), 0); at >= 0) {
+        const std::string order = torch_record(zip.za, static_cast<zip_uint64_t>(at), file_bytes, path, prefix + "byteorder", budget);
+        if (order != "little" && order != "big")
+            torch_fail(path, "record '" + prefix + "byteorder' is neither 'little' nor 'big'");
+        swap = (order == "big") != (std::endian::native == std::endian::big);
+    }
+
+    const std::string pickle = torch_record(zip.za, *pickle_index, file_bytes, path, prefix + "data.pkl", budget);
+    TorchUnpickler unpickler(pickle, path, prefix + "data.pkl", budget);
+    const PyRef root = unpickler.run();
+    if (root.kind != PyRef::dict && root.kind != PyRef::list && root.kind != PyRef::tuple)
+        torch_fail(path, "it holds a single " + py_kind_name(root.kind) +
+                                     ", not a dict: ckpt reads what torch.save(model.state_dict()) or torch.save({...}) writes");
+    TorchFlattener flat(unpickler, path, 16 * std::uint64_t{pickle.size()} + (std::uint64_t{1} << 20), budget);
+    flat.walk(root, "", 0);
+
+    TorchTensorMaker maker(zip.za, unpickler, path, prefix, file_bytes, swap, budget);
+    ParamDict dict;
+    for (const auto& [name, v] : flat.entries) {
+        if (dict.contains(name))
+            torch_fail(path, "'" + name + "' appears twice once nested dicts are flattened with dots");
+        switch (v.kind) {
+            case PyRef::boolean: dict.set(name, v.i != 0); break;
+            case PyRef::integer: dict.set(name, v.i); break;
+            case PyRef::floating: dict.set(name, v.f); break;
+            case PyRef::string: dict.set(name, unpickler.strings[static_cast<std::size_t>(v.i)]); break;
+            default: dict.set(name, maker.make(static_cast<std::size_t>(v.i), name)); break;
+        }
+    }
+    return dict;
+}
 }  // namespace detail
 
 /// Reads a file written by PyTorch's torch.save (the zip format, the default since PyTorch
@@ -1755,78 +1896,9 @@ inline std::string torch_record(zip_t* za, zip_uint64_t index, std::uint64_t fil
 /// tensor), expanded views, legacy non-zip files and TorchScript archives. Every offset, size and
 /// stride is checked against its storage, and each storage's size against the file, before
 /// anything is allocated or read; a damaged file is a FormatError naming the file.
-inline ParamDict load_torch(const PathArg& file) {
+inline ParamDict load_torch(const PathArg& file, const InteropLoadOptions& opts = {}) {
     const std::string path = file.string();
-    std::uint64_t file_bytes = 0;
-    {
-        auto fd = detail::open_for_read(path, "PyTorch file");
-        file_bytes = detail::file_size(fd.get(), path);
-        std::array<char, 32> head{};
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, head.size()));
-        detail::pread_exact(fd.get(), head.data(), n, 0, path);
-        const std::string_view start(head.data(), n);
-        if (start.starts_with('\x80') && start.find(detail::torch_legacy_magic) != std::string_view::npos)
-            throw FormatError("PyTorch file '" + path +
-                                  "' is a legacy torch.save file (before PyTorch 1.6); re-save it with torch.save(..., "
-                                  "_use_new_zipfile_serialization=True)",
-                              path);
-    }
-    int err = 0;
-    detail::ZipArchive zip{zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err)};
-    if (!zip.za) detail::torch_fail(path, "it is not a readable zip archive: " + detail::zip_error_text(err));
-
-    // The archive's folder: the one holding data.pkl ("archive/" since PyTorch 2.0; the file's
-    // stem before).
-    std::string prefix;
-    std::optional<zip_uint64_t> pickle_index;
-    const zip_int64_t count = zip_get_num_entries(zip.za, 0);
-    for (zip_int64_t k = 0; k < count && !pickle_index; ++k) {
-        const char* name = zip_get_name(zip.za, static_cast<zip_uint64_t>(k), 0);
-        const std::string_view member = name ? name : "";
-        const auto slash = member.find('/');
-        if (slash != std::string_view::npos && member.substr(slash + 1) == "data.pkl") {
-            prefix = std::string(member.substr(0, slash + 1));
-            pickle_index = static_cast<zip_uint64_t>(k);
-        }
-    }
-    if (!pickle_index) detail::torch_fail(path, "it has no '{archive}/data.pkl' record: it is a zip, but not one torch.save wrote");
-    if (zip_name_locate(zip.za, (prefix + "constants.pkl").c_str(), 0) >= 0)
-        throw FormatError("PyTorch file '" + path +
-                              "' is a TorchScript archive (torch.jit.save), which holds code; ckpt reads what torch.save "
-                              "writes: save the module's state_dict() with torch.save",
-                          path);
-
-    bool swap = false;  // the storages' byte order differs from this machine's
-    if (const zip_int64_t at = zip_name_locate(zip.za, (prefix + "byteorder").c_str(), 0); at >= 0) {
-        const std::string order = detail::torch_record(zip.za, static_cast<zip_uint64_t>(at), file_bytes, path, prefix + "byteorder");
-        if (order != "little" && order != "big")
-            detail::torch_fail(path, "record '" + prefix + "byteorder' is neither 'little' nor 'big'");
-        swap = (order == "big") != (std::endian::native == std::endian::big);
-    }
-
-    const std::string pickle = detail::torch_record(zip.za, *pickle_index, file_bytes, path, prefix + "data.pkl");
-    detail::TorchUnpickler unpickler(pickle, path, prefix + "data.pkl");
-    const detail::PyRef root = unpickler.run();
-    if (root.kind != detail::PyRef::dict && root.kind != detail::PyRef::list && root.kind != detail::PyRef::tuple)
-        detail::torch_fail(path, "it holds a single " + detail::py_kind_name(root.kind) +
-                                     ", not a dict: ckpt reads what torch.save(model.state_dict()) or torch.save({...}) writes");
-    detail::TorchFlattener flat(unpickler, path, 16 * std::uint64_t{pickle.size()} + (std::uint64_t{1} << 20));
-    flat.walk(root, "", 0);
-
-    detail::TorchTensorMaker maker(zip.za, unpickler, path, prefix, file_bytes, swap);
-    ParamDict dict;
-    for (const auto& [name, v] : flat.entries) {
-        if (dict.contains(name))
-            detail::torch_fail(path, "'" + name + "' appears twice once nested dicts are flattened with dots");
-        switch (v.kind) {
-            case detail::PyRef::boolean: dict.set(name, v.i != 0); break;
-            case detail::PyRef::integer: dict.set(name, v.i); break;
-            case detail::PyRef::floating: dict.set(name, v.f); break;
-            case detail::PyRef::string: dict.set(name, unpickler.strings[static_cast<std::size_t>(v.i)]); break;
-            default: dict.set(name, maker.make(static_cast<std::size_t>(v.i), name)); break;
-        }
-    }
-    return dict;
+    return detail::reading_foreign(path, [&] { return detail::load_torch_file(path, opts); });
 }
 
 }  // namespace ckpt

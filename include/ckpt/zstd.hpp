@@ -177,7 +177,7 @@ inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {
         total += plain;
         if (total > ctx.max_decoded_bytes)
             throw FormatError("checkpoint '" + ctx.path + "' decodes to more than " + std::to_string(ctx.max_decoded_bytes) +
-                                  " bytes (LoadOptions::max_decoded_bytes)",
+                                  " bytes (" + ctx.budget_origin + "): refused before decoding",
                               ctx.path);
         at += zstd_block_header + kept;
     }

@@ -1637,7 +1637,8 @@ struct DecodeContext {
     std::string path;
     std::array<std::byte, 56> associated_data{};
     Key key;
-    std::uint64_t max_decoded_bytes = UINT64_MAX;  ///< LoadOptions::max_decoded_bytes
+    std::uint64_t max_decoded_bytes = UINT64_MAX;  ///< the budget (LoadOptions::max_decoded_bytes, or its default)
+    std::string budget_origin = "LoadOptions::max_decoded_bytes";  ///< where the budget comes from, for messages
 };
 
 /// What a codec made of a body it read from the file itself (CodecImpl::read_decode).
@@ -1791,6 +1792,106 @@ inline BodyBytes decode_body(const FileHeader& h, BodyBytes body, const DecodeCo
 
 }  // namespace detail
 }  // namespace ckpt
+// How much a reader may decode from a file it did not write: the budget every reader of
+// untrusted input (checkpoints' codec bodies, safetensors, npz, PyTorch files) holds its
+// output to, taken before the memory is.
+//
+// The default is the larger of 256 MiB and 64 times the bytes stored. Real checkpoints
+// compress modestly (weights 1.1 to 1.5 times, a fresh optimizer's zeros a few times overall),
+// and torch.save stores its records, so 64 leaves them a wide margin, while a zstd frame of
+// zeros expands 20,000 times and deflate 1,032 times; the floor lets small files decode to
+// what any machine that reads checkpoints has. A file beyond it is refused, naming the figure;
+// the caller who trusts it sets max_decoded_bytes (UINT64_MAX: no limit).
+
+#include <algorithm>
+#include <cstdint>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+
+namespace ckpt {
+
+/// The default budget's floor and ratio: max(default_decoded_floor, default_decoded_ratio ×
+/// the bytes stored).
+inline constexpr std::uint64_t default_decoded_floor = std::uint64_t{256} << 20;
+inline constexpr std::uint64_t default_decoded_ratio = 64;
+
+namespace detail {
+
+/// The most a read of `stored` bytes may decode to: `max` when set, else the default.
+inline std::uint64_t decoded_budget(const std::optional<std::uint64_t>& max, std::uint64_t stored) {
+    if (max) return *max;
+    const std::uint64_t scaled = stored > UINT64_MAX / default_decoded_ratio ? UINT64_MAX : stored * default_decoded_ratio;
+    return std::max(default_decoded_floor, scaled);
+}
+
+/// Where a budget comes from, for the message that refuses a file: `option` names the setting
+/// ("LoadOptions::max_decoded_bytes").
+inline std::string budget_origin(const std::optional<std::uint64_t>& max, std::uint64_t stored, const std::string& option) {
+    if (max) return option;
+    return "the default max_decoded_bytes: the larger of " + std::to_string(default_decoded_floor) + " bytes and " +
+           std::to_string(default_decoded_ratio) + " times its " + std::to_string(stored) +
+           " stored bytes; set " + option + " (ckpt --max-decoded-bytes) for a file you trust";
+}
+
+/// A read's budget: take() before allocating, and a file that would exceed it is a
+/// FormatError naming the file, the figure and where it comes from.
+class DecodeBudget {
+public:
+    /// `file`: how messages name the file ("npz file 'x.npz'").
+    DecodeBudget(std::string file, std::string path, const std::optional<std::uint64_t>& max, std::uint64_t stored,
+                 const std::string& option)
+        : file_(std::move(file)), path_(std::move(path)), limit_(decoded_budget(max, stored)),
+          origin_(budget_origin(max, stored, option)) {}
+
+    /// Takes `n` bytes for what `what()` says (called only to word the refusal).
+    template <class What>
+    void take(std::uint64_t n, What&& what) {
+        if (n <= limit_ - spent_) {
+            spent_ += n;
+            return;
+        }
+        refuse(what());
+    }
+
+    [[noreturn]] void refuse(const std::string& what) const {
+        throw FormatError(file_ + " decodes to more than " + std::to_string(limit_) + " bytes: " + what + " (" + origin_ +
+                              "): refused before decoding",
+                          path_);
+    }
+
+    std::uint64_t limit() const noexcept { return limit_; }
+    std::uint64_t spent() const noexcept { return spent_; }
+
+private:
+    std::string file_, path_;
+    std::uint64_t limit_, spent_ = 0;
+    std::string origin_;
+};
+
+/// Runs a read of `path`: std::bad_alloc and the standard library's length errors become
+/// FormatErrors naming the file, so that no reader lets them out unexplained.
+template <class F>
+decltype(auto) reading(const std::string& path, F&& f) {
+    try {
+        return f();
+    } catch (const Error&) {
+        throw;
+    } catch (const std::bad_alloc&) {
+        throw FormatError("cannot read '" + path +
+                              "': it asked for more memory than there is (std::bad_alloc); max_decoded_bytes "
+                              "refuses such a file before allocating",
+                          path);
+    } catch (const std::length_error& e) {
+        throw FormatError("cannot read '" + path + "': a length in it is beyond any container's (" + e.what() + ")", path);
+    }
+}
+
+}  // namespace detail
+}  // namespace ckpt
 // One entry of a checkpoint body's table of contents (detail/body.hpp has the schema), and
 // the body's limits: what a reader needs to know about a body without its archive.
 
@@ -1858,9 +1959,10 @@ struct SaveOptions {
 struct LoadOptions {
     std::optional<ArchiveKind> archive;  ///< when set, a file of another archive kind is an error
     Key key{};                           ///< for encrypted checkpoints
-    /// A compressed body larger than this once decoded is refused before it is decoded. zstd
-    /// frames can expand thousands of times: a reader of files from elsewhere should set it.
-    std::uint64_t max_decoded_bytes = UINT64_MAX;
+    /// A body that would decode to more than this is refused (FormatError) before it is
+    /// decoded. Unset: the larger of 256 MiB and 64 times the stored body (detail/decode_budget.hpp
+    /// says why); UINT64_MAX: no limit, for files you trust.
+    std::optional<std::uint64_t> max_decoded_bytes = std::nullopt;
 };
 
 /// What a load into existing tensors did, in the seed's terms.
@@ -1955,6 +2057,8 @@ std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const std::st
 BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts);
 /// The table of contents of a decoded body (read_decoded_body).
 std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, const std::string& path);
+/// verify_checkpoint(), its errors not translated (detail::reading).
+FileHeader verify_opened(const std::string& path, const LoadOptions& opts);
 /// read_contents() of an opened file, or, with `decode_encoded` false, only its header for a
 /// body that passed through codecs (entries left empty): what a cheap look at a file costs.
 CheckpointContents contents_of(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts,
@@ -3134,13 +3238,20 @@ CKPT_INLINE std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, c
     return body;
 }
 
+/// What decoding the body of `h` needs: its key, and its budget (LoadOptions::max_decoded_bytes,
+/// or the default for a body of its stored length).
+CKPT_INLINE DecodeContext decode_context(const std::string& path, const FileHeader& h, const LoadOptions& opts) {
+    return {path, header_associated_data(h), opts.key, decoded_budget(opts.max_decoded_bytes, h.body_length),
+            budget_origin(opts.max_decoded_bytes, h.body_length, "LoadOptions::max_decoded_bytes")};
+}
+
 /// The verified body with its codecs undone: what the archive wrote. An outermost stage that
 /// can decode while the body is read (aes-256-gcm) does; a damaged body is still a
 /// ChecksumError before it is any codec's error.
 CKPT_INLINE BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts) {
     const FileHeader& h = c.header;
     if (!h.encoded()) return {read_verified_body(c, path), h.body_length};
-    const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
+    const DecodeContext ctx = decode_context(path, h, opts);
     require_key(h, ctx);
     std::size_t outer = max_codec_stages;
     while (h.codecs[outer - 1] == CodecId::none) --outer;
@@ -3511,7 +3622,8 @@ CKPT_INLINE void save_checkpoint(const ParamDict& dict, const PathArg& file, con
 }
 
 CKPT_INLINE FileHeader read_header(const PathArg& file) {
-    return detail::open_checkpoint(file.string(), {}).header;
+    const std::string path = file.string();
+    return detail::reading(path, [&] { return detail::open_checkpoint(path, {}).header; });
 }
 
 namespace detail {
@@ -3536,12 +3648,19 @@ CKPT_INLINE CheckpointContents contents_of(OpenedCheckpoint& c, const std::strin
 
 CKPT_INLINE CheckpointContents read_contents(const PathArg& file, const LoadOptions& opts) {
     const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, opts);
-    return detail::contents_of(c, path, opts, true);
+    return detail::reading(path, [&] {
+        auto c = detail::open_checkpoint(path, opts);
+        return detail::contents_of(c, path, opts, true);
+    });
 }
 
 CKPT_INLINE FileHeader verify_checkpoint(const PathArg& file, const LoadOptions& opts) {
     const std::string path = file.string();
+    return detail::reading(path, [&] { return detail::verify_opened(path, opts); });
+}
+
+namespace detail {
+CKPT_INLINE FileHeader verify_opened(const std::string& path, const LoadOptions& opts) {
     auto c = detail::open_checkpoint(path, opts);
     constexpr std::size_t chunk = 4u << 20;
     const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, c.header.body_length));
@@ -3559,14 +3678,17 @@ CKPT_INLINE FileHeader verify_checkpoint(const PathArg& file, const LoadOptions&
         throw detail::body_checksum_error(path, c.header.body_hash, got);
     return c.header;
 }
+}  // namespace detail
 
 CKPT_INLINE ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts) {
     const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, opts);
-    auto body = detail::read_decoded_body(c, path, opts);
-    ParamDict dict = detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
-    detail::drop_reserved(dict);
-    return dict;
+    return detail::reading(path, [&] {
+        auto c = detail::open_checkpoint(path, opts);
+        auto body = detail::read_decoded_body(c, path, opts);
+        ParamDict dict = detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
+        detail::drop_reserved(dict);
+        return dict;
+    });
 }
 
 namespace detail {
@@ -3682,23 +3804,25 @@ namespace detail {
 CKPT_INLINE LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
                                       bool values_are_copies, const TargetShaper* shape) {
     const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, opts);
-    const FileHeader& h = c.header;
-    if (h.archive == ArchiveKind::binary && !h.encoded()) {
-        detail::BodyReader src(c.fd.get(), path, h.body_length);
-        return detail::load_binary_into(src, h, path, target, strict, values_are_copies, shape);
-    }
-    if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
-        const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
-        detail::require_key(h, ctx);
-        if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
-            if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
-                return detail::load_binary_into(*src, h, path, target, strict, values_are_copies, shape);
-    }
-    auto body = detail::read_decoded_body(c, path, opts);
-    ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
-    detail::drop_reserved(dict);
-    return detail::load_param_into(target, dict, strict, values_are_copies, shape);
+    return reading(path, [&]() -> LoadReport {
+        auto c = detail::open_checkpoint(path, opts);
+        const FileHeader& h = c.header;
+        if (h.archive == ArchiveKind::binary && !h.encoded()) {
+            detail::BodyReader src(c.fd.get(), path, h.body_length);
+            return detail::load_binary_into(src, h, path, target, strict, values_are_copies, shape);
+        }
+        if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
+            const DecodeContext ctx = decode_context(path, h, opts);
+            detail::require_key(h, ctx);
+            if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
+                if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
+                    return detail::load_binary_into(*src, h, path, target, strict, values_are_copies, shape);
+        }
+        auto body = detail::read_decoded_body(c, path, opts);
+        ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
+        detail::drop_reserved(dict);
+        return detail::load_param_into(target, dict, strict, values_are_copies, shape);
+    });
 }
 }  // namespace detail
 

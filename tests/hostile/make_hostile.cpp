@@ -12,6 +12,7 @@
 #include "../../fuzz/reader_input.hpp"
 
 #include <zlib.h>
+#include <zstd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -287,6 +288,31 @@ void checkpoint_cases() {
         "bool", "a bool scalar holding 2");
     add("rank-65.ckpt", "ckpt", checkpoint(BinaryBody().u64(1).str("t").u32(0).u32(0).u32(65).s), "FormatError",
         "rank 65", "a tensor of rank 65");
+    // zstd blocks of zeros: 512 MiB from 25 KB, past the default budget (the larger of 256 MiB
+    // and 64 times the stored body)
+    {
+        constexpr std::uint64_t mib = 1u << 20, blocks = 512;
+        BinaryBody toc;
+        toc.u64(1).str("z").u32(0).u32(5).u32(1);
+        const std::uint64_t pad_at = toc.s.size() + 16 + 4;  // dim, nbytes, then the pad length
+        const auto pad = static_cast<std::uint32_t>((64 - pad_at % 64) % 64);
+        const std::uint64_t n = blocks * mib - (pad_at + pad);
+        toc.u64(n).u64(n).u32(pad);
+        toc.s.append(pad, '\0');
+        std::string stored;
+        std::string zeros(mib, '\0'), frame(ZSTD_compressBound(mib), '\0');
+        for (std::uint64_t b = 0; b < blocks; ++b) {
+            std::string block = zeros;
+            if (b == 0) block.replace(0, toc.s.size(), toc.s);
+            if (b < 2) frame.resize(ZSTD_compress(frame.data(), ZSTD_compressBound(mib), block.data(), mib, 3));
+            fuzz::put32(stored, static_cast<std::uint32_t>(mib));
+            fuzz::put32(stored, static_cast<std::uint32_t>(frame.size()));
+            stored += frame;
+            if (b < 1) frame.resize(ZSTD_compressBound(mib));
+        }
+        add("zstd-decodes-512m.ckpt", "ckpt", checkpoint(stored, ckpt::ArchiveKind::binary, {ckpt::CodecId::zstd}),
+            "FormatError", "decodes to more than", "a zstd body of 25 KB that decodes to 512 MiB of zeros");
+    }
     add("text-signature-length.ckpt", "ckpt", checkpoint("-2 serialization::archive 18 1 0\n", ckpt::ArchiveKind::text),
         "FormatError", "'22 serialization::archive '", "a text body whose signature's length is -2");
 }
@@ -404,6 +430,21 @@ void torch_cases() {
     deep.op('u');
     add("lists-100-deep.pt", "pt", torch_file(deep.done(), {}), "FormatError", "nest more than 64 deep",
         "lists nested 100 deep");
+    // what a pickle builds: 8 million ints from 16 KB (a deflated pickle of 16 MB)
+    Pickle ints;
+    ints.op('}').op('(').str("l").op(']').op('(');
+    for (int i = 0; i < 8'000'000; ++i) ints.s += "K\x01";
+    ints.op('e').op('u');
+    add("list-8m-ints-deflated.pt", "pt", torch_file(ints.done(), {}, true), "FormatError", "decodes to more than",
+        "a deflated pickle of a list of 8 million ints (16 KB)");
+    // views of one storage under many names: each is a tensor of its own once read
+    const std::int64_t numel = (32 << 20) / 4;
+    Pickle views;
+    views.op('}').op('(');
+    for (int k = 0; k < 16; ++k) views.str("v" + std::to_string(k)).tensor("FloatStorage", "0", numel, 0, {numel}, {1});
+    views.op('u');
+    add("views-16x-32m-storage.pt", "pt", torch_file(views.done(), {std::string(32u << 20, '\0')}, false, true), "FormatError",
+        "decodes to more than", "16 views of a deflated 32 MiB storage: 512 MiB of tensors from 32 KB");
 }
 
 }  // namespace

@@ -131,13 +131,20 @@ CKPT_INLINE std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, c
     return body;
 }
 
+/// What decoding the body of `h` needs: its key, and its budget (LoadOptions::max_decoded_bytes,
+/// or the default for a body of its stored length).
+CKPT_INLINE DecodeContext decode_context(const std::string& path, const FileHeader& h, const LoadOptions& opts) {
+    return {path, header_associated_data(h), opts.key, decoded_budget(opts.max_decoded_bytes, h.body_length),
+            budget_origin(opts.max_decoded_bytes, h.body_length, "LoadOptions::max_decoded_bytes")};
+}
+
 /// The verified body with its codecs undone: what the archive wrote. An outermost stage that
 /// can decode while the body is read (aes-256-gcm) does; a damaged body is still a
 /// ChecksumError before it is any codec's error.
 CKPT_INLINE BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts) {
     const FileHeader& h = c.header;
     if (!h.encoded()) return {read_verified_body(c, path), h.body_length};
-    const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
+    const DecodeContext ctx = decode_context(path, h, opts);
     require_key(h, ctx);
     std::size_t outer = max_codec_stages;
     while (h.codecs[outer - 1] == CodecId::none) --outer;
@@ -508,7 +515,8 @@ CKPT_INLINE void save_checkpoint(const ParamDict& dict, const PathArg& file, con
 }
 
 CKPT_INLINE FileHeader read_header(const PathArg& file) {
-    return detail::open_checkpoint(file.string(), {}).header;
+    const std::string path = file.string();
+    return detail::reading(path, [&] { return detail::open_checkpoint(path, {}).header; });
 }
 
 namespace detail {
@@ -533,12 +541,19 @@ CKPT_INLINE CheckpointContents contents_of(OpenedCheckpoint& c, const std::strin
 
 CKPT_INLINE CheckpointContents read_contents(const PathArg& file, const LoadOptions& opts) {
     const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, opts);
-    return detail::contents_of(c, path, opts, true);
+    return detail::reading(path, [&] {
+        auto c = detail::open_checkpoint(path, opts);
+        return detail::contents_of(c, path, opts, true);
+    });
 }
 
 CKPT_INLINE FileHeader verify_checkpoint(const PathArg& file, const LoadOptions& opts) {
     const std::string path = file.string();
+    return detail::reading(path, [&] { return detail::verify_opened(path, opts); });
+}
+
+namespace detail {
+CKPT_INLINE FileHeader verify_opened(const std::string& path, const LoadOptions& opts) {
     auto c = detail::open_checkpoint(path, opts);
     constexpr std::size_t chunk = 4u << 20;
     const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, c.header.body_length));
@@ -556,14 +571,17 @@ CKPT_INLINE FileHeader verify_checkpoint(const PathArg& file, const LoadOptions&
         throw detail::body_checksum_error(path, c.header.body_hash, got);
     return c.header;
 }
+}  // namespace detail
 
 CKPT_INLINE ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts) {
     const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, opts);
-    auto body = detail::read_decoded_body(c, path, opts);
-    ParamDict dict = detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
-    detail::drop_reserved(dict);
-    return dict;
+    return detail::reading(path, [&] {
+        auto c = detail::open_checkpoint(path, opts);
+        auto body = detail::read_decoded_body(c, path, opts);
+        ParamDict dict = detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
+        detail::drop_reserved(dict);
+        return dict;
+    });
 }
 
 namespace detail {
@@ -679,23 +697,25 @@ namespace detail {
 CKPT_INLINE LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
                                       bool values_are_copies, const TargetShaper* shape) {
     const std::string path = file.string();
-    auto c = detail::open_checkpoint(path, opts);
-    const FileHeader& h = c.header;
-    if (h.archive == ArchiveKind::binary && !h.encoded()) {
-        detail::BodyReader src(c.fd.get(), path, h.body_length);
-        return detail::load_binary_into(src, h, path, target, strict, values_are_copies, shape);
-    }
-    if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
-        const DecodeContext ctx{path, header_associated_data(h), opts.key, opts.max_decoded_bytes};
-        detail::require_key(h, ctx);
-        if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
-            if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
-                return detail::load_binary_into(*src, h, path, target, strict, values_are_copies, shape);
-    }
-    auto body = detail::read_decoded_body(c, path, opts);
-    ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
-    detail::drop_reserved(dict);
-    return detail::load_param_into(target, dict, strict, values_are_copies, shape);
+    return reading(path, [&]() -> LoadReport {
+        auto c = detail::open_checkpoint(path, opts);
+        const FileHeader& h = c.header;
+        if (h.archive == ArchiveKind::binary && !h.encoded()) {
+            detail::BodyReader src(c.fd.get(), path, h.body_length);
+            return detail::load_binary_into(src, h, path, target, strict, values_are_copies, shape);
+        }
+        if (h.archive == ArchiveKind::binary && h.codecs[1] == CodecId::none) {  // one stage
+            const DecodeContext ctx = decode_context(path, h, opts);
+            detail::require_key(h, ctx);
+            if (const auto open_stream = detail::codec_impl(h.codecs[0], path, "reading").open_stream)
+                if (auto src = open_stream(c.fd.get(), header_size, h.body_length, ctx))
+                    return detail::load_binary_into(*src, h, path, target, strict, values_are_copies, shape);
+        }
+        auto body = detail::read_decoded_body(c, path, opts);
+        ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
+        detail::drop_reserved(dict);
+        return detail::load_param_into(target, dict, strict, values_are_copies, shape);
+    });
 }
 }  // namespace detail
 
