@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <functional>
+#include <tuple>
 
 #include "alloc_tracker.hpp"
 #include "interop_pattern.hpp"
@@ -382,6 +383,66 @@ TEST_CASE("save_safetensors refuses a name or string that is not UTF-8 as a Conf
                              ckpt::ConfigError);
     }
     CHECK(test::names_in(dir.path()).empty());
+}
+
+TEST_CASE("safetensors_contents, npz_contents and torch_contents list what the loads return, reading no tensor's bytes") {
+    test::TempDir dir;
+    auto state = test::pattern_state();
+    state.set("fortran", ckpt::Tensor::from(std::vector<float>{1, 4, 2, 5, 3, 6}, {2, 3}, ckpt::Order::column_major));
+    ckpt::ParamDict mixed{{"lr", 0.5}, {"w", ckpt::Tensor::from(std::vector<float>{1, 2})}, {"note", "x"}};
+    ckpt::save_safetensors(state, dir / "p.safetensors");
+    ckpt::save_safetensors(mixed, dir / "m.safetensors");  // an order of entries recorded
+    ckpt::save_npz(state, dir / "p.npz");
+    ckpt::save_npz(state, dir / "d.npz", true);
+    const std::string torch_file = (test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile" / "ok.pt").string();
+    using Contents = std::function<std::vector<ckpt::detail::EntryMeta>(const std::string&)>;
+    using Load = std::function<ckpt::ParamDict(const std::string&)>;
+    const Contents st = [](const std::string& p) { return ckpt::safetensors_contents(p); };
+    const Contents npz = [](const std::string& p) { return ckpt::npz_contents(p); };
+    const Load load_st = [](const std::string& p) { return ckpt::load_safetensors(p); };
+    const Load load_npz = [](const std::string& p) { return ckpt::load_npz(p); };
+    const std::vector<std::tuple<std::string, Contents, Load>> files = {
+        {(dir / "p.safetensors").string(), st, load_st},
+        {(dir / "m.safetensors").string(), st, load_st},
+        {(dir / "p.npz").string(), npz, load_npz},
+        {(dir / "d.npz").string(), npz, load_npz},
+        {torch_file, [](const std::string& p) { return ckpt::torch_contents(p); },
+         [](const std::string& p) { return ckpt::load_torch(p); }}};
+    for (const auto& [path, contents, load] : files) {
+        CAPTURE(path);
+        const auto entries = contents(path);
+        const auto dict = load(path);
+        REQUIRE(entries.size() == dict.size());
+        auto it = dict.begin();
+        for (const auto& e : entries) {
+            CAPTURE(e.name);
+            CHECK(e.name == it->name);
+            REQUIRE(e.kind == it->value.kind());
+            if (const auto* t = it->value.get_if<ckpt::Tensor>()) {
+                CHECK(e.dtype == t->dtype());
+                CHECK(e.logical_shape() == t->logical_shape());
+                CHECK(e.order == t->order());
+                CHECK(e.nbytes == t->nbytes());
+            } else {
+                CHECK(e.scalar == it->value);
+            }
+            ++it;
+        }
+    }
+    // No tensor's bytes: a listing of 16 MiB of deflated zeros takes no block of that size, and
+    // does not see what only reading them finds.
+    const ckpt::ParamDict big{{"zeros", ckpt::Tensor(ckpt::DType::float32, {std::int64_t{1} << 22})}};
+    ckpt::save_npz(big, dir / "big.npz", true);
+    ckpt::save_safetensors(big, dir / "big.safetensors");
+    test::AllocationWatch watch;
+    CHECK(ckpt::npz_contents(dir / "big.npz").at(0).nbytes == 16u << 20);
+    CHECK(ckpt::safetensors_contents(dir / "big.safetensors").at(0).nbytes == 16u << 20);
+    watch.stop();
+    CHECK(watch.largest_new() < (1u << 20));
+    CHECK(watch.largest_mapping() == 0);
+    const auto hostile = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile";
+    CHECK(ckpt::safetensors_contents(hostile / "bool-byte-2.safetensors").size() == 1);
+    CHECK(ckpt::npz_contents(hostile / "bool-byte-2.npz").size() == 1);
 }
 
 TEST_CASE("files from elsewhere are held to max_decoded_bytes before the memory is taken, and running out of memory names the file") {

@@ -365,6 +365,35 @@ TEST_CASE("ckpt show prints the header and entries without reading payloads, --s
     CHECK(contains(not_ckpt.err, "not a ckpt checkpoint"));
 }
 
+TEST_CASE("ckpt show of safetensors, npz and PyTorch files reads what listing needs, --stats the tensors") {
+    test::TempDir dir;
+    const auto hostile = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile";
+    // bytes only reading the tensors finds wrong: a BOOL of 2, a storage that fails its CRC
+    auto pt = test::read_bytes(hostile / "ok.pt");
+    const std::string one("\x00\x00\x80\x3f", 4);  // 1.0f, the storage's first element
+    const auto at = std::search(pt.begin(), pt.end(), one.begin(), one.end());
+    REQUIRE(at != pt.end());
+    at[3] = '\x40';
+    test::write_bytes(dir / "crc.pt", pt);
+    const std::vector<std::pair<std::string, std::string>> files = {
+        {(hostile / "bool-byte-2.safetensors").string(), "(header read; --stats reads the tensors)"},
+        {(hostile / "bool-byte-2.npz").string(), "(zip directory and npy headers read; --stats reads the tensors)"},
+        {(dir / "crc.pt").string(), "(zip directory and pickle read; --stats reads the tensors)"}};
+    for (const auto& [file, said] : files) {
+        CAPTURE(file);
+        auto r = ckpt_tool({"show", file}, dir.path());
+        CHECK(r.status == 0);
+        CHECK(contains(r.out, said));
+        r = ckpt_tool({"show", "--stats", file}, dir.path());
+        CHECK(r.status == 1);
+        CHECK(contains(r.err, file));
+    }
+    const auto pt_list = ckpt_tool({"show", (dir / "crc.pt").string()}, dir.path());
+    CHECK(contains(pt_list.out, "float32"));
+    CHECK(contains(pt_list.out, "[2, 2]"));
+    CHECK(contains(pt_list.out, "epoch"));
+}
+
 TEST_CASE("every subcommand that reads takes --max-decoded-bytes, and a file past it is refused naming the figure") {
     test::TempDir dir;
     const auto hostile = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile";

@@ -973,32 +973,53 @@ void print_entries(const std::vector<ckpt::EntryInfo>& entries, const std::optio
     }
 }
 
-/// `show` of a .safetensors, .npz, .pt or .pth file: its entries, as `diff` and `import` read them.
-int cmd_show_dict(const fs::path& file, bool stats, bool as_json) {
-    const ckpt::ParamDict dict = load_any(file);
-    std::vector<ckpt::EntryInfo> entries;
-    for (const auto& [name, value] : dict) {
-        ckpt::EntryInfo e;
-        e.name = name;
-        e.kind = value.kind();
-        if (const auto* t = value.get_if<ckpt::Tensor>()) {
-            e.dtype = t->dtype();
-            e.shape = t->shape();
-            e.order = t->order();
-            e.nbytes = t->nbytes();
-        } else {
-            e.scalar = value;
-        }
-        entries.push_back(std::move(e));
+/// What `show` reads of a .safetensors, .npz, .pt or .pth file without --stats: what listing
+/// needs, no tensor's bytes.
+std::vector<ckpt::EntryInfo> contents_any(const fs::path& p) {
+    switch (format_of(p)) {
+        case FileFormat::safetensors: return ckpt::safetensors_contents(p, interop_options);
+        case FileFormat::npz: return ckpt::npz_contents(p, interop_options);
+        case FileFormat::torch: return ckpt::torch_contents(p, interop_options);
+        case FileFormat::checkpoint: break;
     }
-    const std::optional<ckpt::ParamDict> loaded = stats ? std::optional(dict) : std::nullopt;
+    return ckpt::read_contents(p, load_options).entries;
+}
+
+/// `show` of a .safetensors, .npz, .pt or .pth file: its entries, as `diff` and `import` read
+/// them; without --stats, from the header, the zip directory and npy headers, or the pickle.
+int cmd_show_dict(const fs::path& file, bool stats, bool as_json) {
+    std::vector<ckpt::EntryInfo> entries;
+    std::optional<ckpt::ParamDict> loaded;
+    if (stats) {
+        loaded = load_any(file);
+        for (const auto& [name, value] : *loaded) {
+            ckpt::EntryInfo e;
+            e.name = name;
+            e.kind = value.kind();
+            if (const auto* t = value.get_if<ckpt::Tensor>()) {
+                e.dtype = t->dtype();
+                e.shape = t->shape();
+                e.order = t->order();
+                e.nbytes = t->nbytes();
+            } else {
+                e.scalar = value;
+            }
+            entries.push_back(std::move(e));
+        }
+    } else {
+        entries = contents_any(file);
+    }
     const char* kind = format_name(format_of(file));
     if (as_json) {
         std::cout << json{{"path", file.string()}, {"format", kind}, {"entries", entries_json(entries, loaded)}}.dump(2)
                   << "\n";
         return 0;
     }
-    std::cout << file.string() << "\n  " << kind << " file\n";
+    static constexpr const char* read[] = {"header and table of contents", "header", "zip directory and npy headers",
+                                           "zip directory and pickle"};
+    std::cout << file.string() << "\n  " << kind << " file"
+              << (stats ? "" : std::string(" (") + read[static_cast<int>(format_of(file))] + " read; --stats reads the tensors)")
+              << "\n";
     print_entries(entries, loaded, stats);
     return 0;
 }

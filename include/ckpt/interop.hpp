@@ -6,6 +6,12 @@
 //   save_safetensors(dict, path)            load_safetensors(path) -> ParamDict
 //   save_npz(dict, path, compressed)        load_npz(path) -> ParamDict
 //                                           load_torch(path) -> ParamDict    (.pt, .pth)
+//   safetensors_contents(path), npz_contents(path), torch_contents(path): what the loads would
+//   return, as a table of contents (names, dtypes, shapes, values), no tensor's bytes read.
+//
+// Every file is read as hostile: the loads take InteropLoadOptions, whose max_decoded_bytes
+// (by default the larger of 256 MiB and 64 times the file) bounds what a file may decode to
+// before the memory is taken; JSON nesting is bounded; no pickle is executed.
 //
 // safetensors: 8-byte little-endian header length, a JSON header naming each tensor's dtype,
 // shape and [begin, end) byte range in the buffer that follows, then the buffer. Scalars and
@@ -648,6 +654,45 @@ inline ParamDict load_safetensors(const PathArg& file, const InteropLoadOptions&
     return detail::reading_foreign(path, [&] { return detail::load_safetensors_file(path, opts); });
 }
 
+/// What load_safetensors would return, in its order, as a table of contents: each tensor's dtype
+/// and shape, the values of the others. Reads the header only.
+inline std::vector<detail::EntryMeta> safetensors_contents(const PathArg& file, const InteropLoadOptions& = {}) {
+    const std::string path = file.string();
+    return detail::reading_foreign(path, [&] {
+        auto fd = detail::open_for_read(path);
+        auto contents = detail::read_safetensors_header(fd.get(), detail::file_size(fd.get(), path), path);
+        std::vector<detail::EntryMeta> entries;
+        for (auto& s : contents.slots) {
+            detail::EntryMeta& e = entries.emplace_back();
+            e.name = std::move(s.name);
+            e.kind = ValueKind::tensor;
+            e.dtype = s.dtype;
+            e.shape = std::move(s.shape);
+            e.nbytes = s.end - s.begin;
+        }
+        for (auto& [name, value] : contents.values) {
+            detail::EntryMeta& e = entries.emplace_back();
+            e.name = name;
+            e.kind = value.kind();
+            e.scalar = std::move(value);
+        }
+        if (contents.order.empty()) return entries;
+        // the recorded order first, then what it does not name (no name is in it twice)
+        std::unordered_map<std::string_view, std::size_t> at;
+        for (std::size_t k = 0; k < entries.size(); ++k) at.emplace(entries[k].name, k);
+        std::vector<std::size_t> picks;
+        std::vector<bool> picked(entries.size());
+        for (const auto& name : contents.order)
+            if (const auto it = at.find(name); it != at.end()) picks.push_back(it->second), picked[it->second] = true;
+        for (std::size_t k = 0; k < entries.size(); ++k)
+            if (!picked[k]) picks.push_back(k);
+        std::vector<detail::EntryMeta> ordered;
+        ordered.reserve(entries.size());
+        for (const auto k : picks) ordered.push_back(std::move(entries[k]));
+        return ordered;
+    });
+}
+
 namespace detail {
 
 // ---------------------------------------------------------------------------------------------
@@ -1041,7 +1086,12 @@ inline void save_npz(const ParamDict& dict, const PathArg& file, bool compressed
 }
 
 namespace detail {
-inline ParamDict load_npz_file(const std::string& path, const InteropLoadOptions& opts) {
+/// Reads the npz file at `path`: every member's npy header and, with `payloads`, its data into
+/// `dict`. Without payloads (what `ckpt show` lists), tensors are described into `entries`,
+/// their bytes (and their members' CRCs) not read; values, single strings and the scalars ckpt
+/// marks, are read either way.
+inline void read_npz(const std::string& path, const InteropLoadOptions& opts, bool payloads, ParamDict& dict,
+                     std::vector<EntryMeta>& entries) {
     std::uint64_t file_bytes = 0;
     {
         auto fd = open_for_read(path);  // an IoError naming the file when it cannot be read
@@ -1051,8 +1101,18 @@ inline ParamDict load_npz_file(const std::string& path, const InteropLoadOptions
     ZipArchive zip{zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err)};
     if (!zip.za) npz_fail(path, "it is not a readable zip archive: " + zip_error_text(err));
     DecodeBudget budget("npz file '" + path + "'", path, opts.max_decoded_bytes, file_bytes, interop_budget_option);
+    std::unordered_set<std::string> names;
+    auto add = [&](const std::string& name, Value v) {
+        if (payloads) {
+            dict.set(name, std::move(v));
+            return;
+        }
+        EntryMeta& e = entries.emplace_back();
+        e.name = name;
+        e.kind = v.kind();
+        e.scalar = std::move(v);
+    };
     const zip_int64_t count = zip_get_num_entries(zip.za, 0);
-    ParamDict dict;
     for (zip_int64_t k = 0; k < count; ++k) {
         const auto i = static_cast<zip_uint64_t>(k);
         zip_stat_t st;
@@ -1066,8 +1126,10 @@ inline ParamDict load_npz_file(const std::string& path, const InteropLoadOptions
         const std::string name = member.substr(0, member.size() - 4);
         auto fail = [&](const std::string& why) { npz_fail(path, "member '" + member + "' " + why); };
         check_member_entry(st, file_bytes, "npz", path, member);
-        if (dict.contains(name)) npz_fail(path, "'" + name + "' appears twice");
-        budget.take(st.size, [&] { return "member '" + member + "' unpacks to " + std::to_string(st.size) + " bytes"; });
+        if (!names.insert(name).second) npz_fail(path, "'" + name + "' appears twice");
+        auto take = [&](std::uint64_t n) {
+            budget.take(n, [&] { return "member '" + member + "' unpacks to " + std::to_string(st.size) + " bytes"; });
+        };
 
         MemberReader in(zip.za, i, st.size, path, member);
         std::array<std::byte, 12> prelude{};
@@ -1084,6 +1146,7 @@ inline ParamDict load_npz_file(const std::string& path, const InteropLoadOptions
         if (header_len > in.remaining())
             fail("has an npy header of " + std::to_string(header_len) + " bytes, more than the member's " +
                  std::to_string(in.remaining()) + " left");
+        take(header_len);
         const std::string header = in.read_growing(header_len);
 
         NpyHeaderParser parser(header, path, member);
@@ -1126,6 +1189,7 @@ inline ParamDict load_npz_file(const std::string& path, const InteropLoadOptions
 
         if (type->string_kind) {
             if (!shape->empty()) fail("is an array of strings; only single strings are read");
+            take(nbytes);
             const std::string raw = in.read_growing(nbytes);
             in.finish();
             std::string text;
@@ -1140,28 +1204,37 @@ inline ParamDict load_npz_file(const std::string& path, const InteropLoadOptions
                 }
             }
             text.erase(text.find_last_not_of('\0') + 1);  // NumPy pads with NULs (npos + 1: all of it)
-            dict.set(name, std::move(text));
+            add(name, std::move(text));
             continue;
         }
+        const DType dtype = *type->dtype;
+        const bool value = scalar_marked && shape->empty() &&
+                           (dtype == DType::int64 || dtype == DType::float64 || dtype == DType::boolean);
+        const Order order = *fortran ? Order::column_major : Order::row_major;
+        if (!payloads && !value) {
+            EntryMeta& e = entries.emplace_back();
+            e.name = name;
+            e.kind = ValueKind::tensor;
+            e.dtype = dtype;
+            e.order = order;
+            e.shape = order == Order::column_major ? reversed(*shape) : *shape;  // as stored, like a tensor's shape()
+            e.nbytes = nbytes;
+            continue;
+        }
+        take(nbytes);
         // a Fortran-ordered array is a column-major tensor: its bytes as they are
-        Tensor t = Tensor::uninitialized(*type->dtype, *shape, *fortran ? Order::column_major : Order::row_major);
+        Tensor t = Tensor::uninitialized(dtype, *shape, order);
         in.read(t.data(), t.nbytes());
         in.finish();
         if (type->big_endian) swap_bytes(t.data(), t.nbytes(), width);
-        if (*type->dtype == DType::boolean)
+        if (dtype == DType::boolean)
             for (std::size_t b = 0; b < t.nbytes(); ++b)
                 if (static_cast<unsigned>(t.data()[b]) > 1) fail("holds a bool that is neither 0 nor 1");
-        if (scalar_marked && shape->empty()) {
-            switch (*type->dtype) {
-                case DType::int64: dict.set(name, t.values<std::int64_t>()[0]); continue;
-                case DType::float64: dict.set(name, t.values<double>()[0]); continue;
-                case DType::boolean: dict.set(name, t.values<bool>()[0]); continue;
-                default: break;
-            }
-        }
-        dict.set(name, std::move(t));
+        if (!value) add(name, std::move(t));
+        else if (dtype == DType::int64) add(name, t.values<std::int64_t>()[0]);
+        else if (dtype == DType::float64) add(name, t.values<double>()[0]);
+        else add(name, t.values<bool>()[0]);
     }
-    return dict;
 }
 }  // namespace detail
 
@@ -1169,7 +1242,25 @@ inline ParamDict load_npz_file(const std::string& path, const InteropLoadOptions
 /// in the archive's order.
 inline ParamDict load_npz(const PathArg& file, const InteropLoadOptions& opts = {}) {
     const std::string path = file.string();
-    return detail::reading_foreign(path, [&] { return detail::load_npz_file(path, opts); });
+    return detail::reading_foreign(path, [&] {
+        ParamDict dict;
+        std::vector<detail::EntryMeta> unused;
+        detail::read_npz(path, opts, true, dict, unused);
+        return dict;
+    });
+}
+
+/// What load_npz would return, in its order, as a table of contents: each tensor's dtype,
+/// shape and storage order from its npy header, its bytes not read (nor their CRC checked);
+/// values and strings with their value. Reads the zip directory and each member's header.
+inline std::vector<detail::EntryMeta> npz_contents(const PathArg& file, const InteropLoadOptions& opts = {}) {
+    const std::string path = file.string();
+    return detail::reading_foreign(path, [&] {
+        ParamDict unused;
+        std::vector<detail::EntryMeta> entries;
+        detail::read_npz(path, opts, false, unused, entries);
+        return entries;
+    });
 }
 
 
@@ -1648,8 +1739,61 @@ public:
         : za_(za), u_(u), path_(std::move(path)), prefix_(std::move(prefix)), file_bytes_(file_bytes), swap_(swap),
           made_(u.tensors.size()), budget_(budget) {}
 
+    /// Tensor `index` under `name`: its storage read on first use.
     Tensor make(std::size_t index, const std::string& name) {
         if (made_[index]) return *made_[index];  // the same tensor object under several names (tied weights)
+        const TorchTensorRef& t = u_.tensors[index];
+        const TorchStorageRef& s = u_.storages[t.storage];
+        const View v = check(index, name);
+        auto fail = [&](const std::string& why) { torch_fail(path_, "tensor '" + name + "' " + why); };
+        if (v.numel == 0) return remember(index, Tensor::uninitialized(v.dtype, t.size));
+        const std::byte* base = storage_bytes(s, v.width, name) + t.offset * v.width;
+        budget_.take(v.numel * v.width,
+                     [&] { return "tensor '" + name + "' (" + v.what + ") among views of the storages read"; });
+        Tensor out;
+        if (v.contiguous) {
+            out = Tensor::aliasing(v.dtype, t.size, blocks_.at(s.key).data, const_cast<std::byte*>(base));
+        } else {
+            copied_ += v.numel * v.width;
+            if (copied_ > 4 * read_)
+                fail("(" + v.what + ") is one of non-contiguous views that add up to " + std::to_string(copied_) +
+                     " bytes, more than four times the " + std::to_string(read_) +
+                     " bytes of the storages read so far; save them with .contiguous()");
+            out = Tensor::uninitialized(v.dtype, t.size);
+            gather_strided(base, out.data(), t.size, std::vector<std::size_t>(t.stride.begin(), t.stride.end()), v.width);
+        }
+        if (v.dtype == DType::boolean)
+            for (std::size_t b = 0; b < out.nbytes(); ++b)
+                if (static_cast<unsigned>(out.data()[b]) > 1) fail("holds a bool that is neither 0 nor 1");
+        return remember(index, std::move(out));
+    }
+
+    /// Tensor `index` under `name` as a table of contents lists it: its dtype and shape, checked
+    /// against its storage's persistent id and the size of the storage's record in the zip
+    /// directory; no byte of the storage is read.
+    EntryMeta describe(std::size_t index, const std::string& name) {
+        const TorchTensorRef& t = u_.tensors[index];
+        const View v = check(index, name);
+        if (v.numel > 0) storage_record(u_.storages[t.storage], v.width, name);
+        EntryMeta e;
+        e.name = name;
+        e.kind = ValueKind::tensor;
+        e.dtype = v.dtype;
+        e.shape = t.size;
+        e.nbytes = v.numel * v.width;
+        return e;
+    }
+
+private:
+    /// What a tensor's arguments say, checked against its storage's persistent id.
+    struct View {
+        DType dtype;
+        std::size_t width = 0, numel = 0;
+        bool contiguous = true;
+        std::string what;  // "float32[2, 3]"
+    };
+
+    View check(std::size_t index, const std::string& name) const {
         const TorchTensorRef& t = u_.tensors[index];
         const TorchStorageRef& s = u_.storages[t.storage];
         const TorchGlobal& type = torch_globals[s.type];
@@ -1659,16 +1803,18 @@ public:
                                   ", which ckpt does not hold (float32, float64, float16, int32, int64, uint8, bool); "
                                   "convert it before saving, e.g. with .float()",
                               path_);
-        const DType dtype = *type.dtype;
-        const std::size_t width = itemsize(dtype);
-        const std::string what = std::string(dtype_name(dtype)) + shape_string(t.size);
-        std::size_t numel = 0;
+        View v;
+        v.dtype = *type.dtype;
+        v.width = itemsize(v.dtype);
+        v.what = std::string(dtype_name(v.dtype)) + shape_string(t.size);
+        const std::string& what = v.what;
+        std::size_t& numel = v.numel;
         try {
-            numel = checked_numel(t.size, std::numeric_limits<std::size_t>::max() / width);
+            numel = checked_numel(t.size, std::numeric_limits<std::size_t>::max() / v.width);
         } catch (const FormatError&) {
             fail("has an impossible shape " + shape_string(t.size));
         }
-        if (numel == 0) return remember(index, Tensor::uninitialized(dtype, t.size));
+        if (numel == 0) return v;
         const std::string storage = "storage '" + s.key + "' of " + std::to_string(s.numel) + " elements";
         if (numel > s.numel)
             fail("(" + what + ") has more elements than its " + storage +
@@ -1684,33 +1830,14 @@ public:
                      ") reaches past the end of its " + storage);
             last += span * t.stride[k];
         }
-        const std::byte* base = storage_bytes(s, width, name) + t.offset * width;
-        budget_.take(numel * width, [&] { return "tensor '" + name + "' (" + what + ") among views of the storages read"; });
-        bool contiguous = true;
         std::uint64_t expected = 1;
         for (std::size_t k = t.size.size(); k-- > 0;) {
-            if (t.size[k] != 1 && t.stride[k] != expected) contiguous = false;
+            if (t.size[k] != 1 && t.stride[k] != expected) v.contiguous = false;
             expected *= static_cast<std::uint64_t>(t.size[k]);
         }
-        Tensor out;
-        if (contiguous) {
-            out = Tensor::aliasing(dtype, t.size, blocks_.at(s.key).data, const_cast<std::byte*>(base));
-        } else {
-            copied_ += numel * width;
-            if (copied_ > 4 * read_)
-                fail("(" + what + ") is one of non-contiguous views that add up to " + std::to_string(copied_) +
-                     " bytes, more than four times the " + std::to_string(read_) +
-                     " bytes of the storages read so far; save them with .contiguous()");
-            out = Tensor::uninitialized(dtype, t.size);
-            gather_strided(base, out.data(), t.size, std::vector<std::size_t>(t.stride.begin(), t.stride.end()), width);
-        }
-        if (dtype == DType::boolean)
-            for (std::size_t b = 0; b < out.nbytes(); ++b)
-                if (static_cast<unsigned>(out.data()[b]) > 1) fail("holds a bool that is neither 0 nor 1");
-        return remember(index, std::move(out));
+        return v;
     }
 
-private:
     static std::string strides_text(const std::vector<std::uint64_t>& stride) {
         std::string out = "[";
         for (std::size_t k = 0; k < stride.size(); ++k) out += (k ? ", " : "") + std::to_string(stride[k]);
@@ -1722,6 +1849,26 @@ private:
         return t;
     }
 
+    /// The zip entry of storage record "data/{key}": present, and of the size its persistent id
+    /// says, or a FormatError naming the tensor.
+    std::pair<zip_uint64_t, zip_stat_t> storage_record(const TorchStorageRef& s, std::size_t width, const std::string& name) {
+        const std::string member = prefix_ + "data/" + s.key;
+        const std::string what = "storage '" + s.key + "' (record '" + member + "')";
+        const bool overflow = s.numel > std::numeric_limits<std::uint64_t>::max() / width;
+        const zip_int64_t index = zip_name_locate(za_, member.c_str(), 0);
+        if (index < 0) torch_fail(path_, "tensor '" + name + "' is in " + what + ", which the file does not have");
+        zip_stat_t st;
+        zip_stat_init(&st);
+        if (zip_stat_index(za_, static_cast<zip_uint64_t>(index), 0, &st) != 0)
+            torch_fail(path_, "record '" + member + "': " + zip_strerror(za_));
+        check_member_entry(st, file_bytes_, "PyTorch", path_, member);
+        if (overflow || st.size != s.numel * width)
+            torch_fail(path_, what + " holds " + std::to_string(st.size) + " bytes where its " + std::to_string(s.numel) +
+                                  " elements of " + std::to_string(width) + " bytes need " +
+                                  (overflow ? "more" : std::to_string(s.numel * width)));
+        return {static_cast<zip_uint64_t>(index), st};
+    }
+
     /// The bytes of storage record "data/{key}", read on first use; its size must be what the
     /// persistent id says, before anything is allocated.
     const std::byte* storage_bytes(const TorchStorageRef& s, std::size_t width, const std::string& name) {
@@ -1730,20 +1877,10 @@ private:
         const bool overflow = s.numel > std::numeric_limits<std::uint64_t>::max() / width;
         auto it = blocks_.find(s.key);
         if (it == blocks_.end()) {
-            const zip_int64_t index = zip_name_locate(za_, member.c_str(), 0);
-            if (index < 0) torch_fail(path_, "tensor '" + name + "' is in " + what + ", which the file does not have");
-            zip_stat_t st;
-            zip_stat_init(&st);
-            if (zip_stat_index(za_, static_cast<zip_uint64_t>(index), 0, &st) != 0)
-                torch_fail(path_, "record '" + member + "': " + zip_strerror(za_));
-            check_member_entry(st, file_bytes_, "PyTorch", path_, member);
-            if (overflow || st.size != s.numel * width)
-                torch_fail(path_, what + " holds " + std::to_string(st.size) + " bytes where its " +
-                                      std::to_string(s.numel) + " elements of " + std::to_string(width) + " bytes need " +
-                                      (overflow ? "more" : std::to_string(s.numel * width)));
+            const auto [index, st] = storage_record(s, width, name);
             budget_.take(st.size, [&] { return what + ", of " + std::to_string(st.size) + " bytes"; });
             Block b{nullptr, st.size, swap_ ? width : 1};
-            MemberReader in(za_, static_cast<zip_uint64_t>(index), st.size, path_, member, "PyTorch");
+            MemberReader in(za_, index, st.size, path_, member, "PyTorch");
             if (st.comp_method == ZIP_CM_STORE) {  // torch.save stores: the size is what the file holds
                 b.data = allocate_aligned(static_cast<std::size_t>(st.size));
                 in.read(b.data.get(), st.size);
@@ -1801,7 +1938,11 @@ inline std::string torch_record(zip_t* za, zip_uint64_t index, std::uint64_t fil
 }  // namespace detail
 
 namespace detail {
-inline ParamDict load_torch_file(const std::string& path, const InteropLoadOptions& opts) {
+/// Reads the torch.save file at `path`: its pickle and, with `payloads`, its storages, into
+/// `dict`. Without payloads (what `ckpt show` lists), tensors are described into `entries` from
+/// the pickle and the zip directory, no storage read.
+inline void read_torch(const std::string& path, const InteropLoadOptions& opts, bool payloads, ParamDict& dict,
+                       std::vector<EntryMeta>& entries) {
     std::uint64_t file_bytes = 0;
     {
         auto fd = open_for_read(path, "PyTorch file");
@@ -1860,19 +2001,33 @@ inline ParamDict load_torch_file(const std::string& path, const InteropLoadOptio
     flat.walk(root, "", 0);
 
     TorchTensorMaker maker(zip.za, unpickler, path, prefix, file_bytes, swap, budget);
-    ParamDict dict;
+    std::unordered_set<std::string_view> names;
     for (const auto& [name, v] : flat.entries) {
-        if (dict.contains(name))
+        if (!names.insert(name).second)
             torch_fail(path, "'" + name + "' appears twice once nested dicts are flattened with dots");
+        Value value;
         switch (v.kind) {
-            case PyRef::boolean: dict.set(name, v.i != 0); break;
-            case PyRef::integer: dict.set(name, v.i); break;
-            case PyRef::floating: dict.set(name, v.f); break;
-            case PyRef::string: dict.set(name, unpickler.strings[static_cast<std::size_t>(v.i)]); break;
-            default: dict.set(name, maker.make(static_cast<std::size_t>(v.i), name)); break;
+            case PyRef::boolean: value = v.i != 0; break;
+            case PyRef::integer: value = v.i; break;
+            case PyRef::floating: value = v.f; break;
+            case PyRef::string: value = unpickler.strings[static_cast<std::size_t>(v.i)]; break;
+            default:
+                if (!payloads) {
+                    entries.push_back(maker.describe(static_cast<std::size_t>(v.i), name));
+                    continue;
+                }
+                value = maker.make(static_cast<std::size_t>(v.i), name);
+                break;
         }
+        if (payloads) {
+            dict.set(name, std::move(value));
+            continue;
+        }
+        EntryMeta& e = entries.emplace_back();
+        e.name = name;
+        e.kind = value.kind();
+        e.scalar = std::move(value);
     }
-    return dict;
 }
 }  // namespace detail
 
@@ -1898,7 +2053,25 @@ inline ParamDict load_torch_file(const std::string& path, const InteropLoadOptio
 /// anything is allocated or read; a damaged file is a FormatError naming the file.
 inline ParamDict load_torch(const PathArg& file, const InteropLoadOptions& opts = {}) {
     const std::string path = file.string();
-    return detail::reading_foreign(path, [&] { return detail::load_torch_file(path, opts); });
+    return detail::reading_foreign(path, [&] {
+        ParamDict dict;
+        std::vector<detail::EntryMeta> unused;
+        detail::read_torch(path, opts, true, dict, unused);
+        return dict;
+    });
+}
+
+/// What load_torch would return, in its order, as a table of contents: each tensor's dtype and
+/// shape from the pickle, checked against its storage's entry in the zip directory; no storage
+/// is read. Reads the zip directory and the pickle.
+inline std::vector<detail::EntryMeta> torch_contents(const PathArg& file, const InteropLoadOptions& opts = {}) {
+    const std::string path = file.string();
+    return detail::reading_foreign(path, [&] {
+        ParamDict unused;
+        std::vector<detail::EntryMeta> entries;
+        detail::read_torch(path, opts, false, unused, entries);
+        return entries;
+    });
 }
 
 }  // namespace ckpt
