@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -76,6 +78,19 @@ ToolRun ckpt_tool(const std::vector<std::string>& args, const test::fs::path& sc
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// Whether `s` holds a byte a terminal would act on: a C0 control but the line feed, DEL, or a
+/// C1 control (U+0080 to U+009F in UTF-8).
+bool raw_controls(const std::string& s) {
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        const auto b = static_cast<unsigned char>(s[i]);
+        if ((b < 0x20 && b != '\n') || b == 0x7f) return true;
+        if (b == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+            static_cast<unsigned char>(s[i + 1]) <= 0x9f)
+            return true;
+    }
+    return false;
+}
 
 void save_at(const ckpt::ParamDict& d, const test::fs::path& p, std::int64_t epoch, std::int64_t step) {
     test::fs::create_directories(p.parent_path());
@@ -392,6 +407,110 @@ TEST_CASE("ckpt show of safetensors, npz and PyTorch files reads what listing ne
     CHECK(contains(pt_list.out, "float32"));
     CHECK(contains(pt_list.out, "[2, 2]"));
     CHECK(contains(pt_list.out, "epoch"));
+}
+
+namespace {
+
+/// Runs `ckpt show FILE` (with --stats: every tensor read) on every case of the hostile corpus
+/// (tests/hostile/cases.json); `check` gets each case and its run.
+void show_every_hostile_file(bool stats, const std::function<void(const json&, const ToolRun&)>& check) {
+    test::TempDir dir;
+    const auto hostile = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile";
+    std::ifstream in((hostile / "cases.json").string());
+    const auto cases = json::parse(in);
+    REQUIRE(cases.size() >= 10);
+    for (const auto& c : cases) {
+        const std::string file = (hostile / c.at("file").get<std::string>()).string();
+        CAPTURE(file);
+        std::vector<std::string> args{"show", file};
+        if (stats) args.push_back("--stats");
+        const auto r = ckpt_tool(args, dir.path());
+        CHECK((r.status == 0 || r.status == 1));  // never a crash
+        CHECK_FALSE(raw_controls(r.out));
+        CHECK_FALSE(raw_controls(r.err));
+        check(c, r);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("ckpt show lists or refuses every hostile file, and nothing it prints holds a raw control character") {
+    show_every_hostile_file(false, [](const json& c, const ToolRun& r) {
+        if (c.at("expect") == "ok") CHECK(r.status == 0);
+    });
+}
+
+TEST_CASE("ckpt show --stats gives every hostile file its verdict, printed escaped") {
+    show_every_hostile_file(true, [](const json& c, const ToolRun& r) {
+        CHECK(r.status == (c.at("expect") == "ok" ? 0 : 1));
+        if (r.status == 1) CHECK(contains(r.err, c.at("contains").get<std::string>()));
+    });
+}
+
+TEST_CASE("names, paths, prefixes and metrics reach the terminal escaped from every command, and --json stays exact") {
+    test::TempDir dir;
+    const std::string loud = "\x1b]0;owned\x07", metric = "\x1b[2Jloss";
+    const auto runs = dir / ("runs" + loud);
+    test::fs::create_directories(runs);
+    ckpt::ParamDict d = small_state(1);
+    d.set("\x1b[31mw\r", ckpt::Tensor::from(std::vector<float>{1, 2}));
+    d.set("note", std::string("\x1b[2J\xc2\x9b" "1m"));
+    ckpt::detail::record_metrics(d, {{metric, 0.5}});
+    const auto file = runs / ("p" + loud + "-1_5.ckpt");
+    save_at(d, file, 1, 5);
+    d.tensor("\x1b[31mw\r").values<float>()[0] = 9;
+    const auto other = runs / ("p" + loud + "-1_6.ckpt");
+    save_at(d, other, 1, 6);
+    test::write_bytes(runs / (".p" + loud + "-1_7.ckpt.tmp-999999-0"), {'x'});  // a temporary of a writer gone
+    auto quiet = [](const ToolRun& r) {
+        CHECK_FALSE(raw_controls(r.out));
+        CHECK_FALSE(raw_controls(r.err));
+    };
+    for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+             {"ls", dir.path().string()},
+             {"ls", runs.string(), "--best", metric},
+             {"ls", runs.string(), "--prefix", "p" + loud},
+             {"verify", runs.string()},
+             {"show", file.string()},
+             {"show", file.string(), "--stats"},
+             {"diff", file.string(), other.string()},
+             {"export", file.string(), (dir / ("out" + loud + ".safetensors")).string()},
+             {"import", (dir / ("out" + loud + ".safetensors")).string(), (dir / ("back" + loud + ".ckpt")).string()},
+             {"show", (dir / "absent\x1b[2J.ckpt").string()}}) {
+        CAPTURE(args.front());
+        const auto r = ckpt_tool(args, dir.path());
+        quiet(r);
+        CHECK(contains(r.out + r.err, "\\x1b"));
+    }
+    const auto ls = ckpt_tool({"ls", runs.string(), "--best", metric}, dir.path());
+    CHECK(contains(ls.out, "\\x1b[2Jloss=0.5"));
+    CHECK(contains(ls.out, "<- best \\x1b[2Jloss"));
+    CHECK(contains(ls.out, "p\\x1b]0;owned\\x07-1_5.ckpt"));
+    // --json: the same names, exact
+    const auto j = json::parse(ckpt_tool({"ls", runs.string(), "--json"}, dir.path()).out);
+    CHECK(j["checkpoints"][0]["checkpoints"][0]["path"] == file.string());
+    CHECK(j["checkpoints"][0]["checkpoints"][0]["metrics"][metric] == 0.5);
+    const auto shown = ckpt_tool({"show", file.string(), "--json"}, dir.path());
+    quiet(shown);
+    const auto entries = json::parse(shown.out)["entries"];
+    bool found = false;
+    for (const auto& e : entries) found |= e["name"] == "\x1b[31mw\r";
+    CHECK(found);
+    CHECK(contains(shown.out, "\"\\u001b[2J\\u009b1m\""));  // the C1 control escaped too
+}
+
+TEST_CASE("ckpt show and --json of names and strings that are not UTF-8: escaped text, and JSON that keeps every byte") {
+    test::TempDir dir;
+    const auto file = (test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile" / "names-not-utf8.ckpt").string();
+    auto r = ckpt_tool({"show", file}, dir.path());
+    CHECK(r.status == 0);
+    CHECK(contains(r.out, "w\\xff"));
+    CHECK(contains(r.out, "\"\\udcfe\\udcff\""));
+    r = ckpt_tool({"show", file, "--json"}, dir.path());
+    CHECK(r.status == 0);
+    CHECK(contains(r.out, "\"name\": \"w\\udcff\""));  // a byte that is not UTF-8, as Python's surrogateescape reads it
+    CHECK(contains(r.out, "\"value\": \"\\udcfe\\udcff\""));
+    CHECK(r.err.empty());
 }
 
 TEST_CASE("every subcommand that reads takes --max-decoded-bytes, and a file past it is refused naming the figure") {

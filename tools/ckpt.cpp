@@ -83,11 +83,119 @@ std::string utc_time(std::int64_t ns) {
 
 std::string hex64(std::uint64_t v) { return ckpt::detail::hex64(v); }
 
+/// A name, path, prefix or value that came from a file or a directory, as text output shows it:
+/// control characters (ESC, BEL, CR, ...) and bytes that are not UTF-8 escaped as \xNN, as
+/// error messages are (ckpt::detail::printable), and line breaks and tabs too, so that it
+/// stays on its line.
+std::string shown(std::string_view s) {
+    std::string out;
+    for (const char c : ckpt::detail::printable(s)) {
+        if (c == '\n') out += "\\x0a";
+        else if (c == '\t') out += "\\x09";
+        else out += c;
+    }
+    return out;
+}
+std::string shown(const std::string& s) { return shown(std::string_view(s)); }
+std::string shown(const char* s) { return shown(std::string_view(s)); }
+std::string shown(const fs::path& p) { return shown(std::string_view(p.string())); }
+
+/// `s` as a JSON string. Exact, and safe on a terminal: what JSON escapes, DEL and the C1
+/// controls as \u00XX, and each byte that is not part of valid UTF-8 (FORMAT.md allows any
+/// bytes in names and strings) as \udcXX, the lone surrogate Python's surrogateescape reads
+/// back as that byte.
+std::string json_quoted(std::string_view s) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string out = "\"";
+    auto u = [&](unsigned v) {
+        out += "\\u";
+        for (int shift = 12; shift >= 0; shift -= 4) out += hex[(v >> shift) & 15];
+    };
+    for (std::size_t i = 0; i < s.size();) {
+        const auto b = static_cast<unsigned char>(s[i]);
+        if (b < 0x80) {
+            switch (b) {
+                case '"': out += "\\\""; break;
+                case '\\': out += "\\\\"; break;
+                case '\b': out += "\\b"; break;
+                case '\f': out += "\\f"; break;
+                case '\n': out += "\\n"; break;
+                case '\r': out += "\\r"; break;
+                case '\t': out += "\\t"; break;
+                default:
+                    if (b < 0x20 || b == 0x7f) u(b);
+                    else out += static_cast<char>(b);
+            }
+            ++i;
+            continue;
+        }
+        // a multi-byte sequence, checked as detail::printable checks it
+        const std::size_t n = b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+        std::uint32_t cp = n == 2 ? b & 0x1fu : n == 3 ? b & 0x0fu : b & 0x07u;
+        bool valid = n != 0 && i + n <= s.size();
+        for (std::size_t k = 1; valid && k < n; ++k) {
+            const auto c = static_cast<unsigned char>(s[i + k]);
+            valid = (c & 0xc0) == 0x80;
+            cp = (cp << 6) | (c & 0x3fu);
+        }
+        valid = valid && !(n == 3 && cp < 0x800) && !(n == 4 && (cp < 0x10000 || cp > 0x10ffff)) &&
+                !(cp >= 0xd800 && cp <= 0xdfff);
+        if (!valid) {
+            u(0xdc00 + b);
+            ++i;
+        } else if (cp <= 0x9f) {  // C1 controls
+            u(cp);
+            i += n;
+        } else {
+            out.append(s.substr(i, n));
+            i += n;
+        }
+    }
+    return out + "\"";
+}
+
+/// `j` as nlohmann's dump(2) lays it out, its strings written by json_quoted(): exact whatever
+/// bytes a name holds, where dump() throws on bytes that are not UTF-8.
+void write_json(std::string& out, const json& j, int indent = 0) {
+    const std::string pad(static_cast<std::size_t>(indent) + 2, ' ');
+    if (j.is_object()) {
+        if (j.empty()) return void(out += "{}");
+        out += "{\n";
+        bool first = true;
+        for (const auto& [key, value] : j.items()) {
+            out += (first ? "" : ",\n") + pad + json_quoted(key) + ": ";
+            write_json(out, value, indent + 2);
+            first = false;
+        }
+        out += "\n" + std::string(static_cast<std::size_t>(indent), ' ') + "}";
+    } else if (j.is_array()) {
+        if (j.empty()) return void(out += "[]");
+        out += "[\n";
+        bool first = true;
+        for (const auto& value : j) {
+            out += (first ? "" : ",\n") + pad;
+            write_json(out, value, indent + 2);
+            first = false;
+        }
+        out += "\n" + std::string(static_cast<std::size_t>(indent), ' ') + "]";
+    } else if (j.is_string()) {
+        out += json_quoted(j.get_ref<const std::string&>());
+    } else {
+        out += j.dump();
+    }
+}
+
+std::string json_text(const json& j) {
+    std::string out;
+    write_json(out, j);
+    return out;
+}
+
 std::string scalar_text(const ckpt::Value& v) {
     if (auto* i = v.get_if<std::int64_t>()) return std::to_string(*i);
     if (auto* d = v.get_if<double>()) return ckpt::detail::double_text(*d);
     if (auto* b = v.get_if<bool>()) return *b ? "true" : "false";
-    if (auto* s = v.get_if<std::string>()) return json(*s).dump();
+    if (auto* s = v.get_if<std::string>()) return json_quoted(*s);
     return "";
 }
 
@@ -100,6 +208,7 @@ json scalar_json(const ckpt::Value& v) {
 }
 
 std::string kind_name(ckpt::ValueKind k) { return ckpt::detail::value_kind_name(k); }
+
 
 bool is_temporary(const fs::path& p) { return ckpt::detail::temporary_owner(p.filename().string()).has_value(); }
 
@@ -435,7 +544,7 @@ std::string metrics_text(const std::map<std::string, double>& metrics) {
     for (const auto& [name, value] : metrics) {
         char buf[64];
         std::snprintf(buf, sizeof buf, "%.6g", value);
-        out += (out.empty() ? "" : " ") + name + "=" + buf;
+        out += (out.empty() ? "" : " ") + shown(name) + "=" + buf;
     }
     return out;
 }
@@ -451,7 +560,7 @@ void print_temporaries(const std::vector<Temporary>& temporaries) {
     if (temporaries.empty()) return;
     std::cout << "\ntemporaries (each a save that did not finish; 'ckpt ls --clean' removes those whose writer is gone):\n";
     for (const auto& t : temporaries)
-        std::cout << "  " << t.path.string() << "  " << human_size(t.size) << "  pid " << t.pid << " "
+        std::cout << "  " << shown(t.path) << "  " << human_size(t.size) << "  pid " << t.pid << " "
                   << (t.writer_running ? "running" : "gone") << "\n";
 }
 
@@ -480,7 +589,7 @@ std::size_t clean_temporaries(std::vector<Temporary>& temporaries) {
     std::size_t removed = 0;
     for (auto it = temporaries.begin(); it != temporaries.end();) {
         if (!it->writer_running && ::unlink(it->path.c_str()) == 0) {
-            std::cout << "removed " << it->path.string() << " (left by process " << it->pid << ", gone)\n";
+            std::cout << "removed " << shown(it->path) << " (left by process " << it->pid << ", gone)\n";
             ++removed;
             it = temporaries.erase(it);
         } else {
@@ -549,11 +658,11 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
         for (const auto& t : temporaries)
             temps.push_back({{"path", t.path.string()}, {"pid", t.pid}, {"size", t.size},
                              {"writer", t.writer_running ? "running" : "gone"}});
-        std::cout << json{{"directory", dir.string()}, {"checkpoints", groups}, {"temporaries", temps}}.dump(2) << "\n";
+        std::cout << json_text(json{{"directory", dir.string()}, {"checkpoints", groups}, {"temporaries", temps}}) << "\n";
         return 0;
     }
     if (files.empty()) {
-        std::cout << "no checkpoints in '" << dir.string() << "'" << (prefix ? " with prefix '" + *prefix + "'" : "") << "\n";
+        std::cout << "no checkpoints in '" << shown(dir) << "'" << (prefix ? " with prefix '" + shown(*prefix) + "'" : "") << "\n";
         print_temporaries(temporaries);
         return 0;
     }
@@ -561,21 +670,22 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
     for (const auto& f : files) {
         if (f.group != group) {
             group = f.group;
-            std::cout << (&f == &files.front() ? "" : "\n") << f.group
+            std::cout << (&f == &files.front() ? "" : "\n") << shown(f.group)
                       << (f.naming.empty() ? "" : " (" + f.naming + ")") << "\n";
             if (const auto it = series.find(f.group); it != series.end()) {
                 if (const auto& r = it->second.finished)
-                    std::cout << "  finished at '" << r->file << "': epoch " << r->epoch << ", step " << r->step
+                    std::cout << "  finished at '" << shown(r->file) << "': epoch " << r->epoch << ", step " << r->step
                               << " (global step " << r->global_step << ")"
-                              << (r->arguments.empty() ? "" : " with '" + r->arguments + "'") << ", "
+                              << (r->arguments.empty() ? "" : " with '" + shown(r->arguments) + "'") << ", "
                               << ckpt::detail::readable_time(r->finished) << "\n";
-                if (!it->second.held_by.empty()) std::cout << "  being written by " << it->second.held_by << "\n";
+                if (!it->second.held_by.empty()) std::cout << "  being written by " << shown(it->second.held_by) << "\n";
             }
             std::printf("  %-44s %4s %6s %8s %-10s %10s  %-20s %s\n", "FILE", "RUN", "EPOCH", "STEP", "KIND", "SIZE",
                         "SAVED", "STATUS");
         }
-        const std::string name = f.path.lexically_relative(f.last_words ? fs::path(f.group) : f.path.parent_path()).generic_string();
-        const std::string status = f.problem ? "INVALID: " + *f.problem : headers_only ? "header ok" : "ok";
+        const std::string name =
+            shown(f.path.lexically_relative(f.last_words ? fs::path(f.group) : f.path.parent_path()).generic_string());
+        const std::string status = f.problem ? "INVALID: " + shown(*f.problem) : headers_only ? "header ok" : "ok";
         std::string run = "-", epoch = "-", step = "-", kind = "-";
         if (f.named) {
             const auto [e, st] = position_of(f);
@@ -591,7 +701,7 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
             step = std::to_string(f.header->step);
         }
         std::string marks = f.latest ? (f.last_words ? "  <- latest last words" : "  <- latest") : "";
-        if (f.best) marks += "  <- best " + best_by->metric;
+        if (f.best) marks += "  <- best " + shown(best_by->metric);
         const std::string metrics = f.metrics.empty() ? "" : "  " + metrics_text(f.metrics);
         std::printf("  %-44s %4s %6s %8s %-10s %10s  %-20s %s%s%s\n", name.c_str(), run.c_str(), epoch.c_str(),
                     step.c_str(), kind.c_str(), human_size(f.size).c_str(),
@@ -761,20 +871,21 @@ std::string plot_script(const std::vector<PlotPoint>& points, const std::vector<
 void print_points(const std::vector<PlotPoint>& points, const std::vector<std::string>& metrics, const std::string& axis,
                   const fs::path& dir) {
     std::size_t run_width = 3;
-    for (const auto& p : points) run_width = std::max(run_width, p.run.size());
+    for (const auto& p : points) run_width = std::max(run_width, shown(p.run).size());
     std::string axis_name = axis;
     std::transform(axis_name.begin(), axis_name.end(), axis_name.begin(), [](unsigned char c) { return std::toupper(c); });
     std::printf("  %10s  %-*s", axis_name.c_str(), static_cast<int>(run_width), "RUN");
-    for (const auto& m : metrics) std::printf("  %12s", m.c_str());
+    for (const auto& m : metrics) std::printf("  %12s", shown(m).c_str());
     std::printf("  FILE\n");
     for (const auto& p : points) {
         const std::string x = number_text(p.x, axis == "step" ? 17 : 6);
-        if (p.restart) std::printf("  restart at %s %s: run '%s'\n", axis.c_str(), x.c_str(), p.run.c_str());
-        std::printf("  %10s  %-*s", x.c_str(), static_cast<int>(run_width), p.run.c_str());
+        const std::string run = shown(p.run);
+        if (p.restart) std::printf("  restart at %s %s: run '%s'\n", axis.c_str(), x.c_str(), run.c_str());
+        std::printf("  %10s  %-*s", x.c_str(), static_cast<int>(run_width), run.c_str());
         for (std::size_t i = 0; i < metrics.size(); ++i)
-            std::printf("  %*s", static_cast<int>(std::max<std::size_t>(12, metrics[i].size())),
+            std::printf("  %*s", static_cast<int>(std::max<std::size_t>(12, shown(metrics[i]).size())),
                         p.values[i] ? number_text(*p.values[i], 6).c_str() : "-");
-        std::printf("  %s\n", p.file->path.lexically_relative(dir).generic_string().c_str());
+        std::printf("  %s\n", shown(p.file->path.lexically_relative(dir).generic_string()).c_str());
     }
 }
 
@@ -803,10 +914,10 @@ int cmd_plot(const fs::path& dir, const std::optional<std::string>& prefix, cons
     std::vector<const Listed*> recording;  // those that verify and record one of the metrics
     for (const auto& f : files) {
         if (f.problem) {
-            std::cerr << "ckpt plot: skipped '" << f.path.string() << "': " << *f.problem << "\n";
+            std::cerr << "ckpt plot: skipped '" << shown(f.path) << "': " << shown(*f.problem) << "\n";
             ++skipped;
         } else if (f.header->encoded()) {
-            std::cerr << "ckpt plot: skipped '" << f.path.string() << "': its body is stored through "
+            std::cerr << "ckpt plot: skipped '" << shown(f.path) << "': its body is stored through "
                       << f.header->codec_names() << ", whose recorded metrics are not read\n";
             ++skipped;
         } else if (std::any_of(metrics.begin(), metrics.end(), [&](const auto& m) { return f.metrics.contains(m); })) {
@@ -833,7 +944,7 @@ int cmd_plot(const fs::path& dir, const std::optional<std::string>& prefix, cons
         if (groups.empty() || groups.back() != f->group) groups.push_back(f->group);
     if (groups.size() > 1) {
         std::string list;
-        for (const auto& g : groups) list += "\n  " + g;
+        for (const auto& g : groups) list += "\n  " + shown(g);
         throw UsageError("checkpoints of more than one prefix or directory under '" + dir.string() + "' record " + names +
                          ":" + list + "\nchoose one with --prefix, or give its directory as DIR");
     }
@@ -868,11 +979,11 @@ int cmd_plot(const fs::path& dir, const std::optional<std::string>& prefix, cons
     if (fs::file_size(png.temp_path()) == 0) throw Failure(what + ": gnuplot wrote an empty image");
     png.commit();
 
-    std::cout << first.group << (first.naming.empty() ? "" : " (" + first.naming + ")") << ": " << points.size()
+    std::cout << shown(first.group) << (first.naming.empty() ? "" : " (" + first.naming + ")") << ": " << points.size()
               << " checkpoint" << (points.size() == 1 ? "" : "s") << ", x axis "
               << (axis == "step" ? "global step" : "epoch") << "\n";
     print_points(points, metrics, axis, dir);
-    std::cout << "wrote " << out.string() << " (" << human_size(fs::file_size(out)) << "): " << metrics.size()
+    std::cout << "wrote " << shown(out) << " (" << human_size(fs::file_size(out)) << "): " << metrics.size()
               << " series, " << points.size() << " point" << (points.size() == 1 ? "" : "s") << ", " << restarts << " restart" << (restarts == 1 ? "" : "s")
               << "\n";
     return 0;
@@ -947,13 +1058,13 @@ void print_entries(const std::vector<ckpt::EntryInfo>& entries, const std::optio
                    bool stats) {
     std::cout << "  " << entries.size() << " entries\n\n";
     std::size_t width = 4;
-    for (const auto& e : entries) width = std::max(width, e.name.size());
+    for (const auto& e : entries) width = std::max(width, shown(e.name).size());
     std::printf("  %-*s  %-6s  %-7s  %-16s %-12s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "ORDER",
                 "BYTES");
     std::printf(stats ? "  %12s %12s %12s %12s %5s %5s\n" : "  VALUE\n", "MIN", "MAX", "MEAN", "STD", "NAN", "INF");
     for (const auto& e : entries) {
         const bool tensor = e.kind == ckpt::ValueKind::tensor;
-        std::printf("  %-*s  %-6s  %-7s  %-16s %-12s %12s", static_cast<int>(width), e.name.c_str(),
+        std::printf("  %-*s  %-6s  %-7s  %-16s %-12s %12s", static_cast<int>(width), shown(e.name).c_str(),
                     tensor ? "tensor" : kind_name(e.kind).c_str(), tensor ? std::string(ckpt::dtype_name(e.dtype)).c_str() : "",
                     tensor ? ckpt::shape_string(e.logical_shape()).c_str() : "",
                     tensor ? std::string(ckpt::order_name(e.order)).c_str() : "", tensor ? std::to_string(e.nbytes).c_str() : "");
@@ -1011,13 +1122,13 @@ int cmd_show_dict(const fs::path& file, bool stats, bool as_json) {
     }
     const char* kind = format_name(format_of(file));
     if (as_json) {
-        std::cout << json{{"path", file.string()}, {"format", kind}, {"entries", entries_json(entries, loaded)}}.dump(2)
+        std::cout << json_text(json{{"path", file.string()}, {"format", kind}, {"entries", entries_json(entries, loaded)}})
                   << "\n";
         return 0;
     }
     static constexpr const char* read[] = {"header and table of contents", "header", "zip directory and npy headers",
                                            "zip directory and pickle"};
-    std::cout << file.string() << "\n  " << kind << " file"
+    std::cout << shown(file) << "\n  " << kind << " file"
               << (stats ? "" : std::string(" (") + read[static_cast<int>(format_of(file))] + " read; --stats reads the tensors)")
               << "\n";
     print_entries(entries, loaded, stats);
@@ -1031,14 +1142,16 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
     const bool locked = load_options.key.empty() && ckpt::read_header(file).encrypted();
     if (locked && stats)
         throw Failure("'" + file.string() + "' is encrypted: --stats needs its key (--key-file)");
+    std::optional<ckpt::ParamDict> loaded;
+    // --stats verifies the checksum first: damage is reported as the corruption it is, not as
+    // whatever the table of contents then looks like
+    if (stats && !locked) loaded = ckpt::load_checkpoint(file, load_options);
     if (locked) contents.header = ckpt::verify_checkpoint(file);
     else contents = ckpt::read_contents(file, load_options);
     const auto& h = contents.header;
     // The owner record is the manager's, not an entry of the program's: shown apart.
     const auto owner = ckpt::detail::owner_in(contents.entries);
     std::erase_if(contents.entries, [](const ckpt::EntryInfo& e) { return ckpt::detail::is_reserved_name(e.name); });
-    std::optional<ckpt::ParamDict> loaded;
-    if (stats && !locked) loaded = ckpt::load_checkpoint(file, load_options);  // verifies the checksum first
     const bool verified = locked || loaded || h.encoded();  // a codec's body is read whole, so checked
     if (as_json) {
         const json entries = entries_json(contents.entries, loaded);
@@ -1054,17 +1167,17 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
         if (owner) out["owner"] = {{"prefix", owner->prefix}, {"run", owner->run_prefix}};
         if (locked) out["entries"] = nullptr;
         else out["entries"] = entries;
-        std::cout << out.dump(2) << "\n";
+        std::cout << json_text(out) << "\n";
         return 0;
     }
-    std::cout << file.string() << "\n"
+    std::cout << shown(file) << "\n"
               << "  format version " << h.version << ", " << ckpt::archive_kind_name(h.archive) << " archive, body "
               << h.body_length << " bytes"
               << (h.encoded() ? " stored through " + h.codec_names() : std::string()) << "\n"
               << "  epoch " << h.epoch << ", step " << h.step << ", saved " << utc_time(h.save_time_ns) << "\n"
               << "  checksum xxh3 " << hex64(h.body_hash)
               << (verified ? " (verified)" : " (not read; ckpt verify or --stats checks it)") << "\n";
-    if (owner) std::cout << "  written for prefix '" << owner->prefix << "', run '" << owner->run_prefix << "'\n";
+    if (owner) std::cout << "  written for prefix '" << shown(owner->prefix) << "', run '" << shown(owner->run_prefix) << "'\n";
     if (locked) {
         std::cout << "  entries encrypted: pass --key-file to list them\n";
         return 0;
@@ -1091,7 +1204,7 @@ int cmd_verify(const std::vector<fs::path>& paths) {
             }
             std::sort(files.begin(), files.end());
             if (files.empty()) {
-                std::cout << "FAILED " << target.string() << ": no checkpoint files (*.ckpt) in this directory\n";
+                std::cout << "FAILED " << shown(target) << ": no checkpoint files (*.ckpt) in this directory\n";
                 ++failed;
             }
         } else {
@@ -1108,13 +1221,13 @@ int cmd_verify(const std::vector<fs::path>& paths) {
                 // With the key, an encrypted body is also decrypted: that authenticates it.
                 const bool authenticated = h.encrypted() && !load_options.key.empty();
                 if (authenticated) ckpt::load_checkpoint(f, load_options);
-                std::cout << "ok     " << f.string() << " (epoch " << h.epoch << ", step " << h.step << ", "
+                std::cout << "ok     " << shown(f) << " (epoch " << h.epoch << ", step " << h.step << ", "
                           << human_size(h.body_length + ckpt::header_size)
                           << (h.encoded() ? ", " + h.codec_names() : std::string())
                           << (authenticated ? ", authenticated" : "") << ")\n";
                 ++passed;
             } catch (const ckpt::Error& e) {
-                std::cout << "FAILED " << f.string() << ": " << e.what() << "\n";
+                std::cout << "FAILED " << shown(f) << ": " << shown(e.what()) << "\n";
                 ++failed;
             }
         }
@@ -1181,7 +1294,7 @@ int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double
     for (const auto& [name, va] : a) {
         const ckpt::Value* vb = b.find(name);
         if (!vb) {
-            report("only in A: '" + name + "' (" + va.type_name() + ")");
+            report("only in A: '" + shown(name) + "' (" + va.type_name() + ")");
             continue;
         }
         const ckpt::Tensor* ta = va.get_if<ckpt::Tensor>();
@@ -1189,7 +1302,7 @@ int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double
         // the order too: the same bytes in the other order are the transpose
         if (va.kind() != vb->kind() || (ta && (ta->dtype() != tb->dtype() || ta->logical_shape() != tb->logical_shape() ||
                                                ta->order() != tb->order()))) {
-            report("'" + name + "': A has " + va.type_name() + ", B has " + vb->type_name());
+            report("'" + shown(name) + "': A has " + va.type_name() + ", B has " + vb->type_name());
             continue;
         }
         if (bit_equal(va, *vb)) {
@@ -1202,7 +1315,7 @@ int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double
                 ++close;
                 continue;
             }
-            report("'" + name + "': A = " + scalar_text(va) + ", B = " + scalar_text(*vb));
+            report("'" + shown(name) + "': A = " + scalar_text(va) + ", B = " + scalar_text(*vb));
             continue;
         }
         const auto c = compare(*ta, *tb, atol, rtol);
@@ -1211,13 +1324,13 @@ int cmd_diff(const fs::path& a_path, const fs::path& b_path, double atol, double
                       c.max_abs, c.max_rel, c.outside, ta->numel());
         if (c.outside == 0) {
             ++close;
-            std::cout << "'" << name << "': within tolerance, not bit-equal: " << line << "\n";
+            std::cout << "'" << shown(name) << "': within tolerance, not bit-equal: " << line << "\n";
         } else {
-            report("'" + name + "': " + line);
+            report("'" + shown(name) + "': " + line);
         }
     }
     for (const auto& [name, vb] : b)
-        if (!a.contains(name)) report("only in B: '" + name + "' (" + vb.type_name() + ")");
+        if (!a.contains(name)) report("only in B: '" + shown(name) + "' (" + vb.type_name() + ")");
     std::cout << a.size() << " entries in A, " << b.size() << " in B: " << same_bits << " bit-equal, " << close
               << " within tolerance, " << differ << " different\n";
     return differ ? 1 : 0;
@@ -1235,7 +1348,7 @@ int cmd_export(const fs::path& in, const fs::path& out, const Selection& sel, bo
     const auto dict = sel.apply(ckpt::load_checkpoint(in, load_options));
     if (target == FileFormat::safetensors) ckpt::save_safetensors(dict, out);
     else ckpt::save_npz(dict, out, compress);
-    std::cout << "exported " << dict.size() << " entries to " << out.string() << " (" << human_size(fs::file_size(out)) << ")\n";
+    std::cout << "exported " << dict.size() << " entries to " << shown(out) << " (" << human_size(fs::file_size(out)) << ")\n";
     return 0;
 }
 
@@ -1259,7 +1372,7 @@ int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, st
         if (fs::is_directory(dir)) lock.emplace(dir, probe.prefix);
     }
     ckpt::save_checkpoint(dict, out, opts);
-    std::cout << "imported " << dict.size() << " entries into " << out.string() << " (epoch " << epoch << ", step "
+    std::cout << "imported " << dict.size() << " entries into " << shown(out) << " (epoch " << epoch << ", step "
               << step << ", " << archive << " archive"
               << (opts.codecs.empty() ? std::string() : ", " + ckpt::read_header(out).codec_names()) << ")\n";
     return 0;
@@ -1385,7 +1498,7 @@ int main(int argc, char** argv) {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e);  // --help: usage on stdout
-        std::cerr << "ckpt: " << e.what() << "\nRun 'ckpt --help' or 'ckpt SUBCOMMAND --help' for usage.\n";
+        std::cerr << "ckpt: " << ckpt::detail::printable(e.what()) << "\nRun 'ckpt --help' or 'ckpt SUBCOMMAND --help' for usage.\n";
         return 2;
     }
     ckpt::set_log_sink([](ckpt::LogLevel, std::string_view) {});  // findings are in the output
@@ -1407,10 +1520,10 @@ int main(int argc, char** argv) {
             return cmd_plot(dir, prefix.empty() ? std::nullopt : std::optional(prefix), plot_metrics, out, force,
                             std::chrono::seconds(plot_timeout));
     } catch (const UsageError& e) {
-        std::cerr << "ckpt: " << e.what() << "\n";
+        std::cerr << "ckpt: " << ckpt::detail::printable(e.what()) << "\n";
         return 2;
     } catch (const std::exception& e) {
-        std::cerr << "ckpt: " << e.what() << "\n";
+        std::cerr << "ckpt: " << ckpt::detail::printable(e.what()) << "\n";
         return 1;
     }
     return 2;

@@ -1117,7 +1117,9 @@ inline void read_npz(const std::string& path, const InteropLoadOptions& opts, bo
         const auto i = static_cast<zip_uint64_t>(k);
         zip_stat_t st;
         zip_stat_init(&st);
-        if (zip_stat_index(zip.za, i, 0, &st) != 0)
+        // the name's bytes as stored: NumPy's names are ASCII or flagged UTF-8, and libzip's guess
+        // would take an ASCII control character for CP437 (ESC for an arrow)
+        if (zip_stat_index(zip.za, i, ZIP_FL_ENC_RAW, &st) != 0)
             npz_fail(path, "member " + std::to_string(k) + ": " + zip_strerror(zip.za));
         const std::string member = st.name ? st.name : "";
         if (!member.empty() && member.back() == '/') continue;  // a directory
@@ -1855,11 +1857,11 @@ private:
         const std::string member = prefix_ + "data/" + s.key;
         const std::string what = "storage '" + s.key + "' (record '" + member + "')";
         const bool overflow = s.numel > std::numeric_limits<std::uint64_t>::max() / width;
-        const zip_int64_t index = zip_name_locate(za_, member.c_str(), 0);
+        const zip_int64_t index = zip_name_locate(za_, member.c_str(), ZIP_FL_ENC_RAW);
         if (index < 0) torch_fail(path_, "tensor '" + name + "' is in " + what + ", which the file does not have");
         zip_stat_t st;
         zip_stat_init(&st);
-        if (zip_stat_index(za_, static_cast<zip_uint64_t>(index), 0, &st) != 0)
+        if (zip_stat_index(za_, static_cast<zip_uint64_t>(index), ZIP_FL_ENC_RAW, &st) != 0)
             torch_fail(path_, "record '" + member + "': " + zip_strerror(za_));
         check_member_entry(st, file_bytes_, "PyTorch", path_, member);
         if (overflow || st.size != s.numel * width)
@@ -1926,7 +1928,7 @@ inline std::string torch_record(zip_t* za, zip_uint64_t index, std::uint64_t fil
                                 const std::string& member, DecodeBudget& budget) {
     zip_stat_t st;
     zip_stat_init(&st);
-    if (zip_stat_index(za, index, 0, &st) != 0) torch_fail(path, "record '" + member + "': " + zip_strerror(za));
+    if (zip_stat_index(za, index, ZIP_FL_ENC_RAW, &st) != 0) torch_fail(path, "record '" + member + "': " + zip_strerror(za));
     check_member_entry(st, file_bytes, "PyTorch", path, member);
     budget.take(st.size, [&] { return "record '" + member + "' unpacks to " + std::to_string(st.size) + " bytes"; });
     MemberReader in(za, index, st.size, path, member, "PyTorch");
@@ -1968,7 +1970,7 @@ inline void read_torch(const std::string& path, const InteropLoadOptions& opts, 
     std::optional<zip_uint64_t> pickle_index;
     const zip_int64_t count = zip_get_num_entries(zip.za, 0);
     for (zip_int64_t k = 0; k < count && !pickle_index; ++k) {
-        const char* name = zip_get_name(zip.za, static_cast<zip_uint64_t>(k), 0);
+        const char* name = zip_get_name(zip.za, static_cast<zip_uint64_t>(k), ZIP_FL_ENC_RAW);
         const std::string_view member = name ? name : "";
         const auto slash = member.find('/');
         if (slash != std::string_view::npos && member.substr(slash + 1) == "data.pkl") {
@@ -1977,14 +1979,14 @@ inline void read_torch(const std::string& path, const InteropLoadOptions& opts, 
         }
     }
     if (!pickle_index) torch_fail(path, "it has no '{archive}/data.pkl' record: it is a zip, but not one torch.save wrote");
-    if (zip_name_locate(zip.za, (prefix + "constants.pkl").c_str(), 0) >= 0)
+    if (zip_name_locate(zip.za, (prefix + "constants.pkl").c_str(), ZIP_FL_ENC_RAW) >= 0)
         throw FormatError("PyTorch file '" + path +
                               "' is a TorchScript archive (torch.jit.save), which holds code; ckpt reads what torch.save "
                               "writes: save the module's state_dict() with torch.save",
                           path);
 
     bool swap = false;  // the storages' byte order differs from this machine's
-    if (const zip_int64_t at = zip_name_locate(zip.za, (prefix + "byteorder").c_str(), 0); at >= 0) {
+    if (const zip_int64_t at = zip_name_locate(zip.za, (prefix + "byteorder").c_str(), ZIP_FL_ENC_RAW); at >= 0) {
         const std::string order = torch_record(zip.za, static_cast<zip_uint64_t>(at), file_bytes, path, prefix + "byteorder", budget);
         if (order != "little" && order != "big")
             torch_fail(path, "record '" + prefix + "byteorder' is neither 'little' nor 'big'");

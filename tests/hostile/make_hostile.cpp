@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -116,7 +117,7 @@ std::string deflated(const std::string& data) {
 }
 
 /// A zip archive of `members`, each with its true CRC-32, dated 1980-01-01.
-std::string zip(const std::vector<Member>& members) {
+std::string zip_archive(const std::vector<Member>& members) {
     std::string z;
     std::vector<std::uint64_t> local_at;
     std::vector<std::string> stored;
@@ -125,7 +126,9 @@ std::string zip(const std::vector<Member>& members) {
     auto common = [&](std::size_t k) {
         const Member& m = members[k];
         const std::uint64_t size = m.claimed_size.value_or(m.data.size()), comp = stored[k].size();
-        fuzz::put16(z, m.zip64 ? 45 : 20), fuzz::put16(z, 0x800), fuzz::put16(z, m.deflate ? 8 : 0);
+        // the UTF-8 flag only for names beyond ASCII, as Python's zipfile (and so NumPy) sets it
+        const bool ascii = std::all_of(m.name.begin(), m.name.end(), [](char c) { return (c & 0x80) == 0; });
+        fuzz::put16(z, m.zip64 ? 45 : 20), fuzz::put16(z, ascii ? 0 : 0x800), fuzz::put16(z, m.deflate ? 8 : 0);
         fuzz::put16(z, 0), fuzz::put16(z, 0x21);
         fuzz::put32(z, fuzz::crc32(m.data));
         fuzz::put32(z, m.zip64 ? 0xffffffffu : static_cast<std::uint32_t>(comp));
@@ -227,7 +230,7 @@ std::string torch_file(const std::string& pickle, const std::vector<std::string>
     for (std::size_t k = 0; k < storages.size(); ++k)
         members.push_back({"archive/data/" + std::to_string(k), storages[k], deflate_storages});
     members.push_back({"archive/version", "3\n"});
-    return zip(members);
+    return zip_archive(members);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,6 +251,18 @@ void checkpoint_cases() {
     add("ok-zstd.ckpt", "ckpt", checkpoint(body_of(small, zstd), ckpt::ArchiveKind::binary, {ckpt::CodecId::zstd}), "ok",
         "", "the same checkpoint through zstd");
 
+    // names and values that would drive a terminal: valid (FORMAT.md section 3), printed escaped
+    ckpt::ParamDict loud;
+    loud.set("\x1b]0;owned\x07", ckpt::Tensor::from(std::vector<float>{1}, {1}));
+    loud.set("cr\rback", std::int64_t{1});
+    loud.set("note", std::string("\x1b[2J\xc2\x9b" "31mred"));
+    add("names-with-escapes.ckpt", "ckpt", checkpoint(body_of(loud)), "ok", "",
+        "entry names and a string holding ESC, BEL, CR and a C1 control");
+    ckpt::ParamDict bytes;
+    bytes.set("w\xff", ckpt::Tensor::from(std::vector<float>{1}, {1}));
+    bytes.set("s", std::string("\xfe\xff"));
+    add("names-not-utf8.ckpt", "ckpt", checkpoint(body_of(bytes)), "ok", "",
+        "an entry name and a string value that are not UTF-8");
     add("not-a-checkpoint.ckpt", "ckpt", "this is text, not a checkpoint\n", "FormatError", "not a ckpt checkpoint",
         "no magic bytes");
     add("truncated-header.ckpt", "ckpt", good.substr(0, 40), "FormatError", "truncated",
@@ -327,6 +342,10 @@ void safetensors_cases() {
     add("ok.safetensors", "safetensors",
         file(R"({"__metadata__":{"note":"hi"},"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", floats), "ok",
         "", "a small safetensors file: the corpus's control");
+    add("names-with-escapes.safetensors", "safetensors",
+        file(R"({"__metadata__":{"\u001b[2J":"\u001b]0;owned\u0007"},"\u001b]0;owned\u0007":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+             floats),
+        "ok", "", "a tensor name and a metadata key and value holding ESC and BEL");
     add("tensor-twice.safetensors", "safetensors",
         file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
              floats),
@@ -376,24 +395,26 @@ void safetensors_cases() {
 
 void npz_cases() {
     const std::string w = npy("<f4", {2}, raw<float>({1, 2}));
-    add("ok.npz", "npz", zip({{"w.npy", w}, {"d.npy", w, true}}), "ok", "",
+    add("ok.npz", "npz", zip_archive({{"w.npy", w}, {"d.npy", w, true}}), "ok", "",
         "a small npz, one member stored and one deflated: the corpus's control");
+    add("names-with-escapes.npz", "npz", zip_archive({{"\x1b]0;owned\x07.npy", w}, {"cr\rback.npy", w, true}}), "ok", "",
+        "member names holding ESC, BEL and CR");
     add("not-a-zip.npz", "npz", "PK but not a zip at all", "FormatError", "not a readable zip archive", "no zip directory");
-    add("member-not-npy.npz", "npz", zip({{"readme.txt", "hello"}}), "FormatError", "is not a .npy array",
+    add("member-not-npy.npz", "npz", zip_archive({{"readme.txt", "hello"}}), "FormatError", "is not a .npy array",
         "a member that is no npy array");
-    add("bool-byte-2.npz", "npz", zip({{"b.npy", npy("|b1", {3}, std::string("\1\2\0", 3))}}), "FormatError",
+    add("bool-byte-2.npz", "npz", zip_archive({{"b.npy", npy("|b1", {3}, std::string("\1\2\0", 3))}}), "FormatError",
         "neither 0 nor 1", "a bool element holding 2");
     Member claim{"w.npy", w, true};
     claim.claimed_size = std::uint64_t{1} << 31;
-    add("deflate-claims-ratio.npz", "npz", zip({claim}), "FormatError", "claims",
+    add("deflate-claims-ratio.npz", "npz", zip_archive({claim}), "FormatError", "claims",
         "a deflated member of a few bytes claiming 2 GiB, beyond what deflate can expand them to");
     Member zip64{"w.npy", w, false};
     zip64.zip64 = true;
     zip64.claimed_size = std::uint64_t{1} << 62;
-    add("zip64-claim.npz", "npz", zip({zip64}), "FormatError", "claims",
+    add("zip64-claim.npz", "npz", zip_archive({zip64}), "FormatError", "claims",
         "a stored member whose zip64 extra field claims 2^62 bytes");
     add("npy-header-length-huge.npz", "npz",
-        zip({{"w.npy", std::string("\x93NUMPY\x02\x00\xff\xff\xff\x7f", 12) + "{}"}}), "FormatError", "npy header of",
+        zip_archive({{"w.npy", std::string("\x93NUMPY\x02\x00\xff\xff\xff\x7f", 12) + "{}"}}), "FormatError", "npy header of",
         "an npy 2.0 header length of 2 GiB in a 14-byte member");
 }
 
@@ -403,6 +424,11 @@ void torch_cases() {
     ok.op('}').op('(').str("w").tensor("FloatStorage", "0", 4, 0, {2, 2}, {2, 1}).str("epoch").integer(3).op('u');
     add("ok.pt", "pt", torch_file(ok.done(), {four}), "ok", "",
         "a state_dict as torch.save writes it: the corpus's control");
+    Pickle loud;
+    loud.op('}').op('(').str("\x1b]0;owned\x07").tensor("FloatStorage", "0", 4, 0, {4}, {1});
+    loud.str("cr\rback").str("\x1b[2J\xc2\x9b").op('u');
+    add("names-with-escapes.pt", "pt", torch_file(loud.done(), {four}), "ok", "",
+        "a state_dict key and a string value holding ESC, BEL, CR and a C1 control");
     Pickle system;
     system.global("posix", "system").op('(').str("echo owned").op('t').op('R');
     add("global-os-system.pt", "pt", torch_file(system.done(), {}), "FormatError", "'posix.system'",
