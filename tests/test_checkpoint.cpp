@@ -212,6 +212,68 @@ TEST_CASE("objects with state_dict() load and save through views") {
     CHECK(c.w == a.w);
 }
 
+namespace {
+/// Replaces the temporaries' random suffixes while it lives: `names` in turn, the last one for
+/// ever after.
+struct ScriptedSuffixes {
+    static inline std::vector<std::string> names;
+    static inline std::size_t next = 0;
+    std::string (*saved)() = ckpt::detail::temporary_suffix_source();
+    explicit ScriptedSuffixes(std::vector<std::string> n) {
+        names = std::move(n);
+        next = 0;
+        ckpt::detail::temporary_suffix_source() = [] { return names[std::min(next++, names.size() - 1)]; };
+    }
+    ~ScriptedSuffixes() { ckpt::detail::temporary_suffix_source() = saved; }
+};
+}  // namespace
+
+TEST_CASE("a save cannot be blocked by temporaries another user created first, nor follow their symlinks") {
+    TempDir dir;
+    const auto final_path = dir / "x.ckpt";
+    const std::string pid = std::to_string(::getpid());
+    // The names of the previous scheme, created first: no longer what a save tries.
+    for (int n = 0; n < 3; ++n) test::write_bytes(dir / (".x.ckpt.tmp-" + pid + "-" + std::to_string(n)), {'x'});
+    ckpt::save_checkpoint(one_tensor(), final_path);
+    CHECK(ckpt::load_checkpoint(final_path) == one_tensor());
+    // A taken name is given up for another: here a symlink to a file of the victim's, which
+    // must be neither followed nor removed.
+    test::write_bytes(dir / "victim", {'v'});
+    const auto taken = dir / (".x.ckpt.tmp-" + pid + "-taken");
+    test::fs::create_symlink(dir / "victim", taken);
+    {
+        ScriptedSuffixes names({"taken", "taken", "free"});
+        ckpt::save_checkpoint(test::sample_state(), final_path);
+        CHECK(ScriptedSuffixes::next == 3);
+    }
+    CHECK(ckpt::load_checkpoint(final_path) == test::sample_state());
+    CHECK(test::read_bytes(dir / "victim") == std::vector<char>{'v'});
+    CHECK(test::fs::is_symlink(taken));
+    // Every name taken: a bounded number of tries, then an IoError naming the file; the old
+    // file and everything else stay as they were.
+    {
+        ScriptedSuffixes names({"taken"});
+        CHECK_THROWS_WITH_AS(ckpt::save_checkpoint(one_tensor(), final_path),
+                             doctest::Contains(("16 temporary names in '" + dir.path().string() + "' were all taken").c_str()),
+                             ckpt::IoError);
+        CHECK(ScriptedSuffixes::next == 16);
+    }
+    CHECK(ckpt::load_checkpoint(final_path) == test::sample_state());
+    CHECK(test::read_bytes(dir / "victim") == std::vector<char>{'v'});
+    // A symlink at the final name is replaced by the file, not written through.
+    test::fs::remove(final_path);
+    test::fs::create_symlink(dir / "victim", final_path);
+    ckpt::save_checkpoint(one_tensor(), final_path);
+    CHECK_FALSE(test::fs::is_symlink(final_path));
+    CHECK(ckpt::load_checkpoint(final_path) == one_tensor());
+    CHECK(test::read_bytes(dir / "victim") == std::vector<char>{'v'});
+    // The random part of a temporary's name: 16 hex digits, new every time.
+    const auto a = ckpt::detail::temporary_name("x.ckpt"), b = ckpt::detail::temporary_name("x.ckpt");
+    CHECK(a != b);
+    CHECK(a.size() == (".x.ckpt.tmp-" + pid + "-").size() + 16);
+    CHECK(ckpt::detail::temporary_owner(a) == ::getpid());
+}
+
 TEST_CASE("saving replaces a file atomically, or not at all when asked") {
     TempDir dir;
     ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");

@@ -2180,6 +2180,12 @@ LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = fa
 // Atomic, durable file replacement: write a temporary in the same directory, fsync it,
 // rename it over the final name, fsync the directory. A crash at any point leaves either
 // the old state or the complete new file; the temporary is removed on every error path.
+//
+// The directory may be shared (a 1777 scratch directory): the temporary's name ends in 64
+// random bits, so another user cannot create it first, and a name that exists all the same is
+// given up for another, a bounded number of times. The temporary is created with O_EXCL and
+// O_NOFOLLOW, so no symlink planted under its name is followed, and rename() replaces a
+// symlink at the final name rather than writing through it.
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -2187,7 +2193,7 @@ LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = fa
 
 #include <boost/filesystem.hpp>
 
-#include <atomic>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <functional>
@@ -2268,13 +2274,32 @@ namespace fs = boost::filesystem;
 
 inline constexpr std::string_view temp_marker = ".tmp-";
 
-/// The temporary for `final_name`: ".{final_name}.tmp-{pid}-{sequence}". The leading dot keeps
+/// 16 hex digits from the system's random source.
+inline std::string random_suffix() {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::array<unsigned char, 8> raw{};
+    random_bytes(raw.data(), raw.size());
+    std::string out;
+    for (const auto b : raw) out += {hex[b >> 4], hex[b & 15]};
+    return out;
+}
+
+/// Where temporaries' suffixes come from (random_suffix); the tests replace it to make names
+/// collide.
+inline std::string (*&temporary_suffix_source())() {
+    static std::string (*source)() = &random_suffix;
+    return source;
+}
+
+/// The temporary for `final_name`: ".{final_name}.tmp-{pid}-{random}". The leading dot keeps
 /// it out of listings, the pid tells a later cleanup whether its writer is still alive.
 inline std::string temporary_name(const std::string& final_name) {
-    static std::atomic<unsigned long> sequence{0};
-    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + "-" +
-           std::to_string(sequence.fetch_add(1));
+    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + "-" + temporary_suffix_source()();
 }
+
+/// How many temporary names a writer tries before it gives up: each taken one is someone
+/// else's (64 random bits do not collide by chance).
+inline constexpr int temporary_attempts = 16;
 
 /// The writer's pid if `name` is one of our temporaries.
 inline std::optional<long> temporary_owner(std::string_view name) {
@@ -2315,16 +2340,25 @@ public:
         if (!overwrite_ && ::access(final_.c_str(), F_OK) == 0)
             throw IoError("cannot save '" + final_ + "': the file exists and overwriting was not allowed", final_,
                           EEXIST);
-        temp_ = (fs::path(dir_) / temporary_name(final_path.filename().string())).string();
-        int fd;
-        do fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        while (fd < 0 && errno == EINTR);
-        if (fd < 0) {
+        for (int attempt = 0;; ++attempt) {
+            temp_ = (fs::path(dir_) / temporary_name(final_path.filename().string())).string();
+            int fd;
+            do fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+            while (fd < 0 && errno == EINTR);
+            if (fd >= 0) {
+                fd_ = Fd(fd);
+                break;
+            }
             const int err = errno;
+            if (err == EEXIST && attempt + 1 < temporary_attempts) continue;  // another's: another name
+            if (err == EEXIST)
+                throw IoError("cannot save '" + final_ + "': " + std::to_string(temporary_attempts) +
+                                  " temporary names in '" + dir_ + "' were all taken (as '" + temp_ +
+                                  "' is): another process creates them",
+                              final_, err);
             throw IoError("cannot save '" + final_ + "': cannot create a file in '" + dir_ + "': " + errno_text(err),
                           final_, err);
         }
-        fd_ = Fd(fd);
     }
     AtomicFile(const AtomicFile&) = delete;
     AtomicFile& operator=(const AtomicFile&) = delete;
@@ -2344,7 +2378,7 @@ public:
     /// temporary over it): commit() then makes that file durable, not the one first opened.
     void reopen_replaced() {
         int fd;
-        do fd = ::open(temp_.c_str(), O_RDONLY | O_CLOEXEC);
+        do fd = ::open(temp_.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         while (fd < 0 && errno == EINTR);
         if (fd < 0) throw_io("reopen the temporary of", final_);
         fd_ = Fd(fd);
