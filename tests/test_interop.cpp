@@ -501,6 +501,32 @@ TEST_CASE("files from elsewhere are held to max_decoded_bytes before the memory 
     }
 }
 
+TEST_CASE("save_npz refuses names unsafe as zip members, and both writers bool bytes their readers refuse") {
+    test::TempDir dir;
+    const ckpt::Tensor one = ckpt::Tensor::from(std::vector<float>{1});
+    for (const std::string& name : {std::string("../../x"), std::string("/etc/x"), std::string("a\0b", 3), std::string("a/../b"),
+                                    std::string("./x"), std::string("\\x"), std::string("..\\x"), std::string("w\xff")}) {
+        CAPTURE(ckpt::detail::printable(name));
+        CHECK_THROWS_WITH_AS(ckpt::save_npz({{name, one}}, dir / "w.npz"),
+                             doctest::Contains("' would be the zip member '"), ckpt::ConfigError);
+    }
+    CHECK(test::names_in(dir.path()).empty());
+    // what NumPy writes too: folders, names beyond ASCII, control characters (printed escaped)
+    const ckpt::ParamDict fine{{"model/layer.w", one}, {"gr\u00f6\u00dfe", one}, {"\x1b[2J", one}, {"..x", one}};
+    for (const bool compressed : {false, true}) {
+        ckpt::save_npz(fine, dir / "w.npz", compressed);
+        CHECK(ckpt::load_npz(dir / "w.npz") == fine);
+    }
+    ckpt::Tensor flags(ckpt::DType::boolean, {3});
+    std::memcpy(flags.data(), "\0\1\2", 3);
+    CHECK_THROWS_WITH_AS(ckpt::save_npz({{"flags", flags}}, dir / "f.npz"),
+                         doctest::Contains("bool tensor 'flags' holds the byte 2 at element 2, neither 0 nor 1"),
+                         ckpt::ConfigError);
+    CHECK_THROWS_WITH_AS(ckpt::save_safetensors({{"flags", flags}}, dir / "f.safetensors"),
+                         doctest::Contains("bool tensor 'flags' holds the byte 2"), ckpt::ConfigError);
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{"w.npz"});
+}
+
 TEST_CASE("interop writes are atomic: an error leaves the existing file and no temporary") {
     test::TempDir dir;
     ckpt::ParamDict first{{"w", ckpt::Tensor::from(std::vector<float>{1, 2})}};

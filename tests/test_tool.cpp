@@ -513,6 +513,28 @@ TEST_CASE("ckpt show and --json of names and strings that are not UTF-8: escaped
     CHECK(r.err.empty());
 }
 
+TEST_CASE("ckpt export writes nothing its own import would refuse: unsafe zip member names, bool bytes but 0 and 1") {
+    test::TempDir dir;
+    const auto file = (test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile" / "bool-tensor-byte-2.ckpt").string();
+    CHECK(ckpt_tool({"show", "--stats", file}, dir.path()).status == 0);
+    auto r = ckpt_tool({"export", file, (dir / "out.npz").string(), "--select", "/"}, dir.path());
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "would be the zip member '../../x.npy'"));
+    CHECK(contains(r.err, "--rename"));
+    r = ckpt_tool({"export", file, (dir / "out.npz").string(), "--select", "^flags$"}, dir.path());
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "bool tensor 'flags' holds the byte 2"));
+    r = ckpt_tool({"export", file, (dir / "out.safetensors").string()}, dir.path());
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "bool tensor 'flags' holds the byte 2"));
+    CHECK(test::names_in(dir.path()) == std::vector<std::string>{".tool.err", ".tool.out"});
+    // renamed, the values export and import back
+    r = ckpt_tool({"export", file, (dir / "out.npz").string(), "--select", "x$", "--rename", "../../=up.", "--rename", "/etc/=etc."},
+                  dir.path());
+    CHECK(r.status == 0);
+    CHECK(ckpt::load_npz(dir / "out.npz") == ckpt::ParamDict{{"up.x", std::int64_t{1}}, {"etc.x", std::int64_t{2}}});
+}
+
 TEST_CASE("every subcommand that reads takes --max-decoded-bytes, and a file past it is refused naming the figure") {
     test::TempDir dir;
     const auto hostile = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile";

@@ -1018,7 +1018,9 @@ Stats tensor_stats(const ckpt::Tensor& t) {
         case ckpt::DType::int32: for (auto v : t.values<std::int32_t>()) add(v); break;
         case ckpt::DType::int64: for (auto v : t.values<std::int64_t>()) add(static_cast<double>(v)); break;
         case ckpt::DType::uint8: for (auto v : t.values<std::uint8_t>()) add(v); break;
-        case ckpt::DType::boolean: for (bool v : t.values<bool>()) add(v ? 1 : 0); break;
+        case ckpt::DType::boolean:  // by its bytes: a file may hold others than 0 and 1, not valid as bool
+            for (std::size_t i = 0; i < t.nbytes(); ++i) add(t.data()[i] != std::byte{0} ? 1 : 0);
+            break;
     }
     if (s.finite) {
         const auto n = static_cast<double>(s.finite);
@@ -1251,7 +1253,7 @@ double element(const ckpt::Tensor& t, std::size_t i) {
         case ckpt::DType::int32: return t.values<std::int32_t>()[i];
         case ckpt::DType::int64: return static_cast<double>(t.values<std::int64_t>()[i]);
         case ckpt::DType::uint8: return t.values<std::uint8_t>()[i];
-        case ckpt::DType::boolean: return t.values<bool>()[i] ? 1 : 0;
+        case ckpt::DType::boolean: return t.data()[i] != std::byte{0} ? 1 : 0;  // by its byte, as tensor_stats
     }
     return 0;
 }

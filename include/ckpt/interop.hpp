@@ -531,6 +531,18 @@ inline void check_safetensors_name(const std::string& name, const std::string& p
         throw ConfigError("cannot save '" + path + "': the entry name '" + name + "' is reserved in safetensors files");
 }
 
+/// Throws on a bool tensor holding a byte other than 0 and 1: the readers refuse those (a bool
+/// read from any other byte is undefined behaviour), so no writer writes one.
+inline void check_bool_bytes(const std::string& name, const Tensor& t, const std::string& path) {
+    if (t.dtype() != DType::boolean) return;
+    const std::byte* p = t.data();
+    for (std::size_t i = 0; i < t.nbytes(); ++i)
+        if (static_cast<unsigned>(p[i]) > 1)
+            throw ConfigError("cannot save '" + path + "': bool tensor '" + name + "' holds the byte " +
+                              std::to_string(static_cast<unsigned>(p[i])) + " at element " + std::to_string(i) +
+                              ", neither 0 nor 1");
+}
+
 /// A read of `path` (detail::reading), nlohmann's exceptions too made FormatErrors naming it.
 template <class F>
 decltype(auto) reading_foreign(const std::string& path, F&& f) {
@@ -576,6 +588,7 @@ inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
         detail::check_safetensors_name(name, path);
         const std::string key = detail::json_string(name, path, "entry name '" + name + "'");
         if (const Tensor* t = value.get_if<Tensor>()) {
+            detail::check_bool_bytes(name, *t, path);
             row_major.push_back(t->in_order(Order::row_major));
             std::string shape;
             for (const auto d : t->logical_shape()) shape.append(shape.empty() ? "" : ",").append(std::to_string(d));
@@ -1010,12 +1023,41 @@ private:
     std::string_view format_;
 };
 
+/// Throws on an entry name that would make an unsafe or unreadable npz member "{name}.npy": a
+/// NUL (which ends the name), an absolute path or a "." or ".." component (which unzip and
+/// np.load's callers would put outside the folder they extract to), bytes that are not UTF-8.
+inline void check_npz_member_name(const std::string& name, const std::string& path) {
+    auto refuse = [&](const std::string& why) {
+        throw ConfigError("cannot save '" + path + "': the entry name '" + name + "' would be the zip member '" + name +
+                          ".npy', which " + why + "; rename it (ckpt export --rename FROM=TO)");
+    };
+    if (name.find('\0') != std::string::npos) refuse("a NUL byte would cut short");
+    if (!name.empty() && (name.front() == '/' || name.front() == '\\'))
+        refuse("is an absolute path, which an unzip writes outside the folder it extracts to");
+    for (std::size_t at = 0; at <= name.size();) {
+        const auto end = std::min(name.find_first_of("/\\", at), name.size());
+        const std::string_view part = std::string_view(name).substr(at, end - at);
+        if (part == ".." || part == ".")
+            refuse("has a '" + std::string(part) + "' component, which an unzip follows outside the folder it extracts to");
+        at = end + 1;
+    }
+    try {
+        utf8_to_utf32(name, "");
+    } catch (const ConfigError&) {
+        refuse("is not valid UTF-8, as a zip member's name must be for NumPy to read it");
+    }
+}
+
 }  // namespace detail
 
 /// Writes `dict` as an npz file: one "{name}.npy" per entry, stored (np.savez) or deflated
 /// (np.savez_compressed).
 inline void save_npz(const ParamDict& dict, const PathArg& file, bool compressed = false) {
     const std::string path = file.string();
+    for (const auto& [name, value] : dict) {
+        detail::check_npz_member_name(name, path);
+        if (const Tensor* t = value.get_if<Tensor>()) detail::check_bool_bytes(name, *t, path);
+    }
     detail::AtomicFile out(file);
     if (dict.empty()) {  // libzip writes no file for an empty archive: the bare end record
         std::array<std::byte, 22> end{};
@@ -1066,7 +1108,11 @@ inline void save_npz(const ParamDict& dict, const PathArg& file, bool compressed
                                               {static_cast<zip_uint8_t*>(const_cast<void*>(data)), nbytes}};
         zip_source_t* src = zip_source_buffer_fragment(zip.za, fragments, nbytes == 0 ? 1 : 2, 0);
         if (!src) fail("member '" + name + ".npy'");
-        const zip_int64_t index = zip_file_add(zip.za, (name + ".npy").c_str(), src, ZIP_FL_ENC_UTF_8);
+        // as NumPy (Python's zipfile) writes them: flagged UTF-8 only when beyond ASCII (libzip
+        // refuses a UTF-8 name holding a control character, as a guess of CP437)
+        const bool ascii = std::all_of(name.begin(), name.end(), [](char c) { return (c & 0x80) == 0; });
+        const zip_int64_t index =
+            zip_file_add(zip.za, (name + ".npy").c_str(), src, ascii ? ZIP_FL_ENC_CP437 : ZIP_FL_ENC_UTF_8);
         if (index < 0) {
             zip_source_free(src);
             fail("member '" + name + ".npy'");

@@ -263,6 +263,15 @@ void checkpoint_cases() {
     bytes.set("s", std::string("\xfe\xff"));
     add("names-not-utf8.ckpt", "ckpt", checkpoint(body_of(bytes)), "ok", "",
         "an entry name and a string value that are not UTF-8");
+    ckpt::Tensor flags(ckpt::DType::boolean, {3});
+    std::memcpy(flags.data(), "\0\1\2", 3);
+    ckpt::ParamDict flagged;
+    flagged.set("flags", flags);
+    flagged.set("../../x", std::int64_t{1});
+    flagged.set("/etc/x", std::int64_t{2});
+    flagged.set(std::string("a\0b", 3), std::int64_t{3});
+    add("bool-tensor-byte-2.ckpt", "ckpt", checkpoint(body_of(flagged)), "ok", "",
+        "a bool tensor holding the byte 2, and names unsafe as zip members: read, but exported nowhere");
     add("not-a-checkpoint.ckpt", "ckpt", "this is text, not a checkpoint\n", "FormatError", "not a ckpt checkpoint",
         "no magic bytes");
     add("truncated-header.ckpt", "ckpt", good.substr(0, 40), "FormatError", "truncated",
