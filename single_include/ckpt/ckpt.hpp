@@ -2457,7 +2457,9 @@ inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefi
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cctype>
 #include <cstdint>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -2701,6 +2703,69 @@ private:
     IArchive& ar_;
     Source& src_;
     const std::string& path_;
+};
+
+/// An xml body on its way to Boost's xml archive, refusing a '&' that starts none of the five
+/// entities FORMAT.md section 6 allows (&amp; &lt; &gt; &quot; &apos;): Boost would decode a
+/// character reference (&#27; an ESC) that no writer writes and the Python reader refuses. It
+/// reads `src` ahead in chunks, and tells BodyParser the position of what it has handed on.
+template <class Source>
+class XmlEntityCheck final : public std::streambuf {
+public:
+    XmlEntityCheck(Source& src, const std::string& path) : src_(src), path_(path) {}
+
+    std::uint64_t position() const noexcept { return src_.position() - static_cast<std::uint64_t>(egptr() - gptr()); }
+    std::uint64_t length() const noexcept { return src_.length(); }
+
+    /// The FormatError of a '&' refused, if there was one (reading stopped there).
+    void rethrow_refusal() const {
+        if (!problem_.empty()) throw FormatError(problem_, path_);
+    }
+
+protected:
+    int_type underflow() override {
+        if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+        if (!problem_.empty()) return traits_type::eof();
+        const std::streamsize n = src_.sgetn(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+        if (n <= 0) {
+            if (in_entity_) refuse();
+            return traits_type::eof();
+        }
+        for (std::streamsize i = 0; i < n; ++i) scan(buffer_[static_cast<std::size_t>(i)]);
+        if (!problem_.empty()) return traits_type::eof();  // the parser stops, and the refusal is reported
+        setg(buffer_.data(), buffer_.data(), buffer_.data() + n);
+        return traits_type::to_int_type(buffer_[0]);
+    }
+
+private:
+    void scan(char c) {
+        ++offset_;
+        if (!in_entity_) {
+            in_entity_ = c == '&';
+            entity_.clear();
+            return;
+        }
+        if (c != ';') {
+            if (entity_.size() >= 4 || !std::isalpha(static_cast<unsigned char>(c))) refuse();
+            else entity_ += c;
+            return;
+        }
+        if (entity_ != "amp" && entity_ != "lt" && entity_ != "gt" && entity_ != "quot" && entity_ != "apos") refuse();
+        in_entity_ = false;
+    }
+    void refuse() {
+        if (problem_.empty())
+            problem_ = "checkpoint '" + path_ + "' is malformed: the xml body holds a '&' that starts no entity (by byte " +
+                       std::to_string(offset_) + "; only &amp; &lt; &gt; &quot; and &apos; stand for characters)";
+        in_entity_ = false;
+    }
+
+    Source& src_;
+    const std::string& path_;
+    std::array<char, 4096> buffer_{};
+    std::string entity_, problem_;
+    bool in_entity_ = false;
+    std::uint64_t offset_ = 0;  // body bytes scanned
 };
 
 }  // namespace ckpt::detail
@@ -3335,8 +3400,9 @@ CKPT_INLINE void check_text_signature(const std::byte* body, std::size_t n, cons
 CKPT_INLINE ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, std::uint64_t n,
                                  const std::string& path) {
     MemoryReader src(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
-    auto parse = [&](auto& ar) {
-        BodyParser parser(ar, src, path);
+    // `source`: src, or for xml the check in front of it (XmlEntityCheck)
+    auto parse = [&](auto& ar, auto& source) {
+        BodyParser parser(ar, source, path);
         auto toc = parser.read_toc();
         reject_duplicates(toc, path);
         ParamDict dict;
@@ -3365,30 +3431,38 @@ CKPT_INLINE ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> bo
         switch (kind) {
             case ArchiveKind::binary: {
                 boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-                return parse(ar);
+                return parse(ar, src);
             }
             case ArchiveKind::text: {
                 check_text_signature(body.get(), static_cast<std::size_t>(n), path);
                 std::istream is(&src);
                 is.imbue(std::locale::classic());
                 boost::archive::text_iarchive ar(is);
-                return parse(ar);
+                return parse(ar, src);
             }
             case ArchiveKind::xml: {
-                std::istream is(&src);
-                is.imbue(std::locale::classic());
-                boost::archive::xml_iarchive ar(is);
-                ParamDict dict = parse(ar);
-                // The archive's destructor parses the closing tag, and a destructor cannot
-                // report a bad one but by ending the process: check it here, then leave the
-                // stream failed so that the destructor does not read it again.
-                std::string rest((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
-                const auto first = rest.find_first_not_of(" \t\r\n"), last = rest.find_last_not_of(" \t\r\n");
-                if (first == std::string::npos || rest.compare(first, last - first + 1, "</boost_serialization>") != 0)
-                    throw FormatError("checkpoint '" + path + "' is malformed: the xml body does not end with </boost_serialization>",
-                                      path);
-                is.setstate(std::ios::failbit);
-                return dict;
+                XmlEntityCheck checked(src, path);
+                try {
+                    std::istream is(&checked);
+                    is.imbue(std::locale::classic());
+                    boost::archive::xml_iarchive ar(is);
+                    ParamDict dict = parse(ar, checked);
+                    // The archive's destructor parses the closing tag, and a destructor cannot
+                    // report a bad one but by ending the process: check it here, then leave the
+                    // stream failed so that the destructor does not read it again.
+                    std::string rest((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
+                    checked.rethrow_refusal();
+                    const auto first = rest.find_first_not_of(" \t\r\n"), last = rest.find_last_not_of(" \t\r\n");
+                    if (first == std::string::npos || rest.compare(first, last - first + 1, "</boost_serialization>") != 0)
+                        throw FormatError("checkpoint '" + path +
+                                              "' is malformed: the xml body does not end with </boost_serialization>",
+                                          path);
+                    is.setstate(std::ios::failbit);
+                    return dict;
+                } catch (...) {
+                    checked.rethrow_refusal();  // what made the archive fail
+                    throw;
+                }
             }
         }
         throw FormatError("checkpoint '" + path + "' has an unknown archive kind", path);
@@ -3521,8 +3595,9 @@ namespace detail {
 template <class Source>
 std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const std::byte> first, const std::string& path) {
     std::vector<EntryMeta> entries;
-    auto read = [&](auto& ar) {
-        BodyParser parser(ar, src, path);
+    // `source`: src, or for xml the check in front of it (XmlEntityCheck)
+    auto read = [&](auto& ar, auto& source) {
+        BodyParser parser(ar, source, path);
         entries = parser.read_toc();
         reject_duplicates(entries, path);
     };
@@ -3530,25 +3605,32 @@ std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const s
         switch (kind) {
             case ArchiveKind::binary: {
                 boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-                read(ar);
+                read(ar, src);
                 break;
             }
-            case ArchiveKind::text:
-            case ArchiveKind::xml: {
-                if (kind == ArchiveKind::text) check_text_signature(first.data(), first.size(), path);
+            case ArchiveKind::text: {
+                check_text_signature(first.data(), first.size(), path);
                 std::istream is(&src);
                 is.imbue(std::locale::classic());
-                // The archives read on in their destructors (xml: its closing tag, which a
-                // destructor can only report by ending the process): a failed stream stops them.
-                auto stop_reading = [&] { is.setstate(std::ios::failbit); };
-                if (kind == ArchiveKind::text) {
-                    boost::archive::text_iarchive ar(is);
-                    read(ar);
-                    stop_reading();
-                } else {
+                boost::archive::text_iarchive ar(is);
+                read(ar, src);
+                is.setstate(std::ios::failbit);  // the archive reads on in its destructor: a failed stream stops it
+                break;
+            }
+            case ArchiveKind::xml: {
+                XmlEntityCheck checked(src, path);
+                try {
+                    std::istream is(&checked);
+                    is.imbue(std::locale::classic());
                     boost::archive::xml_iarchive ar(is);
-                    read(ar);
-                    stop_reading();
+                    read(ar, checked);
+                    checked.rethrow_refusal();
+                    // the archive's destructor parses its closing tag, and can report a bad one
+                    // only by ending the process: a failed stream stops it
+                    is.setstate(std::ios::failbit);
+                } catch (...) {
+                    checked.rethrow_refusal();  // what made the archive fail
+                    throw;
                 }
                 break;
             }

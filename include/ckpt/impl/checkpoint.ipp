@@ -194,8 +194,9 @@ CKPT_INLINE void check_text_signature(const std::byte* body, std::size_t n, cons
 CKPT_INLINE ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, std::uint64_t n,
                                  const std::string& path) {
     MemoryReader src(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
-    auto parse = [&](auto& ar) {
-        BodyParser parser(ar, src, path);
+    // `source`: src, or for xml the check in front of it (XmlEntityCheck)
+    auto parse = [&](auto& ar, auto& source) {
+        BodyParser parser(ar, source, path);
         auto toc = parser.read_toc();
         reject_duplicates(toc, path);
         ParamDict dict;
@@ -224,30 +225,38 @@ CKPT_INLINE ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> bo
         switch (kind) {
             case ArchiveKind::binary: {
                 boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-                return parse(ar);
+                return parse(ar, src);
             }
             case ArchiveKind::text: {
                 check_text_signature(body.get(), static_cast<std::size_t>(n), path);
                 std::istream is(&src);
                 is.imbue(std::locale::classic());
                 boost::archive::text_iarchive ar(is);
-                return parse(ar);
+                return parse(ar, src);
             }
             case ArchiveKind::xml: {
-                std::istream is(&src);
-                is.imbue(std::locale::classic());
-                boost::archive::xml_iarchive ar(is);
-                ParamDict dict = parse(ar);
-                // The archive's destructor parses the closing tag, and a destructor cannot
-                // report a bad one but by ending the process: check it here, then leave the
-                // stream failed so that the destructor does not read it again.
-                std::string rest((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
-                const auto first = rest.find_first_not_of(" \t\r\n"), last = rest.find_last_not_of(" \t\r\n");
-                if (first == std::string::npos || rest.compare(first, last - first + 1, "</boost_serialization>") != 0)
-                    throw FormatError("checkpoint '" + path + "' is malformed: the xml body does not end with </boost_serialization>",
-                                      path);
-                is.setstate(std::ios::failbit);
-                return dict;
+                XmlEntityCheck checked(src, path);
+                try {
+                    std::istream is(&checked);
+                    is.imbue(std::locale::classic());
+                    boost::archive::xml_iarchive ar(is);
+                    ParamDict dict = parse(ar, checked);
+                    // The archive's destructor parses the closing tag, and a destructor cannot
+                    // report a bad one but by ending the process: check it here, then leave the
+                    // stream failed so that the destructor does not read it again.
+                    std::string rest((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
+                    checked.rethrow_refusal();
+                    const auto first = rest.find_first_not_of(" \t\r\n"), last = rest.find_last_not_of(" \t\r\n");
+                    if (first == std::string::npos || rest.compare(first, last - first + 1, "</boost_serialization>") != 0)
+                        throw FormatError("checkpoint '" + path +
+                                              "' is malformed: the xml body does not end with </boost_serialization>",
+                                          path);
+                    is.setstate(std::ios::failbit);
+                    return dict;
+                } catch (...) {
+                    checked.rethrow_refusal();  // what made the archive fail
+                    throw;
+                }
             }
         }
         throw FormatError("checkpoint '" + path + "' has an unknown archive kind", path);
@@ -380,8 +389,9 @@ namespace detail {
 template <class Source>
 std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const std::byte> first, const std::string& path) {
     std::vector<EntryMeta> entries;
-    auto read = [&](auto& ar) {
-        BodyParser parser(ar, src, path);
+    // `source`: src, or for xml the check in front of it (XmlEntityCheck)
+    auto read = [&](auto& ar, auto& source) {
+        BodyParser parser(ar, source, path);
         entries = parser.read_toc();
         reject_duplicates(entries, path);
     };
@@ -389,25 +399,32 @@ std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const s
         switch (kind) {
             case ArchiveKind::binary: {
                 boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-                read(ar);
+                read(ar, src);
                 break;
             }
-            case ArchiveKind::text:
-            case ArchiveKind::xml: {
-                if (kind == ArchiveKind::text) check_text_signature(first.data(), first.size(), path);
+            case ArchiveKind::text: {
+                check_text_signature(first.data(), first.size(), path);
                 std::istream is(&src);
                 is.imbue(std::locale::classic());
-                // The archives read on in their destructors (xml: its closing tag, which a
-                // destructor can only report by ending the process): a failed stream stops them.
-                auto stop_reading = [&] { is.setstate(std::ios::failbit); };
-                if (kind == ArchiveKind::text) {
-                    boost::archive::text_iarchive ar(is);
-                    read(ar);
-                    stop_reading();
-                } else {
+                boost::archive::text_iarchive ar(is);
+                read(ar, src);
+                is.setstate(std::ios::failbit);  // the archive reads on in its destructor: a failed stream stops it
+                break;
+            }
+            case ArchiveKind::xml: {
+                XmlEntityCheck checked(src, path);
+                try {
+                    std::istream is(&checked);
+                    is.imbue(std::locale::classic());
                     boost::archive::xml_iarchive ar(is);
-                    read(ar);
-                    stop_reading();
+                    read(ar, checked);
+                    checked.rethrow_refusal();
+                    // the archive's destructor parses its closing tag, and can report a bad one
+                    // only by ending the process: a failed stream stops it
+                    is.setstate(std::ios::failbit);
+                } catch (...) {
+                    checked.rethrow_refusal();  // what made the archive fail
+                    throw;
                 }
                 break;
             }
