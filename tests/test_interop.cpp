@@ -527,6 +527,20 @@ TEST_CASE("save_npz refuses names unsafe as zip members, and both writers bool b
     CHECK(test::names_in(dir.path()) == std::vector<std::string>{"w.npz"});
 }
 
+TEST_CASE("one storage under two dtypes in a PyTorch file is read as torch.load reads it: by its first reference") {
+    // torch.load makes a storage at its first persistent id and reuses it for every later id of
+    // its key, whatever type and size they give: "l" is float32 over the first two elements.
+    const auto file = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile" / "storage-two-dtypes.pt";
+    const auto d = ckpt::load_torch(file);
+    CHECK(d.tensor("f") == ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4}));
+    CHECK(d.tensor("l") == ckpt::Tensor::from(std::vector<float>{1, 2}));
+    CHECK(d.tensor("l").data() == d.tensor("f").data());
+    const auto entries = ckpt::torch_contents(file);
+    REQUIRE(entries.size() == 2);
+    CHECK(entries[1].dtype == ckpt::DType::float32);
+    CHECK(entries[1].shape == ckpt::Shape{2});
+}
+
 TEST_CASE("interop writes are atomic: an error leaves the existing file and no temporary") {
     test::TempDir dir;
     ckpt::ParamDict first{{"w", ckpt::Tensor::from(std::vector<float>{1, 2})}};

@@ -535,6 +535,18 @@ TEST_CASE("ckpt export writes nothing its own import would refuse: unsafe zip me
     CHECK(ckpt::load_npz(dir / "out.npz") == ckpt::ParamDict{{"up.x", std::int64_t{1}}, {"etc.x", std::int64_t{2}}});
 }
 
+TEST_CASE("a bare .npy file gets a message of its own from show and import") {
+    test::TempDir dir;
+    const auto npy = (test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile" / "bare-array.npy").string();
+    auto r = ckpt_tool({"show", npy}, dir.path());
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "is not a ckpt checkpoint: it is a NumPy .npy file, a single array"));
+    r = ckpt_tool({"import", npy, (dir / "x.ckpt").string()}, dir.path());
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, "is a NumPy .npy file, a single array: ckpt imports npz archives"));
+    CHECK_FALSE(test::fs::exists(dir / "x.ckpt"));
+}
+
 TEST_CASE("every subcommand that reads takes --max-decoded-bytes, and a file past it is refused naming the figure") {
     test::TempDir dir;
     const auto hostile = test::fs::path(CKPT_SOURCE_DIR) / "tests" / "hostile";

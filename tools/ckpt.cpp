@@ -1356,6 +1356,10 @@ int cmd_export(const fs::path& in, const fs::path& out, const Selection& sel, bo
 
 int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, std::int64_t epoch, std::int64_t step,
                const std::string& archive, int zstd_level, bool force) {
+    if (in.extension() == ".npy")
+        throw UsageError("the input '" + in.string() +
+                         "' is a NumPy .npy file, a single array: ckpt imports npz archives of named arrays "
+                         "(np.savez('x.npz', name=array)), .safetensors, .pt and .pth files");
     if (format_of(in) == FileFormat::checkpoint)
         throw UsageError("the input '" + in.string() + "' must end in .safetensors, .npz, .pt or .pth");
     ckpt::SaveOptions opts;

@@ -1637,6 +1637,12 @@ private:
         if (key.empty() || key.size() > 64 ||
             !std::all_of(key.begin(), key.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
             fail("a storage key that is not a plain name");
+        // A key seen before is that storage, whatever type and size this reference gives: so
+        // torch.load reads it (its first reference makes the storage, later ones reuse it), and
+        // so a tensor over it has the first reference's dtype.
+        if (const auto seen = storage_by_key_.find(key); seen != storage_by_key_.end())
+            return PyRef{PyRef::storage, static_cast<std::int64_t>(seen->second)};
+        storage_by_key_.emplace(key, storages.size());
         storages.push_back({key, static_cast<std::size_t>(items[1].i), static_cast<std::uint64_t>(items[4].i)});
         return PyRef{PyRef::storage, static_cast<std::int64_t>(storages.size() - 1)};
     }
@@ -1705,6 +1711,7 @@ private:
     std::vector<PyRef> stack_;
     std::vector<std::size_t> marks_;
     std::unordered_map<std::uint32_t, PyRef> memo_;
+    std::unordered_map<std::string, std::size_t> storage_by_key_;
     DecodeBudget& budget_;
 };
 

@@ -1077,6 +1077,12 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
             throw FormatError("checkpoint '" + path + "' is truncated: " + std::to_string(file_size) +
                                   " bytes, shorter than the " + std::to_string(header_size) + "-byte header",
                               path);
+        constexpr std::string_view npy_magic = "\x93NUMPY";
+        if (available >= npy_magic.size() && std::memcmp(b, npy_magic.data(), npy_magic.size()) == 0)
+            throw FormatError("'" + path +
+                                  "' is not a ckpt checkpoint: it is a NumPy .npy file, a single array (ckpt reads "
+                                  "npz archives of named arrays: np.savez('x.npz', name=array))",
+                              path);
         throw FormatError("'" + path + "' is not a ckpt checkpoint (bad magic bytes)", path);
     }
     FileHeader h;

@@ -284,6 +284,8 @@ void checkpoint_cases() {
         "a bool tensor holding the byte 2, and names unsafe as zip members: read, but exported nowhere");
     add("not-a-checkpoint.ckpt", "ckpt", "this is text, not a checkpoint\n", "FormatError", "not a ckpt checkpoint",
         "no magic bytes");
+    add("bare-array.npy", "ckpt", npy("<f4", {2}, raw<float>({1, 2})), "FormatError", "not a ckpt checkpoint",
+        "a bare NumPy .npy array, given where a checkpoint is read");
     add("truncated-header.ckpt", "ckpt", good.substr(0, 40), "FormatError", "truncated",
         "the magic, then less than the 64-byte header");
     std::string flipped = good;
@@ -456,6 +458,13 @@ void torch_cases() {
     user_class.op('}').op('(').str("m").global("__main__", "Model").op(')').op('R').op('u');
     add("global-user-class.pt", "pt", torch_file(user_class.done(), {}), "FormatError", "'__main__.Model'",
         "a pickle that would construct a user's class");
+    // one storage under two dtypes: torch.load makes the storage at its first reference and
+    // reuses it, so the second tensor is float32 too
+    Pickle two_dtypes;
+    two_dtypes.op('}').op('(').str("f").tensor("FloatStorage", "0", 4, 0, {4}, {1});
+    two_dtypes.str("l").tensor("LongStorage", "0", 2, 0, {2}, {1}).op('u');
+    add("storage-two-dtypes.pt", "pt", torch_file(two_dtypes.done(), {four}), "ok", "",
+        "one storage referred to as float32 and as int64, read as torch.load reads it");
     Pickle bad_key;
     bad_key.op('}').op('(').str("w").tensor("FloatStorage", "../../etc/passwd", 4, 0, {4}, {1}).op('u');
     add("storage-key-path.pt", "pt", torch_file(bad_key.done(), {four}), "FormatError", "storage key",
