@@ -102,10 +102,14 @@ CKPT_INLINE std::map<std::string, double> metrics_in(const std::vector<EntryMeta
 }
 
 CKPT_INLINE void drop_reserved(ParamDict& dict) {
-    std::vector<std::string> reserved;
-    for (const auto& [name, value] : dict)
-        if (is_reserved_name(name)) reserved.push_back(name);
-    for (const auto& name : reserved) dict.erase(name);
+    // one pass: erasing names one by one re-indexes the dict each time, and a file of many
+    // reserved names would cost the square of their number
+    if (std::none_of(dict.begin(), dict.end(), [](const ParamDict::Entry& e) { return is_reserved_name(e.name); }))
+        return;
+    ParamDict kept;
+    for (auto& [name, value] : dict)
+        if (!is_reserved_name(name)) kept.set(name, std::move(value));
+    dict = std::move(kept);
 }
 
 CKPT_INLINE OpenedCheckpoint open_checkpoint(const std::string& path, const LoadOptions& opts) {
