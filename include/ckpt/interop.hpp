@@ -1933,7 +1933,8 @@ private:
         auto it = blocks_.find(s.key);
         if (it == blocks_.end()) {
             const auto [index, st] = storage_record(s, width, name);
-            budget_.take(st.size, [&] { return what + ", of " + std::to_string(st.size) + " bytes"; });
+            const auto size = st.size;  // clang 14 cannot capture a structured binding
+            budget_.take(size, [&] { return what + ", of " + std::to_string(size) + " bytes"; });
             Block b{nullptr, st.size, swap_ ? width : 1};
             MemberReader in(za_, index, st.size, path_, member, "PyTorch");
             if (st.comp_method == ZIP_CM_STORE) {  // torch.save stores: the size is what the file holds
