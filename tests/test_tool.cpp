@@ -395,7 +395,8 @@ TEST_CASE("ckpt show of safetensors, npz and PyTorch files reads what listing ne
         {(hostile / "bool-byte-2.npz").string(), "(zip directory and npy headers read; --stats reads the tensors)"},
         {(dir / "crc.pt").string(), "(zip directory and pickle read; --stats reads the tensors)"}};
     for (const auto& [file, said] : files) {
-        CAPTURE(file);
+        const std::string& shown = file;  // clang 14 captures no binding
+        CAPTURE(shown);
         auto r = ckpt_tool({"show", file}, dir.path());
         CHECK(r.status == 0);
         CHECK(contains(r.out, said));

@@ -505,7 +505,8 @@ TEST_CASE("TorchState records the data position: epoch and step come back, anoth
     for (const auto& [other, expected] :
          {std::pair{ckpt::DataPosition{.seed = 7, .batch_size = 64}, "batch size 32 when saved, 64 now"},
           std::pair{ckpt::DataPosition{.seed = 8, .batch_size = 32}, "seed 7 when saved, 8 now"}}) {
-        CAPTURE(expected);
+        const std::string said = expected;  // clang 14 captures no binding
+        CAPTURE(said);
         Net c;
         const auto before = params_of(c);
         auto position = other;
