@@ -1,5 +1,5 @@
-// libFuzzer target: the checkpoint, safetensors and npz readers on arbitrary files (the first
-// byte of an input picks the reader; see reader_input.hpp).
+// libFuzzer target: the checkpoint, safetensors, npz and PyTorch readers on arbitrary files
+// (the first byte of an input picks the reader; see reader_input.hpp).
 //   bash scripts/fuzz.sh [seconds]
 #include "reader_input.hpp"
 

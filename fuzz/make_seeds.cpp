@@ -3,11 +3,14 @@
 // header), binary bodies through the codecs (compressed; encrypted with the fuzz key;
 // compressed for the harness to encrypt), safetensors files (whole; header text and buffer),
 // npz files (stored and deflated) and single .npy members of every dtype, byte order and
-// layout the reader takes; and, given a folder of PyTorch files (scripts/fuzz.sh has
+// layout the reader takes; given a folder of PyTorch files (scripts/fuzz.sh has
 // tests/python/write_torch_files.py write them with python3-torch), each whole and as its
-// records for the harness to zip.
-//   make_seeds DIR [TORCH_FILES_DIR]
+// records for the harness to zip; and given the hostile corpus (tests/hostile), each of its
+// files whole, as an input of its reader's mode.
+//   make_seeds DIR [TORCH_FILES_DIR [HOSTILE_DIR]]
 #include "reader_input.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -50,7 +53,7 @@ std::string raw(std::vector<T> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 2 && argc != 3) return 2;
+    if (argc < 2 || argc > 4) return 2;
     const boost::filesystem::path dir = argv[1];
     boost::filesystem::create_directories(dir);
     std::vector<ckpt::ParamDict> dicts(4);
@@ -161,8 +164,23 @@ int main(int argc, char** argv) {
     };
     for (const auto& [name, bytes] : members) write_seed(dir, "npy-" + name, 7, bytes);
 
+    // the hostile corpus, each file whole for its reader (cases.json names the reader)
+    if (argc == 4) {
+        std::ifstream in(std::string(argv[3]) + "/cases.json");
+        for (const auto& c : nlohmann::json::parse(in)) {
+            const std::string file = c.at("file"), format = c.at("format");
+            const std::string bytes = read_file(boost::filesystem::path(argv[3]) / file);
+            if (bytes.size() > (60u << 10)) continue;  // the fuzzer's inputs stop at 64 KiB
+            const char mode = format == "safetensors" ? fuzz::safetensors_file
+                              : format == "npz"       ? fuzz::npz_file
+                              : format == "pt"        ? fuzz::torch_file
+                                                      : fuzz::checkpoint_file;
+            write_seed(dir, "hostile-" + file, mode, bytes);
+        }
+    }
+
     // modes 11 and 12: PyTorch files, whole, and as their records (the pickle, the storages)
-    if (argc == 3)
+    if (argc >= 3)
         for (const auto& entry : boost::filesystem::directory_iterator(argv[2])) {
             const auto& p = entry.path();
             if (p.extension() != ".pt") continue;

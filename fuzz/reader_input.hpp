@@ -27,10 +27,11 @@
 //          storages "0", "1", ...; the harness zips them (as "archive/data.pkl",
 //          "archive/data/0", ...) with their true CRC-32s, so that mutations of the pickle
 //          reach the unpickler instead of failing the CRC check
-// Checkpoints are loaded, with fuzz_key() and max_decoded_bytes at 64 MiB (as a reader of files
-// from elsewhere should: valid zstd frames expand thousands of times), into a fresh dictionary
-// and into a target with a tensor "w"; safetensors with load_safetensors, npz with load_npz,
-// PyTorch files with load_torch.
+// Checkpoints are loaded, with fuzz_key() and max_decoded_bytes at 64 MiB (scripts/fuzz.sh's
+// allocation limit, below the default budget), into a fresh dictionary and into a target with a
+// tensor "w", and their table of contents read (read_contents); safetensors, npz and PyTorch
+// files are loaded (load_safetensors, load_npz, load_torch) and listed as `ckpt show` lists them
+// (safetensors_contents, npz_contents, torch_contents), with the same budget.
 // The only acceptable failure is a ckpt::Error (format, checksum, version, key,
 // authentication, mismatch, I/O).
 //
@@ -289,32 +290,42 @@ inline void read_input(const std::uint8_t* data, std::size_t size, const std::st
     std::fwrite(bytes.data(), 1, bytes.size(), f);
     std::fclose(f);
     const int mode = mode_of(data, size);
-    if (mode == safetensors_file || mode == safetensors_json) {
+    const ckpt::InteropLoadOptions interop{std::uint64_t{64} << 20};  // scripts/fuzz.sh's allocation limit
+    // a load, then a listing: each may only fail with a ckpt::Error
+    auto both = [&](auto load, auto contents) {
         try {
-            touch(ckpt::load_safetensors(path));
+            touch(load(path, interop));
         } catch (const ckpt::Error&) {
         }
+        try {
+            contents(path, interop);
+        } catch (const ckpt::Error&) {
+        }
+    };
+    if (mode == safetensors_file || mode == safetensors_json) {
+        both([](const std::string& p, const auto& o) { return ckpt::load_safetensors(p, o); },
+             [](const std::string& p, const auto& o) { return ckpt::safetensors_contents(p, o); });
         return;
     }
     if (mode == npz_file || mode == npy_member) {
-        try {
-            touch(ckpt::load_npz(path));
-        } catch (const ckpt::Error&) {
-        }
+        both([](const std::string& p, const auto& o) { return ckpt::load_npz(p, o); },
+             [](const std::string& p, const auto& o) { return ckpt::npz_contents(p, o); });
         return;
     }
     if (mode == torch_file || mode == torch_pickle) {
-        try {
-            touch(ckpt::load_torch(path));
-        } catch (const ckpt::Error&) {
-        }
+        both([](const std::string& p, const auto& o) { return ckpt::load_torch(p, o); },
+             [](const std::string& p, const auto& o) { return ckpt::torch_contents(p, o); });
         return;
     }
     ckpt::LoadOptions opts;
     opts.key = fuzz_key();
-    opts.max_decoded_bytes = 64u << 20;  // scripts/fuzz.sh's allocation limit
+    opts.max_decoded_bytes = interop.max_decoded_bytes;
     try {
         touch(ckpt::load_checkpoint(path, opts));
+    } catch (const ckpt::Error&) {
+    }
+    try {
+        ckpt::read_contents(path, opts);
     } catch (const ckpt::Error&) {
     }
     try {
