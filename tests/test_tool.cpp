@@ -606,6 +606,23 @@ TEST_CASE("ckpt ls goes by a file's owner record, not its name, and show reads s
         }
     auto shown = ckpt_tool({"show", (dir / "b" / "exp-3.ckpt").string()}, dir.path());
     CHECK(contains(shown.out, "written for prefix 'exp', run 'exp'"));
+    // a record with a prefix and no run names no other run: ls and latest() both take it
+    {
+        ckpt::ParamDict d = small_state(3);
+        d.set(std::string(ckpt::detail::owner_prefix_entry), std::string("exp"));
+        ckpt::save_checkpoint(d, dir / "b" / "exp_2-60.ckpt");
+    }
+    CHECK(ckpt::latest_checkpoint(dir / "b", "exp")->path.filename() == "exp_2-60.ckpt");
+    j = json::parse(ckpt_tool({"ls", (dir / "b").string(), "--json"}, dir.path()).out);
+    bool listed = false;
+    for (const auto& group : j["checkpoints"])
+        for (const auto& c : group["checkpoints"])
+            if (contains(c["path"].get<std::string>(), "exp_2-60")) {
+                listed = true;
+                CHECK(c["valid"] == true);
+                CHECK(c["latest"] == true);
+            }
+    CHECK(listed);
     CHECK_FALSE(contains(shown.out, "__ckpt."));
 
     // show reads what diff and import read

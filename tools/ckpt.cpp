@@ -418,7 +418,8 @@ void take_recorded_owner(Listed& f) {
     } catch (const ckpt::Error&) {
         return;  // verification says what is wrong with it
     }
-    if (!owner || (owner->prefix == f.prefix && owner->run_prefix == f.parts.run_prefix)) return;
+    // judged as latest() judges it (a record without a run names no other run)
+    if (!ckpt::detail::foreign_owner(owner, f.prefix, f.parts)) return;
     const std::string name = f.path.filename().string();
     Listed again = f;
     if (classify(again, name, owner->prefix) && again.parts.run_prefix == owner->run_prefix) {
