@@ -69,8 +69,8 @@
 // numbers are too noisy on shared machines for a gate). Training runs BLAS on one thread: the bench re-runs itself with
 // OPENBLAS_NUM_THREADS=1 unless it is set.
 
-#include <ckpt/aes_gcm.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
+#include <ckpt/codecs/zstd.hpp>
 #include <nn/nn.hpp>
 
 #include "bench_support.hpp"

@@ -17,7 +17,7 @@
 // run with saves, each written, and a memcpy at the same steps of every run without; none
 // of it faster than memory.
 
-#include <ckpt/torch.hpp>
+#include <ckpt/types/torch.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -43,10 +43,10 @@
 // modes came: values 0 to 10 mean what they meant. 13 does not divide 256: modes 0 to 8 get
 // 20 byte values, the others 19.
 
-#include <ckpt/aes_gcm.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
 #include <ckpt/ckpt.hpp>
 #include <ckpt/interop.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <array>
 #include <cstdint>

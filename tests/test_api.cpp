@@ -1,8 +1,8 @@
 // What a C++20 user expects of the API: std::filesystem::path wherever a path is taken, and
 // managers that move (returned from factories, kept in std::optional and std::vector).
-#include <ckpt/aes_gcm.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <doctest/doctest.h>
 

@@ -13,7 +13,7 @@
 #include <csignal>
 #include <unistd.h>
 
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include "support.hpp"
 

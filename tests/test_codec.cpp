@@ -1,8 +1,8 @@
 // Body codecs: zstd, AES-256-GCM and their chain, through every archive kind and every way of
 // reading a file; what the header records; and each way a compressed or encrypted file can be
 // wrong (no key, another key, damaged, altered with its checksum recomputed).
-#include <ckpt/aes_gcm.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <doctest/doctest.h>
 

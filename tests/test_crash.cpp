@@ -2,8 +2,8 @@
 // synchronous and with async saves, plain and compressed-then-encrypted. Whatever the moment,
 // latest() must return a checkpoint that verifies and loads, never a torn one, and never one
 // older than a save the child had seen complete.
-#include <ckpt/aes_gcm.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <doctest/doctest.h>
 

@@ -15,8 +15,8 @@
 #include <optional>
 #include <thread>
 
-#include <ckpt/aes_gcm.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include "support.hpp"
 

@@ -1,9 +1,9 @@
-// Eigen's dense objects as checkpoint tensors (ckpt/eigen.hpp): views in each object's own
+// Eigen's dense objects as checkpoint tensors (ckpt/types/eigen.hpp): views in each object's own
 // order, round trips bit-exact through every archive kind and a codec, loads across orders,
 // resizing on load, the refusals, and the same matrix in NumPy and in an npz.
-#include <ckpt/eigen.hpp>
+#include <ckpt/types/eigen.hpp>
 #include <ckpt/interop.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <doctest/doctest.h>
 

@@ -6,8 +6,8 @@
 // directly), so that a change of the wire format fails even if ckpt's writer and reader change
 // together.
 
-#include <ckpt/aes_gcm.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <doctest/doctest.h>
 

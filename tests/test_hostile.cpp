@@ -2,9 +2,9 @@
 // tests/hostile/make_hostile.cpp): every case read by its C++ reader with the default options,
 // as `ckpt import` and a program reading a file from elsewhere do. Each must give the verdict
 // the manifest says (the Python suite checks its own readers against the same manifest).
-#include <ckpt/aes_gcm.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>

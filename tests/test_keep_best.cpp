@@ -1,8 +1,8 @@
 // KeepBest and best(): checkpoints kept and found by a metric the save records.
 #include <doctest/doctest.h>
 
-#include <ckpt/aes_gcm.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <cmath>
 #include <limits>

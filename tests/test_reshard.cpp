@@ -2,8 +2,8 @@
 
 #include <doctest/doctest.h>
 
-#include <ckpt/aes_gcm.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
+#include <ckpt/codecs/zstd.hpp>
 #include <fault/fault.hpp>
 
 #include "dp_support.hpp"

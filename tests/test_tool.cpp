@@ -1,8 +1,8 @@
 // The ckpt command-line tool (tools/ckpt.cpp): every subcommand, its output and its exit codes.
-#include <ckpt/aes_gcm.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
 #include <ckpt/reshard.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>

@@ -1,7 +1,7 @@
 // ckpt::TorchState: a libtorch module, optimizer, scheduler and generator saved and resumed
 // bit-exact by another set of objects, as a new process would; strict and non-strict loads;
 // misuse refused with names.
-#include <ckpt/torch.hpp>
+#include <ckpt/types/torch.hpp>
 
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>

@@ -3,7 +3,7 @@
 // files and shuffled data, and the errors of a resume that cannot work.
 #include <doctest/doctest.h>
 
-#include <ckpt/aes_gcm.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
 #include <nn/nn.hpp>
 
 #include <csignal>

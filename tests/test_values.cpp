@@ -1,5 +1,5 @@
 // ParamDict, Value and Tensor: construction, typed access and the errors it gives.
-#include <ckpt/xtensor.hpp>
+#include <ckpt/types/xtensor.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 # Generates a single header: cmake -DROOT=<repo> -DOUT=<file> [-DENTRY=ckpt|nn|fault] -P tools/amalgamate.cmake
-# Starting from include/<ENTRY>/<ENTRY>.hpp (and for ckpt, xtensor.hpp and reshard.hpp), every quoted include is replaced by the file it
+# Starting from include/<ENTRY>/<ENTRY>.hpp (and for ckpt, types/xtensor.hpp and reshard.hpp), every quoted include is replaced by the file it
 # names (resolved against the including file's folder), each file at most once; angle-bracket
 # includes stay. A part does not inline another: nn's and fault's includes of include/ckpt/
 # become one `#include <ckpt/ckpt.hpp>` (and fault's of include/nn/ one `#include
@@ -52,9 +52,9 @@ endfunction()
 
 expand("${ROOT}/include/${ENTRY}/${ENTRY}.hpp" body)
 # The single header is the whole part: it also carries the headers ckpt.hpp leaves to their
-# own include (xtensor.hpp, reshard.hpp), which nn's and fault's single headers use.
+# own include (types/xtensor.hpp, reshard.hpp), which nn's and fault's single headers use.
 if(ENTRY STREQUAL "ckpt")
-  foreach(own xtensor reshard)
+  foreach(own types/xtensor reshard)
     expand("${ROOT}/include/ckpt/${own}.hpp" more)
     string(APPEND body "${more}")
   endforeach()

@@ -14,10 +14,10 @@
 // 1 failure (for diff: a difference), 2 a usage error.
 
 #include <ckpt/ckpt.hpp>
-#include <ckpt/aes_gcm.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
 #include <ckpt/interop.hpp>
 #include <ckpt/reshard.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

@@ -25,9 +25,9 @@
 // each header, and the salt of an encrypted body, are the only bytes that depend on when the
 // files were written.
 
-#include <ckpt/aes_gcm.hpp>
+#include <ckpt/codecs/aes_gcm.hpp>
 #include <ckpt/checkpoint.hpp>
-#include <ckpt/zstd.hpp>
+#include <ckpt/codecs/zstd.hpp>
 
 #include "../tests/golden_state.hpp"
 

@@ -10,7 +10,7 @@
 // way an out-of-memory killer or a lost node would end it.
 
 #include <ckpt/ckpt.hpp>
-#include <ckpt/xtensor.hpp>  // view_of(an xtensor container)
+#include <ckpt/types/xtensor.hpp>  // view_of(an xtensor container)
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xview.hpp>
 #include "../common/cli.hpp"

@@ -16,7 +16,7 @@
 //        [--iters N] [--every N] [--copy-every K] [--pace-ms MS] [--timeout-ms MS] [--fresh]
 
 #include <ckpt/ckpt.hpp>
-#include <ckpt/eigen.hpp>
+#include <ckpt/types/eigen.hpp>
 #include <fault/elastic.hpp>
 #include <fault/global_index.hpp>
 #include <fault/mpi_comm.hpp>

@@ -8,7 +8,7 @@
 //                [--test-limit N] [--shuffle SEED] [--batch-size N] [--lr X] [--seed N]
 //                [--init FILE] [--fresh] [--quiet] [--help]
 
-#include <ckpt/torch.hpp>
+#include <ckpt/types/torch.hpp>
 #include <nn/data.hpp>
 #include "../common/cli.hpp"
 #include "../common/params_hash.hpp"

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "codec.hpp"
+#include "codecs/codec.hpp"
 #include "detail/decode_budget.hpp"
 #include "detail/entry.hpp"
 #include "detail/linkage.hpp"
@@ -32,7 +32,7 @@ struct SaveOptions {
     std::int64_t epoch = 0;  ///< recorded in the header; latest() checks it against the file name
     std::int64_t step = 0;   ///< likewise
     bool overwrite = true;   ///< false: fail with EEXIST rather than replace an existing file
-    CodecChain codecs{};     ///< what the body passes through, in order (see codec.hpp); none by default
+    CodecChain codecs{};     ///< what the body passes through, in order (see codecs/codec.hpp); none by default
 };
 
 struct LoadOptions {

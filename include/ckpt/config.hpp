@@ -11,7 +11,7 @@
 // save_checkpoint_seconds; keep_checkpoint_max wins over keep_checkpoint_per_n_minutes; all
 // four zero is an error. As in the seed, the last step is also saved when training ends.
 // enc_key (with enc_mode "AES-GCM", the seed's default) encrypts with AES-256-GCM and needs
-// <ckpt/aes_gcm.hpp>; zstd_level compresses first and needs <ckpt/zstd.hpp>.
+// <ckpt/codecs/aes_gcm.hpp>; zstd_level compresses first and needs <ckpt/codecs/zstd.hpp>.
 
 #include <cstdint>
 #include <optional>
@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "append_info.hpp"
-#include "codec.hpp"
+#include "codecs/codec.hpp"
 #include "error.hpp"
 #include "manager.hpp"
-#include "retention_policy.hpp"
-#include "save_policy.hpp"
+#include "policies/retention.hpp"
+#include "policies/save.hpp"
 
 namespace ckpt {
 

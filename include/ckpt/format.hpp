@@ -40,7 +40,7 @@ constexpr std::string_view archive_kind_name(ArchiveKind k) {
     return "unknown";
 }
 
-/// Body codecs, as the header records them (codec.hpp describes each).
+/// Body codecs, as the header records them (codecs/codec.hpp describes each).
 enum class CodecId : std::uint8_t { none = 0, zstd = 1, aes_256_gcm = 2 };
 
 constexpr std::string_view codec_name(CodecId c) {

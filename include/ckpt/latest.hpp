@@ -16,9 +16,9 @@
 #include "detail/atomic_file.hpp"
 #include "error.hpp"
 #include "log.hpp"
-#include "naming_policy.hpp"
+#include "policies/naming.hpp"
 #include "path.hpp"
-#include "retention_policy.hpp"
+#include "policies/retention.hpp"
 
 namespace ckpt {
 

@@ -42,7 +42,7 @@
 #include "detail/verified_reader.hpp"
 #include "error.hpp"
 #include "latest.hpp"
-#include "naming_policy.hpp"
+#include "policies/naming.hpp"
 #include "param_dict.hpp"
 #include "tensor.hpp"
 

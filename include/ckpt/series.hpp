@@ -39,7 +39,7 @@
 #include "detail/posix_io.hpp"
 #include "error.hpp"
 #include "log.hpp"
-#include "naming_policy.hpp"
+#include "policies/naming.hpp"
 #include "path.hpp"
 
 namespace ckpt {

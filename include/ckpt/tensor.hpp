@@ -302,8 +302,8 @@ Tensor view_of(T& value) {
 
 namespace detail {
 /// Containers whose own view_of (with their shape and order) lives in an adapter header:
-/// xtensor's (xtensor.hpp), Eigen's matrices, arrays, maps (Eigen 3.4's vectors are ranges
-/// too) and tensors (eigen.hpp).
+/// xtensor's (types/xtensor.hpp), Eigen's matrices, arrays, maps (Eigen 3.4's vectors are ranges
+/// too) and tensors (types/eigen.hpp).
 template <class C>
 concept has_adapter_view = requires { C::static_layout; } || requires { C::RowsAtCompileTime; } ||
                            requires { C::NumIndices; };

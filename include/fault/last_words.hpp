@@ -50,7 +50,7 @@
 #include "../ckpt/detail/posix_io.hpp"
 #include "../ckpt/latest.hpp"
 #include "../ckpt/log.hpp"
-#include "../ckpt/naming_policy.hpp"
+#include "../ckpt/policies/naming.hpp"
 #include "../ckpt/reshard.hpp"
 #include "../nn/callbacks.hpp"
 #include "communicator.hpp"

@@ -12,7 +12,7 @@
 
 #include "../ckpt/error.hpp"
 #include "../ckpt/param_dict.hpp"
-#include "../ckpt/xtensor.hpp"
+#include "../ckpt/types/xtensor.hpp"
 
 // OpenBLAS' own entry points; declared here because the reference cblas.h lacks them.
 extern "C" {

@@ -30,7 +30,7 @@
 #include "../ckpt/latest.hpp"
 #include "../ckpt/series.hpp"
 #include "../ckpt/log.hpp"
-#include "../ckpt/naming_policy.hpp"
+#include "../ckpt/policies/naming.hpp"
 #include "callbacks.hpp"
 #include "core.hpp"
 #include "data.hpp"

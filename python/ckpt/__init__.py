@@ -17,7 +17,7 @@ from ._format import Header
 from ._io import EntryInfo, LoadReport, contents, header, load, load_into, save, verify
 from ._files import Listed, Skipped, Temporary, best, latest, ls, temporaries
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "latest", "best", "ls", "temporaries", "Key",
            "Header", "EntryInfo", "LoadReport", "Listed", "Skipped", "Temporary", "Error", "IoError", "FormatError",

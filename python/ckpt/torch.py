@@ -100,7 +100,7 @@ def save_state_dict(path, state_dict, prefix="", **options):
 
 # --------------------------------------------------------------------------- training state
 #
-# The entries of the C++ library's TorchState (include/ckpt/torch.hpp), so that a training run
+# The entries of the C++ library's TorchState (include/ckpt/types/torch.hpp), so that a training run
 # moves between Python and a libtorch program in either direction: the module's parameters and
 # buffers under "model.", the optimizer's kind, param groups and per-parameter state keyed by
 # parameter name ("optimizer.state.fc.weight.exp_avg"; PyTorch's own state_dict keys it by

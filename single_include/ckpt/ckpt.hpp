@@ -607,8 +607,8 @@ Tensor view_of(T& value) {
 
 namespace detail {
 /// Containers whose own view_of (with their shape and order) lives in an adapter header:
-/// xtensor's (xtensor.hpp), Eigen's matrices, arrays, maps (Eigen 3.4's vectors are ranges
-/// too) and tensors (eigen.hpp).
+/// xtensor's (types/xtensor.hpp), Eigen's matrices, arrays, maps (Eigen 3.4's vectors are ranges
+/// too) and tensors (types/eigen.hpp).
 template <class C>
 concept has_adapter_view = requires { C::static_layout; } || requires { C::RowsAtCompileTime; } ||
                            requires { C::NumIndices; };
@@ -976,7 +976,7 @@ constexpr std::string_view archive_kind_name(ArchiveKind k) {
     return "unknown";
 }
 
-/// Body codecs, as the header records them (codec.hpp describes each).
+/// Body codecs, as the header records them (codecs/codec.hpp describes each).
 enum class CodecId : std::uint8_t { none = 0, zstd = 1, aes_256_gcm = 2 };
 
 constexpr std::string_view codec_name(CodecId c) {
@@ -1959,7 +1959,7 @@ struct SaveOptions {
     std::int64_t epoch = 0;  ///< recorded in the header; latest() checks it against the file name
     std::int64_t step = 0;   ///< likewise
     bool overwrite = true;   ///< false: fail with EEXIST rather than replace an existing file
-    CodecChain codecs{};     ///< what the body passes through, in order (see codec.hpp); none by default
+    CodecChain codecs{};     ///< what the body passes through, in order (see codecs/codec.hpp); none by default
 };
 
 struct LoadOptions {
@@ -3971,7 +3971,7 @@ CKPT_INLINE LoadReport load_checkpoint_into(const PathArg& file, ParamDict& targ
 // save_checkpoint_seconds; keep_checkpoint_max wins over keep_checkpoint_per_n_minutes; all
 // four zero is an error. As in the seed, the last step is also saved when training ends.
 // enc_key (with enc_mode "AES-GCM", the seed's default) encrypts with AES-256-GCM and needs
-// <ckpt/aes_gcm.hpp>; zstd_level compresses first and needs <ckpt/zstd.hpp>.
+// <ckpt/codecs/aes_gcm.hpp>; zstd_level compresses first and needs <ckpt/codecs/zstd.hpp>.
 
 #include <cstdint>
 #include <optional>
@@ -3990,7 +3990,7 @@ CKPT_INLINE LoadReport load_checkpoint_into(const PathArg& file, ParamDict& targ
 //   RetentionPolicy R  which older files to delete   default KeepLast{5}
 //   NamingPolicy N     file names, runs, meta file   default MindSporeNaming
 //   ArchivePolicy A    body archive                  default BinaryArchive
-//   CodecPolicy C      compression, encryption       default NoCodec (codec.hpp)
+//   CodecPolicy C      compression, encryption       default NoCodec (codecs/codec.hpp)
 //
 // Retention runs after each save is durable, over the retention scope: the current run's
 // files or every run's of the prefix (ManagerOptions::retention_scope, by default the naming
@@ -4000,6 +4000,18 @@ CKPT_INLINE LoadReport load_checkpoint_into(const PathArg& file, ParamDict& targ
 //
 // A state is a ParamDict, a callable returning one (called only when saving), or an object
 // with `ParamDict state_dict()` returning views of its tensors.
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// The engine behind CheckpointManager (manager.hpp): saves, synchronous or on the writer
+// thread, retention after each is durable, the copy to the durable level, restore() across
+// both levels, the series' lock and the record that it finished. Not for direct use.
 
 #include <boost/filesystem.hpp>
 
@@ -4020,551 +4032,6 @@ CKPT_INLINE LoadReport load_checkpoint_into(const PathArg& file, ParamDict& targ
 #include <utility>
 #include <vector>
 
-// The seed's async_save: the training thread copies the state into a snapshot buffer (one
-// memcpy per tensor) and a writer thread persists it. A fixed number of buffers, reused
-// from save to save, bounds memory and the number of saves in flight; saves are written in
-// the order they were handed over. A background error is kept and rethrown to the training
-// thread at its next call, never swallowed.
-
-#include <algorithm>
-#include <chrono>
-#include <condition_variable>
-#include <cstdint>
-#include <cstring>
-#include <deque>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <utility>
-#include <vector>
-
-
-namespace ckpt::detail {
-
-/// A deep copy of `dict`: the caller may change its tensors as soon as this returns.
-inline ParamDict snapshot(const ParamDict& dict) {
-    ParamDict copy;
-    for (const auto& [name, value] : dict)
-        if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
-        else copy.set(name, value);
-    return copy;
-}
-
-/// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
-/// the same types, shapes and orders (a model saved again), their memory is reused: one
-/// memcpy per tensor, no allocation and no page faults. Otherwise it is rebuilt.
-inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
-    bool same_layout = buffer.size() == dict.size();
-    auto b = buffer.begin();
-    for (auto d = dict.begin(); same_layout && d != dict.end(); ++b, ++d) {
-        const Tensor* from = d->value.get_if<Tensor>();
-        const Tensor* to = b->value.get_if<Tensor>();
-        same_layout = b->name == d->name && (from == nullptr) == (to == nullptr) &&
-                      (!from || (from->dtype() == to->dtype() && from->shape() == to->shape() &&
-                                 from->order() == to->order() && !to->is_view()));
-    }
-    if (!same_layout) {
-        buffer = snapshot(dict);
-        return;
-    }
-    b = buffer.begin();
-    for (auto d = dict.begin(); d != dict.end(); ++b, ++d) {
-        if (const Tensor* from = d->value.get_if<Tensor>()) {
-            if (from->nbytes()) std::memcpy(b->value.get_if<Tensor>()->data(), from->data(), from->nbytes());
-        } else {
-            b->value = d->value;
-        }
-    }
-}
-
-class BackgroundSaver {
-public:
-    /// The job persists the snapshot it is given; it runs on the background thread.
-    using Job = std::function<void(const ParamDict&)>;
-
-    explicit BackgroundSaver(std::size_t buffers = 1) : buffers_(buffers < 1 ? 1 : buffers) {}
-    BackgroundSaver(const BackgroundSaver&) = delete;
-    BackgroundSaver& operator=(const BackgroundSaver&) = delete;
-    ~BackgroundSaver() {
-        try {
-            wait();
-        } catch (...) {  // nobody left to tell but the log
-            log_failure(std::current_exception());
-        }
-        {
-            std::lock_guard lock(mutex_);
-            stopping_ = true;
-        }
-        work_.notify_one();
-        if (thread_.joinable()) thread_.join();
-    }
-
-    /// Whether a buffer is free now (no save would have to wait for one).
-    bool buffer_free() const {
-        std::lock_guard lock(mutex_);
-        return has_free_buffer();
-    }
-
-    /// Snapshots `state` into a free buffer, waiting for one if every buffer is in flight,
-    /// and queues `job` on it. Rethrows the error of a finished save first. Returns whether
-    /// it had to wait.
-    bool submit(const ParamDict& state, Job job) {
-        std::unique_lock lock(mutex_);
-        rethrow_error();
-        const bool waited = !has_free_buffer();
-        done_.wait(lock, [&] { return has_free_buffer(); });
-        rethrow_error();
-        Buffer* free = free_buffer();
-        free->busy = true;  // the training thread's until queued: the writer never touches it
-        lock.unlock();
-        try {
-            snapshot_into(free->state, state);
-        } catch (...) {
-            lock.lock();
-            free->busy = false;
-            throw;
-        }
-        lock.lock();
-        queued_.push_back({free, std::move(job)});
-        if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-        lock.unlock();
-        work_.notify_one();
-        return waited;
-    }
-
-    /// Blocks until every queued save is durable; rethrows the first error.
-    void wait() {
-        std::unique_lock lock(mutex_);
-        done_.wait(lock, [&] { return queued_.empty() && !writing_; });
-        rethrow_error();
-    }
-
-    /// Rethrows the error of a save that has finished; never blocks.
-    void check() {
-        std::lock_guard lock(mutex_);
-        rethrow_error();
-    }
-
-    struct Written {
-        std::int64_t saves;  ///< finished, failed ones included
-        double seconds;      ///< the writer thread's time on them
-        double max_seconds;  ///< the longest one
-    };
-    Written written() const {
-        std::lock_guard lock(mutex_);
-        return {written_, write_seconds_, max_write_seconds_};
-    }
-
-private:
-    struct Buffer {
-        ParamDict state;
-        bool busy = false;  // snapshotting, queued or being written
-    };
-    struct Queued {
-        Buffer* buffer;
-        Job job;
-    };
-
-    Buffer* free_buffer() {
-        for (auto& b : buffers_)
-            if (!b.busy) return &b;
-        return nullptr;
-    }
-    bool has_free_buffer() const {
-        return std::any_of(buffers_.begin(), buffers_.end(), [](const Buffer& b) { return !b.busy; });
-    }
-
-    static void log_failure(std::exception_ptr failed) {
-        log(LogLevel::warning, "a background checkpoint save failed: " + message_of(failed));
-    }
-
-    void rethrow_error() {
-        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-    }
-
-    void run() {
-        std::unique_lock lock(mutex_);
-        for (;;) {
-            work_.wait(lock, [&] { return stopping_ || !queued_.empty(); });
-            if (queued_.empty()) return;  // stopping, and nothing left to write
-            Queued next = std::move(queued_.front());
-            queued_.pop_front();
-            writing_ = true;
-            lock.unlock();
-            std::exception_ptr failed;
-            const auto start = std::chrono::steady_clock::now();
-            try {
-                next.job(next.buffer->state);
-            } catch (...) {
-                failed = std::current_exception();
-            }
-            next.job = nullptr;  // release what the job captured before the buffer is reused
-            const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            lock.lock();
-            ++written_;
-            write_seconds_ += took;
-            max_write_seconds_ = std::max(max_write_seconds_, took);
-            if (failed && !error_) error_ = failed;
-            else if (failed) log_failure(failed);  // an earlier error is still to be reported
-            next.buffer->busy = false;
-            writing_ = false;
-            done_.notify_all();
-        }
-    }
-
-    mutable std::mutex mutex_;
-    std::condition_variable work_;  // the writer: a save was queued, or stop
-    std::condition_variable done_;  // the training thread: a save finished
-    std::vector<Buffer> buffers_;
-    std::deque<Queued> queued_;
-    bool writing_ = false;
-    bool stopping_ = false;
-    std::int64_t written_ = 0;
-    double write_seconds_ = 0, max_write_seconds_ = 0;
-    std::exception_ptr error_;
-    std::thread thread_;
-};
-
-}  // namespace ckpt::detail
-// The durable level's copier (ManagerOptions::durable): checkpoints written to a fast local
-// directory are copied, on a thread of their own, to a durable shared one. Each copy goes
-// to a temporary, is checked while it is copied (the size and the body checksum its header
-// announces: a damaged source is never published), made durable, and only then renamed into
-// place; a process killed mid-copy leaves a temporary, which no listing takes and the next
-// manager removes. The training thread only queues jobs: it never waits for a copy.
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <unistd.h>
-
-#include <boost/filesystem.hpp>
-
-#include <algorithm>
-#include <chrono>
-#include <condition_variable>
-#include <cstdint>
-#include <deque>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <thread>
-#include <utility>
-#include <vector>
-
-
-namespace ckpt {
-
-/// What the copies to the durable level did so far (CheckpointManager::flush_stats()).
-struct FlushStats {
-    std::int64_t flushed = 0;    ///< files copied, checked and in place on the durable level
-    std::int64_t failed = 0;     ///< copies that failed (each logged; the local file stays)
-    std::int64_t given_up = 0;   ///< global indexes whose files never reached the durable level in time
-    /// Of the failed copies, those that found the durable level full (no space, or over
-    /// quota) after its retention had made what room it could. The first of a run of them is
-    /// a warning; the others are counted here.
-    std::int64_t no_space = 0;
-    std::int64_t pending = 0;    ///< queued or being copied now
-    std::uint64_t bytes = 0;     ///< bytes copied
-    double seconds = 0;          ///< copier time spent copying, pacing included
-    std::string last_error;      ///< the newest failure's message
-};
-
-namespace detail {
-
-/// Keeps a copy at or under `bytes_per_second` (0: no limit) by sleeping between blocks.
-class Pacer {
-public:
-    explicit Pacer(double bytes_per_second) : rate_(bytes_per_second) {}
-    /// The block size that keeps sleeps short (about a tenth of a second of copying).
-    std::size_t block() const {
-        constexpr std::size_t most = 4u << 20, least = 64u << 10;
-        if (rate_ <= 0) return most;
-        return std::clamp(static_cast<std::size_t>(rate_ / 10), least, most);
-    }
-    void start() {
-        start_ = std::chrono::steady_clock::now();
-        done_ = 0;
-    }
-    /// After `n` more bytes: sleeps until they are due.
-    void account(std::size_t n) {
-        done_ += n;
-        if (rate_ <= 0) return;
-        const auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                      std::chrono::duration<double>(static_cast<double>(done_) / rate_));
-        std::this_thread::sleep_until(due);
-    }
-
-private:
-    double rate_;
-    std::chrono::steady_clock::time_point start_{};
-    std::uint64_t done_ = 0;
-};
-
-/// Copies `src` to `dst` atomically and durably (temporary, fsync, rename, directory fsync).
-/// The bytes are copied in the kernel (copy_file_range) where the two file systems allow it,
-/// through a buffer where they do not, and each block's write to the disk is started at once.
-/// With `checkpoint`, the copy must be a whole checkpoint: each block is read back from the
-/// copy (from the page cache), its
-/// header checked and its body hashed, and the copy is renamed into place only when the
-/// body matches the header's checksum (ChecksumError or FormatError naming `src` otherwise):
-/// a damaged source is never published. Returns the bytes copied. The previous file at
-/// `dst`, if any, is replaced only by a whole, checked copy; on any error it is untouched
-/// and no temporary is left.
-inline std::uint64_t copy_file_checked(const fs::path& src, const fs::path& dst, bool checkpoint, Pacer& pace) {
-    const std::string from = src.string(), to = dst.string();
-    Fd in = open_for_read(from, checkpoint ? "checkpoint" : "file");
-    const std::uint64_t size = file_size(in.get(), from);
-    AtomicFile out(dst);
-    Fd copy = checkpoint ? open_for_read(out.temp_path()) : Fd();
-    auto buffer = std::make_unique_for_overwrite<std::byte[]>(pace.block());
-    FileHeader header;
-    Xxh3 hash;
-    bool in_kernel = true;
-    pace.start();
-    for (std::uint64_t done = 0; done < size;) {
-        const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(pace.block(), size - done));
-        std::size_t got = 0;
-        if (in_kernel) {
-            const ssize_t r = ::copy_file_range(in.get(), nullptr, out.fd(), nullptr, want, 0);
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0 && done == 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
-                in_kernel = false;
-                continue;
-            }
-            if (r < 0) throw_io("copy '" + from + "' to", to);
-            got = static_cast<std::size_t>(r);
-            if (checkpoint && read_full(copy.get(), buffer.get(), got, to) != got)
-                throw IoError("cannot read back the copy '" + out.temp_path() + "' of '" + from + "'", to, EIO);
-        } else {
-            got = read_full(in.get(), buffer.get(), want, from);
-            write_all(out.fd(), buffer.get(), got, to);
-        }
-        if (got == 0) throw IoError("cannot copy '" + from + "' to '" + to + "': it shrank while it was copied", from, EIO);
-        // start writing the block to the disk now, while the next ones are copied: commit()'s
-        // fsync then has little left to wait for
-        ::sync_file_range(out.fd(), static_cast<off_t>(done), static_cast<off_t>(got), SYNC_FILE_RANGE_WRITE);
-        if (checkpoint) {
-            std::size_t body_from = 0;
-            if (done == 0) {
-                header = decode_header(buffer.get(), got, size, from);
-                body_from = header_size;
-            }
-            hash.update(buffer.get() + body_from, got - body_from);
-        }
-        done += got;
-        pace.account(got);
-    }
-    if (checkpoint) {
-        if (size == 0) decode_header(buffer.get(), 0, 0, from);  // says why
-        if (hash.digest() != header.body_hash)
-            throw ChecksumError("cannot copy checkpoint '" + from + "' to '" + to +
-                                    "': its body does not match its checksum (the local copy is damaged)",
-                                from);
-    }
-    out.commit();
-    return size;
-}
-
-/// Copies files to the durable level in the order they were queued, on a thread of its own.
-class Flusher {
-public:
-    struct Job {
-        fs::path source, target;
-        bool checkpoint = true;  ///< checked as it is copied (copy_file_checked)
-        /// Copy only once these all exist (a global index: the ranks' files it names, which the
-        /// ranks' own copiers bring); given up, with a warning, after waiting `patience` with
-        /// nothing queued before it (so a long queue of this rank's own copies, paced, does not
-        /// use up the time the other ranks' copies have).
-        std::vector<fs::path> needs{};
-        std::chrono::milliseconds patience{};
-        std::optional<std::chrono::steady_clock::time_point> give_up{};
-        /// After the copy is in place, on the copier's thread (the durable level's retention).
-        std::function<void(const fs::path& target)> done{};
-        /// Before a copy that would not fit in the space left where it goes, on the copier's
-        /// thread: deletes what the durable level's retention would delete once it is there.
-        std::function<void()> make_room{};
-    };
-
-    explicit Flusher(double bytes_per_second) : pace_(bytes_per_second), thread_([this] { run(); }) {}
-    Flusher(const Flusher&) = delete;
-    Flusher& operator=(const Flusher&) = delete;
-    /// Finishes every job queued (so that a program that ends normally leaves its copies in place).
-    ~Flusher() {
-        {
-            std::lock_guard lock(mutex_);
-            stop_ = true;
-        }
-        wake_.notify_all();
-        thread_.join();
-    }
-
-    /// Queues `job`; never waits for a copy.
-    void submit(Job job) {
-        {
-            std::lock_guard lock(mutex_);
-            queue_.push_back(std::move(job));
-        }
-        wake_.notify_all();
-    }
-
-    /// Whether `source` is queued or being copied (the local level's retention keeps it).
-    bool pinned(const fs::path& source) const {
-        std::lock_guard lock(mutex_);
-        if (current_ && *current_ == source) return true;
-        return std::any_of(queue_.begin(), queue_.end(), [&](const Job& j) { return j.source == source; });
-    }
-
-    /// Blocks until every job queued so far has ended: copied, failed or given up.
-    FlushStats wait() {
-        std::unique_lock lock(mutex_);
-        idle_.wait(lock, [&] { return queue_.empty() && !current_; });
-        return stats_locked();
-    }
-
-    FlushStats stats() const {
-        std::lock_guard lock(mutex_);
-        return stats_locked();
-    }
-
-    /// The error of the newest failed copy of `source`, if its newest copy failed.
-    std::optional<std::string> failure_of(const fs::path& source) const {
-        std::lock_guard lock(mutex_);
-        if (last_failed_ == source) return stats_.last_error;
-        return std::nullopt;
-    }
-
-private:
-    FlushStats stats_locked() const {
-        FlushStats s = stats_;
-        s.pending = static_cast<std::int64_t>(queue_.size()) + (current_ ? 1 : 0);
-        return s;
-    }
-
-    /// Whether `source` fits where `target` goes, by the space its file system says is left.
-    static bool fits(const fs::path& source, const fs::path& target) {
-        struct stat st {};
-        struct statvfs fs {};
-        if (::stat(source.c_str(), &st) != 0 || ::statvfs(target.parent_path().c_str(), &fs) != 0) return true;
-        const auto left = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
-        return left >= static_cast<std::uint64_t>(st.st_size) + fs.f_frsize;  // and a block of slack
-    }
-
-    static bool all_exist(const std::vector<fs::path>& files) {
-        return std::all_of(files.begin(), files.end(), [](const fs::path& f) {
-            struct stat st {};
-            return ::stat(f.c_str(), &st) == 0;
-        });
-    }
-
-    // The first job that can run now: in order, except that a job waiting for files lets later
-    // jobs pass (a rank's own checkpoints must not wait for the other ranks'). A waiting job's
-    // patience runs from the first time it is looked at, when nothing before it can run. Drops
-    // the jobs whose files did not come in time.
-    std::optional<Job> next_locked() {
-        const auto now = std::chrono::steady_clock::now();
-        for (auto it = queue_.begin(); it != queue_.end();) {
-            if (it->needs.empty() || all_exist(it->needs)) {
-                Job job = std::move(*it);
-                queue_.erase(it);
-                return job;
-            }
-            if (!it->give_up) it->give_up = now + it->patience;
-            if (now < *it->give_up) {
-                ++it;
-                continue;
-            }
-            ++stats_.given_up;
-            log(LogLevel::warning, "not copying '" + it->source.string() + "' to the durable level: '" +
-                                       it->needs.front().string() + "' and the other files it names did not all arrive there in time");
-            it = queue_.erase(it);
-        }
-        return std::nullopt;
-    }
-
-    void run() {
-        std::unique_lock lock(mutex_);
-        for (;;) {
-            std::optional<Job> job = next_locked();
-            if (!job) {
-                if (queue_.empty()) {
-                    idle_.notify_all();
-                    if (stop_) return;
-                    wake_.wait(lock);
-                } else {
-                    wake_.wait_for(lock, std::chrono::milliseconds(100));  // files some job waits for
-                }
-                continue;
-            }
-            current_ = job->source;
-            lock.unlock();
-            const auto start = std::chrono::steady_clock::now();
-            std::optional<std::string> error;
-            bool full = false;
-            std::uint64_t copied = 0;
-            try {
-                if (job->make_room && !fits(job->source, job->target)) job->make_room();
-                copied = copy_file_checked(job->source, job->target, job->checkpoint, pace_);
-            } catch (const IoError& e) {
-                error = e.what();
-                full = e.error_code() == ENOSPC || e.error_code() == EDQUOT;
-            } catch (const std::exception& e) {
-                error = e.what();
-            }
-            if (!error && job->done) {
-                try {
-                    job->done(job->target);
-                } catch (const std::exception& e) {
-                    log(LogLevel::warning, "after copying '" + job->target.string() + "': " + e.what());
-                }
-            }
-            // a full durable level is said once, when it fills, and once when it has room again
-            if (error && full && full_said_)
-                log(LogLevel::info, "could not copy '" + job->source.string() + "' to the durable level, still full: " + *error);
-            else if (error && full)
-                log(LogLevel::warning, "the durable level is full: could not copy '" + job->source.string() + "' there (" +
-                                           *error + "), after its retention made what room it could; copies fail "
-                                           "until there is room, each counted in FlushStats::no_space, and the local "
-                                           "level keeps its files meanwhile only as its own retention allows");
-            else if (error)
-                log(LogLevel::warning, "could not copy '" + job->source.string() + "' to the durable level: " + *error);
-            else if (full_said_)
-                log(LogLevel::notice, "the durable level has room again: copied '" + job->source.string() + "'");
-            full_said_ = error ? full_said_ || full : false;
-            const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            lock.lock();
-            stats_.seconds += took;
-            if (error) {
-                ++stats_.failed;
-                stats_.no_space += full;
-                stats_.last_error = *error;
-                last_failed_ = job->source;
-            } else {
-                ++stats_.flushed;
-                stats_.bytes += copied;
-                if (last_failed_ == job->source) last_failed_.reset();
-            }
-            current_.reset();
-        }
-    }
-
-    Pacer pace_;  // the copier thread's own
-    mutable std::mutex mutex_;
-    std::condition_variable wake_, idle_;
-    std::deque<Job> queue_;
-    std::optional<fs::path> current_, last_failed_;
-    FlushStats stats_;
-    bool full_said_ = false;  // the copier thread's own
-    bool stop_ = false;
-    std::thread thread_;  // last: started once the rest is in place
-};
-
-}  // namespace detail
-}  // namespace ckpt
 // Finding checkpoints again after a restart: by the run, epoch and step in their names,
 // confirmed by their headers and verified by their checksums. Never by file times.
 
@@ -5605,97 +5072,18 @@ std::optional<Path> latest(const PathArg& dir, std::string_view prefix, const N&
 }
 
 }  // namespace ckpt
-// SavePolicy: decides, at each step end, epoch end and train end, whether to save.
-//
-// A SavePolicy P provides
-//   bool should_save(const Progress&)  -- asked at every event; may keep state (timers)
-//   void saved(const Progress&)        -- told after every save, whichever policy asked for it
-//
-// Members: Never, EverySteps, EveryEpochs, EverySeconds, OnTrainEnd, and AnyOf<...> to combine.
+// What a CheckpointManager is configured with and what it reports: ManagerOptions (async
+// saves, the durable level, the series' lock, what to do with unreadable files), the
+// statistics of async saves, and Restored, what restore() loaded. Included by manager.hpp.
 
-#include <chrono>
-#include <concepts>
+#include <boost/filesystem.hpp>
+
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <tuple>
+#include <vector>
 
-
-namespace ckpt {
-
-template <class P>
-concept SavePolicy = std::copy_constructible<P> && requires(P& p, const Progress& pr) {
-    { p.should_save(pr) } -> std::convertible_to<bool>;
-    p.saved(pr);
-};
-
-/// Saves nothing (the do-nothing member).
-struct Never {
-    bool should_save(const Progress&) const { return false; }
-    void saved(const Progress&) const {}
-};
-
-/// Saves when the global step is a multiple of n (the seed's save_checkpoint_steps).
-struct EverySteps {
-    std::int64_t n = 1;
-    explicit EverySteps(std::int64_t every = 1) : n(every) {
-        if (n < 1) throw ConfigError("EverySteps needs n >= 1, got " + std::to_string(n));
-    }
-    bool should_save(const Progress& p) const { return p.event == Event::step_end && p.global_step % n == 0; }
-    void saved(const Progress&) const {}
-};
-
-/// Saves at the end of every n-th epoch.
-struct EveryEpochs {
-    std::int64_t n = 1;
-    explicit EveryEpochs(std::int64_t every = 1) : n(every) {
-        if (n < 1) throw ConfigError("EveryEpochs needs n >= 1, got " + std::to_string(n));
-    }
-    bool should_save(const Progress& p) const { return p.event == Event::epoch_end && p.epoch % n == 0; }
-    void saved(const Progress&) const {}
-};
-
-/// Saves at a step end once `seconds` have passed since the last save, or since the first
-/// step seen (the seed's save_checkpoint_seconds).
-struct EverySeconds {
-    std::chrono::duration<double> interval;
-    explicit EverySeconds(double seconds) : interval(seconds) {
-        if (!(seconds > 0)) throw ConfigError("EverySeconds needs seconds > 0, got " + std::to_string(seconds));
-    }
-    bool should_save(const Progress& p) {
-        if (!last_) last_ = p.now;
-        return p.event == Event::step_end && p.now - *last_ >= interval;
-    }
-    void saved(const Progress& p) { last_ = p.now; }
-
-private:
-    std::optional<std::chrono::steady_clock::time_point> last_;
-};
-
-/// Saves when training ends (the seed saves the last step by default).
-struct OnTrainEnd {
-    bool should_save(const Progress& p) const { return p.event == Event::train_end; }
-    void saved(const Progress&) const {}
-};
-
-/// Saves when any member says so; every member hears about every save.
-template <SavePolicy... Ps>
-struct AnyOf {
-    std::tuple<Ps...> members;
-    AnyOf() = default;
-    explicit AnyOf(Ps... ps) : members(std::move(ps)...) {}
-    bool should_save(const Progress& p) {
-        // every member is asked (no short-circuit), so timers in all of them see every event
-        bool any = false;
-        std::apply([&](auto&... m) { ((any = m.should_save(p) || any), ...); }, members);
-        return any;
-    }
-    void saved(const Progress& p) {
-        std::apply([&](auto&... m) { (m.saved(p), ...); }, members);
-    }
-};
-
-}  // namespace ckpt
 // A series: the checkpoints of one prefix in one directory, and its life (docs/FORMAT.md §12).
 //
 // One writer at a time. A CheckpointManager holds an exclusive lock on "{dir}/{prefix}.lock"
@@ -6071,6 +5459,791 @@ struct Restored {
     std::optional<FinishedRecord> finished;
 };
 
+}  // namespace ckpt
+// SavePolicy: decides, at each step end, epoch end and train end, whether to save.
+//
+// A SavePolicy P provides
+//   bool should_save(const Progress&)  -- asked at every event; may keep state (timers)
+//   void saved(const Progress&)        -- told after every save, whichever policy asked for it
+//
+// Members: Never, EverySteps, EveryEpochs, EverySeconds, OnTrainEnd, and AnyOf<...> to combine.
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+
+
+namespace ckpt {
+
+template <class P>
+concept SavePolicy = std::copy_constructible<P> && requires(P& p, const Progress& pr) {
+    { p.should_save(pr) } -> std::convertible_to<bool>;
+    p.saved(pr);
+};
+
+/// Saves nothing (the do-nothing member).
+struct Never {
+    bool should_save(const Progress&) const { return false; }
+    void saved(const Progress&) const {}
+};
+
+/// Saves when the global step is a multiple of n (the seed's save_checkpoint_steps).
+struct EverySteps {
+    std::int64_t n = 1;
+    explicit EverySteps(std::int64_t every = 1) : n(every) {
+        if (n < 1) throw ConfigError("EverySteps needs n >= 1, got " + std::to_string(n));
+    }
+    bool should_save(const Progress& p) const { return p.event == Event::step_end && p.global_step % n == 0; }
+    void saved(const Progress&) const {}
+};
+
+/// Saves at the end of every n-th epoch.
+struct EveryEpochs {
+    std::int64_t n = 1;
+    explicit EveryEpochs(std::int64_t every = 1) : n(every) {
+        if (n < 1) throw ConfigError("EveryEpochs needs n >= 1, got " + std::to_string(n));
+    }
+    bool should_save(const Progress& p) const { return p.event == Event::epoch_end && p.epoch % n == 0; }
+    void saved(const Progress&) const {}
+};
+
+/// Saves at a step end once `seconds` have passed since the last save, or since the first
+/// step seen (the seed's save_checkpoint_seconds).
+struct EverySeconds {
+    std::chrono::duration<double> interval;
+    explicit EverySeconds(double seconds) : interval(seconds) {
+        if (!(seconds > 0)) throw ConfigError("EverySeconds needs seconds > 0, got " + std::to_string(seconds));
+    }
+    bool should_save(const Progress& p) {
+        if (!last_) last_ = p.now;
+        return p.event == Event::step_end && p.now - *last_ >= interval;
+    }
+    void saved(const Progress& p) { last_ = p.now; }
+
+private:
+    std::optional<std::chrono::steady_clock::time_point> last_;
+};
+
+/// Saves when training ends (the seed saves the last step by default).
+struct OnTrainEnd {
+    bool should_save(const Progress& p) const { return p.event == Event::train_end; }
+    void saved(const Progress&) const {}
+};
+
+/// Saves when any member says so; every member hears about every save.
+template <SavePolicy... Ps>
+struct AnyOf {
+    std::tuple<Ps...> members;
+    AnyOf() = default;
+    explicit AnyOf(Ps... ps) : members(std::move(ps)...) {}
+    bool should_save(const Progress& p) {
+        // every member is asked (no short-circuit), so timers in all of them see every event
+        bool any = false;
+        std::apply([&](auto&... m) { ((any = m.should_save(p) || any), ...); }, members);
+        return any;
+    }
+    void saved(const Progress& p) {
+        std::apply([&](auto&... m) { (m.saved(p), ...); }, members);
+    }
+};
+
+}  // namespace ckpt
+// The seed's async_save: the training thread copies the state into a snapshot buffer (one
+// memcpy per tensor) and a writer thread persists it. A fixed number of buffers, reused
+// from save to save, bounds memory and the number of saves in flight; saves are written in
+// the order they were handed over. A background error is kept and rethrown to the training
+// thread at its next call, never swallowed.
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+namespace ckpt::detail {
+
+/// A deep copy of `dict`: the caller may change its tensors as soon as this returns.
+inline ParamDict snapshot(const ParamDict& dict) {
+    ParamDict copy;
+    for (const auto& [name, value] : dict)
+        if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
+        else copy.set(name, value);
+    return copy;
+}
+
+/// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
+/// the same types, shapes and orders (a model saved again), their memory is reused: one
+/// memcpy per tensor, no allocation and no page faults. Otherwise it is rebuilt.
+inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
+    bool same_layout = buffer.size() == dict.size();
+    auto b = buffer.begin();
+    for (auto d = dict.begin(); same_layout && d != dict.end(); ++b, ++d) {
+        const Tensor* from = d->value.get_if<Tensor>();
+        const Tensor* to = b->value.get_if<Tensor>();
+        same_layout = b->name == d->name && (from == nullptr) == (to == nullptr) &&
+                      (!from || (from->dtype() == to->dtype() && from->shape() == to->shape() &&
+                                 from->order() == to->order() && !to->is_view()));
+    }
+    if (!same_layout) {
+        buffer = snapshot(dict);
+        return;
+    }
+    b = buffer.begin();
+    for (auto d = dict.begin(); d != dict.end(); ++b, ++d) {
+        if (const Tensor* from = d->value.get_if<Tensor>()) {
+            if (from->nbytes()) std::memcpy(b->value.get_if<Tensor>()->data(), from->data(), from->nbytes());
+        } else {
+            b->value = d->value;
+        }
+    }
+}
+
+class BackgroundSaver {
+public:
+    /// The job persists the snapshot it is given; it runs on the background thread.
+    using Job = std::function<void(const ParamDict&)>;
+
+    explicit BackgroundSaver(std::size_t buffers = 1) : buffers_(buffers < 1 ? 1 : buffers) {}
+    BackgroundSaver(const BackgroundSaver&) = delete;
+    BackgroundSaver& operator=(const BackgroundSaver&) = delete;
+    ~BackgroundSaver() {
+        try {
+            wait();
+        } catch (...) {  // nobody left to tell but the log
+            log_failure(std::current_exception());
+        }
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        work_.notify_one();
+        if (thread_.joinable()) thread_.join();
+    }
+
+    /// Whether a buffer is free now (no save would have to wait for one).
+    bool buffer_free() const {
+        std::lock_guard lock(mutex_);
+        return has_free_buffer();
+    }
+
+    /// Snapshots `state` into a free buffer, waiting for one if every buffer is in flight,
+    /// and queues `job` on it. Rethrows the error of a finished save first. Returns whether
+    /// it had to wait.
+    bool submit(const ParamDict& state, Job job) {
+        std::unique_lock lock(mutex_);
+        rethrow_error();
+        const bool waited = !has_free_buffer();
+        done_.wait(lock, [&] { return has_free_buffer(); });
+        rethrow_error();
+        Buffer* free = free_buffer();
+        free->busy = true;  // the training thread's until queued: the writer never touches it
+        lock.unlock();
+        try {
+            snapshot_into(free->state, state);
+        } catch (...) {
+            lock.lock();
+            free->busy = false;
+            throw;
+        }
+        lock.lock();
+        queued_.push_back({free, std::move(job)});
+        if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+        lock.unlock();
+        work_.notify_one();
+        return waited;
+    }
+
+    /// Blocks until every queued save is durable; rethrows the first error.
+    void wait() {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return queued_.empty() && !writing_; });
+        rethrow_error();
+    }
+
+    /// Rethrows the error of a save that has finished; never blocks.
+    void check() {
+        std::lock_guard lock(mutex_);
+        rethrow_error();
+    }
+
+    struct Written {
+        std::int64_t saves;  ///< finished, failed ones included
+        double seconds;      ///< the writer thread's time on them
+        double max_seconds;  ///< the longest one
+    };
+    Written written() const {
+        std::lock_guard lock(mutex_);
+        return {written_, write_seconds_, max_write_seconds_};
+    }
+
+private:
+    struct Buffer {
+        ParamDict state;
+        bool busy = false;  // snapshotting, queued or being written
+    };
+    struct Queued {
+        Buffer* buffer;
+        Job job;
+    };
+
+    Buffer* free_buffer() {
+        for (auto& b : buffers_)
+            if (!b.busy) return &b;
+        return nullptr;
+    }
+    bool has_free_buffer() const {
+        return std::any_of(buffers_.begin(), buffers_.end(), [](const Buffer& b) { return !b.busy; });
+    }
+
+    static void log_failure(std::exception_ptr failed) {
+        log(LogLevel::warning, "a background checkpoint save failed: " + message_of(failed));
+    }
+
+    void rethrow_error() {
+        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+    void run() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            work_.wait(lock, [&] { return stopping_ || !queued_.empty(); });
+            if (queued_.empty()) return;  // stopping, and nothing left to write
+            Queued next = std::move(queued_.front());
+            queued_.pop_front();
+            writing_ = true;
+            lock.unlock();
+            std::exception_ptr failed;
+            const auto start = std::chrono::steady_clock::now();
+            try {
+                next.job(next.buffer->state);
+            } catch (...) {
+                failed = std::current_exception();
+            }
+            next.job = nullptr;  // release what the job captured before the buffer is reused
+            const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            lock.lock();
+            ++written_;
+            write_seconds_ += took;
+            max_write_seconds_ = std::max(max_write_seconds_, took);
+            if (failed && !error_) error_ = failed;
+            else if (failed) log_failure(failed);  // an earlier error is still to be reported
+            next.buffer->busy = false;
+            writing_ = false;
+            done_.notify_all();
+        }
+    }
+
+    mutable std::mutex mutex_;
+    std::condition_variable work_;  // the writer: a save was queued, or stop
+    std::condition_variable done_;  // the training thread: a save finished
+    std::vector<Buffer> buffers_;
+    std::deque<Queued> queued_;
+    bool writing_ = false;
+    bool stopping_ = false;
+    std::int64_t written_ = 0;
+    double write_seconds_ = 0, max_write_seconds_ = 0;
+    std::exception_ptr error_;
+    std::thread thread_;
+};
+
+}  // namespace ckpt::detail
+// The durable level's copier (ManagerOptions::durable): checkpoints written to a fast local
+// directory are copied, on a thread of their own, to a durable shared one. Each copy goes
+// to a temporary, is checked while it is copied (the size and the body checksum its header
+// announces: a damaged source is never published), made durable, and only then renamed into
+// place; a process killed mid-copy leaves a temporary, which no listing takes and the next
+// manager removes. The training thread only queues jobs: it never waits for a copy.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+namespace ckpt {
+
+/// What the copies to the durable level did so far (CheckpointManager::flush_stats()).
+struct FlushStats {
+    std::int64_t flushed = 0;    ///< files copied, checked and in place on the durable level
+    std::int64_t failed = 0;     ///< copies that failed (each logged; the local file stays)
+    std::int64_t given_up = 0;   ///< global indexes whose files never reached the durable level in time
+    /// Of the failed copies, those that found the durable level full (no space, or over
+    /// quota) after its retention had made what room it could. The first of a run of them is
+    /// a warning; the others are counted here.
+    std::int64_t no_space = 0;
+    std::int64_t pending = 0;    ///< queued or being copied now
+    std::uint64_t bytes = 0;     ///< bytes copied
+    double seconds = 0;          ///< copier time spent copying, pacing included
+    std::string last_error;      ///< the newest failure's message
+};
+
+namespace detail {
+
+/// Keeps a copy at or under `bytes_per_second` (0: no limit) by sleeping between blocks.
+class Pacer {
+public:
+    explicit Pacer(double bytes_per_second) : rate_(bytes_per_second) {}
+    /// The block size that keeps sleeps short (about a tenth of a second of copying).
+    std::size_t block() const {
+        constexpr std::size_t most = 4u << 20, least = 64u << 10;
+        if (rate_ <= 0) return most;
+        return std::clamp(static_cast<std::size_t>(rate_ / 10), least, most);
+    }
+    void start() {
+        start_ = std::chrono::steady_clock::now();
+        done_ = 0;
+    }
+    /// After `n` more bytes: sleeps until they are due.
+    void account(std::size_t n) {
+        done_ += n;
+        if (rate_ <= 0) return;
+        const auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(static_cast<double>(done_) / rate_));
+        std::this_thread::sleep_until(due);
+    }
+
+private:
+    double rate_;
+    std::chrono::steady_clock::time_point start_{};
+    std::uint64_t done_ = 0;
+};
+
+/// Copies `src` to `dst` atomically and durably (temporary, fsync, rename, directory fsync).
+/// The bytes are copied in the kernel (copy_file_range) where the two file systems allow it,
+/// through a buffer where they do not, and each block's write to the disk is started at once.
+/// With `checkpoint`, the copy must be a whole checkpoint: each block is read back from the
+/// copy (from the page cache), its
+/// header checked and its body hashed, and the copy is renamed into place only when the
+/// body matches the header's checksum (ChecksumError or FormatError naming `src` otherwise):
+/// a damaged source is never published. Returns the bytes copied. The previous file at
+/// `dst`, if any, is replaced only by a whole, checked copy; on any error it is untouched
+/// and no temporary is left.
+inline std::uint64_t copy_file_checked(const fs::path& src, const fs::path& dst, bool checkpoint, Pacer& pace) {
+    const std::string from = src.string(), to = dst.string();
+    Fd in = open_for_read(from, checkpoint ? "checkpoint" : "file");
+    const std::uint64_t size = file_size(in.get(), from);
+    AtomicFile out(dst);
+    Fd copy = checkpoint ? open_for_read(out.temp_path()) : Fd();
+    auto buffer = std::make_unique_for_overwrite<std::byte[]>(pace.block());
+    FileHeader header;
+    Xxh3 hash;
+    bool in_kernel = true;
+    pace.start();
+    for (std::uint64_t done = 0; done < size;) {
+        const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(pace.block(), size - done));
+        std::size_t got = 0;
+        if (in_kernel) {
+            const ssize_t r = ::copy_file_range(in.get(), nullptr, out.fd(), nullptr, want, 0);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && done == 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+                in_kernel = false;
+                continue;
+            }
+            if (r < 0) throw_io("copy '" + from + "' to", to);
+            got = static_cast<std::size_t>(r);
+            if (checkpoint && read_full(copy.get(), buffer.get(), got, to) != got)
+                throw IoError("cannot read back the copy '" + out.temp_path() + "' of '" + from + "'", to, EIO);
+        } else {
+            got = read_full(in.get(), buffer.get(), want, from);
+            write_all(out.fd(), buffer.get(), got, to);
+        }
+        if (got == 0) throw IoError("cannot copy '" + from + "' to '" + to + "': it shrank while it was copied", from, EIO);
+        // start writing the block to the disk now, while the next ones are copied: commit()'s
+        // fsync then has little left to wait for
+        ::sync_file_range(out.fd(), static_cast<off_t>(done), static_cast<off_t>(got), SYNC_FILE_RANGE_WRITE);
+        if (checkpoint) {
+            std::size_t body_from = 0;
+            if (done == 0) {
+                header = decode_header(buffer.get(), got, size, from);
+                body_from = header_size;
+            }
+            hash.update(buffer.get() + body_from, got - body_from);
+        }
+        done += got;
+        pace.account(got);
+    }
+    if (checkpoint) {
+        if (size == 0) decode_header(buffer.get(), 0, 0, from);  // says why
+        if (hash.digest() != header.body_hash)
+            throw ChecksumError("cannot copy checkpoint '" + from + "' to '" + to +
+                                    "': its body does not match its checksum (the local copy is damaged)",
+                                from);
+    }
+    out.commit();
+    return size;
+}
+
+/// Copies files to the durable level in the order they were queued, on a thread of its own.
+class Flusher {
+public:
+    struct Job {
+        fs::path source, target;
+        bool checkpoint = true;  ///< checked as it is copied (copy_file_checked)
+        /// Copy only once these all exist (a global index: the ranks' files it names, which the
+        /// ranks' own copiers bring); given up, with a warning, after waiting `patience` with
+        /// nothing queued before it (so a long queue of this rank's own copies, paced, does not
+        /// use up the time the other ranks' copies have).
+        std::vector<fs::path> needs{};
+        std::chrono::milliseconds patience{};
+        std::optional<std::chrono::steady_clock::time_point> give_up{};
+        /// After the copy is in place, on the copier's thread (the durable level's retention).
+        std::function<void(const fs::path& target)> done{};
+        /// Before a copy that would not fit in the space left where it goes, on the copier's
+        /// thread: deletes what the durable level's retention would delete once it is there.
+        std::function<void()> make_room{};
+    };
+
+    explicit Flusher(double bytes_per_second) : pace_(bytes_per_second), thread_([this] { run(); }) {}
+    Flusher(const Flusher&) = delete;
+    Flusher& operator=(const Flusher&) = delete;
+    /// Finishes every job queued (so that a program that ends normally leaves its copies in place).
+    ~Flusher() {
+        {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+        }
+        wake_.notify_all();
+        thread_.join();
+    }
+
+    /// Queues `job`; never waits for a copy.
+    void submit(Job job) {
+        {
+            std::lock_guard lock(mutex_);
+            queue_.push_back(std::move(job));
+        }
+        wake_.notify_all();
+    }
+
+    /// Whether `source` is queued or being copied (the local level's retention keeps it).
+    bool pinned(const fs::path& source) const {
+        std::lock_guard lock(mutex_);
+        if (current_ && *current_ == source) return true;
+        return std::any_of(queue_.begin(), queue_.end(), [&](const Job& j) { return j.source == source; });
+    }
+
+    /// Blocks until every job queued so far has ended: copied, failed or given up.
+    FlushStats wait() {
+        std::unique_lock lock(mutex_);
+        idle_.wait(lock, [&] { return queue_.empty() && !current_; });
+        return stats_locked();
+    }
+
+    FlushStats stats() const {
+        std::lock_guard lock(mutex_);
+        return stats_locked();
+    }
+
+    /// The error of the newest failed copy of `source`, if its newest copy failed.
+    std::optional<std::string> failure_of(const fs::path& source) const {
+        std::lock_guard lock(mutex_);
+        if (last_failed_ == source) return stats_.last_error;
+        return std::nullopt;
+    }
+
+private:
+    FlushStats stats_locked() const {
+        FlushStats s = stats_;
+        s.pending = static_cast<std::int64_t>(queue_.size()) + (current_ ? 1 : 0);
+        return s;
+    }
+
+    /// Whether `source` fits where `target` goes, by the space its file system says is left.
+    static bool fits(const fs::path& source, const fs::path& target) {
+        struct stat st {};
+        struct statvfs fs {};
+        if (::stat(source.c_str(), &st) != 0 || ::statvfs(target.parent_path().c_str(), &fs) != 0) return true;
+        const auto left = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+        return left >= static_cast<std::uint64_t>(st.st_size) + fs.f_frsize;  // and a block of slack
+    }
+
+    static bool all_exist(const std::vector<fs::path>& files) {
+        return std::all_of(files.begin(), files.end(), [](const fs::path& f) {
+            struct stat st {};
+            return ::stat(f.c_str(), &st) == 0;
+        });
+    }
+
+    // The first job that can run now: in order, except that a job waiting for files lets later
+    // jobs pass (a rank's own checkpoints must not wait for the other ranks'). A waiting job's
+    // patience runs from the first time it is looked at, when nothing before it can run. Drops
+    // the jobs whose files did not come in time.
+    std::optional<Job> next_locked() {
+        const auto now = std::chrono::steady_clock::now();
+        for (auto it = queue_.begin(); it != queue_.end();) {
+            if (it->needs.empty() || all_exist(it->needs)) {
+                Job job = std::move(*it);
+                queue_.erase(it);
+                return job;
+            }
+            if (!it->give_up) it->give_up = now + it->patience;
+            if (now < *it->give_up) {
+                ++it;
+                continue;
+            }
+            ++stats_.given_up;
+            log(LogLevel::warning, "not copying '" + it->source.string() + "' to the durable level: '" +
+                                       it->needs.front().string() + "' and the other files it names did not all arrive there in time");
+            it = queue_.erase(it);
+        }
+        return std::nullopt;
+    }
+
+    void run() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            std::optional<Job> job = next_locked();
+            if (!job) {
+                if (queue_.empty()) {
+                    idle_.notify_all();
+                    if (stop_) return;
+                    wake_.wait(lock);
+                } else {
+                    wake_.wait_for(lock, std::chrono::milliseconds(100));  // files some job waits for
+                }
+                continue;
+            }
+            current_ = job->source;
+            lock.unlock();
+            const auto start = std::chrono::steady_clock::now();
+            std::optional<std::string> error;
+            bool full = false;
+            std::uint64_t copied = 0;
+            try {
+                if (job->make_room && !fits(job->source, job->target)) job->make_room();
+                copied = copy_file_checked(job->source, job->target, job->checkpoint, pace_);
+            } catch (const IoError& e) {
+                error = e.what();
+                full = e.error_code() == ENOSPC || e.error_code() == EDQUOT;
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+            if (!error && job->done) {
+                try {
+                    job->done(job->target);
+                } catch (const std::exception& e) {
+                    log(LogLevel::warning, "after copying '" + job->target.string() + "': " + e.what());
+                }
+            }
+            // a full durable level is said once, when it fills, and once when it has room again
+            if (error && full && full_said_)
+                log(LogLevel::info, "could not copy '" + job->source.string() + "' to the durable level, still full: " + *error);
+            else if (error && full)
+                log(LogLevel::warning, "the durable level is full: could not copy '" + job->source.string() + "' there (" +
+                                           *error + "), after its retention made what room it could; copies fail "
+                                           "until there is room, each counted in FlushStats::no_space, and the local "
+                                           "level keeps its files meanwhile only as its own retention allows");
+            else if (error)
+                log(LogLevel::warning, "could not copy '" + job->source.string() + "' to the durable level: " + *error);
+            else if (full_said_)
+                log(LogLevel::notice, "the durable level has room again: copied '" + job->source.string() + "'");
+            full_said_ = error ? full_said_ || full : false;
+            const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            lock.lock();
+            stats_.seconds += took;
+            if (error) {
+                ++stats_.failed;
+                stats_.no_space += full;
+                stats_.last_error = *error;
+                last_failed_ = job->source;
+            } else {
+                ++stats_.flushed;
+                stats_.bytes += copied;
+                if (last_failed_ == job->source) last_failed_.reset();
+            }
+            current_.reset();
+        }
+    }
+
+    Pacer pace_;  // the copier thread's own
+    mutable std::mutex mutex_;
+    std::condition_variable wake_, idle_;
+    std::deque<Job> queue_;
+    std::optional<fs::path> current_, last_failed_;
+    FlushStats stats_;
+    bool full_said_ = false;  // the copier thread's own
+    bool stop_ = false;
+    std::thread thread_;  // last: started once the rest is in place
+};
+
+}  // namespace detail
+}  // namespace ckpt
+// What retention remembers between runs of a CheckpointManager's policy, and asks before it
+// deletes: the metrics each file records (read once per file and body), the files found intact
+// without an owner record (left alone, said once), and the file a committed global index names
+// (pinned). Retention runs on the writer thread with async_save, so all of it is under a mutex.
+
+#include <boost/filesystem.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace ckpt::detail {
+
+class RetentionMemory {
+public:
+    explicit RetentionMemory(std::string prefix) : prefix_(std::move(prefix)) {}
+
+    /// Keeps the file at `relative` (to either level's directory) from retention: a committed
+    /// global index names it.
+    void pin(fs::path relative) {
+        std::lock_guard lock(mutex_);
+        pinned_ = std::move(relative);
+    }
+    /// Whether `file` in `dir` is the pinned file.
+    bool pinned(const fs::path& file, const fs::path& dir) const {
+        std::lock_guard lock(mutex_);
+        return pinned_ && file.lexically_relative(dir) == *pinned_;
+    }
+    /// Forgets what was read of `file`, deleted.
+    void forget(const fs::path& file) {
+        std::lock_guard lock(mutex_);
+        metrics_read_.erase(file.string());
+    }
+
+    /// The metrics `f` records (StoredCheckpoint::metrics), read once per file and body: a
+    /// file's table of contents, or its whole body when it passed through codecs. None when
+    /// they cannot be read (a damaged file): such a file is never the best.
+    std::map<std::string, double> metrics_of(const StoredCheckpoint& f, const LoadOptions& load_options) const {
+        {
+            std::lock_guard lock(mutex_);
+            if (const auto it = metrics_read_.find(f.path.string());
+                it != metrics_read_.end() && it->second.first == f.header.body_hash)
+                return it->second.second;
+        }
+        std::map<std::string, double> metrics;
+        try {
+            metrics = metrics_in(read_contents(f.path, load_options).entries);
+        } catch (const Error& e) {
+            log(LogLevel::info, "retention reads no metrics from '" + f.path.string() + "': " + e.what());
+        }
+        std::lock_guard lock(mutex_);
+        metrics_read_[f.path.string()] = {f.header.body_hash, metrics};
+        return metrics;
+    }
+
+    /// Whether retention may delete `f`: a file whose owner record says it is this prefix's,
+    /// of the run its name says, or a damaged one (its record is no evidence either way; a
+    /// damaged file of its name was always retention's to delete). A file that records no owner
+    /// (written without a manager, or by an older version) has only its name for evidence and
+    /// is left alone, as is one whose record another key hides.
+    bool may_delete(const StoredCheckpoint& f, const LoadOptions& load_options) const {
+        if (f.owner == OwnerRecord::matches) return true;
+        std::optional<std::string> why;
+        if (f.owner == OwnerRecord::absent) {
+            // A damaged file may have lost its record: verified once, then remembered.
+            {
+                std::lock_guard lock(mutex_);
+                if (const auto it = unowned_intact_.find(f.path.string());
+                    it != unowned_intact_.end() && it->second == f.header.body_hash)
+                    return false;
+            }
+            try {
+                verify_checkpoint(f.path);
+            } catch (const Error&) {
+                return true;  // damaged: what it records is no evidence, and its name says it is ours
+            }
+            std::lock_guard lock(mutex_);
+            unowned_intact_[f.path.string()] = f.header.body_hash;
+            log(LogLevel::notice, "retention leaves alone '" + f.path.string() +
+                                              "': it records no owner (written without a manager or by an older "
+                                              "version), so only its name says it is prefix '" + prefix_ +
+                                              "''s; delete it by hand when it is no longer needed");
+            return false;
+        } else if (f.header.encoded()) {
+            try {
+                const auto owner = read_owner(f.path, load_options);
+                why = owner ? foreign_owner(owner, prefix_, f.name)
+                            : std::optional<std::string>("it records no owner, so only its name says it is this prefix's");
+            } catch (const KeyError& e) {
+                why = std::string("its owner record cannot be read: ") + e.what();
+            } catch (const Error&) {  // damaged
+            }
+        }
+        if (why) log(LogLevel::info, "retention leaves alone '" + f.path.string() + "': " + *why);
+        return !why;
+    }
+
+private:
+    std::string prefix_;
+    mutable std::mutex mutex_;
+    std::optional<fs::path> pinned_;
+    mutable std::map<std::string, std::uint64_t> unowned_intact_;
+    mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
+};
+
+/// Deletes the meta file of each run (but `current_run`) whose every checkpoint in `all`
+/// (readable or not, any rank) is in `doomed`. Before the checkpoints themselves, so that
+/// a process killed in between leaves no meta file without checkpoints behind.
+template <NamingPolicy N>
+void remove_meta_of_emptied_runs(const fs::path& dir, const N& naming, const std::string& current_run,
+                                 const std::vector<const StoredCheckpoint*>& doomed,
+                                 const std::vector<StoredCheckpoint>& all) {
+    std::vector<std::string> runs;
+    for (const StoredCheckpoint* f : doomed)
+        if (f->name.run_prefix != current_run) runs.push_back(f->name.run_prefix);
+    std::sort(runs.begin(), runs.end());
+    runs.erase(std::unique(runs.begin(), runs.end()), runs.end());
+    for (const auto& run : runs) {
+        const auto meta = naming.meta_name(run);
+        auto is_doomed = [&](const StoredCheckpoint& f) {
+            return std::any_of(doomed.begin(), doomed.end(),
+                                   [&](const StoredCheckpoint* d) { return d->path == f.path; });
+        };
+        const bool left = std::any_of(all.begin(), all.end(), [&](const StoredCheckpoint& f) {
+            return f.name.run_prefix == run && !is_doomed(f);
+        });
+        if (meta.empty() || left) continue;
+        boost::system::error_code ec;
+        if (fs::remove(dir / meta, ec))
+            log(LogLevel::info, "retention deleted '" + (dir / meta).string() +
+                                                "' with the last checkpoints of run " + run);
+        else if (ec)
+            log(LogLevel::warning,
+                        "retention could not delete '" + (dir / meta).string() + "': " + ec.message());
+    }
+}
+
+}  // namespace ckpt::detail
+
+
+namespace ckpt {
+
 namespace detail {
 
 template <class State>
@@ -6245,10 +6418,7 @@ public:
     void check_background() { background_.check(); }
 
     /// See CheckpointManager::pin().
-    void pin(const fs::path& file) {
-        std::lock_guard lock(cache_mutex_);
-        pinned_ = file.lexically_relative(dir_);
-    }
+    void pin(const fs::path& file) { memory_.pin(file.lexically_relative(dir_)); }
 
     /// See CheckpointManager::wait_flushed().
     FlushStats wait_flushed() {
@@ -6680,7 +6850,7 @@ private:
         const auto all = list_checkpoints(dir, prefix_, naming_);
         auto files = readable_checkpoints(retention_scope(), p.rank, all);
         if (detail::ranks_by_metrics(policy))
-            for (auto& f : files) f.metrics = metrics_of(f);
+            for (auto& f : files) f.metrics = memory_.metrics_of(f, load_options_);
         if (incoming) {
             files.push_back(*incoming);
             std::stable_sort(files.begin(), files.end(), [](const StoredCheckpoint& a, const StoredCheckpoint& b) {
@@ -6707,11 +6877,7 @@ private:
         if (flusher_ && dir == dir_)
             for (std::size_t j = 0; j < files.size(); ++j) keep[j] = keep[j] || flusher_->pinned(files[j].path);
         // The file a committed global index names, on either level (pin()).
-        {
-            std::lock_guard lock(cache_mutex_);
-            for (std::size_t j = 0; j < files.size() && pinned_; ++j)
-                keep[j] = keep[j] || files[j].path.lexically_relative(dir) == *pinned_;
-        }
+        for (std::size_t j = 0; j < files.size(); ++j) keep[j] = keep[j] || memory_.pinned(files[j].path, dir);
         // The file just written goes last whatever its name says; it is never deleted.
         std::rotate(files.begin() + static_cast<std::ptrdiff_t>(w), files.begin() + static_cast<std::ptrdiff_t>(w) + 1,
                     files.end());
@@ -6721,9 +6887,9 @@ private:
         for (std::size_t i : policy.to_delete(std::span<const StoredCheckpoint>(files)))
             if (i < files.size() && !keep[i]) {
                 keep[i] = true;  // a policy may name a file twice
-                if (may_delete(files[i])) doomed.push_back(&files[i]);
+                if (memory_.may_delete(files[i], load_options_)) doomed.push_back(&files[i]);
             }
-        remove_meta_of_emptied_runs(dir, doomed, all);
+        detail::remove_meta_of_emptied_runs(dir, naming_, run_prefix_, doomed, all);
         for (const StoredCheckpoint* f : doomed) {
             boost::system::error_code ec;
             fs::remove(f->path, ec);
@@ -6732,8 +6898,7 @@ private:
                             "retention could not delete '" + f->path.string() + "': " + ec.message());
             else
                 detail::log(LogLevel::info, "retention deleted '" + f->path.string() + "'");
-            std::lock_guard lock(cache_mutex_);
-            metrics_read_.erase(f->path.string());
+            memory_.forget(f->path);
         }
     }
 
@@ -6752,7 +6917,7 @@ private:
             StoredCheckpoint incoming{Path(file), std::move(*parts), {}};
             incoming.header = read_header(file);
             incoming.owner = OwnerRecord::matches;
-            if (detail::ranks_by_metrics(options_.durable->retention)) incoming.metrics = metrics_of(incoming);
+            if (detail::ranks_by_metrics(options_.durable->retention)) incoming.metrics = memory_.metrics_of(incoming, load_options_);
             incoming.path = target;
             detail::log(LogLevel::info, "making room on the durable level for '" + target.string() + "'");
             retain(durable_dir_, options_.durable->retention, target, p, restored, &incoming);
@@ -6766,99 +6931,6 @@ private:
             }
         };
         flusher_->submit(std::move(job));
-    }
-
-    /// The metrics `f` records (StoredCheckpoint::metrics), read once per file and body: a
-    /// file's table of contents, or its whole body when it passed through codecs. None when
-    /// they cannot be read (a damaged file): such a file is never the best.
-    std::map<std::string, double> metrics_of(const StoredCheckpoint& f) const {
-        {
-            std::lock_guard lock(cache_mutex_);
-            if (const auto it = metrics_read_.find(f.path.string());
-                it != metrics_read_.end() && it->second.first == f.header.body_hash)
-                return it->second.second;
-        }
-        std::map<std::string, double> metrics;
-        try {
-            metrics = detail::metrics_in(read_contents(f.path, load_options_).entries);
-        } catch (const Error& e) {
-            detail::log(LogLevel::info, "retention reads no metrics from '" + f.path.string() + "': " + e.what());
-        }
-        std::lock_guard lock(cache_mutex_);
-        metrics_read_[f.path.string()] = {f.header.body_hash, metrics};
-        return metrics;
-    }
-
-    /// Whether retention may delete `f`: a file whose owner record says it is this prefix's,
-    /// of the run its name says, or a damaged one (its record is no evidence either way; a
-    /// damaged file of its name was always retention's to delete). A file that records no owner
-    /// (written without a manager, or by an older version) has only its name for evidence and
-    /// is left alone, as is one whose record another key hides.
-    bool may_delete(const StoredCheckpoint& f) const {
-        if (f.owner == OwnerRecord::matches) return true;
-        std::optional<std::string> why;
-        if (f.owner == OwnerRecord::absent) {
-            // A damaged file may have lost its record: verified once, then remembered.
-            {
-                std::lock_guard lock(cache_mutex_);
-                if (const auto it = unowned_intact_.find(f.path.string());
-                    it != unowned_intact_.end() && it->second == f.header.body_hash)
-                    return false;
-            }
-            try {
-                verify_checkpoint(f.path);
-            } catch (const Error&) {
-                return true;  // damaged: what it records is no evidence, and its name says it is ours
-            }
-            std::lock_guard lock(cache_mutex_);
-            unowned_intact_[f.path.string()] = f.header.body_hash;
-            detail::log(LogLevel::notice, "retention leaves alone '" + f.path.string() +
-                                              "': it records no owner (written without a manager or by an older "
-                                              "version), so only its name says it is prefix '" + prefix_ +
-                                              "''s; delete it by hand when it is no longer needed");
-            return false;
-        } else if (f.header.encoded()) {
-            try {
-                const auto owner = read_owner(f.path, load_options_);
-                why = owner ? detail::foreign_owner(owner, prefix_, f.name)
-                            : std::optional<std::string>("it records no owner, so only its name says it is this prefix's");
-            } catch (const KeyError& e) {
-                why = std::string("its owner record cannot be read: ") + e.what();
-            } catch (const Error&) {  // damaged
-            }
-        }
-        if (why) detail::log(LogLevel::info, "retention leaves alone '" + f.path.string() + "': " + *why);
-        return !why;
-    }
-
-    /// Deletes the meta file of each run (but the current one) whose every checkpoint in `all`
-    /// (readable or not, any rank) is in `doomed`. Before the checkpoints themselves, so that
-    /// a process killed in between leaves no meta file without checkpoints behind.
-    void remove_meta_of_emptied_runs(const fs::path& dir, const std::vector<const StoredCheckpoint*>& doomed,
-                                     const std::vector<StoredCheckpoint>& all) const {
-        std::vector<std::string> runs;
-        for (const StoredCheckpoint* f : doomed)
-            if (f->name.run_prefix != run_prefix_) runs.push_back(f->name.run_prefix);
-        std::sort(runs.begin(), runs.end());
-        runs.erase(std::unique(runs.begin(), runs.end()), runs.end());
-        for (const auto& run : runs) {
-            const auto meta = naming_.meta_name(run);
-            auto is_doomed = [&](const StoredCheckpoint& f) {
-                return std::any_of(doomed.begin(), doomed.end(),
-                                   [&](const StoredCheckpoint* d) { return d->path == f.path; });
-            };
-            const bool left = std::any_of(all.begin(), all.end(), [&](const StoredCheckpoint& f) {
-                return f.name.run_prefix == run && !is_doomed(f);
-            });
-            if (meta.empty() || left) continue;
-            boost::system::error_code ec;
-            if (fs::remove(dir / meta, ec))
-                detail::log(LogLevel::info, "retention deleted '" + (dir / meta).string() +
-                                                "' with the last checkpoints of run " + run);
-            else if (ec)
-                detail::log(LogLevel::warning,
-                            "retention could not delete '" + (dir / meta).string() + "': " + ec.message());
-        }
     }
 
     fs::path dir_;
@@ -6887,13 +6959,8 @@ private:
     std::optional<fs::path> last_file_;         // the newest regular save, its position, whether it is copied
     Progress last_progress_;
     bool last_copied_ = false;
-    // Files without an owner record that retention found intact (by body checksum): left alone,
-    // said once. Retention runs on the writer thread with async_save.
-    // And the metrics read of each file (by body checksum), for policies that rank by them.
-    mutable std::mutex cache_mutex_;
-    std::optional<fs::path> pinned_;  // pin(): relative to either level's directory, under cache_mutex_
-    mutable std::map<std::string, std::uint64_t> unowned_intact_;
-    mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
+    // what retention reads once and remembers, and the file a global index pinned
+    mutable RetentionMemory memory_{prefix_};
     // The copier, then the writer, last: drained before the members their jobs read (the writer
     // queues copies, so it is drained first).
     std::unique_ptr<detail::Flusher> flusher_;
@@ -6901,6 +6968,10 @@ private:
 };
 
 }  // namespace detail
+
+}  // namespace ckpt
+
+namespace ckpt {
 
 /// Periodic checkpoints from any loop (see the top of this file). Movable: it can be returned
 /// from a factory and kept in a std::optional or a std::vector; saves in flight carry on.

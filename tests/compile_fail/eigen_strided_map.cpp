@@ -1,7 +1,7 @@
 // Must not compile: a view of an Eigen::Map whose inner stride, fixed at compile time, puts its
 // elements apart (every other element of a buffer): no contiguous tensor can view them.
 // Expected diagnostic: the static_assert on the Map's inner stride.
-#include <ckpt/eigen.hpp>
+#include <ckpt/types/eigen.hpp>
 
 int main() {
     double buffer[8] = {};

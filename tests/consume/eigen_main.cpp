@@ -1,5 +1,5 @@
 // Built against the installed package: an Eigen matrix through ckpt::eigen.
-#include <ckpt/eigen.hpp>
+#include <ckpt/types/eigen.hpp>
 
 #include <cstdio>
 

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "../codec.hpp"
+#include "../codecs/codec.hpp"
 #include "../tensor.hpp"
 
 namespace ckpt::detail {

@@ -12,7 +12,7 @@
 #include <streambuf>
 #include <string>
 
-#include "../codec.hpp"
+#include "../codecs/codec.hpp"
 #include "../error.hpp"
 #include "../format.hpp"
 #include "hash.hpp"

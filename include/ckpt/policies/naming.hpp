@@ -32,8 +32,8 @@
 #include <string_view>
 #include <vector>
 
-#include "error.hpp"
-#include "progress.hpp"
+#include "../error.hpp"
+#include "../progress.hpp"
 
 namespace ckpt {
 

@@ -36,10 +36,10 @@
 #include <vector>
 
 #include "codec.hpp"
-#include "detail/block_pipeline.hpp"
-#include "detail/verified_reader.hpp"
-#include "error.hpp"
-#include "tensor.hpp"
+#include "../detail/block_pipeline.hpp"
+#include "../detail/verified_reader.hpp"
+#include "../error.hpp"
+#include "../tensor.hpp"
 
 namespace ckpt {
 

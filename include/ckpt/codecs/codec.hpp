@@ -35,11 +35,11 @@
 
 #include <boost/filesystem/path.hpp>
 
-#include "detail/hash.hpp"
-#include "detail/posix_io.hpp"
-#include "error.hpp"
-#include "format.hpp"
-#include "path.hpp"
+#include "../detail/hash.hpp"
+#include "../detail/posix_io.hpp"
+#include "../error.hpp"
+#include "../format.hpp"
+#include "../path.hpp"
 
 namespace ckpt {
 

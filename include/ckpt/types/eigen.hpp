@@ -33,10 +33,10 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint.hpp"
-#include "error.hpp"
-#include "param_dict.hpp"
-#include "tensor.hpp"
+#include "../checkpoint.hpp"
+#include "../error.hpp"
+#include "../param_dict.hpp"
+#include "../tensor.hpp"
 
 namespace ckpt {
 

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "tensor.hpp"
+#include "../tensor.hpp"
 
 namespace ckpt {
 

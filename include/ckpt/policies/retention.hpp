@@ -41,11 +41,11 @@
 
 #include <boost/filesystem/path.hpp>
 
-#include "error.hpp"
-#include "format.hpp"
-#include "log.hpp"
-#include "naming_policy.hpp"
-#include "path.hpp"
+#include "../error.hpp"
+#include "../format.hpp"
+#include "../log.hpp"
+#include "naming.hpp"
+#include "../path.hpp"
 
 namespace ckpt {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <tuple>
 
-#include "error.hpp"
-#include "progress.hpp"
+#include "../error.hpp"
+#include "../progress.hpp"
 
 namespace ckpt {
 

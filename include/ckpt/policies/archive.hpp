@@ -11,7 +11,7 @@
 
 #include <concepts>
 
-#include "format.hpp"
+#include "../format.hpp"
 
 namespace ckpt {
 

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "codec.hpp"
-#include "detail/block_pipeline.hpp"
-#include "error.hpp"
-#include "tensor.hpp"
+#include "../detail/block_pipeline.hpp"
+#include "../error.hpp"
+#include "../tensor.hpp"
 
 namespace ckpt {
 
