@@ -9,9 +9,9 @@
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
-//   policies     SavePolicy, RetentionPolicy, NamingPolicy, ArchivePolicy, CodecPolicy
-//   codecs       NoCodec, Chain, Key; Zstd and AesGcm in zstd.hpp and
-//                aes_gcm.hpp (targets ckpt::zstd, ckpt::aes_gcm)          codec.hpp
+//   policies     SavePolicy, RetentionPolicy, NamingPolicy,
+//                ArchivePolicy                                         policies/
+//   codecs       CodecPolicy, NoCodec, Chain, Key                      codecs/codec.hpp
 //   manager      CheckpointManager, CheckpointConfig, make_manager     manager.hpp, config.hpp
 //   series       its lock (SeriesLocked), the record that it finished  series.hpp
 //   preemption   TerminationSignals, Preempted, preempted_exit_status  preemption.hpp
@@ -19,11 +19,12 @@
 //
 // Two headers are left to be included where they are used, so that a program that does not
 // use them does not pay for them (xtensor's headers; the resharding reader and its threads):
-//   xtensor      view_of(container), to_tensor, as_xarray               xtensor.hpp
+//   xtensor      view_of(container), to_tensor, as_xarray               types/xtensor.hpp
 //   resharding   describe_checkpoint, GlobalIndex, load_resharded     reshard.hpp
-// Adapters to other libraries have CMake targets of their own: safetensors, npz and PyTorch
-// files in interop.hpp (ckpt::interop), libtorch in torch.hpp (ckpt::torch), Eigen's matrices,
-// arrays and tensors in eigen.hpp (ckpt::eigen).
+// The rest have CMake targets of their own: the codecs Zstd and AesGcm (codecs/zstd.hpp,
+// codecs/aes_gcm.hpp; ckpt::zstd, ckpt::aes_gcm), libtorch and Eigen's objects
+// (types/torch.hpp, types/eigen.hpp; ckpt::torch, ckpt::eigen), and safetensors, npz and
+// PyTorch files (interop/, all of them in interop.hpp; ckpt::interop).
 // Built with CKPT_SEPARATE_COMPILATION (CMake target ckpt::ckpt_compiled), the headers only
 // declare what the library compiles once (detail/linkage.hpp).
 
