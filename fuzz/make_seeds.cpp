@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <complex>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
     if (argc < 2 || argc > 4) return 2;
     const boost::filesystem::path dir = argv[1];
     boost::filesystem::create_directories(dir);
-    std::vector<ckpt::ParamDict> dicts(4);
+    std::vector<ckpt::ParamDict> dicts(5);
     dicts[0].set("w", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}));
     dicts[1].set("w", ckpt::Tensor::from(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}));
     dicts[1].set("epoch_num", std::int64_t{7});
@@ -69,6 +70,17 @@ int main(int argc, char** argv) {
     dicts[3].set("w", ckpt::Tensor::from(std::vector<float>{1, 4, 2, 5, 3, 6}, {2, 3}, ckpt::Order::column_major));
     dicts[3].set("c", ckpt::Tensor::from(std::vector<std::int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 2, 2},
                                          ckpt::Order::column_major));
+    // every dtype beyond those, one tensor each
+    dicts[4].set("i1", ckpt::Tensor::from(std::vector<std::int8_t>{-128, 127}, {2}));
+    dicts[4].set("i2", ckpt::Tensor::from(std::vector<std::int16_t>{-3, 300}, {2}));
+    dicts[4].set("u2", ckpt::Tensor::from(std::vector<std::uint16_t>{65535}, {1}));
+    dicts[4].set("u4", ckpt::Tensor::from(std::vector<std::uint32_t>{7, 8}, {1, 2}));
+    dicts[4].set("u8", ckpt::Tensor::from(std::vector<std::uint64_t>{1u << 31}, {}));
+    dicts[4].set("bf", ckpt::Tensor::from(std::vector<ckpt::bfloat16>{ckpt::bfloat16(1.5f), ckpt::bfloat16(-2.0f)}, {2}));
+    dicts[4].set("e4m3", ckpt::Tensor::from(std::vector<ckpt::float8_e4m3fn>{ckpt::float8_e4m3fn(0.5f)}, {1}));
+    dicts[4].set("e5m2", ckpt::Tensor::from(std::vector<ckpt::float8_e5m2>{ckpt::float8_e5m2(-3.0f)}, {1}));
+    dicts[4].set("c8", ckpt::Tensor::from(std::vector<std::complex<float>>{{1, -1}}, {1}));
+    dicts[4].set("c16", ckpt::Tensor::from(std::vector<std::complex<double>>{{0.5, 2}, {3, 4}}, {2, 1}));
     int n = 0;
     for (const auto kind : {ckpt::ArchiveKind::binary, ckpt::ArchiveKind::text, ckpt::ArchiveKind::xml})
         for (const auto& d : dicts) {
@@ -129,9 +141,21 @@ int main(int argc, char** argv) {
     mixed.set("nesterov", true);
     mixed.set("name", std::string("gr\u00f6\u00dfe"));
     dicts.push_back(mixed);
+    // what each format holds: safetensors no complex dtype, npz no bfloat16 nor float8
+    auto holding = [](const ckpt::ParamDict& d, bool (*holds)(ckpt::DType)) {
+        ckpt::ParamDict out;
+        for (const auto& [name, value] : d)
+            if (const auto* t = value.get_if<ckpt::Tensor>(); !t || holds(t->dtype())) out.set(name, value);
+        return out;
+    };
+    auto in_safetensors = [](ckpt::DType t) { return t != ckpt::DType::complex64 && t != ckpt::DType::complex128; };
+    auto in_npz = [](ckpt::DType t) {
+        return t != ckpt::DType::bfloat16 && t != ckpt::DType::float8_e4m3fn && t != ckpt::DType::float8_e5m2;
+    };
     n = 0;
-    for (const auto& d : dicts) {
+    for (const auto& all : dicts) {
         const auto tmp = dir / "tmp";
+        const ckpt::ParamDict d = holding(all, in_safetensors);
         ckpt::save_safetensors(d, tmp);
         const std::string st = read_file(tmp);
         std::uint64_t len = 0;
@@ -139,7 +163,7 @@ int main(int argc, char** argv) {
         write_seed(dir, "safetensors-" + std::to_string(n), 4, st);
         write_seed(dir, "safetensors-json-" + std::to_string(n), 5, st.substr(8, len) + '\0' + st.substr(8 + len));
         for (const bool compressed : {false, true}) {
-            ckpt::save_npz(d, tmp, compressed);
+            ckpt::save_npz(holding(all, in_npz), tmp, compressed);
             write_seed(dir, std::string(compressed ? "npz-deflated-" : "npz-stored-") + std::to_string(n), 6,
                        read_file(tmp));
         }
@@ -161,6 +185,10 @@ int main(int argc, char** argv) {
         {"S", npy("{'descr': '|S4', 'fortran_order': False, 'shape': (), }", std::string("ab\0\0", 4))},
         {"v2", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 1), }", raw<std::int32_t>({-5, 5}), true)},
         {"empty", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }", "")},
+        {"i1", npy("{'descr': '|i1', 'fortran_order': False, 'shape': (2,), }", std::string("\x80\x7f", 2))},
+        {"u8-big", npy("{'descr': '>u8', 'fortran_order': False, 'shape': (1,), }", std::string("\0\0\0\0\0\0\1\2", 8))},
+        {"c8-big", npy("{'descr': '>c8', 'fortran_order': False, 'shape': (1,), }", std::string("\x3f\x80\0\0\xbf\x80\0\0", 8))},
+        {"c16", npy("{'descr': '<c16', 'fortran_order': True, 'shape': (1, 1), }", raw<double>({0.5, -2}))},
     };
     for (const auto& [name, bytes] : members) write_seed(dir, "npy-" + name, 7, bytes);
 

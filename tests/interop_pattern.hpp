@@ -5,6 +5,7 @@
 
 #include <ckpt/ckpt.hpp>
 
+#include <complex>
 #include <cstdint>
 #include <string>
 
@@ -23,16 +24,38 @@ inline ckpt::Tensor pattern_tensor(ckpt::DType dtype, const ckpt::Shape& shape) 
             case ckpt::DType::int64: t.values<std::int64_t>()[k] = i * 1234567891011 - 5000000000000000; break;
             case ckpt::DType::uint8: t.values<std::uint8_t>()[k] = static_cast<std::uint8_t>((i * 37) % 256); break;
             case ckpt::DType::boolean: t.values<bool>()[k] = i % 3 == 0; break;
+            case ckpt::DType::int8: t.values<std::int8_t>()[k] = static_cast<std::int8_t>((i * 37) % 256 - 128); break;
+            case ckpt::DType::int16: t.values<std::int16_t>()[k] = static_cast<std::int16_t>((i * 4099) % 65536 - 32768); break;
+            case ckpt::DType::uint16: t.values<std::uint16_t>()[k] = static_cast<std::uint16_t>((i * 4099) % 65536); break;
+            case ckpt::DType::uint32: t.values<std::uint32_t>()[k] = static_cast<std::uint32_t>(k * 2654435761u); break;
+            case ckpt::DType::uint64: t.values<std::uint64_t>()[k] = k * 11400714819323198485ull; break;
+            case ckpt::DType::bfloat16: t.values<ckpt::bfloat16>()[k] = ckpt::bfloat16(static_cast<float>(f)); break;  // exact
+            case ckpt::DType::float8_e4m3fn: t.values<ckpt::float8_e4m3fn>()[k].bits = static_cast<std::uint8_t>((i * 37 + 11) % 256); break;
+            case ckpt::DType::float8_e5m2: t.values<ckpt::float8_e5m2>()[k].bits = static_cast<std::uint8_t>((i * 53 + 7) % 256); break;
+            case ckpt::DType::complex64: t.values<std::complex<float>>()[k] = {static_cast<float>(f), static_cast<float>(-f / 2)}; break;
+            case ckpt::DType::complex128: t.values<std::complex<double>>()[k] = {f, -f / 2}; break;
         }
     }
     return t;
 }
 
-inline ckpt::ParamDict pattern_state() {
+/// The file formats the pattern goes through: a checkpoint holds every dtype, safetensors no
+/// complex one, npz (NumPy) no bfloat16 nor float8.
+enum class PatternFor { checkpoint, safetensors, npz };
+
+inline bool pattern_holds(PatternFor format, ckpt::DType dtype) {
+    using D = ckpt::DType;
+    if (format == PatternFor::safetensors) return dtype != D::complex64 && dtype != D::complex128;
+    if (format == PatternFor::npz) return dtype != D::bfloat16 && dtype != D::float8_e4m3fn && dtype != D::float8_e5m2;
+    return true;
+}
+
+inline ckpt::ParamDict pattern_state(PatternFor format = PatternFor::checkpoint) {
     static const ckpt::Shape shapes[] = {{}, {5}, {3, 4}, {2, 3, 4}, {2, 1, 3, 2}};
     ckpt::ParamDict d;
     for (int c = 0; c < ckpt::dtype_count; ++c) {
         const auto dtype = static_cast<ckpt::DType>(c);
+        if (!pattern_holds(format, dtype)) continue;
         for (std::size_t rank = 0; rank < 5; ++rank)
             d.set(std::string(ckpt::dtype_name(dtype)) + ".rank" + std::to_string(rank), pattern_tensor(dtype, shapes[rank]));
     }

@@ -1,8 +1,8 @@
 // The ckpt command-line tool (tools/ckpt.cpp): every subcommand, its output and its exit codes.
 #include <ckpt/codecs/aes_gcm.hpp>
+#include <ckpt/codecs/zstd.hpp>
 #include <ckpt/interop.hpp>
 #include <ckpt/reshard.hpp>
-#include <ckpt/codecs/zstd.hpp>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -11,11 +11,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 
+#include "interop_pattern.hpp"
 #include "python_scripts.hpp"
 #include "support.hpp"
 
@@ -708,6 +711,54 @@ TEST_CASE("ckpt diff reports missing, extra, mismatched and differing entries, w
     auto zeros = ckpt_tool({"diff", (dir / "zero.ckpt").string(), (dir / "negative_zero.ckpt").string()}, dir.path());
     CHECK(zeros.status == 0);
     CHECK(contains(zeros.out, "0 bit-equal, 1 within tolerance, 0 different"));
+}
+
+TEST_CASE("ckpt show --stats and diff take every dtype: a complex tensor's parts as numbers, bfloat16 by value") {
+    test::TempDir dir;
+    ckpt::ParamDict a;
+    a.set("c", ckpt::Tensor::from(std::vector<std::complex<float>>{{1, -2}, {3, 4}}));
+    a.set("bf", ckpt::Tensor::from(std::vector<ckpt::bfloat16>{ckpt::bfloat16(0.5f), ckpt::bfloat16(-8.0f)}));
+    a.set("u64", ckpt::Tensor::from(std::vector<std::uint64_t>{~0ull}));
+    ckpt::save_checkpoint(a, dir / "a.ckpt");
+    auto shown = ckpt_tool({"show", (dir / "a.ckpt").string(), "--stats", "--json"}, dir.path());
+    REQUIRE(shown.status == 0);
+    const auto j = json::parse(shown.out);
+    std::map<std::string, json> by_name;
+    for (const auto& e : j["entries"]) by_name[e["name"]] = e;
+    CHECK(by_name["c"]["dtype"] == "complex64");
+    CHECK(by_name["c"]["stats"]["min"] == -2.0);  // the parts 1, -2, 3, 4
+    CHECK(by_name["c"]["stats"]["max"] == 4.0);
+    CHECK(by_name["bf"]["dtype"] == "bfloat16");
+    CHECK(by_name["bf"]["stats"]["min"] == -8.0);
+    CHECK(by_name["u64"]["stats"]["max"] == 18446744073709551615.0);
+    // one imaginary part changed: different, by how much
+    a.set("c", ckpt::Tensor::from(std::vector<std::complex<float>>{{1, -2}, {3, 4.5f}}));
+    ckpt::save_checkpoint(a, dir / "b.ckpt");
+    auto differ = ckpt_tool({"diff", (dir / "a.ckpt").string(), (dir / "b.ckpt").string()}, dir.path());
+    CHECK(differ.status == 1);
+    CHECK(contains(differ.out, "'c': max |A-B| 0.5"));
+    CHECK(contains(differ.out, "2 bit-equal, 0 within tolerance, 1 different"));
+}
+
+TEST_CASE("a bfloat16 and float8 safetensors file imports and exports back byte for byte") {
+    test::TempDir dir;
+    ckpt::ParamDict d;
+    d.set("embed", test::pattern_tensor(ckpt::DType::bfloat16, {3, 4}));
+    d.set("q", test::pattern_tensor(ckpt::DType::float8_e4m3fn, {5}));
+    d.set("g", test::pattern_tensor(ckpt::DType::float8_e5m2, {2, 2}));
+    d.set("i", test::pattern_tensor(ckpt::DType::int8, {7}));
+    ckpt::save_safetensors(d, dir / "in.safetensors");
+    const auto in = (dir / "in.safetensors").string(), mid = (dir / "mid.ckpt").string(),
+               out = (dir / "out.safetensors").string();
+    REQUIRE(ckpt_tool({"import", in, mid}, dir.path()).status == 0);
+    CHECK(ckpt::load_checkpoint(mid).tensor("embed").dtype() == ckpt::DType::bfloat16);
+    REQUIRE(ckpt_tool({"export", mid, out}, dir.path()).status == 0);
+    CHECK(test::read_bytes(dir / "out.safetensors") == test::read_bytes(dir / "in.safetensors"));
+    // npz has no such dtypes: refused by name, nothing written
+    auto npz = ckpt_tool({"export", mid, (dir / "out.npz").string()}, dir.path());
+    CHECK(npz.status == 1);
+    CHECK(contains(npz.err, "tensor 'embed' is bfloat16, which NumPy, and so npz, has no dtype for"));
+    CHECK_FALSE(test::fs::exists(dir / "out.npz"));
 }
 
 TEST_CASE("ckpt export and import move entries through safetensors and npz, with --select and --rename") {

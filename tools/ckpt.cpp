@@ -45,6 +45,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 extern char** environ;
@@ -993,6 +994,43 @@ int cmd_plot(const fs::path& dir, const std::optional<std::string>& prefix, cons
 // ---------------------------------------------------------------------------------------------
 // show
 
+/// The numbers of a tensor, as doubles: its elements, or a complex tensor's real and imaginary
+/// parts in turn (statistics and comparisons take both parts as numbers).
+std::size_t components(const ckpt::Tensor& t) {
+    return t.nbytes() / ckpt::number_size(t.dtype());
+}
+
+template <class T>
+double number_at(const ckpt::Tensor& t, std::size_t i) {
+    T v;
+    std::memcpy(&v, t.data() + i * sizeof(T), sizeof(T));
+    if constexpr (std::is_class_v<T>) return static_cast<float>(v);  // float16, bfloat16, float8
+    else return static_cast<double>(v);
+}
+
+double component(const ckpt::Tensor& t, std::size_t i) {
+    switch (t.dtype()) {
+        case ckpt::DType::float32: return number_at<float>(t, i);
+        case ckpt::DType::float64: return number_at<double>(t, i);
+        case ckpt::DType::float16: return number_at<ckpt::float16>(t, i);
+        case ckpt::DType::int32: return number_at<std::int32_t>(t, i);
+        case ckpt::DType::int64: return number_at<std::int64_t>(t, i);
+        case ckpt::DType::uint8: return number_at<std::uint8_t>(t, i);
+        case ckpt::DType::boolean: return t.data()[i] != std::byte{0} ? 1 : 0;  // by its byte: a file may hold others
+        case ckpt::DType::int8: return number_at<std::int8_t>(t, i);
+        case ckpt::DType::int16: return number_at<std::int16_t>(t, i);
+        case ckpt::DType::uint16: return number_at<std::uint16_t>(t, i);
+        case ckpt::DType::uint32: return number_at<std::uint32_t>(t, i);
+        case ckpt::DType::uint64: return number_at<std::uint64_t>(t, i);
+        case ckpt::DType::bfloat16: return number_at<ckpt::bfloat16>(t, i);
+        case ckpt::DType::float8_e4m3fn: return number_at<ckpt::float8_e4m3fn>(t, i);
+        case ckpt::DType::float8_e5m2: return number_at<ckpt::float8_e5m2>(t, i);
+        case ckpt::DType::complex64: return number_at<float>(t, i);
+        case ckpt::DType::complex128: return number_at<double>(t, i);
+    }
+    return 0;
+}
+
 struct Stats {
     double min = 0, max = 0, mean = 0, std = 0;
     std::uint64_t nan = 0, inf = 0, finite = 0;
@@ -1012,17 +1050,7 @@ Stats tensor_stats(const ckpt::Tensor& t) {
         sum += v;
         sum_sq += v * v;
     };
-    switch (t.dtype()) {
-        case ckpt::DType::float32: for (float v : t.values<float>()) add(v); break;
-        case ckpt::DType::float64: for (double v : t.values<double>()) add(v); break;
-        case ckpt::DType::float16: for (auto v : t.values<ckpt::float16>()) add(static_cast<float>(v)); break;
-        case ckpt::DType::int32: for (auto v : t.values<std::int32_t>()) add(v); break;
-        case ckpt::DType::int64: for (auto v : t.values<std::int64_t>()) add(static_cast<double>(v)); break;
-        case ckpt::DType::uint8: for (auto v : t.values<std::uint8_t>()) add(v); break;
-        case ckpt::DType::boolean:  // by its bytes: a file may hold others than 0 and 1, not valid as bool
-            for (std::size_t i = 0; i < t.nbytes(); ++i) add(t.data()[i] != std::byte{0} ? 1 : 0);
-            break;
-    }
+    for (std::size_t i = 0, n = components(t); i < n; ++i) add(component(t, i));
     if (s.finite) {
         const auto n = static_cast<double>(s.finite);
         s.mean = sum / n;
@@ -1246,19 +1274,6 @@ int cmd_verify(const std::vector<fs::path>& paths) {
 // ---------------------------------------------------------------------------------------------
 // diff
 
-double element(const ckpt::Tensor& t, std::size_t i) {
-    switch (t.dtype()) {
-        case ckpt::DType::float32: return t.values<float>()[i];
-        case ckpt::DType::float64: return t.values<double>()[i];
-        case ckpt::DType::float16: return static_cast<float>(t.values<ckpt::float16>()[i]);
-        case ckpt::DType::int32: return t.values<std::int32_t>()[i];
-        case ckpt::DType::int64: return static_cast<double>(t.values<std::int64_t>()[i]);
-        case ckpt::DType::uint8: return t.values<std::uint8_t>()[i];
-        case ckpt::DType::boolean: return t.data()[i] != std::byte{0} ? 1 : 0;  // by its byte, as tensor_stats
-    }
-    return 0;
-}
-
 /// Like numpy.allclose(a, b, rtol, atol, equal_nan=True): |a - b| <= atol + rtol * |b|.
 struct Closeness {
     double max_abs = 0, max_rel = 0;
@@ -1267,8 +1282,8 @@ struct Closeness {
 
 Closeness compare(const ckpt::Tensor& a, const ckpt::Tensor& b, double atol, double rtol) {
     Closeness c;
-    for (std::size_t i = 0; i < a.numel(); ++i) {
-        const double x = element(a, i), y = element(b, i);
+    for (std::size_t i = 0, n = components(a); i < n; ++i) {
+        const double x = component(a, i), y = component(b, i);
         if (std::isnan(x) && std::isnan(y)) continue;
         if (x == y) continue;  // also equal infinities
         const double d = std::fabs(x - y);

@@ -1,7 +1,10 @@
 #pragma once
 // Element types a checkpoint tensor can hold, and the C++ types that map onto them.
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -12,15 +15,22 @@
 
 namespace ckpt {
 
+/// What the floating-point types C++ lacks share: the bit pattern (`Bits`), and conversions
+/// to and from float through Self's to_float and from_float.
+template <class Self, class Bits>
+struct BitPatternFloat {
+    Bits bits = 0;
+
+    BitPatternFloat() = default;
+    explicit BitPatternFloat(float f) : bits(Self::from_float(f)) {}
+    explicit operator float() const { return Self::to_float(bits); }
+    friend bool operator==(Self a, Self b) { return a.bits == b.bits; }
+};
+
 /// IEEE 754 binary16, stored as its bit pattern. Converts to and from float
 /// (round to nearest even) so that float16 tensors can be read and written.
-struct float16 {
-    std::uint16_t bits = 0;
-
-    float16() = default;
-    explicit float16(float f) : bits(from_float(f)) {}
-    explicit operator float() const { return to_float(bits); }
-    friend bool operator==(float16 a, float16 b) { return a.bits == b.bits; }
+struct float16 : BitPatternFloat<float16, std::uint16_t> {
+    using BitPatternFloat::BitPatternFloat;
 
     static std::uint16_t from_float(float f) {
         const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
@@ -51,9 +61,101 @@ struct float16 {
     }
 };
 
-enum class DType : std::uint8_t { float32 = 0, float64 = 1, float16 = 2, int32 = 3, int64 = 4, uint8 = 5, boolean = 6 };
+/// bfloat16 (the upper half of an IEEE 754 binary32), stored as its bit pattern. Converts to
+/// and from float (round to nearest even, NaN kept quiet), as PyTorch does.
+struct bfloat16 : BitPatternFloat<bfloat16, std::uint16_t> {
+    using BitPatternFloat::BitPatternFloat;
 
-inline constexpr int dtype_count = 7;
+    static std::uint16_t from_float(float f) {
+        const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+        if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+        return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    }
+    static float to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+};
+
+/// 8-bit floats of the OCP formats PyTorch and safetensors use, stored as their bit pattern:
+/// E4M3FN (4 exponent bits, bias 7, no infinities, one NaN per sign: S.1111.111, largest
+/// 448) and E5M2 (5 exponent bits, bias 15, with infinities: the upper byte of a binary16).
+/// From float: round to nearest even; beyond the largest finite value E4M3FN gives NaN and
+/// E5M2 infinity, as PyTorch's conversions do.
+struct float8_e4m3fn : BitPatternFloat<float8_e4m3fn, std::uint8_t> {
+    using BitPatternFloat::BitPatternFloat;
+
+    static float to_float(std::uint8_t b) {
+        const float sign = (b & 0x80u) ? -1.0f : 1.0f;
+        const unsigned exp = (b >> 3) & 0xfu, mant = b & 0x7u;
+        if (exp == 0xf && mant == 0x7) return std::bit_cast<float>(0x7fc00000u | ((b & 0x80u) ? 0x80000000u : 0u));
+        if (exp == 0) return sign * static_cast<float>(mant) * 0x1p-9f;  // subnormal: mant * 2^-6 / 8
+        return sign * std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, static_cast<int>(exp) - 7);
+    }
+    static std::uint8_t from_float(float f) {
+        const std::uint8_t sign = std::signbit(f) ? 0x80u : 0u;
+        if (std::isnan(f)) return static_cast<std::uint8_t>(sign | 0x7fu);
+        const float a = std::fabs(f);
+        // from 480 on, NaN; up to 464 (halfway, ties to 448's even code) rounding gives 448, and
+        // above it the NaN code, as PyTorch's conversion does
+        if (a >= 480.0f) return static_cast<std::uint8_t>(sign | 0x7fu);
+        return static_cast<std::uint8_t>(sign | round_magnitude(a, 7, 3, -6));
+    }
+
+    /// The code (without sign) of the representable magnitude nearest `a` (ties to even), for a
+    /// format of `mant_bits` mantissa bits, exponent bias `bias` and smallest normal exponent
+    /// `min_exp`. `a` must be below the format's overflow threshold.
+    static unsigned round_magnitude(float a, int bias, int mant_bits, int min_exp) {
+        if (a == 0.0f) return 0;
+        int e = 0;
+        std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+        int exp = std::max(e - 1, min_exp);  // a's binade, or the subnormals'
+        const float quantum = std::ldexp(1.0f, exp - mant_bits);
+        const float q = a / quantum;  // exact: a power-of-two scale
+        float n = std::nearbyint(q);  // ties to even in the default rounding mode
+        if (n - q == 0.5f || q - n == 0.5f) n = 2.0f * std::nearbyint(q / 2.0f);
+        auto units = static_cast<unsigned>(n);
+        const unsigned one = 1u << mant_bits;
+        if (exp == min_exp && units < one) return units;  // subnormal (or rounded up into the normals below)
+        if (units >= 2 * one) units /= 2, ++exp;          // rounded up into the next binade
+        return (static_cast<unsigned>(exp + bias) << mant_bits) | (units - one);
+    }
+};
+
+struct float8_e5m2 : BitPatternFloat<float8_e5m2, std::uint8_t> {
+    using BitPatternFloat::BitPatternFloat;
+
+    static float to_float(std::uint8_t b) { return float16::to_float(static_cast<std::uint16_t>(b << 8)); }
+    static std::uint8_t from_float(float f) {
+        const std::uint8_t sign = std::signbit(f) ? 0x80u : 0u;
+        if (std::isnan(f)) return static_cast<std::uint8_t>(sign | 0x7fu);
+        const float a = std::fabs(f);
+        // 61440 is halfway between 57344 (the largest) and 65536 (where infinity would be)
+        if (a >= 61440.0f) return static_cast<std::uint8_t>(sign | 0x7cu);
+        return static_cast<std::uint8_t>(sign | float8_e4m3fn::round_magnitude(a, 15, 2, -14));
+    }
+};
+
+/// The codes are the file format's (docs/FORMAT.md, section 5): never renumbered; new dtypes
+/// take new codes, which an older reader refuses by code.
+enum class DType : std::uint8_t {
+    float32 = 0,
+    float64 = 1,
+    float16 = 2,
+    int32 = 3,
+    int64 = 4,
+    uint8 = 5,
+    boolean = 6,
+    int8 = 7,
+    int16 = 8,
+    uint16 = 9,
+    uint32 = 10,
+    uint64 = 11,
+    bfloat16 = 12,
+    float8_e4m3fn = 13,
+    float8_e5m2 = 14,
+    complex64 = 15,
+    complex128 = 16,
+};
+
+inline constexpr int dtype_count = 17;
 
 constexpr std::size_t itemsize(DType d) {
     switch (d) {
@@ -64,8 +166,24 @@ constexpr std::size_t itemsize(DType d) {
         case DType::int64: return 8;
         case DType::uint8: return 1;
         case DType::boolean: return 1;
+        case DType::int8: return 1;
+        case DType::int16: return 2;
+        case DType::uint16: return 2;
+        case DType::uint32: return 4;
+        case DType::uint64: return 8;
+        case DType::bfloat16: return 2;
+        case DType::float8_e4m3fn: return 1;
+        case DType::float8_e5m2: return 1;
+        case DType::complex64: return 8;
+        case DType::complex128: return 16;
     }
     return 0;
+}
+
+/// The width of one number in an element: a complex's part, otherwise the element. Byte
+/// order is swapped per number.
+constexpr std::size_t number_size(DType d) {
+    return d == DType::complex64 ? 4 : d == DType::complex128 ? 8 : itemsize(d);
 }
 
 constexpr std::string_view dtype_name(DType d) {
@@ -77,6 +195,16 @@ constexpr std::string_view dtype_name(DType d) {
         case DType::int64: return "int64";
         case DType::uint8: return "uint8";
         case DType::boolean: return "bool";
+        case DType::int8: return "int8";
+        case DType::int16: return "int16";
+        case DType::uint16: return "uint16";
+        case DType::uint32: return "uint32";
+        case DType::uint64: return "uint64";
+        case DType::bfloat16: return "bfloat16";
+        case DType::float8_e4m3fn: return "float8_e4m3fn";
+        case DType::float8_e5m2: return "float8_e5m2";
+        case DType::complex64: return "complex64";
+        case DType::complex128: return "complex128";
     }
     return "unknown";
 }
@@ -95,6 +223,16 @@ template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType
 template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::int64; };
 template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType::uint8; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::boolean; };
+template <> struct dtype_of<std::int8_t> { static constexpr DType value = DType::int8; };
+template <> struct dtype_of<std::int16_t> { static constexpr DType value = DType::int16; };
+template <> struct dtype_of<std::uint16_t> { static constexpr DType value = DType::uint16; };
+template <> struct dtype_of<std::uint32_t> { static constexpr DType value = DType::uint32; };
+template <> struct dtype_of<std::uint64_t> { static constexpr DType value = DType::uint64; };
+template <> struct dtype_of<bfloat16> { static constexpr DType value = DType::bfloat16; };
+template <> struct dtype_of<float8_e4m3fn> { static constexpr DType value = DType::float8_e4m3fn; };
+template <> struct dtype_of<float8_e5m2> { static constexpr DType value = DType::float8_e5m2; };
+template <> struct dtype_of<std::complex<float>> { static constexpr DType value = DType::complex64; };
+template <> struct dtype_of<std::complex<double>> { static constexpr DType value = DType::complex128; };
 
 /// A C++ element type that has a checkpoint dtype.
 template <class T>
@@ -103,5 +241,8 @@ concept Element = requires { dtype_of<std::remove_cv_t<T>>::value; };
 template <Element T> inline constexpr DType dtype_v = dtype_of<std::remove_cv_t<T>>::value;
 
 static_assert(sizeof(bool) == 1, "bool tensors are stored one byte per element");
+static_assert(sizeof(float16) == 2 && sizeof(bfloat16) == 2 && sizeof(float8_e4m3fn) == 1 && sizeof(float8_e5m2) == 1);
+static_assert(std::is_trivially_copyable_v<bfloat16>, "tensors are copied as bytes");
+static_assert(sizeof(std::complex<double>) == 16, "complex numbers are stored as (real, imaginary) pairs");
 
 }  // namespace ckpt

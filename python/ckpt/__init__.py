@@ -13,13 +13,13 @@ writes. Compressed bodies need the `zstandard` module, encrypted ones `cryptogra
 from .errors import (AuthenticationError, ChecksumError, ConfigError, Error, FormatError, IoError, KeyError,
                      LoadMismatch, SeriesLocked, UnreadableCheckpoints, VersionError)
 from .codecs import Key
-from ._format import Header
+from ._format import Header, bit_pattern_dtype, dtype_name
 from ._io import EntryInfo, LoadReport, contents, header, load, load_into, save, verify
 from ._files import Listed, Skipped, Temporary, best, latest, ls, temporaries
 
 __version__ = "0.2.0"
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "latest", "best", "ls", "temporaries", "Key",
-           "Header", "EntryInfo", "LoadReport", "Listed", "Skipped", "Temporary", "Error", "IoError", "FormatError",
-           "ChecksumError", "AuthenticationError", "VersionError", "KeyError", "LoadMismatch", "UnreadableCheckpoints",
-           "ConfigError", "SeriesLocked"]
+           "dtype_name", "bit_pattern_dtype", "Header", "EntryInfo", "LoadReport", "Listed", "Skipped", "Temporary",
+           "Error", "IoError", "FormatError", "ChecksumError", "AuthenticationError", "VersionError", "KeyError",
+           "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "SeriesLocked"]

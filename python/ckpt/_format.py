@@ -26,10 +26,27 @@ COLUMN_MAJOR = "column_major"
 
 ARCHIVES = ("binary", "text", "xml")
 TENSOR, INT64, DOUBLE, BOOL, STRING = range(5)
+# NumPy has no bfloat16 nor 8-bit floats: such tensors are returned as their bit patterns,
+# uint16 and uint8 arrays whose dtype carries {"ckpt_dtype": name} as its metadata, so that
+# ckpt.save writes them back as what they were (and ckpt.torch makes torch.bfloat16 of them).
+def _bits(base, name):
+    return np.dtype(base, metadata={"ckpt_dtype": name})
+
+
 DTYPES = (np.dtype("<f4"), np.dtype("<f8"), np.dtype("<f2"), np.dtype("<i4"), np.dtype("<i8"), np.dtype("u1"),
-          np.dtype("?"))
-DTYPE_NAMES = ("float32", "float64", "float16", "int32", "int64", "uint8", "bool")
-_DTYPE_CODES = {(d.kind, d.itemsize): i for i, d in enumerate(DTYPES)}
+          np.dtype("?"), np.dtype("i1"), np.dtype("<i2"), np.dtype("<u2"), np.dtype("<u4"), np.dtype("<u8"),
+          _bits("<u2", "bfloat16"), _bits("u1", "float8_e4m3fn"), _bits("u1", "float8_e5m2"), np.dtype("<c8"),
+          np.dtype("<c16"))
+DTYPE_NAMES = ("float32", "float64", "float16", "int32", "int64", "uint8", "bool", "int8", "int16", "uint16", "uint32",
+               "uint64", "bfloat16", "float8_e4m3fn", "float8_e5m2", "complex64", "complex128")
+_BITS_CODES = {DTYPE_NAMES[i]: i for i, d in enumerate(DTYPES) if d.metadata}
+_DTYPE_CODES = {(d.kind, d.itemsize): i for i, d in enumerate(DTYPES) if not d.metadata}
+
+
+def ckpt_dtype_name(dtype):
+    """What a bit-pattern dtype stands for ("bfloat16", ...), or None for a plain NumPy dtype."""
+    meta = np.dtype(dtype).metadata
+    return meta.get("ckpt_dtype") if meta else None
 
 
 def xxh3(data):
@@ -40,11 +57,37 @@ def dtype_code(dtype, name, path=None):
     """The format's code of a numpy dtype (of either byte order), or a ConfigError naming the
     entry."""
     d = np.dtype(dtype)
-    code = _DTYPE_CODES.get((d.kind, d.itemsize))
+    bits = ckpt_dtype_name(d)
+    code = _BITS_CODES.get(bits) if bits is not None else _DTYPE_CODES.get((d.kind, d.itemsize))
+    if code is not None and bits is not None and d.itemsize != DTYPES[code].itemsize:
+        raise ConfigError("tensor '%s' has dtype %s in elements of %d bytes: its bit patterns take %d"
+                          % (name, bits, d.itemsize, DTYPES[code].itemsize), path)
     if code is None:
         raise ConfigError("tensor '%s' has dtype %s, which a checkpoint cannot hold (it holds %s)"
-                          % (name, d, ", ".join(DTYPE_NAMES)), path)
+                          % (name, bits or d, ", ".join(DTYPE_NAMES)), path)
     return code
+
+
+def dtype_name(dtype):
+    """The checkpoint dtype a numpy dtype is saved as: "float32", ..., and for a bit-pattern
+    array ckpt.load returned, what it stands for ("bfloat16", "float8_e4m3fn", "float8_e5m2")."""
+    return DTYPE_NAMES[dtype_code(dtype, "?")]
+
+
+def bit_pattern_dtype(name):
+    """The numpy dtype that holds `name` ("bfloat16", "float8_e4m3fn" or "float8_e5m2"), which
+    NumPy has no dtype for, as bit patterns: uint16 or uint8, marked so that ckpt.save writes
+    the array as `name`. np.zeros(3, ckpt.bit_pattern_dtype("bfloat16")) is a bfloat16 tensor."""
+    if name not in _BITS_CODES:
+        raise ConfigError("%r is not a dtype ckpt holds as bit patterns (%s)" % (name, ", ".join(_BITS_CODES)))
+    return DTYPES[_BITS_CODES[name]]
+
+
+def same_dtype(a, b):
+    """Whether two numpy dtypes hold the same checkpoint dtype: byte order aside, and a bit
+    pattern (bfloat16, float8) apart from the plain integers of its width."""
+    a, b = np.dtype(a), np.dtype(b)
+    return a.newbyteorder("=") == b.newbyteorder("=") and ckpt_dtype_name(a) == ckpt_dtype_name(b)
 
 
 # --------------------------------------------------------------------------- the header

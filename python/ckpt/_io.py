@@ -424,7 +424,7 @@ def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None, mmap=
         if not isinstance(target, np.ndarray):
             raise ConfigError("load_into: the target of '%s' is a %s, not a numpy array" % (e.name, type(target).__name__))
         dtype = F.DTYPES[e.dtype]
-        if target.dtype.newbyteorder("=") != dtype.newbyteorder("=") or tuple(target.shape) != e.logical_shape:
+        if not F.same_dtype(target.dtype, dtype) or tuple(target.shape) != e.logical_shape:
             report.mismatched.append("%s: checkpoint %s%s%s, target %s%s" % (
                 e.name, F.DTYPE_NAMES[e.dtype], list(e.logical_shape), " column-major" if e.column_major else "",
                 target.dtype, list(target.shape)))

@@ -14,6 +14,7 @@ import weakref
 from collections import Counter
 from collections.abc import Mapping
 
+from . import _format as F
 from ._io import load, save
 from .errors import ConfigError, LoadMismatch
 
@@ -47,9 +48,9 @@ def load_state_dict(path, prefix="", key=None, mmap=False, max_decoded_bytes=Non
                 import warnings
                 with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                    value = torch.from_numpy(value)
+                    value = _tensor(value, name, torch)
             else:
-                value = torch.from_numpy(value)
+                value = _tensor(value, name, torch)
         out[name[len(prefix):]] = value
     return out
 
@@ -65,10 +66,7 @@ def _flatten(prefix, value, out, torch):
             _flatten("%s.%d." % (name, i), v, out, torch)
         return
     if isinstance(value, torch.Tensor):
-        if value.dtype not in _torch_dtypes(torch):
-            raise ConfigError("tensor '%s' is %s, which a checkpoint cannot hold (float32, float64, float16, int32, "
-                              "int64, uint8 and bool can be held)" % (name, value.dtype))
-        value = value.detach().cpu().numpy()
+        value = _array(value, name, torch)
     elif value is None:
         return
     elif isinstance(value, torch.device):
@@ -76,12 +74,34 @@ def _flatten(prefix, value, out, torch):
     out[name] = value
 
 
+# The checkpoint dtypes a torch tensor can be, by name (what this PyTorch has: float8 types came
+# in PyTorch 2.1, unsigned integers above 8 bits in 2.3).
+_TORCH_NAMES = {"float32": "float32", "float64": "float64", "float16": "float16", "int32": "int32", "int64": "int64",
+                "uint8": "uint8", "bool": "bool", "int8": "int8", "int16": "int16", "uint16": "uint16",
+                "uint32": "uint32", "uint64": "uint64", "bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn",
+                "float8_e5m2": "float8_e5m2", "complex64": "complex64", "complex128": "complex128"}
+
+
 def _torch_dtype(dtype, torch):
-    return dict(zip(("float32", "float64", "float16", "int32", "int64", "uint8", "bool"), _torch_dtypes(torch))).get(str(dtype))
+    """The torch dtype of a numpy dtype as ckpt.load returns it (a bit pattern by its name), or
+    None when this PyTorch has none."""
+    import numpy as np
+    name = F.ckpt_dtype_name(dtype) or np.dtype(dtype).name
+    return getattr(torch, _TORCH_NAMES.get(name, "?"), None)
 
 
-def _torch_dtypes(torch):
-    return (torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.uint8, torch.bool)
+def _tensor(a, name, torch):
+    """The torch tensor of an array ckpt.load returned, sharing its memory: bfloat16 and float8
+    arrays, their bit patterns, are viewed as the torch dtype they stand for."""
+    t_dtype = _torch_dtype(a.dtype, torch)
+    if t_dtype is None:
+        raise ConfigError("tensor '%s' is %s, which this PyTorch (%s) has no dtype for; ckpt.load returns it as "
+                          "a NumPy array" % (name, F.ckpt_dtype_name(a.dtype) or a.dtype, torch.__version__))
+    if F.ckpt_dtype_name(a.dtype):
+        import numpy as np
+        plain = a.view(np.int16 if a.dtype.itemsize == 2 else np.uint8)
+        return torch.from_numpy(plain).view(t_dtype)
+    return torch.from_numpy(a)
 
 
 def save_state_dict(path, state_dict, prefix="", **options):
@@ -184,9 +204,20 @@ def _param_names(model, optimizer):
 
 
 def _array(t, name, torch):
-    if t.dtype not in _torch_dtypes(torch):
-        raise ConfigError("tensor '%s' is %s, which a checkpoint cannot hold" % (name, t.dtype))
-    return t.detach().cpu().contiguous().numpy()
+    """The numpy array of a torch tensor (detached, on the CPU, contiguous): bfloat16 and float8
+    tensors as their bit patterns, marked with the dtype they stand for (ckpt.save writes them
+    as that)."""
+    import numpy as np
+    dtype_name = str(t.dtype).replace("torch.", "")
+    if dtype_name not in _TORCH_NAMES:
+        raise ConfigError("tensor '%s' is %s, which a checkpoint cannot hold (quantized: dequantize it first)"
+                          % (name, t.dtype))
+    t = t.detach().cpu().contiguous()
+    if dtype_name == "bfloat16":
+        return t.view(torch.int16).numpy().view(F.DTYPES[F.DTYPE_NAMES.index("bfloat16")])
+    if dtype_name.startswith("float8"):
+        return t.view(torch.uint8).numpy().view(F.DTYPES[F.DTYPE_NAMES.index(dtype_name)])
+    return t.numpy()
 
 
 def _scheduler_kind(scheduler, torch, where):
@@ -494,7 +525,7 @@ def load_training_state(path, model, optimizer=None, scheduler=None, generator=T
     # every check passed: write
     with torch.no_grad():
         for t, a in plan:
-            t.copy_(torch.from_numpy(a.copy()))
+            t.copy_(_tensor(a.copy(), "", torch))
     if optimizer is not None:
         options, _ = _OPTIMIZERS[_kind(optimizer, torch)]
         for g, group in enumerate(optimizer.param_groups):
@@ -514,5 +545,5 @@ def load_training_state(path, model, optimizer=None, scheduler=None, generator=T
     if load_scheduler is not None:
         load_scheduler()
     if generator:
-        torch.set_rng_state(torch.from_numpy(entries["torch.cpu_generator"].copy()))
+        torch.set_rng_state(_tensor(entries["torch.cpu_generator"].copy(), "torch.cpu_generator", torch))
     return {n: v for n, v in entries.items() if not n.startswith(_OWN)}

@@ -11,7 +11,9 @@ import numpy as np
 import pattern
 
 SAFETENSORS_DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I32": "<i4", "I64": "<i8", "U8": "|u1",
-                      "BOOL": "|b1"}
+                      "BOOL": "|b1", "I8": "|i1", "I16": "<i2", "U16": "<u2", "U32": "<u4", "U64": "<u8",
+                      "BF16": pattern.DTYPES["bfloat16"], "F8_E4M3": pattern.DTYPES["float8_e4m3fn"],
+                      "F8_E5M2": pattern.DTYPES["float8_e5m2"]}
 
 
 def same(name, got, want):
@@ -35,7 +37,7 @@ def load_safetensors(path):
 
 
 def main(folder):
-    want = pattern.tensors()
+    want = pattern.tensors("npz")
     for npz in ("pattern.npz", "pattern_compressed.npz"):
         with np.load(f"{folder}/{npz}") as data:
             assert set(data.files) == set(want) | set(pattern.SCALARS), f"{npz}: keys {sorted(data.files)}"
@@ -46,6 +48,7 @@ def main(folder):
             assert data["nesterov"].dtype == np.bool_ and bool(data["nesterov"]) is True
             assert str(data["note"]) == pattern.SCALARS["note"], repr(str(data["note"]))
             assert str(data["empty_string"]) == ""
+    want = pattern.tensors("safetensors")
     arrays, meta = load_safetensors(f"{folder}/pattern.safetensors")
     assert set(arrays) == set(want), f"safetensors: tensors {sorted(arrays)}"
     for name, array in want.items():

@@ -35,7 +35,10 @@ COLUMN_MAJOR_HEADER = (1, "binary", (), 9, 3600)
 
 ARCHIVES = ("binary", "text", "xml")
 CODECS = ("none", "zstd", "aes", "zstd+aes")
-DTYPES = ("<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|b1")
+# the checkpoint dtypes NumPy has (bfloat16 and the float8 types travel as bit patterns:
+# BIT_PATTERN_DTYPES)
+DTYPES = ("<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|b1", "|i1", "<i2", "<u2", "<u4", "<u8", "<c8", "<c16")
+BIT_PATTERN_DTYPES = {"bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1"}
 
 
 def golden(name):

@@ -417,7 +417,7 @@ HOSTILE = {
                         "entry 'a' appears twice"),
     "bool value 2": (_binary(u64(1) + string("b") + u32(3) + u32(2)), "bool value 2"),
     "kind 5": (_binary(u64(1) + string("k") + u32(5) + bytes(8)), "unknown value kind 5"),
-    "dtype 7": (_binary(u64(1) + tensor_toc("t", 7, [1], 1) + u32(0) + b"\0"), "unknown dtype code 7"),
+    "dtype 17": (_binary(u64(1) + tensor_toc("t", 17, [1], 1) + u32(0) + b"\0"), "unknown dtype code 17"),
     "padding of 64": (_binary(u64(1) + tensor_toc("t", 5, [1], 1) + u32(64) + bytes(65)), "padding of 64 bytes"),
     "a payload cut short": (_binary(u64(1) + tensor_toc("t", 5, [100], 100) + u32(0) + bytes(60)), "tensor 't'"),
     "a byte after the last payload": (_binary(u64(1) + tensor_toc("t", 5, [1], 1), payload(8 + 45, b"\1") + b"\0"),

@@ -2,6 +2,7 @@
 kind x codecs) loads in Python equal to its source, every kind Python writes passes the C++
 tool's verify and diff; and for the same entries Python writes the C++ library's bytes."""
 import functools
+import json
 import math
 import os
 import struct
@@ -23,6 +24,8 @@ def _values(dtype, shape, seed):
     d = np.dtype(dtype)
     if d.kind == "f":
         v = rng.standard_normal(n) * 100
+    elif d.kind == "c":
+        v = rng.standard_normal(n) * 100 + 1j * rng.standard_normal(n)
     elif d.kind == "b":
         v = rng.integers(0, 2, n)
     else:
@@ -101,6 +104,31 @@ def test_python_written_files_pass_the_cpp_tool(tool, tmp_path, key_file, archiv
     # and against what the C++ library writes of the same entries (binary, compressed)
     other = tool.import_(tmp_path / "in.npz", tmp_path / "cpp.ckpt", zstd=1)
     tool.assert_bit_equal(path, other, key_file=key_file)
+
+
+def test_bit_pattern_dtypes_cross_both_ways(tool, tmp_path):
+    """bfloat16 and the float8 types, which NumPy has no dtype for: the C++ tool imports them
+    from safetensors, Python reads their bit patterns under the dtype's name, writes them back,
+    and the C++ tool finds its file and Python's bit-equal."""
+    bits = {name: np.array(range(3, 256, 7), dtype=ckpt.bit_pattern_dtype(name)).reshape(-1, 1)
+            for name in support.BIT_PATTERN_DTYPES}
+    names = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+    header, buffer = {}, b""
+    for name, a in bits.items():
+        header[name] = {"dtype": names[name], "shape": list(a.shape), "data_offsets": [len(buffer), len(buffer) + a.nbytes]}
+        buffer += a.tobytes()
+    text = json.dumps(header).encode()
+    support.write(tmp_path / "in.safetensors", struct.pack("<Q", len(text)) + text + buffer)
+    cpp = tool.import_(tmp_path / "in.safetensors", tmp_path / "cpp.ckpt")
+    got = ckpt.load(cpp)
+    assert [e.dtype for e in ckpt.contents(cpp)] == list(bits)
+    for name, a in bits.items():
+        assert ckpt.dtype_name(got[name].dtype) == name and got[name].tobytes() == a.tobytes(), name
+    py = ckpt.save(str(tmp_path / "py.ckpt"), got)
+    tool.assert_bit_equal(py, cpp)
+    # a plain uint16 array is uint16, not bfloat16
+    ckpt.save(tmp_path / "plain.ckpt", {"bfloat16": got["bfloat16"].view("<u2").astype("<u2")})
+    assert [e.dtype for e in ckpt.contents(tmp_path / "plain.ckpt")] == ["uint16"]
 
 
 def test_cpp_diff_sees_a_one_bit_difference(tool, tmp_path):

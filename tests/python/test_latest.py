@@ -421,12 +421,12 @@ def test_header_values_of_a_newer_writer_are_version_errors(tmp_path, field, val
 
 
 def test_an_unknown_dtype_in_a_verified_body_is_a_version_error(tmp_path):
-    body = support.u64(1) + support.tensor_toc("t", 9, [1], 1)
+    body = support.u64(1) + support.tensor_toc("t", 19, [1], 1)
     path = support.write(tmp_path / "d.ckpt", support.make_file(body + support.payload(len(body), b"\x01")))
     ckpt.verify(path)  # intact
     for mmap in (False, True):
-        with pytest.raises(ckpt.VersionError, match="checkpoint '%s': tensor 't' has unknown dtype code 9 \\(this "
-                           "reader knows 0 to 6" % path):
+        with pytest.raises(ckpt.VersionError, match="checkpoint '%s': tensor 't' has unknown dtype code 19 \\(this "
+                           "reader knows 0 to 16" % path):
             ckpt.load(path, mmap=mmap)
 
 

@@ -237,7 +237,7 @@ def test_an_interrupted_wait_leaves_no_lock_file_open(tmp_path, holder):
 
 def test_a_refused_save_creates_no_lock_file(tmp_path):
     with pytest.raises(ckpt.ConfigError):
-        ckpt.save(str(tmp_path / "exp-1.ckpt"), {"t": np.zeros(2, np.int8)}, step=1)
+        ckpt.save(str(tmp_path / "exp-1.ckpt"), {"t": np.zeros(2, np.longdouble)}, step=1)
     assert os.listdir(tmp_path) == []
 
 

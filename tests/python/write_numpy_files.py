@@ -12,15 +12,21 @@ import numpy as np
 
 import pattern
 
-SAFETENSORS_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f8"): "F64", np.dtype("<f2"): "F16", np.dtype("<i4"): "I32",
-                      np.dtype("<i8"): "I64", np.dtype("|u1"): "U8", np.dtype("|b1"): "BOOL"}
+SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "int32": "I32", "int64": "I64",
+                      "uint8": "U8", "bool": "BOOL", "int8": "I8", "int16": "I16", "uint16": "U16", "uint32": "U32",
+                      "uint64": "U64", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+
+
+def safetensors_dtype(dtype):
+    """A bit pattern's dtype by what it stands for (its metadata), others by NumPy's name."""
+    return SAFETENSORS_DTYPES[(dtype.metadata or {}).get("ckpt_dtype", dtype.name)]
 
 
 def save_safetensors(arrays, metadata, path):
     header, chunks, offset = {}, [], 0
     for name in sorted(arrays):
         data = np.ascontiguousarray(arrays[name]).tobytes()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[arrays[name].dtype], "shape": list(arrays[name].shape),
+        header[name] = {"dtype": safetensors_dtype(arrays[name].dtype), "shape": list(arrays[name].shape),
                         "data_offsets": [offset, offset + len(data)]}
         chunks.append(data)
         offset += len(data)
@@ -32,13 +38,13 @@ def save_safetensors(arrays, metadata, path):
 
 
 def main(folder):
-    arrays = pattern.tensors()
+    arrays = pattern.tensors("npz")
     extra = {"fortran": np.asfortranarray(pattern.values("float32", (3, 4))),
              "bigendian": pattern.values("int32", (2, 3)).astype(">i4")}
     assert extra["fortran"].flags.f_contiguous and not extra["fortran"].flags.c_contiguous
     np.savez(f"{folder}/numpy.npz", **arrays, **extra, **pattern.SCALARS)
     np.savez_compressed(f"{folder}/numpy_compressed.npz", **arrays, **extra, **pattern.SCALARS)
-    save_safetensors(arrays, {"format": "pt", "note": pattern.SCALARS["note"]}, f"{folder}/python.safetensors")
+    save_safetensors(pattern.tensors("safetensors"), {"format": "pt", "note": pattern.SCALARS["note"]}, f"{folder}/python.safetensors")
 
 
 if __name__ == "__main__":

@@ -38,13 +38,23 @@ inline std::string_view safetensors_dtype(DType d) {
         case DType::int64: return "I64";
         case DType::uint8: return "U8";
         case DType::boolean: return "BOOL";
+        case DType::int8: return "I8";
+        case DType::int16: return "I16";
+        case DType::uint16: return "U16";
+        case DType::uint32: return "U32";
+        case DType::uint64: return "U64";
+        case DType::bfloat16: return "BF16";
+        case DType::float8_e4m3fn: return "F8_E4M3";
+        case DType::float8_e5m2: return "F8_E5M2";
+        case DType::complex64:   // safetensors has no complex dtype
+        case DType::complex128: return "";
     }
-    return "?";
+    return "";
 }
 
 inline std::optional<DType> dtype_from_safetensors(std::string_view s) {
     for (int c = 0; c < dtype_count; ++c)
-        if (safetensors_dtype(static_cast<DType>(c)) == s) return static_cast<DType>(c);
+        if (!s.empty() && safetensors_dtype(static_cast<DType>(c)) == s) return static_cast<DType>(c);
     return std::nullopt;
 }
 
@@ -237,7 +247,7 @@ private:
         const auto dtype = dtype_from_safetensors(tensor_.dtype);
         if (!dtype)
             return fail(what + " has dtype " + tensor_.dtype +
-                        ", which ckpt does not hold (F32, F64, F16, I32, I64, U8, BOOL)");
+                        ", which ckpt does not hold (BOOL, U8, I8, I16, U16, I32, U32, I64, U64, F8_E4M3, F8_E5M2, F16, BF16, F32, F64)");
         if (!tensor_.shape_array || tensor_.shape.size() > max_tensor_rank)
             return fail(what + " has no shape array of at most " + std::to_string(max_tensor_rank) + " dimensions");
         if (tensor_.shape_bad) return fail(what + " has a shape entry that is not a count");

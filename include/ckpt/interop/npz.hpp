@@ -52,8 +52,18 @@ inline std::string_view npy_descr(DType d) {
         case DType::int64: return "<i8";
         case DType::uint8: return "|u1";
         case DType::boolean: return "|b1";
+        case DType::int8: return "|i1";
+        case DType::int16: return "<i2";
+        case DType::uint16: return "<u2";
+        case DType::uint32: return "<u4";
+        case DType::uint64: return "<u8";
+        case DType::complex64: return "<c8";
+        case DType::complex128: return "<c16";
+        case DType::bfloat16:  // NumPy has no such dtype
+        case DType::float8_e4m3fn:
+        case DType::float8_e5m2: return "";
     }
-    return "?";
+    return "";
 }
 
 /// What an npy header describes: a tensor dtype, or a string of `chars` characters
@@ -175,9 +185,11 @@ inline NpyType parse_npy_descr(const std::string& descr, const NpyHeaderParser& 
         return t;
     }
     for (int c = 0; c < dtype_count; ++c)
-        if (npy_descr(static_cast<DType>(c)).substr(1) == code) t.dtype = static_cast<DType>(c);
+        if (const auto known = npy_descr(static_cast<DType>(c)); !known.empty() && known.substr(1) == code)
+            t.dtype = static_cast<DType>(c);
     if (!t.dtype)
-        p.fail("dtype '" + descr + "' is not one ckpt holds (f2, f4, f8, i4, i8, u1, b1, or a string)");
+        p.fail("dtype '" + descr + "' is not one ckpt holds (b1, i1, i2, i4, i8, u1, u2, u4, u8, f2, f4, f8, c8, c16, "
+               "or a string)");
     return t;
 }
 
@@ -284,6 +296,10 @@ inline void save_npz(const ParamDict& dict, const PathArg& file, bool compressed
             headers.back().append(reinterpret_cast<const char*>(&scalar), sizeof scalar);
         };
         if (const Tensor* t = value.get_if<Tensor>()) {
+            if (detail::npy_descr(t->dtype()).empty())
+                throw ConfigError("cannot save '" + path + "': tensor '" + name + "' is " +
+                                  std::string(dtype_name(t->dtype())) +
+                                  ", which NumPy, and so npz, has no dtype for; save it as safetensors or a checkpoint");
             headers.push_back(detail::npy_header(detail::npy_descr(t->dtype()), t->logical_shape(),
                                                  t->order() == Order::column_major));
             data = t->data();
@@ -472,7 +488,7 @@ inline void read_npz(const std::string& path, const InteropLoadOptions& opts, bo
         Tensor t = Tensor::uninitialized(dtype, *shape, order);
         in.read(t.data(), t.nbytes());
         in.finish();
-        if (type->big_endian) swap_bytes(t.data(), t.nbytes(), width);
+        if (type->big_endian) swap_bytes(t.data(), t.nbytes(), number_size(dtype));  // a complex's parts apart
         if (dtype == DType::boolean)
             for (std::size_t b = 0; b < t.nbytes(); ++b)
                 if (static_cast<unsigned>(t.data()[b]) > 1) fail("holds a bool that is neither 0 nor 1");

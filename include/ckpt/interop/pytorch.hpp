@@ -172,8 +172,8 @@ private:
         auto fail = [&](const std::string& why) { torch_fail(path_, "tensor '" + name + "' " + why); };
         if (!type.dtype)
             throw FormatError("PyTorch file '" + path_ + "': tensor '" + name + "' has dtype " + std::string(type.dtype_text) +
-                                  ", which ckpt does not hold (float32, float64, float16, int32, int64, uint8, bool); "
-                                  "convert it before saving, e.g. with .float()",
+                                  ", which ckpt does not hold (a quantized dtype); convert it before saving, e.g. with "
+                                  ".dequantize()",
                               path_);
         View v;
         v.dtype = *type.dtype;
@@ -263,7 +263,9 @@ private:
                 std::memcpy(b.data.get(), bytes.data(), bytes.size());
             }
             in.finish();
-            if (swap_) swap_bytes(b.data.get(), static_cast<std::size_t>(st.size), width);
+            // a complex's parts are swapped apart
+            const auto& type = torch_globals[s.type];
+            if (swap_) swap_bytes(b.data.get(), static_cast<std::size_t>(st.size), type.dtype ? number_size(*type.dtype) : width);
             read_ += st.size;
             it = blocks_.emplace(s.key, std::move(b)).first;
         }

@@ -173,6 +173,10 @@ inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
         const std::string key = detail::json_string(name, path, "entry name '" + name + "'");
         if (const Tensor* t = value.get_if<Tensor>()) {
             detail::check_bool_bytes(name, *t, path);
+            if (detail::safetensors_dtype(t->dtype()).empty())
+                throw ConfigError("cannot save '" + path + "': tensor '" + name + "' is " +
+                                  std::string(dtype_name(t->dtype())) +
+                                  ", which safetensors has no dtype for; save it as npz or a checkpoint");
             row_major.push_back(t->in_order(Order::row_major));
             std::string shape;
             for (const auto d : t->logical_shape()) shape.append(shape.empty() ? "" : ",").append(std::to_string(d));

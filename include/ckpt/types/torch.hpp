@@ -105,7 +105,12 @@ inline std::optional<DType> dtype_of_torch(c10::ScalarType t) {
         case c10::ScalarType::Long: return DType::int64;
         case c10::ScalarType::Byte: return DType::uint8;
         case c10::ScalarType::Bool: return DType::boolean;
-        default: return std::nullopt;
+        case c10::ScalarType::Char: return DType::int8;
+        case c10::ScalarType::Short: return DType::int16;
+        case c10::ScalarType::BFloat16: return DType::bfloat16;
+        case c10::ScalarType::ComplexFloat: return DType::complex64;
+        case c10::ScalarType::ComplexDouble: return DType::complex128;
+        default: return std::nullopt;  // quantized types; libtorch 1.13 has no unsigned above 8 bits, nor float8
     }
 }
 
@@ -119,7 +124,7 @@ inline Tensor torch_view(const at::Tensor& t, std::string_view name) {
     const auto dtype = dtype_of_torch(t.scalar_type());
     if (!dtype)
         throw ConfigError(what + " has dtype " + std::string(c10::toString(t.scalar_type())) +
-                          ", which ckpt does not store (float32, float64, float16, int32, int64, uint8, bool)");
+                          ", which ckpt does not store (a quantized dtype: dequantize it first)");
     if (!t.is_contiguous())
         throw ConfigError(what + " is not contiguous: call .contiguous() on it, or store a contiguous copy");
     Shape shape(t.sizes().begin(), t.sizes().end());
