@@ -333,6 +333,34 @@ TEST_CASE("TorchState refuses tensors it cannot view and parameters it cannot na
                          "parameter 0 of the optimizer's param group 0 (shape [2, 2]) is not a parameter of the module"));
 }
 
+TEST_CASE("TorchState takes a module by shared_ptr and keeps it alive, and torch tensors of your own by add()") {
+    test::TempDir dir;
+    const auto file = dir / "s.ckpt";
+    auto permutation = torch::randperm(10);
+    {
+        auto net = std::make_shared<NetImpl>();
+        torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+        ckpt::TorchState state(net, opt);
+        net.reset();  // the state holds the module now
+        state.add("sampler.permutation", permutation);
+        ckpt::save_checkpoint(state.state_dict(), file);
+    }
+    auto other = std::make_shared<NetImpl>();
+    auto restored = torch::zeros({10}, torch::kLong);
+    ckpt::TorchState into(other);
+    into.add("sampler.permutation", restored);
+    CHECK(ckpt::load_checkpoint_into(file, into, false).complete() == false);  // the file also holds SGD's state
+    CHECK(torch::equal(restored, permutation));
+    // a tensor it cannot view is refused when it is added, naming it
+    CHECK(contains(message_of<ckpt::ConfigError>([&] { into.add("t", torch::zeros({3, 3}).t()); }),
+                   "'t' is not contiguous"));
+    // and a module holding a dtype ckpt does not store, when the state is built
+    auto quantized = std::make_shared<torch::nn::Module>();
+    quantized->register_buffer("q", torch::quantize_per_tensor(torch::zeros({2}), 0.1, 0, torch::kQUInt8));
+    CHECK(contains(message_of<ckpt::ConfigError>([&] { ckpt::TorchState bad(quantized); }),
+                   "torch tensor 'model.q' has dtype QUInt8, which ckpt does not store"));
+}
+
 TEST_CASE("TorchState saves a StepLR whole, and a scheduler it does not know only when told its state is its step count") {
     test::TempDir dir;
     test::LogCapture log;

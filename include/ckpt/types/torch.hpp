@@ -184,11 +184,22 @@ public:
     /// A module held by a ModuleHolder (torch::nn::Linear, a TORCH_MODULE of your own).
     template <class Holder>
         requires requires(Holder& h) { { *h.ptr() } -> std::convertible_to<torch::nn::Module&>; }
-    explicit TorchState(Holder& model, Options options = {}) : TorchState(*model.ptr(), std::move(options)) {}
+    explicit TorchState(Holder& model, Options options = {}) : TorchState(model.ptr(), std::move(options)) {}
     template <class Holder>
         requires requires(Holder& h) { { *h.ptr() } -> std::convertible_to<torch::nn::Module&>; }
     TorchState(Holder& model, torch::optim::Optimizer& optimizer, Options options = {})
-        : TorchState(*model.ptr(), optimizer, std::move(options)) {}
+        : TorchState(model.ptr(), optimizer, std::move(options)) {}
+    /// A module held by a shared_ptr (std::make_shared<Net>()), which the state keeps alive.
+    template <std::derived_from<torch::nn::Module> M>
+    explicit TorchState(std::shared_ptr<M> model, Options options = {})
+        : TorchState(checked(model), nullptr, std::move(options)) {
+        owner_ = std::move(model);
+    }
+    template <std::derived_from<torch::nn::Module> M>
+    TorchState(std::shared_ptr<M> model, torch::optim::Optimizer& optimizer, Options options = {})
+        : TorchState(checked(model), &optimizer, std::move(options)) {
+        owner_ = std::move(model);
+    }
 
     /// Also saves and restores `s`'s state (see SchedulerState); the optimizer's learning rates
     /// are restored with its param groups. A scheduler of a class ckpt does not know is refused
@@ -217,6 +228,14 @@ public:
             throw ConfigError("'" + name + "' starts with the reserved prefix '__ckpt.'");
         extra_.set(std::move(name), std::move(value));
         return *this;
+    }
+    /// Also saves and loads the torch tensor `t` (a sampler's permutation, a running statistic):
+    /// a load writes into its memory. It must be on the CPU, contiguous and of a dtype ckpt
+    /// holds; a ConfigError says otherwise, here. The state keeps the tensor's storage alive.
+    TorchState& add(std::string name, const at::Tensor& t) {
+        Tensor view = torch_view(t, name);
+        extra_tensors_.push_back(t);
+        return add(std::move(name), Value(std::move(view)));
     }
 
     /// What a save writes: views of the module's tensors, of the optimizer's state and options
@@ -349,8 +368,21 @@ private:
         std::int64_t data_batch_size = 0;
     };
 
+    template <class M>
+    static torch::nn::Module& checked(const std::shared_ptr<M>& model) {
+        if (!model) throw ConfigError("ckpt::TorchState was given an empty module pointer");
+        return *model;
+    }
+
     TorchState(torch::nn::Module& model, torch::optim::Optimizer* optimizer, Options options)
         : model_(model), optimizer_(optimizer), options_(std::move(options)) {
+        // a dtype ckpt cannot hold is refused now, not at the first save hours later
+        for (const auto& items : {model_.named_parameters(true), model_.named_buffers(true)})
+            for (const auto& item : items)
+                if (item.value().defined() && !dtype_of_torch(item.value().scalar_type()))
+                    throw ConfigError("torch tensor '" + options_.model_prefix + item.key() + "' has dtype " +
+                                      std::string(c10::toString(item.value().scalar_type())) +
+                                      ", which ckpt does not store (a quantized dtype: dequantize it first)");
         if (!optimizer_) return;
         for (const auto& k : detail::torch_glue::optimizer_kinds())
             if (k.is(*optimizer_)) kind_ = &k;
@@ -680,6 +712,7 @@ private:
         return {p, p + t.numel()};
     }
 
+    std::shared_ptr<torch::nn::Module> owner_;  // a module given by shared_ptr, kept alive
     torch::nn::Module& model_;
     torch::optim::Optimizer* optimizer_;
     Options options_;
@@ -691,6 +724,7 @@ private:
     bool step_lr_ = false;
     DataPosition* data_ = nullptr;
     ParamDict extra_;
+    std::vector<at::Tensor> extra_tensors_;  // add(name, tensor): their storage, kept alive
     Load load_;
     std::vector<std::uint8_t> loaded_generator_;
 };
