@@ -1008,27 +1008,31 @@ double number_at(const ckpt::Tensor& t, std::size_t i) {
     else return static_cast<double>(v);
 }
 
-double component(const ckpt::Tensor& t, std::size_t i) {
-    switch (t.dtype()) {
-        case ckpt::DType::float32: return number_at<float>(t, i);
-        case ckpt::DType::float64: return number_at<double>(t, i);
-        case ckpt::DType::float16: return number_at<ckpt::float16>(t, i);
-        case ckpt::DType::int32: return number_at<std::int32_t>(t, i);
-        case ckpt::DType::int64: return number_at<std::int64_t>(t, i);
-        case ckpt::DType::uint8: return number_at<std::uint8_t>(t, i);
-        case ckpt::DType::boolean: return t.data()[i] != std::byte{0} ? 1 : 0;  // by its byte: a file may hold others
-        case ckpt::DType::int8: return number_at<std::int8_t>(t, i);
-        case ckpt::DType::int16: return number_at<std::int16_t>(t, i);
-        case ckpt::DType::uint16: return number_at<std::uint16_t>(t, i);
-        case ckpt::DType::uint32: return number_at<std::uint32_t>(t, i);
-        case ckpt::DType::uint64: return number_at<std::uint64_t>(t, i);
-        case ckpt::DType::bfloat16: return number_at<ckpt::bfloat16>(t, i);
-        case ckpt::DType::float8_e4m3fn: return number_at<ckpt::float8_e4m3fn>(t, i);
-        case ckpt::DType::float8_e5m2: return number_at<ckpt::float8_e5m2>(t, i);
-        case ckpt::DType::complex64: return number_at<float>(t, i);
-        case ckpt::DType::complex128: return number_at<double>(t, i);
+/// Number i of a tensor (see components); chosen once per tensor, by dtype.
+using NumberAt = double (*)(const ckpt::Tensor&, std::size_t);
+
+NumberAt number_reader(ckpt::DType d) {
+    switch (d) {
+        case ckpt::DType::float32: return number_at<float>;
+        case ckpt::DType::float64: return number_at<double>;
+        case ckpt::DType::float16: return number_at<ckpt::float16>;
+        case ckpt::DType::int32: return number_at<std::int32_t>;
+        case ckpt::DType::int64: return number_at<std::int64_t>;
+        case ckpt::DType::uint8: return number_at<std::uint8_t>;
+        case ckpt::DType::boolean:  // by its byte: a file may hold others than 0 and 1
+            return [](const ckpt::Tensor& t, std::size_t i) { return t.data()[i] != std::byte{0} ? 1.0 : 0.0; };
+        case ckpt::DType::int8: return number_at<std::int8_t>;
+        case ckpt::DType::int16: return number_at<std::int16_t>;
+        case ckpt::DType::uint16: return number_at<std::uint16_t>;
+        case ckpt::DType::uint32: return number_at<std::uint32_t>;
+        case ckpt::DType::uint64: return number_at<std::uint64_t>;
+        case ckpt::DType::bfloat16: return number_at<ckpt::bfloat16>;
+        case ckpt::DType::float8_e4m3fn: return number_at<ckpt::float8_e4m3fn>;
+        case ckpt::DType::float8_e5m2: return number_at<ckpt::float8_e5m2>;
+        case ckpt::DType::complex64: return number_at<float>;
+        case ckpt::DType::complex128: return number_at<double>;
     }
-    return 0;
+    return [](const ckpt::Tensor&, std::size_t) { return 0.0; };
 }
 
 struct Stats {
@@ -1050,7 +1054,8 @@ Stats tensor_stats(const ckpt::Tensor& t) {
         sum += v;
         sum_sq += v * v;
     };
-    for (std::size_t i = 0, n = components(t); i < n; ++i) add(component(t, i));
+    const NumberAt number = number_reader(t.dtype());
+    for (std::size_t i = 0, n = components(t); i < n; ++i) add(number(t, i));
     if (s.finite) {
         const auto n = static_cast<double>(s.finite);
         s.mean = sum / n;
@@ -1282,8 +1287,9 @@ struct Closeness {
 
 Closeness compare(const ckpt::Tensor& a, const ckpt::Tensor& b, double atol, double rtol) {
     Closeness c;
+    const NumberAt number = number_reader(a.dtype());  // b's dtype is a's: compare is called only then
     for (std::size_t i = 0, n = components(a); i < n; ++i) {
-        const double x = component(a, i), y = component(b, i);
+        const double x = number(a, i), y = number(b, i);
         if (std::isnan(x) && std::isnan(y)) continue;
         if (x == y) continue;  // also equal infinities
         const double d = std::fabs(x - y);

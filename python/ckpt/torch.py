@@ -74,20 +74,12 @@ def _flatten(prefix, value, out, torch):
     out[name] = value
 
 
-# The checkpoint dtypes a torch tensor can be, by name (what this PyTorch has: float8 types came
-# in PyTorch 2.1, unsigned integers above 8 bits in 2.3).
-_TORCH_NAMES = {"float32": "float32", "float64": "float64", "float16": "float16", "int32": "int32", "int64": "int64",
-                "uint8": "uint8", "bool": "bool", "int8": "int8", "int16": "int16", "uint16": "uint16",
-                "uint32": "uint32", "uint64": "uint64", "bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn",
-                "float8_e5m2": "float8_e5m2", "complex64": "complex64", "complex128": "complex128"}
-
-
 def _torch_dtype(dtype, torch):
-    """The torch dtype of a numpy dtype as ckpt.load returns it (a bit pattern by its name), or
-    None when this PyTorch has none."""
+    """The torch dtype of a numpy dtype as ckpt.load returns it (a bit pattern by its name: torch
+    names its dtypes as the format does), or None when this PyTorch has none (float8 types came
+    in PyTorch 2.1, unsigned integers above 8 bits in 2.3)."""
     import numpy as np
-    name = F.ckpt_dtype_name(dtype) or np.dtype(dtype).name
-    return getattr(torch, _TORCH_NAMES.get(name, "?"), None)
+    return getattr(torch, F.ckpt_dtype_name(dtype) or np.dtype(dtype).name, None)
 
 
 def _tensor(a, name, torch):
@@ -207,16 +199,14 @@ def _array(t, name, torch):
     """The numpy array of a torch tensor (detached, on the CPU, contiguous): bfloat16 and float8
     tensors as their bit patterns, marked with the dtype they stand for (ckpt.save writes them
     as that)."""
-    import numpy as np
     dtype_name = str(t.dtype).replace("torch.", "")
-    if dtype_name not in _TORCH_NAMES:
+    if dtype_name not in F.DTYPE_NAMES:
         raise ConfigError("tensor '%s' is %s, which a checkpoint cannot hold (quantized: dequantize it first)"
                           % (name, t.dtype))
     t = t.detach().cpu().contiguous()
-    if dtype_name == "bfloat16":
-        return t.view(torch.int16).numpy().view(F.DTYPES[F.DTYPE_NAMES.index("bfloat16")])
-    if dtype_name.startswith("float8"):
-        return t.view(torch.uint8).numpy().view(F.DTYPES[F.DTYPE_NAMES.index(dtype_name)])
+    if dtype_name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        plain = torch.int16 if t.element_size() == 2 else torch.uint8
+        return t.view(plain).numpy().view(F.bit_pattern_dtype(dtype_name))
     return t.numpy()
 
 

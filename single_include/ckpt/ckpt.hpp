@@ -295,6 +295,26 @@ struct bfloat16 : BitPatternFloat<bfloat16, std::uint16_t> {
     static float to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 };
 
+namespace detail {
+/// The code (without sign) of the 8-bit float magnitude nearest `a`, ties to even (whatever the
+/// rounding mode), for a format of `mant_bits` mantissa bits, exponent bias `bias` and smallest
+/// normal exponent `min_exp`. `a` must be below the format's overflow threshold.
+inline unsigned float8_magnitude(float a, int bias, int mant_bits, int min_exp) {
+    if (a == 0.0f) return 0;
+    int e = 0;
+    std::frexp(a, &e);                   // a = m * 2^e, m in [0.5, 1)
+    int exp = std::max(e - 1, min_exp);  // a's binade, or the subnormals'
+    const float q = a / std::ldexp(1.0f, exp - mant_bits);  // exact: a power-of-two scale
+    auto units = static_cast<unsigned>(q);
+    const float rest = q - static_cast<float>(units);
+    if (rest > 0.5f || (rest == 0.5f && (units & 1u))) ++units;
+    const unsigned one = 1u << mant_bits;
+    if (exp == min_exp && units < one) return units;  // subnormal (or rounded up into the normals below)
+    if (units >= 2 * one) units /= 2, ++exp;          // rounded up into the next binade
+    return (static_cast<unsigned>(exp + bias) << mant_bits) | (units - one);
+}
+}  // namespace detail
+
 /// 8-bit floats of the OCP formats PyTorch and safetensors use, stored as their bit pattern:
 /// E4M3FN (4 exponent bits, bias 7, no infinities, one NaN per sign: S.1111.111, largest
 /// 448) and E5M2 (5 exponent bits, bias 15, with infinities: the upper byte of a binary16).
@@ -317,27 +337,9 @@ struct float8_e4m3fn : BitPatternFloat<float8_e4m3fn, std::uint8_t> {
         // from 480 on, NaN; up to 464 (halfway, ties to 448's even code) rounding gives 448, and
         // above it the NaN code, as PyTorch's conversion does
         if (a >= 480.0f) return static_cast<std::uint8_t>(sign | 0x7fu);
-        return static_cast<std::uint8_t>(sign | round_magnitude(a, 7, 3, -6));
+        return static_cast<std::uint8_t>(sign | detail::float8_magnitude(a, 7, 3, -6));
     }
 
-    /// The code (without sign) of the representable magnitude nearest `a` (ties to even), for a
-    /// format of `mant_bits` mantissa bits, exponent bias `bias` and smallest normal exponent
-    /// `min_exp`. `a` must be below the format's overflow threshold.
-    static unsigned round_magnitude(float a, int bias, int mant_bits, int min_exp) {
-        if (a == 0.0f) return 0;
-        int e = 0;
-        std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-        int exp = std::max(e - 1, min_exp);  // a's binade, or the subnormals'
-        const float quantum = std::ldexp(1.0f, exp - mant_bits);
-        const float q = a / quantum;  // exact: a power-of-two scale
-        float n = std::nearbyint(q);  // ties to even in the default rounding mode
-        if (n - q == 0.5f || q - n == 0.5f) n = 2.0f * std::nearbyint(q / 2.0f);
-        auto units = static_cast<unsigned>(n);
-        const unsigned one = 1u << mant_bits;
-        if (exp == min_exp && units < one) return units;  // subnormal (or rounded up into the normals below)
-        if (units >= 2 * one) units /= 2, ++exp;          // rounded up into the next binade
-        return (static_cast<unsigned>(exp + bias) << mant_bits) | (units - one);
-    }
 };
 
 struct float8_e5m2 : BitPatternFloat<float8_e5m2, std::uint8_t> {
@@ -350,11 +352,11 @@ struct float8_e5m2 : BitPatternFloat<float8_e5m2, std::uint8_t> {
         const float a = std::fabs(f);
         // 61440 is halfway between 57344 (the largest) and 65536 (where infinity would be)
         if (a >= 61440.0f) return static_cast<std::uint8_t>(sign | 0x7cu);
-        return static_cast<std::uint8_t>(sign | float8_e4m3fn::round_magnitude(a, 15, 2, -14));
+        return static_cast<std::uint8_t>(sign | detail::float8_magnitude(a, 15, 2, -14));
     }
 };
 
-/// The codes are the file format's (docs/FORMAT.md, section 5): never renumbered; new dtypes
+/// The codes are the file format's (docs/FORMAT.md, section 3): never renumbered; new dtypes
 /// take new codes, which an older reader refuses by code.
 enum class DType : std::uint8_t {
     float32 = 0,
