@@ -138,7 +138,7 @@ int run(std::int64_t every, int pairs, const fs::path& dir, const fs::path& data
 
     ckpt::ParamDict state = net.state_dict();
     for (auto& [name, value] : opt.state_dict()) state.set(name, value);
-    ckpt::ParamDict copy_target = ckpt::detail::snapshot(state);
+    ckpt::ParamDict copy_target = ckpt::detail::snapshot(state, ckpt::ObjectEncoding::boost_binary);
     double state_mib = 0;
     for (const auto& e : state)
         if (const auto* t = e.value.get_if<ckpt::Tensor>()) state_mib += static_cast<double>(t->nbytes()) / (1 << 20);

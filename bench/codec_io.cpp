@@ -478,7 +478,7 @@ ckpt::ParamDict trained_lenet(const Args& args) {
     const auto t0 = Clock::now();
     trainer.train(1, data);
     const double s = ms_since(t0) / 1e3;
-    ckpt::ParamDict state = ckpt::detail::snapshot(trainer.state_dict(data));
+    ckpt::ParamDict state = ckpt::detail::snapshot(trainer.state_dict(data), ckpt::ObjectEncoding::boost_binary);
     state.set("trainer.epoch", std::int64_t{1});
     state.set("trainer.step", data.steps_per_epoch());
     state.set("trainer.global_step", data.steps_per_epoch());
@@ -571,7 +571,7 @@ StallResult run_stall(const ckpt::ParamDict& state, const std::string& dir, cons
         ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming, ckpt::BinaryArchive, ChainCodec> chain(
             chain_dir, "dp", ckpt::EverySteps{1}, ckpt::KeepLast{1}, {}, mo,
             ChainCodec{ckpt::Zstd{args.zstd_level}, ckpt::AesGcm{key}});
-        ckpt::ParamDict copy_target = ckpt::detail::snapshot(state);  // allocated like a snapshot buffer
+        ckpt::ParamDict copy_target = ckpt::detail::snapshot(state, ckpt::ObjectEncoding::boost_binary);  // allocated like a snapshot buffer
         touch(copy_target);
         std::int64_t step = 0;
         // Warm-up: the first save of each allocates its snapshot buffer.

@@ -581,16 +581,16 @@ TEST_CASE("async saves while one is in flight: wait writes every one, skip drops
 TEST_CASE("async snapshots reuse their buffer while the state keeps its layout") {
     ckpt::ParamDict state = test::sample_state(1.0f);
     ckpt::ParamDict buffer;
-    ckpt::detail::snapshot_into(buffer, state);
+    ckpt::detail::snapshot_into(buffer, state, ckpt::ObjectEncoding::boost_binary);
     CHECK(buffer == state);
     const std::byte* first = buffer.tensor("conv1.weight").data();
     CHECK(first != state.tensor("conv1.weight").data());  // a copy, not a view of the state
     ckpt::ParamDict changed = test::sample_state(2.0f);
-    ckpt::detail::snapshot_into(buffer, changed);
+    ckpt::detail::snapshot_into(buffer, changed, ckpt::ObjectEncoding::boost_binary);
     CHECK(buffer == changed);
     CHECK(buffer.tensor("conv1.weight").data() == first);  // same memory, new contents
     changed.set("extra", std::int64_t{3});
-    ckpt::detail::snapshot_into(buffer, changed);  // another layout: rebuilt
+    ckpt::detail::snapshot_into(buffer, changed, ckpt::ObjectEncoding::boost_binary);  // another layout: rebuilt
     CHECK(buffer == changed);
 }
 

@@ -240,6 +240,7 @@ Layout walk(Cursor c) {
             case ckpt::ValueKind::float64: add(c.number(FieldKind::scalar, 8, "value")); break;
             case ckpt::ValueKind::boolean: add(c.number(FieldKind::scalar, 4, "value")); break;
             case ckpt::ValueKind::string: c.string(FieldKind::string_length, "value", l); break;
+            default: throw std::logic_error("walk(): the tortured states hold the kinds 0 to 4 only");
         }
     }
     l.toc_end = c.at;
@@ -366,11 +367,14 @@ public:
             const std::size_t largest_new = result.largest_new, largest_map = result.largest_mapping;
             INFO(s.name, ": ", reader_names[r], " on a ", size, "-byte file: ", std::string(verdict_name(got)), " ",
                  message);
-            bool ok = got == expected;
+            // a resealed body misread can spell a value kind or dtype from the future (a name's
+            // 'w' read as kind 119): refused as a newer writer's, still a kind of FormatError
+            bool ok = got == expected || (expected == Verdict::format && got == Verdict::version);
             if (got != Verdict::loaded) {
+                const bool newer = got == Verdict::version && message.find("does not know") != std::string::npos;
                 ok = ok && message.find(path) != std::string::npos &&
-                     std::any_of(says.begin(), says.end(),
-                                 [&](std::string_view w) { return message.find(w) != std::string::npos; });
+                     (newer || std::any_of(says.begin(), says.end(),
+                                           [&](std::string_view w) { return message.find(w) != std::string::npos; }));
                 ++by_verdict_[verdict_name(got)];
             }
             CHECK_MESSAGE(ok, "expected ", std::string(verdict_name(expected)));

@@ -94,6 +94,12 @@ concept ShapedByCheckpoint = requires(T& t, const std::vector<EntryInfo>& entrie
 
 namespace detail {
 
+/// The encoding a type with serialize() takes in a checkpoint of archive kind `k`: Boost's
+/// binary archive in binary bodies, its text archive in text and xml ones.
+constexpr ObjectEncoding boost_encoding(ArchiveKind k) {
+    return k == ArchiveKind::binary ? ObjectEncoding::boost_binary : ObjectEncoding::boost_text;
+}
+
 std::int64_t unix_time_ns();
 std::string hex64(std::uint64_t v);
 

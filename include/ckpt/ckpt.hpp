@@ -2,6 +2,7 @@
 // ckpt: embeddable checkpoint and resume. Include this one header.
 //
 //   values       ParamDict, Value, Tensor, Order, dtypes               param_dict.hpp, tensor.hpp
+//   bound values view_of(string, map, engine, …), bytes_of, object     bound.hpp, object.hpp
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
@@ -22,9 +23,11 @@
 // (types/torch.hpp, types/eigen.hpp; ckpt::torch, ckpt::eigen), and safetensors, npz and
 // PyTorch files (interop/, all of them in interop.hpp; ckpt::interop).
 // Built with CKPT_SEPARATE_COMPILATION (CMake target ckpt::ckpt_compiled), the headers only
-// declare what the library compiles once (detail/linkage.hpp).
+// declare what the library compiles once (detail/linkage.hpp), and ckpt::object (object.hpp,
+// which reads Boost.Serialization's archives) is included where it is used.
 
 #include "append_info.hpp"
+#include "bound.hpp"
 #include "policies/archive.hpp"
 #include "checkpoint.hpp"
 #include "codecs/codec.hpp"
@@ -43,3 +46,7 @@
 #include "series.hpp"
 #include "policies/save.hpp"
 #include "tensor.hpp"
+
+#ifndef CKPT_SEPARATE_COMPILATION
+#include "object.hpp"
+#endif

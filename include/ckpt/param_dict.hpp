@@ -1,10 +1,16 @@
 #pragma once
 // ParamDict: what a checkpoint holds. An ordered map from name to Value, where a Value is
-// a tensor, an int64, a double, a bool or a string (the seed's append_info kinds).
+// a tensor, an int64, a double, a bool or a string (the seed's append_info kinds), a byte
+// string, a list of strings, an object (a value only its type reads: a map, a random
+// engine, a type with serialize()), or a binding of a program's variable of one of these
+// kinds, which a save reads and a load writes back (ckpt/bound.hpp makes them).
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <memory>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -19,7 +25,73 @@
 
 namespace ckpt {
 
-enum class ValueKind : std::uint8_t { tensor = 0, int64 = 1, float64 = 2, boolean = 3, string = 4 };
+/// The kinds of value a checkpoint holds; the codes are the file's (FORMAT.md section 3).
+enum class ValueKind : std::uint8_t {
+    tensor = 0, int64 = 1, float64 = 2, boolean = 3, string = 4, bytes = 5, strings = 6, object = 7
+};
+inline constexpr std::uint32_t max_value_kind = 7;
+
+/// A byte string: binary data, as opposed to a string's text.
+struct Bytes {
+    std::string data;
+    friend bool operator==(const Bytes&, const Bytes&) = default;
+};
+
+/// A list of strings.
+using Strings = std::vector<std::string>;
+
+/// How an object's data is laid out (FORMAT.md section 3).
+enum class ObjectEncoding : std::uint32_t { boost_binary = 0, boost_text = 1, value_map = 2, stream_text = 3 };
+inline constexpr std::uint32_t max_object_encoding = 3;
+
+constexpr std::string_view object_encoding_name(ObjectEncoding e) {
+    switch (e) {
+        case ObjectEncoding::boost_binary: return "boost binary";
+        case ObjectEncoding::boost_text: return "boost text";
+        case ObjectEncoding::value_map: return "value map";
+        case ObjectEncoding::stream_text: return "stream text";
+    }
+    return "?";
+}
+
+/// A value only its type can read: `type` names it ("map<string, float64>", "std::mt19937_64",
+/// a class with serialize()), `encoding` says how `data` is laid out.
+struct Object {
+    std::string type;
+    ObjectEncoding encoding = ObjectEncoding::boost_binary;
+    std::string data;
+    friend bool operator==(const Object&, const Object&) = default;
+};
+
+class Value;
+
+/// A program's variable that is not a tensor (a std::string, a map, a random engine, an
+/// object with serialize()): a save stores what it holds then, a load writes the stored value
+/// back into it, whole. Made by ckpt::view_of and ckpt::object (ckpt/bound.hpp).
+class Binding {
+public:
+    struct Target {
+        virtual ~Target() = default;
+        /// The kind stored; for an object, its type name.
+        virtual ValueKind kind() const = 0;
+        virtual std::string type() const { return {}; }
+        /// What a save stores now. `boost` is the encoding a type with serialize() takes in
+        /// this checkpoint (boost_binary in binary archives, else boost_text).
+        virtual Value read(ObjectEncoding boost) const = 0;
+        /// Decodes `stored` (of kind()) into a copy of the variable and returns what moves the
+        /// copy into it; throws LoadMismatch naming `entry` when `stored` cannot be its value,
+        /// the variable unchanged.
+        virtual std::function<void()> stage(const Value& stored, const std::string& entry) const = 0;
+    };
+
+    explicit Binding(std::shared_ptr<const Target> target) : target_(std::move(target)) {}
+    const Target& target() const noexcept { return *target_; }
+    /// Two bindings are equal when they bind the same variable the same way (one binding).
+    friend bool operator==(const Binding& a, const Binding& b) noexcept { return a.target_ == b.target_; }
+
+private:
+    std::shared_ptr<const Target> target_;
+};
 
 class Value {
 public:
@@ -34,18 +106,41 @@ public:
     Value(std::string s) : v_(std::move(s)) {}
     Value(const char* s) : v_(std::string(s)) {}
     Value(std::string_view s) : v_(std::string(s)) {}
+    Value(Bytes b) : v_(std::move(b)) {}
+    Value(Strings s) : v_(std::move(s)) {}
+    Value(Object o) : v_(std::move(o)) {}
+    Value(Binding b) : v_(std::move(b)) {}
 
-    ValueKind kind() const noexcept { return static_cast<ValueKind>(v_.index()); }
-    bool is_tensor() const noexcept { return kind() == ValueKind::tensor; }
+    /// The kind stored: a binding's is that of what it binds.
+    ValueKind kind() const noexcept {
+        if (const Binding* b = std::get_if<Binding>(&v_)) return b->target().kind();
+        return static_cast<ValueKind>(v_.index());
+    }
+    bool is_tensor() const noexcept { return v_.index() == 0; }
+    bool is_binding() const noexcept { return std::holds_alternative<Binding>(v_); }
 
-    /// "float32[6, 1, 5, 5]", "int64", "double", "bool" or "string".
+    /// "float32[6, 1, 5, 5]", "int64", "double", "bool", "string", "bytes", "strings", an
+    /// object's type, and "… (bound)" for a binding.
     std::string type_name() const {
-        switch (kind()) {
-            case ValueKind::tensor: return std::get<Tensor>(v_).describe();
+        if (const Binding* b = std::get_if<Binding>(&v_)) {
+            const auto& t = b->target();
+            return (t.kind() == ValueKind::object ? t.type() : kind_name(t.kind())) + " (bound)";
+        }
+        if (const Object* o = std::get_if<Object>(&v_)) return o->type;
+        if (const Tensor* t = std::get_if<Tensor>(&v_)) return t->describe();
+        return kind_name(kind());
+    }
+
+    static std::string kind_name(ValueKind k) {
+        switch (k) {
+            case ValueKind::tensor: return "tensor";
             case ValueKind::int64: return "int64";
             case ValueKind::float64: return "double";
             case ValueKind::boolean: return "bool";
             case ValueKind::string: return "string";
+            case ValueKind::bytes: return "bytes";
+            case ValueKind::strings: return "strings";
+            case ValueKind::object: return "object";
         }
         return "?";
     }
@@ -56,7 +151,8 @@ public:
     friend bool operator==(const Value&, const Value&) = default;
 
 private:
-    std::variant<Tensor, std::int64_t, double, bool, std::string> v_;
+    // the first eight in the order of ValueKind's codes
+    std::variant<Tensor, std::int64_t, double, bool, std::string, Bytes, Strings, Object, Binding> v_;
 };
 
 namespace detail {
@@ -65,6 +161,9 @@ template <class T> constexpr const char* value_type_name() {
     else if constexpr (std::same_as<T, bool>) return "bool";
     else if constexpr (std::integral<T>) return "integer";
     else if constexpr (std::floating_point<T>) return "double";
+    else if constexpr (std::same_as<T, Bytes>) return "bytes";
+    else if constexpr (std::same_as<T, Strings>) return "strings";
+    else if constexpr (std::same_as<T, Object>) return "object";
     else return "string";
 }
 }  // namespace detail
@@ -170,5 +269,24 @@ private:
     std::vector<Entry> entries_;
     std::unordered_map<std::string, std::size_t> index_;
 };
+
+namespace detail {
+/// `value` itself, or for a binding what its variable holds now (Binding::Target::read).
+inline Value materialized(const Value& value, ObjectEncoding boost) {
+    if (const Binding* b = value.get_if<Binding>()) return b->target().read(boost);
+    return value;
+}
+
+inline bool has_bindings(const ParamDict& dict) {
+    return std::any_of(dict.begin(), dict.end(), [](const ParamDict::Entry& e) { return e.value.is_binding(); });
+}
+
+/// `dict` with its bindings read: what a save stores (tensors are shared, not copied).
+inline ParamDict materialized(const ParamDict& dict, ObjectEncoding boost) {
+    ParamDict out;
+    for (const auto& [name, value] : dict) out.set(name, materialized(value, boost));
+    return out;
+}
+}  // namespace detail
 
 }  // namespace ckpt

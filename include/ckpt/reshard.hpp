@@ -150,6 +150,16 @@ inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<En
                 break;
             case ValueKind::boolean: at += 4; break;
             case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
+            case ValueKind::bytes: at += 8 + e.scalar.get_if<Bytes>()->data.size(); break;
+            case ValueKind::strings:
+                at += 8;
+                for (const auto& item : *e.scalar.get_if<Strings>()) at += 8 + item.size();
+                break;
+            case ValueKind::object: {
+                const auto& o = *e.scalar.get_if<Object>();
+                at += 8 + o.type.size() + 4 + 8 + o.data.size();
+                break;
+            }
             default: at += 8; break;
         }
     }

@@ -6,6 +6,7 @@
 // ckpt: embeddable checkpoint and resume. Include this one header.
 //
 //   values       ParamDict, Value, Tensor, Order, dtypes               param_dict.hpp, tensor.hpp
+//   bound values view_of(string, map, engine, …), bytes_of, object     bound.hpp, object.hpp
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
@@ -26,7 +27,8 @@
 // (types/torch.hpp, types/eigen.hpp; ckpt::torch, ckpt::eigen), and safetensors, npz and
 // PyTorch files (interop/, all of them in interop.hpp; ckpt::interop).
 // Built with CKPT_SEPARATE_COMPILATION (CMake target ckpt::ckpt_compiled), the headers only
-// declare what the library compiles once (detail/linkage.hpp).
+// declare what the library compiles once (detail/linkage.hpp), and ckpt::object (object.hpp,
+// which reads Boost.Serialization's archives) is included where it is used.
 
 // The seed's append_info: extra values stored in every checkpoint a manager writes.
 //   ckpt::AppendInfo info{"epoch_num", "step_num", ckpt::ParamDict{{"lr", 0.01}, {"momentum", 0.9}}};
@@ -187,11 +189,17 @@ public:
 
 }  // namespace ckpt
 // ParamDict: what a checkpoint holds. An ordered map from name to Value, where a Value is
-// a tensor, an int64, a double, a bool or a string (the seed's append_info kinds).
+// a tensor, an int64, a double, a bool or a string (the seed's append_info kinds), a byte
+// string, a list of strings, an object (a value only its type reads: a map, a random
+// engine, a type with serialize()), or a binding of a program's variable of one of these
+// kinds, which a save reads and a load writes back (ckpt/bound.hpp makes them).
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <memory>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -776,7 +784,73 @@ Tensor view_of(C& container, Shape shape = {}) {
 
 namespace ckpt {
 
-enum class ValueKind : std::uint8_t { tensor = 0, int64 = 1, float64 = 2, boolean = 3, string = 4 };
+/// The kinds of value a checkpoint holds; the codes are the file's (FORMAT.md section 3).
+enum class ValueKind : std::uint8_t {
+    tensor = 0, int64 = 1, float64 = 2, boolean = 3, string = 4, bytes = 5, strings = 6, object = 7
+};
+inline constexpr std::uint32_t max_value_kind = 7;
+
+/// A byte string: binary data, as opposed to a string's text.
+struct Bytes {
+    std::string data;
+    friend bool operator==(const Bytes&, const Bytes&) = default;
+};
+
+/// A list of strings.
+using Strings = std::vector<std::string>;
+
+/// How an object's data is laid out (FORMAT.md section 3).
+enum class ObjectEncoding : std::uint32_t { boost_binary = 0, boost_text = 1, value_map = 2, stream_text = 3 };
+inline constexpr std::uint32_t max_object_encoding = 3;
+
+constexpr std::string_view object_encoding_name(ObjectEncoding e) {
+    switch (e) {
+        case ObjectEncoding::boost_binary: return "boost binary";
+        case ObjectEncoding::boost_text: return "boost text";
+        case ObjectEncoding::value_map: return "value map";
+        case ObjectEncoding::stream_text: return "stream text";
+    }
+    return "?";
+}
+
+/// A value only its type can read: `type` names it ("map<string, float64>", "std::mt19937_64",
+/// a class with serialize()), `encoding` says how `data` is laid out.
+struct Object {
+    std::string type;
+    ObjectEncoding encoding = ObjectEncoding::boost_binary;
+    std::string data;
+    friend bool operator==(const Object&, const Object&) = default;
+};
+
+class Value;
+
+/// A program's variable that is not a tensor (a std::string, a map, a random engine, an
+/// object with serialize()): a save stores what it holds then, a load writes the stored value
+/// back into it, whole. Made by ckpt::view_of and ckpt::object (ckpt/bound.hpp).
+class Binding {
+public:
+    struct Target {
+        virtual ~Target() = default;
+        /// The kind stored; for an object, its type name.
+        virtual ValueKind kind() const = 0;
+        virtual std::string type() const { return {}; }
+        /// What a save stores now. `boost` is the encoding a type with serialize() takes in
+        /// this checkpoint (boost_binary in binary archives, else boost_text).
+        virtual Value read(ObjectEncoding boost) const = 0;
+        /// Decodes `stored` (of kind()) into a copy of the variable and returns what moves the
+        /// copy into it; throws LoadMismatch naming `entry` when `stored` cannot be its value,
+        /// the variable unchanged.
+        virtual std::function<void()> stage(const Value& stored, const std::string& entry) const = 0;
+    };
+
+    explicit Binding(std::shared_ptr<const Target> target) : target_(std::move(target)) {}
+    const Target& target() const noexcept { return *target_; }
+    /// Two bindings are equal when they bind the same variable the same way (one binding).
+    friend bool operator==(const Binding& a, const Binding& b) noexcept { return a.target_ == b.target_; }
+
+private:
+    std::shared_ptr<const Target> target_;
+};
 
 class Value {
 public:
@@ -791,18 +865,41 @@ public:
     Value(std::string s) : v_(std::move(s)) {}
     Value(const char* s) : v_(std::string(s)) {}
     Value(std::string_view s) : v_(std::string(s)) {}
+    Value(Bytes b) : v_(std::move(b)) {}
+    Value(Strings s) : v_(std::move(s)) {}
+    Value(Object o) : v_(std::move(o)) {}
+    Value(Binding b) : v_(std::move(b)) {}
 
-    ValueKind kind() const noexcept { return static_cast<ValueKind>(v_.index()); }
-    bool is_tensor() const noexcept { return kind() == ValueKind::tensor; }
+    /// The kind stored: a binding's is that of what it binds.
+    ValueKind kind() const noexcept {
+        if (const Binding* b = std::get_if<Binding>(&v_)) return b->target().kind();
+        return static_cast<ValueKind>(v_.index());
+    }
+    bool is_tensor() const noexcept { return v_.index() == 0; }
+    bool is_binding() const noexcept { return std::holds_alternative<Binding>(v_); }
 
-    /// "float32[6, 1, 5, 5]", "int64", "double", "bool" or "string".
+    /// "float32[6, 1, 5, 5]", "int64", "double", "bool", "string", "bytes", "strings", an
+    /// object's type, and "… (bound)" for a binding.
     std::string type_name() const {
-        switch (kind()) {
-            case ValueKind::tensor: return std::get<Tensor>(v_).describe();
+        if (const Binding* b = std::get_if<Binding>(&v_)) {
+            const auto& t = b->target();
+            return (t.kind() == ValueKind::object ? t.type() : kind_name(t.kind())) + " (bound)";
+        }
+        if (const Object* o = std::get_if<Object>(&v_)) return o->type;
+        if (const Tensor* t = std::get_if<Tensor>(&v_)) return t->describe();
+        return kind_name(kind());
+    }
+
+    static std::string kind_name(ValueKind k) {
+        switch (k) {
+            case ValueKind::tensor: return "tensor";
             case ValueKind::int64: return "int64";
             case ValueKind::float64: return "double";
             case ValueKind::boolean: return "bool";
             case ValueKind::string: return "string";
+            case ValueKind::bytes: return "bytes";
+            case ValueKind::strings: return "strings";
+            case ValueKind::object: return "object";
         }
         return "?";
     }
@@ -813,7 +910,8 @@ public:
     friend bool operator==(const Value&, const Value&) = default;
 
 private:
-    std::variant<Tensor, std::int64_t, double, bool, std::string> v_;
+    // the first eight in the order of ValueKind's codes
+    std::variant<Tensor, std::int64_t, double, bool, std::string, Bytes, Strings, Object, Binding> v_;
 };
 
 namespace detail {
@@ -822,6 +920,9 @@ template <class T> constexpr const char* value_type_name() {
     else if constexpr (std::same_as<T, bool>) return "bool";
     else if constexpr (std::integral<T>) return "integer";
     else if constexpr (std::floating_point<T>) return "double";
+    else if constexpr (std::same_as<T, Bytes>) return "bytes";
+    else if constexpr (std::same_as<T, Strings>) return "strings";
+    else if constexpr (std::same_as<T, Object>) return "object";
     else return "string";
 }
 }  // namespace detail
@@ -928,6 +1029,25 @@ private:
     std::unordered_map<std::string, std::size_t> index_;
 };
 
+namespace detail {
+/// `value` itself, or for a binding what its variable holds now (Binding::Target::read).
+inline Value materialized(const Value& value, ObjectEncoding boost) {
+    if (const Binding* b = value.get_if<Binding>()) return b->target().read(boost);
+    return value;
+}
+
+inline bool has_bindings(const ParamDict& dict) {
+    return std::any_of(dict.begin(), dict.end(), [](const ParamDict::Entry& e) { return e.value.is_binding(); });
+}
+
+/// `dict` with its bindings read: what a save stores (tensors are shared, not copied).
+inline ParamDict materialized(const ParamDict& dict, ObjectEncoding boost) {
+    ParamDict out;
+    for (const auto& [name, value] : dict) out.set(name, materialized(value, boost));
+    return out;
+}
+}  // namespace detail
+
 }  // namespace ckpt
 // Where a computation stands when a policy is asked whether to save.
 
@@ -1028,6 +1148,367 @@ struct AppendInfo {
         for (const auto& [name, value] : extra) dict.set(name, value);
     }
 };
+
+}  // namespace ckpt
+// Bindings of a program's variables that are not tensors: a save stores what they hold, a
+// load (strict ones included) writes the stored value back, whole.
+//
+//   d.set("name", ckpt::view_of(name));          // std::string                -> string
+//   d.set("blob", ckpt::bytes_of(blob));         // std::string or vector<byte> -> bytes
+//   d.set("tags", ckpt::view_of(tags));          // std::vector<std::string>    -> strings
+//   d.set("stats", ckpt::view_of(stats));        // std::map / unordered_map from std::string
+//                                                //   to a number, a string or a vector of numbers
+//
+// and in ckpt/object.hpp (which ckpt.hpp includes, but not in compiled mode):
+//   d.set("rng", ckpt::view_of(rng));            // std:: or boost::random engines and distributions
+//   d.set("config", ckpt::object(config));       // any type with a Boost.Serialization serialize()
+//
+// A load checks the stored value against the variable (its kind, an object's type, a map's
+// value types) and decodes it into a copy before anything is written: a value that cannot be
+// the variable's is a LoadMismatch naming the entry, and leaves the variable unchanged.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// The value map: an object's data holding a map from strings to numbers, strings or vectors
+// of numbers (FORMAT.md section 3, object encoding 2). Little-endian whatever the archive
+// kind, keys in increasing byte order, each once; the reader bounds every length by the data.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace ckpt::detail {
+
+enum class MapTag : std::uint8_t { number = 1, string = 2, vector = 3 };
+
+/// Appends a value map's items, in the order given (the caller's keys increasing).
+class ValueMapWriter {
+public:
+    explicit ValueMapWriter(std::uint64_t count, std::size_t reserve = 0) {
+        out_.reserve(8 + reserve);
+        u64(count);
+    }
+    void number(std::string_view key, DType dtype, const void* element) {
+        head(key, MapTag::number);
+        u32(static_cast<std::uint32_t>(dtype));
+        out_.append(static_cast<const char*>(element), itemsize(dtype));
+    }
+    void string(std::string_view key, std::string_view value) {
+        head(key, MapTag::string);
+        u64(value.size());
+        out_.append(value);
+    }
+    void vector(std::string_view key, DType dtype, const void* elements, std::size_t count) {
+        head(key, MapTag::vector);
+        u32(static_cast<std::uint32_t>(dtype));
+        u64(count);
+        out_.append(static_cast<const char*>(elements), count * itemsize(dtype));
+    }
+    std::string take() && { return std::move(out_); }
+
+private:
+    void head(std::string_view key, MapTag tag) {
+        u64(key.size());
+        out_.append(key);
+        out_ += static_cast<char>(tag);
+    }
+    void u64(std::uint64_t v) {
+        char b[8];
+        for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (8 * i));
+        out_.append(b, 8);
+    }
+    void u32(std::uint32_t v) {
+        char b[4];
+        for (int i = 0; i < 4; ++i) b[i] = static_cast<char>(v >> (8 * i));
+        out_.append(b, 4);
+    }
+    std::string out_;
+};
+
+/// Calls `item(key, tag, dtype, bytes)` for each item of a value map, in order, after checking
+/// it (`bytes`: the element or elements as stored, or the string; `dtype` is uint8 for a
+/// string). A malformed map is a FormatError saying where (`what`) before the item is given.
+template <class Item>
+void visit_value_map(std::string_view data, const std::string& what, Item&& item) {
+    std::size_t at = 0;
+    auto fail = [&](const std::string& why) -> void {
+        throw FormatError(what + ": malformed value map: " + why + " (at byte " + std::to_string(at) + ")", "");
+    };
+    auto take = [&](std::uint64_t n) {
+        if (n > data.size() - at) fail("needs " + std::to_string(n) + " bytes, " + std::to_string(data.size() - at) + " are left");
+        at += static_cast<std::size_t>(n);
+        return data.substr(at - static_cast<std::size_t>(n), static_cast<std::size_t>(n));
+    };
+    auto le = [&](std::size_t width) {
+        const auto b = take(width);
+        std::uint64_t v = 0;
+        for (std::size_t i = width; i-- > 0;) v = v << 8 | static_cast<unsigned char>(b[i]);
+        return v;
+    };
+    const std::uint64_t count = le(8);
+    if (count > data.size() - at) fail("it counts " + std::to_string(count) + " items, more than its bytes hold");
+    std::string_view previous;
+    for (std::uint64_t i = 0; i < count; ++i) {
+        const std::uint64_t key_size = le(8);
+        if (key_size > data.size() - at) fail("a key of " + std::to_string(key_size) + " bytes runs past its end");
+        const std::string_view key = take(key_size);
+        if (i > 0 && !(previous < key)) fail("its keys are not in increasing order, each once");
+        previous = key;
+        const auto tag = static_cast<std::uint8_t>(take(1)[0]);
+        if (tag < 1 || tag > 3) fail("an item has tag " + std::to_string(tag) + " (1 to 3 are known)");
+        DType dtype = DType::uint8;
+        std::uint64_t size = 0;
+        if (tag != static_cast<std::uint8_t>(MapTag::string)) {
+            const auto code = static_cast<std::uint32_t>(le(4));
+            const auto known = dtype_from_code(code);
+            if (!known) fail("an item has dtype code " + std::to_string(code) + ", which this version of ckpt does not know");
+            dtype = *known;
+            size = itemsize(dtype);
+        }
+        if (tag != static_cast<std::uint8_t>(MapTag::number)) {
+            const std::uint64_t n = le(8);
+            const bool elements = tag == static_cast<std::uint8_t>(MapTag::vector);
+            if (n > data.size() - at || (elements && n > (data.size() - at) / size))
+                fail("an item of " + std::to_string(n) + (elements ? " elements" : " bytes") + " runs past its end");
+            size = elements ? n * size : n;
+        }
+        const std::string_view bytes = take(size);
+        if (tag != static_cast<std::uint8_t>(MapTag::string) && dtype == DType::boolean &&
+            std::any_of(bytes.begin(), bytes.end(), [](char c) { return c != 0 && c != 1; }))
+            fail("key '" + std::string(key) + "' holds a bool byte other than 0 and 1");
+        item(key, static_cast<MapTag>(tag), dtype, bytes);
+    }
+    if (at != data.size()) fail(std::to_string(data.size() - at) + " bytes follow the last item");
+}
+
+/// One item of a value map, as visit_value_map gives it, kept.
+struct MapItem {
+    std::string key;
+    MapTag tag = MapTag::number;
+    DType dtype = DType::float64;
+    std::string bytes;
+    std::size_t count() const { return tag == MapTag::string ? 0 : bytes.size() / itemsize(dtype); }
+};
+
+/// The items of a value map (for showing one); a malformed one is a FormatError.
+inline std::vector<MapItem> decode_value_map(std::string_view data, const std::string& what) {
+    std::vector<MapItem> items;
+    visit_value_map(data, what, [&](std::string_view key, MapTag tag, DType dtype, std::string_view bytes) {
+        items.push_back({std::string(key), tag, dtype, std::string(bytes)});
+    });
+    return items;
+}
+
+/// The data of `items`, which must be sorted by key with no key twice.
+inline std::string encode_value_map(const std::vector<MapItem>& items) {
+    ValueMapWriter w(items.size());
+    for (const auto& item : items) {
+        if (item.tag == MapTag::string) w.string(item.key, item.bytes);
+        else if (item.tag == MapTag::number) w.number(item.key, item.dtype, item.bytes.data());
+        else w.vector(item.key, item.dtype, item.bytes.data(), item.count());
+    }
+    return std::move(w).take();
+}
+
+/// "float64", "string" or "vector<int64>": what a map's type names for an item.
+inline std::string map_item_type(MapTag tag, DType dtype) {
+    if (tag == MapTag::string) return "string";
+    const std::string name(dtype_name(dtype));
+    return tag == MapTag::vector ? "vector<" + name + ">" : name;
+}
+
+}  // namespace ckpt::detail
+
+namespace ckpt {
+
+namespace detail {
+
+/// A copy of `var` to decode into (so that what a decoder leaves alone keeps its value), or a
+/// default-constructed T when T cannot be copied.
+template <class T>
+std::shared_ptr<T> staging_copy(const T& var) {
+    if constexpr (std::is_copy_constructible_v<T>) return std::make_shared<T>(var);
+    else return std::make_shared<T>();
+}
+
+template <class T>
+std::function<void()> assign_later(T& var, std::shared_ptr<T> staged) {
+    return [&var, staged = std::move(staged)] { var = std::move(*staged); };
+}
+
+[[noreturn]] inline void bound_mismatch(const std::string& entry, const std::string& why) {
+    throw LoadMismatch("entry '" + entry + "': " + why);
+}
+
+/// A binding whose stored value is of one plain kind (string, bytes, strings).
+template <class Var, class Stored, ValueKind Kind>
+class PlainBinding final : public Binding::Target {
+public:
+    explicit PlainBinding(Var& var) : var_(var) {}
+    ValueKind kind() const override { return Kind; }
+    Value read(ObjectEncoding) const override {
+        if constexpr (std::is_same_v<Stored, Bytes>) return Bytes{std::string(reinterpret_cast<const char*>(var_.data()), var_.size())};
+        else return Stored(var_);
+    }
+    std::function<void()> stage(const Value& stored, const std::string& entry) const override {
+        const Stored* s = stored.get_if<Stored>();
+        if (!s) bound_mismatch(entry, "checkpoint has " + stored.type_name() + ", the variable takes " + Value::kind_name(Kind));
+        auto staged = std::make_shared<Var>();
+        if constexpr (std::is_same_v<Stored, Bytes>) {
+            const auto* p = reinterpret_cast<const typename Var::value_type*>(s->data.data());
+            staged->assign(p, p + s->data.size());
+        } else {
+            *staged = *s;
+        }
+        return assign_later(var_, std::move(staged));
+    }
+
+private:
+    Var& var_;
+};
+
+template <class T> struct map_value_traits;  // what a map's values are stored as
+template <Element T> struct map_value_traits<T> {
+    static constexpr MapTag tag = MapTag::number;
+    static constexpr DType dtype = dtype_v<T>;
+    static void write(ValueMapWriter& w, std::string_view key, const T& v) { w.number(key, dtype, &v); }
+    static T value(std::string_view b) {
+        T v;
+        std::memcpy(&v, b.data(), sizeof v);
+        return v;
+    }
+};
+template <> struct map_value_traits<std::string> {
+    static constexpr MapTag tag = MapTag::string;
+    static constexpr DType dtype = DType::uint8;  // not stored
+    static void write(ValueMapWriter& w, std::string_view key, const std::string& v) { w.string(key, v); }
+    static std::string value(std::string_view b) { return std::string(b); }
+};
+template <Element E, class A> struct map_value_traits<std::vector<E, A>> {
+    static constexpr MapTag tag = MapTag::vector;
+    static constexpr DType dtype = dtype_v<E>;
+    static void write(ValueMapWriter& w, std::string_view key, const std::vector<E, A>& v) {
+        w.vector(key, dtype, v.data(), v.size());
+    }
+    static std::vector<E, A> value(std::string_view b) {
+        std::vector<E, A> v(b.size() / sizeof(E));
+        if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
+        return v;
+    }
+};
+
+template <class M>
+concept StringKeyedMap = std::is_same_v<typename M::key_type, std::string> &&
+                         requires { map_value_traits<typename M::mapped_type>::tag; };
+
+/// A std::map keeps its keys in the order a value map stores them (std::string's operator<
+/// compares bytes); an unordered_map's are sorted first.
+template <class M>
+inline constexpr bool keys_in_order_v = false;
+template <class V, class A>
+inline constexpr bool keys_in_order_v<std::map<std::string, V, std::less<std::string>, A>> = true;
+template <class V, class A>
+inline constexpr bool keys_in_order_v<std::map<std::string, V, std::less<>, A>> = true;
+
+template <StringKeyedMap M>
+class MapBinding final : public Binding::Target {
+    using V = typename M::mapped_type;
+    using Traits = map_value_traits<V>;
+
+public:
+    explicit MapBinding(M& var) : var_(var) {}
+    ValueKind kind() const override { return ValueKind::object; }
+    std::string type() const override { return "map<string, " + map_item_type(Traits::tag, Traits::dtype) + ">"; }
+    Value read(ObjectEncoding) const override {
+        ValueMapWriter w(var_.size(), var_.size() * 32);
+        if constexpr (keys_in_order_v<M>) {
+            for (const auto& [key, value] : var_) Traits::write(w, key, value);
+        } else {
+            std::vector<const typename M::value_type*> sorted;
+            sorted.reserve(var_.size());
+            for (const auto& kv : var_) sorted.push_back(&kv);
+            std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->first < b->first; });
+            for (const auto* kv : sorted) Traits::write(w, kv->first, kv->second);
+        }
+        return Object{type(), ObjectEncoding::value_map, std::move(w).take()};
+    }
+    std::function<void()> stage(const Value& stored, const std::string& entry) const override {
+        const Object* o = stored.get_if<Object>();
+        if (!o || o->encoding != ObjectEncoding::value_map)
+            bound_mismatch(entry, "checkpoint has " + stored.type_name() +
+                                      (o ? " (" + std::string(object_encoding_name(o->encoding)) + ")" : "") +
+                                      ", the variable is a " + type());
+        auto staged = std::make_shared<M>();
+        try {
+            visit_value_map(o->data, "entry '" + entry + "'",
+                            [&](std::string_view key, MapTag tag, DType dtype, std::string_view bytes) {
+                                if (tag != Traits::tag || (tag != MapTag::string && dtype != Traits::dtype))
+                                    bound_mismatch(entry, "key '" + std::string(key) + "' holds " +
+                                                              map_item_type(tag, dtype) + ", the variable is a " + type());
+                                staged->emplace_hint(staged->end(), key, Traits::value(bytes));  // keys come in order
+                            });
+        } catch (const FormatError& e) {
+            throw LoadMismatch(e.what());
+        }
+        return assign_later(var_, std::move(staged));
+    }
+
+private:
+    M& var_;
+};
+
+template <class B, class Var>
+Binding bind(Var& var) {
+    return Binding(std::make_shared<const B>(var));
+}
+
+}  // namespace detail
+
+/// A std::string, stored as a string.
+inline Binding view_of(std::string& s) { return detail::bind<detail::PlainBinding<std::string, std::string, ValueKind::string>>(s); }
+
+/// A list of strings.
+template <class A>
+Binding view_of(std::vector<std::string, A>& list) {
+    return detail::bind<detail::PlainBinding<std::vector<std::string, A>, Strings, ValueKind::strings>>(list);
+}
+
+/// A byte string, held in a std::string or a vector of bytes.
+inline Binding bytes_of(std::string& s) { return detail::bind<detail::PlainBinding<std::string, Bytes, ValueKind::bytes>>(s); }
+template <class B, class A>
+    requires(std::is_same_v<B, std::byte> || std::is_same_v<B, unsigned char> || std::is_same_v<B, char>)
+Binding bytes_of(std::vector<B, A>& v) {
+    return detail::bind<detail::PlainBinding<std::vector<B, A>, Bytes, ValueKind::bytes>>(v);
+}
+
+/// A std::map or std::unordered_map from std::string to a number, a std::string or a
+/// std::vector of numbers: an object of type "map<string, V>" (a value map). A load replaces
+/// the whole map, so keys added, removed or changed since the save are as they were.
+template <class K, class V, class C, class A>
+    requires detail::StringKeyedMap<std::map<K, V, C, A>>
+Binding view_of(std::map<K, V, C, A>& m) {
+    return detail::bind<detail::MapBinding<std::map<K, V, C, A>>>(m);
+}
+template <class K, class V, class H, class E, class A>
+    requires detail::StringKeyedMap<std::unordered_map<K, V, H, E, A>>
+Binding view_of(std::unordered_map<K, V, H, E, A>& m) {
+    return detail::bind<detail::MapBinding<std::unordered_map<K, V, H, E, A>>>(m);
+}
 
 }  // namespace ckpt
 // ArchivePolicy: which Boost.Serialization archive writes the checkpoint body.
@@ -2054,6 +2535,9 @@ namespace ckpt::detail {
 
 inline constexpr std::uint32_t max_tensor_rank = 64;
 inline constexpr std::uint32_t payload_alignment = 64;
+/// Value kinds and object encodings above this are taken for damage, not for a newer writer's
+/// (as format versions are: format.hpp).
+inline constexpr std::uint32_t max_plausible_code = 255;
 
 // A column-major tensor is stored with its dimensions reversed (its bytes are then those of
 // the row-major transpose) and followed by a string entry "__ckpt.order.{name}" holding
@@ -2164,6 +2648,12 @@ concept ShapedByCheckpoint = requires(T& t, const std::vector<EntryInfo>& entrie
 };
 
 namespace detail {
+
+/// The encoding a type with serialize() takes in a checkpoint of archive kind `k`: Boost's
+/// binary archive in binary bodies, its text archive in text and xml ones.
+constexpr ObjectEncoding boost_encoding(ArchiveKind k) {
+    return k == ArchiveKind::binary ? ObjectEncoding::boost_binary : ObjectEncoding::boost_text;
+}
 
 std::int64_t unix_time_ns();
 std::string hex64(std::uint64_t v);
@@ -2584,6 +3074,8 @@ inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefi
 //     kind   u32                          ValueKind
 //     tensor: dtype u32, rank u32, dim i64 x rank, nbytes u64
 //     int64 / double / bool / string: value
+//     bytes: size u64, data block; strings: count u64, value string x count;
+//     object: type string, encoding u32, size u64, data block
 //   a column-major tensor: its dims reversed, and right after it the string entry
 //   "__ckpt.order.{name}" = "column_major" (entry.hpp)
 //   per tensor entry, in the same order:
@@ -2646,6 +3138,14 @@ void write_string(OArchive& ar, const char* tag, const std::string& s) {
     }
 }
 
+/// A byte string: its size, then the bytes as one block (base64 in text and xml).
+template <class OArchive>
+void write_block(OArchive& ar, const std::string& s) {
+    const std::uint64_t n = s.size();
+    ar << make_nvp("size", n);
+    ar << make_nvp("data", boost::serialization::make_binary_object(const_cast<char*>(s.data()), s.size()));
+}
+
 inline bool is_column_major(const Value& v) {
     const Tensor* t = v.get_if<Tensor>();
     return t && t->order() == Order::column_major;
@@ -2682,8 +3182,21 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
         } else if (auto* b = value.get_if<bool>()) {
             const std::uint32_t v = *b ? 1 : 0;  // a fixed width: a bool read from a bad byte is undefined
             ar << make_nvp("value", v);
+        } else if (auto* s = value.get_if<std::string>()) {
+            write_string(ar, "value", *s);
+        } else if (auto* b = value.get_if<Bytes>()) {
+            write_block(ar, b->data);
+        } else if (auto* list = value.get_if<Strings>()) {
+            const std::uint64_t n = list->size();
+            ar << make_nvp("count", n);
+            for (const auto& item : *list) write_string(ar, "value", item);
+        } else if (auto* o = value.get_if<Object>()) {
+            write_string(ar, "type", o->type);
+            const auto encoding = static_cast<std::uint32_t>(o->encoding);
+            ar << make_nvp("encoding", encoding);
+            write_block(ar, o->data);
         } else {
-            write_string(ar, "value", *value.get_if<std::string>());
+            throw std::logic_error("entry '" + entry.name + "': a binding reached the writer (materialized() first)");
         }
     }
     static constexpr std::array<char, payload_alignment> zeros{};
@@ -2719,8 +3232,14 @@ public:
             read_string("name", e.name);
             std::uint32_t kind = 0;
             ar_ >> make_nvp("kind", kind);
-            if (kind > static_cast<std::uint32_t>(ValueKind::string))
-                fail("entry '" + e.name + "' has unknown value kind " + std::to_string(kind));
+            // the body passed its checksum before it is parsed: a kind this reader lacks is a
+            // newer writer's, unless no writer would number one so high (garbage)
+            if (kind > max_plausible_code) fail("entry '" + e.name + "' has unknown value kind " + std::to_string(kind));
+            if (kind > max_value_kind)
+                throw VersionError("checkpoint '" + path_ + "': entry '" + e.name + "' has value kind " +
+                                       std::to_string(kind) + ", which this version of ckpt does not know (written " +
+                                       "by a newer version?)",
+                                   path_);
             e.kind = static_cast<ValueKind>(kind);
             switch (e.kind) {
                 case ValueKind::tensor: read_tensor_meta(e); break;
@@ -2736,6 +3255,33 @@ public:
                     std::string s;
                     read_string("value", s);
                     e.scalar = std::move(s);
+                    break;
+                }
+                case ValueKind::bytes: e.scalar = Bytes{read_block(e.name)}; break;
+                case ValueKind::strings: {
+                    std::uint64_t n = 0;
+                    ar_ >> make_nvp("count", n);
+                    if (n > remaining()) fail("entry '" + e.name + "' counts " + std::to_string(n) + " strings, more than the body holds");
+                    Strings list;  // grows with the strings read, never to a damaged count
+                    for (std::uint64_t k = 0; k < n; ++k) read_string("value", list.emplace_back());
+                    e.scalar = std::move(list);
+                    break;
+                }
+                case ValueKind::object: {
+                    Object o;
+                    read_string("type", o.type);
+                    std::uint32_t encoding = 0;
+                    ar_ >> make_nvp("encoding", encoding);
+                    if (encoding > max_plausible_code)
+                        fail("object '" + e.name + "' has unknown encoding " + std::to_string(encoding));
+                    if (encoding > max_object_encoding)
+                        throw VersionError("checkpoint '" + path_ + "': object '" + e.name + "' has encoding " +
+                                               std::to_string(encoding) + ", which this version of ckpt does not know " +
+                                               "(written by a newer version?)",
+                                           path_);
+                    o.encoding = static_cast<ObjectEncoding>(encoding);
+                    o.data = read_block(e.name);
+                    e.scalar = std::move(o);
                     break;
                 }
             }
@@ -2790,6 +3336,17 @@ private:
             s.resize(static_cast<std::size_t>(n));
             ar_.load_binary(s.data(), s.size());
         }
+    }
+
+    std::string read_block(const std::string& entry) {
+        std::uint64_t n = 0;
+        ar_ >> make_nvp("size", n);
+        if (n > remaining())
+            fail("entry '" + entry + "' holds " + std::to_string(n) + " bytes, more than the body has left");
+        std::string s(static_cast<std::size_t>(n), '\0');
+        auto blob = boost::serialization::make_binary_object(s.data(), s.size());
+        ar_ >> make_nvp("data", blob);
+        return s;
     }
 
     void read_tensor_meta(EntryMeta& e) {
@@ -3659,6 +4216,7 @@ struct LoadPlan {
     LoadReport report;
     std::vector<Tensor*> destinations;  // per toc entry: target tensor to fill, or null
     std::vector<Value*> value_slots;    // per toc entry: target value to replace, or null
+    std::vector<const Binding*> bindings;  // per toc entry: bound variable to write back, or null
     std::vector<std::string> missing;     // target tensors absent from the checkpoint
     std::vector<std::string> unexpected;  // checkpoint tensors absent from the target
     std::vector<std::string> copies;      // target values that are copies: nothing can be written back
@@ -3668,11 +4226,25 @@ CKPT_INLINE LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& 
     LoadPlan plan;
     plan.destinations.assign(toc.size(), nullptr);
     plan.value_slots.assign(toc.size(), nullptr);
+    plan.bindings.assign(toc.size(), nullptr);
     std::unordered_set<std::string_view> in_file;
     for (std::size_t i = 0; i < toc.size(); ++i) {
         const auto& e = toc[i];
         Value* slot = target.find(e.name);
         Tensor* t = slot ? slot->get_if<Tensor>() : nullptr;
+        if (const Binding* b = slot ? slot->get_if<Binding>() : nullptr) {
+            in_file.insert(e.name);
+            if (b->target().kind() == e.kind) {
+                plan.bindings[i] = b;
+            } else {
+                plan.report.mismatches.push_back("'" + e.name + "': checkpoint has " +
+                                                 (e.kind == ValueKind::tensor ? "a tensor" : e.scalar.type_name()) +
+                                                 ", target has " + slot->type_name());
+                plan.report.ckpt_not_load.push_back(e.name);
+                plan.report.param_not_load.push_back(e.name);
+            }
+            continue;
+        }
         if (e.kind != ValueKind::tensor) {
             // a value goes into a view of a scalar of its type; other values go to report.rest
             if (slot && !t && !values_are_copies && slot->kind() == e.kind) plan.value_slots[i] = slot;
@@ -3709,7 +4281,12 @@ CKPT_INLINE LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& 
         }
     }
     for (const auto& [name, value] : target) {
-        if (!value.is_tensor()) {
+        if (value.is_binding()) {
+            if (!in_file.contains(name)) {
+                plan.report.param_not_load.push_back(name);
+                plan.missing.push_back(name);
+            }
+        } else if (!value.is_tensor()) {
             if (values_are_copies) {
                 plan.report.param_not_load.push_back(name);
                 plan.copies.push_back(name);
@@ -3739,6 +4316,29 @@ CKPT_INLINE LoadMismatch strict_failure(const std::string& source, const LoadPla
     for (const auto& m : plan.report.mismatches) msg += " dtype/shape mismatch " + m + ";";
     msg.pop_back();
     return LoadMismatch(msg);
+}
+
+/// Decodes the checkpoint's value of every bound variable of the plan into a copy, before
+/// anything is written: returns what writes the copies back. A value that cannot be its
+/// variable's is a LoadMismatch when `strict`, else a mismatch of the report (the value goes
+/// to report.rest).
+CKPT_INLINE std::vector<std::function<void()>> stage_bindings(LoadPlan& plan, const std::vector<EntryMeta>& toc,
+                                                              bool strict) {
+    std::vector<std::function<void()>> commits;
+    for (std::size_t i = 0; i < toc.size(); ++i) {
+        const Binding* b = plan.bindings[i];
+        if (!b) continue;
+        try {
+            commits.push_back(b->target().stage(toc[i].scalar, toc[i].name));
+        } catch (const LoadMismatch& e) {
+            if (strict) throw;
+            plan.bindings[i] = nullptr;
+            plan.report.mismatches.push_back(e.what());
+            plan.report.ckpt_not_load.push_back(toc[i].name);
+            plan.report.param_not_load.push_back(toc[i].name);
+        }
+    }
+    return commits;
 }
 
 }  // namespace detail
@@ -3821,8 +4421,12 @@ CKPT_INLINE void check_savable(const ParamDict& dict, ArchiveKind archive, const
 }
 }  // namespace detail
 
-CKPT_INLINE void save_checkpoint(const ParamDict& dict, const PathArg& file, const SaveOptions& opts) {
+CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, const SaveOptions& opts) {
     const std::string path = file.string();
+    // bound variables are read once, here, before anything is written
+    std::optional<ParamDict> read;
+    if (detail::has_bindings(state)) read = detail::materialized(state, detail::boost_encoding(opts.archive));
+    const ParamDict& dict = read ? *read : state;
     detail::check_savable(dict, opts.archive, path);
     detail::check_chain(opts.codecs, path);
     FileHeader h;
@@ -3976,14 +4580,16 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
             e.order = t->order();
             e.nbytes = t->nbytes();
         }
-        if (e.kind != ValueKind::tensor) e.scalar = value;
+        if (e.kind != ValueKind::tensor) e.scalar = materialized(value, ObjectEncoding::boost_binary);
         toc.push_back(std::move(e));
     }
     if (shape) (*shape)(toc, target);
     auto plan = detail::plan_load(target, toc, values_are_copies);
     if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
+    const auto commits = stage_bindings(plan, toc, strict);
     auto it = src.begin();
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
+        if (plan.bindings[i]) continue;
         if (Tensor* dst = plan.destinations[i]) {
             if (const Tensor* from = it->value.get_if<Tensor>()) {
                 copy_values(*from, *dst);
@@ -3993,9 +4599,10 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
         } else if (Value* slot = plan.value_slots[i]) {
             *slot = it->value;
         } else {
-            plan.report.rest.set(it->name, it->value);
+            plan.report.rest.set(it->name, materialized(it->value, ObjectEncoding::boost_binary));
         }
     }
+    for (const auto& commit : commits) commit();
     return plan.report;
 }
 }  // namespace detail
@@ -4022,6 +4629,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
     // Out here, the tensors made for entries the target lacks outlive the reads into them.
     std::vector<EntryMeta> toc;
     LoadPlan plan;
+    std::vector<std::function<void()>> commits;
     try {
         translating_archive_errors(path, [&] {
             boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
@@ -4034,8 +4642,15 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
                 if (auto e = corruption_instead("")) throw *e;
                 throw strict_failure("'" + path + "'", plan);
             }
+            try {
+                commits = stage_bindings(plan, toc, strict);
+            } catch (const LoadMismatch&) {
+                if (auto e = corruption_instead("")) throw *e;
+                throw;
+            }
             for (std::size_t i = 0; i < toc.size(); ++i) {
                 auto& e = toc[i];
+                if (plan.bindings[i]) continue;
                 if (e.kind != ValueKind::tensor) {
                     if (Tensor* dst = plan.destinations[i]) write_scalar(e.scalar, *dst);
                     else if (Value* slot = plan.value_slots[i]) *slot = std::move(e.scalar);
@@ -4065,6 +4680,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
     if (auto e = corruption_instead("; the target tensors may hold partial data")) throw *e;
     if constexpr (std::is_base_of_v<PlainBodyStream, Source>)
         if (auto failed = src.failure()) std::rethrow_exception(failed);
+    for (const auto& commit : commits) commit();  // bound variables once every byte is known good
     return std::move(plan.report);
 }
 
@@ -5718,19 +6334,20 @@ struct AnyOf {
 
 namespace ckpt::detail {
 
-/// A deep copy of `dict`: the caller may change its tensors as soon as this returns.
-inline ParamDict snapshot(const ParamDict& dict) {
+/// A deep copy of `dict`: the caller may change its tensors and bound variables as soon as
+/// this returns. Bindings are read in `boost`, the checkpoint's encoding of serialize() types.
+inline ParamDict snapshot(const ParamDict& dict, ObjectEncoding boost) {
     ParamDict copy;
     for (const auto& [name, value] : dict)
         if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
-        else copy.set(name, value);
+        else copy.set(name, materialized(value, boost));
     return copy;
 }
 
 /// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
 /// the same types, shapes and orders (a model saved again), their memory is reused: one
 /// memcpy per tensor, no allocation and no page faults. Otherwise it is rebuilt.
-inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
+inline void snapshot_into(ParamDict& buffer, const ParamDict& dict, ObjectEncoding boost) {
     bool same_layout = buffer.size() == dict.size();
     auto b = buffer.begin();
     for (auto d = dict.begin(); same_layout && d != dict.end(); ++b, ++d) {
@@ -5741,7 +6358,7 @@ inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
                                  from->order() == to->order() && !to->is_view()));
     }
     if (!same_layout) {
-        buffer = snapshot(dict);
+        buffer = snapshot(dict, boost);
         return;
     }
     b = buffer.begin();
@@ -5749,7 +6366,7 @@ inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
         if (const Tensor* from = d->value.get_if<Tensor>()) {
             if (from->nbytes()) std::memcpy(b->value.get_if<Tensor>()->data(), from->data(), from->nbytes());
         } else {
-            b->value = d->value;
+            b->value = materialized(d->value, boost);
         }
     }
 }
@@ -5785,7 +6402,7 @@ public:
     /// Snapshots `state` into a free buffer, waiting for one if every buffer is in flight,
     /// and queues `job` on it. Rethrows the error of a finished save first. Returns whether
     /// it had to wait.
-    bool submit(const ParamDict& state, Job job) {
+    bool submit(const ParamDict& state, ObjectEncoding boost, Job job) {
         std::unique_lock lock(mutex_);
         rethrow_error();
         const bool waited = !has_free_buffer();
@@ -5795,7 +6412,7 @@ public:
         free->busy = true;  // the training thread's until queued: the writer never touches it
         lock.unlock();
         try {
-            snapshot_into(free->state, state);
+            snapshot_into(free->state, state, boost);
         } catch (...) {
             lock.lock();
             free->busy = false;
@@ -6629,7 +7246,7 @@ public:
         last_copied_ = copy;
         if (options_.async_save) {
             const auto start = std::chrono::steady_clock::now();
-            const bool waited = background_.submit(dict, [this, file, p, copy, restored = restored_](const ParamDict& snap) {
+            const bool waited = background_.submit(dict, detail::boost_encoding(A::kind), [this, file, p, copy, restored = restored_](const ParamDict& snap) {
                 write(file, p, snap, {prefix_, run_prefix_, {}});
                 drop_finished_record();
                 if (copy) queue_copy(file, p, restored);
@@ -7599,6 +8216,181 @@ private:
 static_assert(std::atomic<int>::is_always_lock_free);
 
 }  // namespace ckpt
+
+#ifndef CKPT_SEPARATE_COMPILATION
+// Bindings stored as objects of a C++ type (ckpt/bound.hpp has the others): view_of a random
+// engine or distribution, its state as its stream operator writes it; and ckpt::object(x), any
+// type with a Boost.Serialization serialize(), a Boost archive of it. Included by
+// ckpt/ckpt.hpp in header-only mode; in compiled mode (CKPT_SEPARATE_COMPILATION), whose
+// ckpt.hpp reads neither Boost.Serialization nor <random>, include it where they are bound.
+
+#include <boost/archive/binary_iarchive.hpp>
+#include <boost/archive/binary_oarchive.hpp>
+#include <boost/archive/text_iarchive.hpp>
+#include <boost/archive/text_oarchive.hpp>
+#include <boost/core/demangle.hpp>
+
+#include <exception>
+#include <istream>
+#include <locale>
+#include <ostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+
+
+namespace ckpt {
+
+namespace detail {
+
+/// The name of T: the standard's own for its engines (the same with every standard library),
+/// else the compiler's, demangled.
+template <class T>
+std::string cxx_type_name() {
+    if constexpr (std::is_same_v<T, std::minstd_rand0>) return "std::minstd_rand0";
+    else if constexpr (std::is_same_v<T, std::minstd_rand>) return "std::minstd_rand";
+    else if constexpr (std::is_same_v<T, std::mt19937>) return "std::mt19937";
+    else if constexpr (std::is_same_v<T, std::mt19937_64>) return "std::mt19937_64";
+    else if constexpr (std::is_same_v<T, std::ranlux24_base>) return "std::ranlux24_base";
+    else if constexpr (std::is_same_v<T, std::ranlux48_base>) return "std::ranlux48_base";
+    else if constexpr (std::is_same_v<T, std::ranlux24>) return "std::ranlux24";
+    else if constexpr (std::is_same_v<T, std::ranlux48>) return "std::ranlux48";
+    else if constexpr (std::is_same_v<T, std::knuth_b>) return "std::knuth_b";
+    else return boost::core::demangle(typeid(T).name());
+}
+
+/// Random engines (std:: and boost::random) and distributions: their stream operators write
+/// and read their whole state, exactly (the standard requires it of both; a distribution's
+/// state includes what it caches, such as normal_distribution's second value).
+template <class T>
+concept RandomEngine = requires(T& t) {  // not std::uniform_random_bit_generator: Boost's min() is not constexpr
+    typename T::result_type;
+    t();
+    t.seed();
+};
+template <class T>
+concept RandomDistribution = requires {
+    typename T::param_type;
+    typename T::result_type;
+};
+template <class T>
+concept StreamState = (RandomEngine<T> || RandomDistribution<T>) && requires(std::ostream& os, std::istream& is, T& t) {
+    os << t;
+    is >> t;
+};
+
+template <StreamState T>
+class StreamBinding final : public Binding::Target {
+public:
+    explicit StreamBinding(T& var) : var_(var) {}
+    ValueKind kind() const override { return ValueKind::object; }
+    std::string type() const override { return cxx_type_name<T>(); }
+    Value read(ObjectEncoding) const override { return Object{type(), ObjectEncoding::stream_text, text_of(var_)}; }
+    std::function<void()> stage(const Value& stored, const std::string& entry) const override {
+        const Object* o = stored.get_if<Object>();
+        if (!o || o->encoding != ObjectEncoding::stream_text || o->type != type())
+            bound_mismatch(entry, "checkpoint has " + stored.type_name() +
+                                      (o ? " (" + std::string(object_encoding_name(o->encoding)) + ")" : "") +
+                                      ", the variable is a " + type());
+        auto staged = staging_copy(var_);
+        std::istringstream is(o->data);
+        is.imbue(std::locale::classic());
+        is >> *staged;
+        // Stream flags cannot tell (Boost's engines set failbit at the end of a whole state):
+        // what was read is the state when it writes back to the same text.
+        if (text_of(*staged) != o->data)
+            bound_mismatch(entry, "the state of " + type() + " in the checkpoint does not read back as one");
+        return assign_later(var_, std::move(staged));
+    }
+
+private:
+    static std::string text_of(const T& state) {
+        std::ostringstream os;
+        os.imbue(std::locale::classic());
+        os << state;
+        return std::move(os).str();
+    }
+
+    T& var_;
+};
+
+/// A type with a Boost.Serialization serialize(): a Boost archive of it, binary in binary
+/// checkpoints, text in text and xml ones (an xml archive would need every member of every
+/// such type named with make_nvp).
+template <class T>
+class ObjectBinding final : public Binding::Target {
+public:
+    explicit ObjectBinding(T& var) : var_(var) {}
+    ValueKind kind() const override { return ValueKind::object; }
+    std::string type() const override { return cxx_type_name<T>(); }
+    Value read(ObjectEncoding boost) const override {
+        std::ostringstream os;
+        os.imbue(std::locale::classic());
+        const T& value = var_;  // Boost saves through const references
+        if (boost == ObjectEncoding::boost_binary) {
+            boost::archive::binary_oarchive ar(os);
+            ar << value;
+        } else {
+            boost::archive::text_oarchive ar(os);
+            ar << value;
+        }
+        return Object{type(), boost, std::move(os).str()};
+    }
+    std::function<void()> stage(const Value& stored, const std::string& entry) const override {
+        const Object* o = stored.get_if<Object>();
+        const bool boost = o && (o->encoding == ObjectEncoding::boost_binary || o->encoding == ObjectEncoding::boost_text);
+        if (!boost || o->type != type())
+            bound_mismatch(entry, "checkpoint has " + stored.type_name() +
+                                      (o ? " (" + std::string(object_encoding_name(o->encoding)) + ")" : "") +
+                                      ", the variable is a " + type());
+        auto staged = staging_copy(var_);
+        std::istringstream is(o->data);
+        is.imbue(std::locale::classic());
+        try {
+            if (o->encoding == ObjectEncoding::boost_binary) {
+                boost::archive::binary_iarchive ar(is);
+                ar >> *staged;
+            } else {
+                boost::archive::text_iarchive ar(is);
+                ar >> *staged;
+            }
+        } catch (const std::exception& e) {  // Boost's archive_exception, and bad_alloc or length_error from damaged lengths
+            bound_mismatch(entry, "its " + std::string(object_encoding_name(o->encoding)) + " archive of " + type() +
+                                      " does not load: " + e.what());
+        }
+        if (is.fail() || !(is >> std::ws).eof())
+            bound_mismatch(entry, "its " + std::string(object_encoding_name(o->encoding)) + " archive of " + type() +
+                                      " holds more than the object read");
+        return assign_later(var_, std::move(staged));
+    }
+
+private:
+    T& var_;
+};
+
+}  // namespace detail
+
+/// A random engine or distribution (std:: or boost::random): an object holding its state as
+/// its stream operator writes it, which reads back to the same next numbers.
+template <detail::StreamState T>
+    requires(!std::is_const_v<T>)
+Binding view_of(T& state) {
+    return detail::bind<detail::StreamBinding<T>>(state);
+}
+
+/// Any type with a Boost.Serialization serialize() (member or free): an object holding a Boost
+/// archive of it, restored in place. Include the Boost headers its members need
+/// (boost/serialization/vector.hpp, …). T must be copy- or default-constructible and movable.
+template <class T>
+    requires(!std::is_const_v<T>)
+Binding object(T& value) {
+    return detail::bind<detail::ObjectBinding<T>>(value);
+}
+
+}  // namespace ckpt
+#endif
 // xtensor glue: copy an xtensor expression into a checkpoint Tensor, and see a Tensor (or a
 // network's buffer) as an xtensor array without copying.
 
@@ -7804,6 +8596,16 @@ inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<En
                 break;
             case ValueKind::boolean: at += 4; break;
             case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
+            case ValueKind::bytes: at += 8 + e.scalar.get_if<Bytes>()->data.size(); break;
+            case ValueKind::strings:
+                at += 8;
+                for (const auto& item : *e.scalar.get_if<Strings>()) at += 8 + item.size();
+                break;
+            case ValueKind::object: {
+                const auto& o = *e.scalar.get_if<Object>();
+                at += 8 + o.type.size() + 4 + 8 + o.data.size();
+                break;
+            }
             default: at += 8; break;
         }
     }

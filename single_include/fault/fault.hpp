@@ -1127,7 +1127,10 @@ public:
     void clear() noexcept { whole_ = false; }  // keeps the memory for the next use
 
     /// Packs `dict` (tensors copied) as the state at global step `step`.
-    void pack(const ckpt::ParamDict& dict, std::int64_t step) {
+    void pack(const ckpt::ParamDict& state, std::int64_t step) {
+        std::optional<ckpt::ParamDict> read;  // bound variables, read once
+        if (ckpt::detail::has_bindings(state)) read = ckpt::detail::materialized(state, ckpt::ObjectEncoding::boost_binary);
+        const ckpt::ParamDict& dict = read ? *read : state;
         whole_ = false;
         std::size_t n = header_bytes + 8;
         for (const auto& [name, value] : dict) n += entry_bytes(name, value);
@@ -1153,10 +1156,16 @@ public:
                 w.put<double>(*d);
             } else if (const auto* b = value.get_if<bool>()) {
                 w.put<std::uint64_t>(*b ? 1 : 0);
+            } else if (const auto* list = value.get_if<ckpt::Strings>()) {
+                w.put<std::uint64_t>(list->size());
+                for (const auto& item : *list) w.put_text(item);
+            } else if (const auto* o = value.get_if<ckpt::Object>()) {
+                w.put_text(o->type);
+                w.put<std::uint64_t>(static_cast<std::uint64_t>(o->encoding));
+                w.put_text(o->data);
             } else {
-                const auto& s = *value.get_if<std::string>();
-                w.put<std::uint64_t>(s.size());
-                w.put_bytes(s.data(), s.size());
+                w.put_text(value.kind() == ckpt::ValueKind::bytes ? value.get_if<ckpt::Bytes>()->data
+                                                                   : *value.get_if<std::string>());
             }
         }
         w.hash_up_to(n);
@@ -1196,6 +1205,13 @@ public:
             const auto v = read<std::uint64_t>(at);
             at += 8;
             return v;
+        };
+        auto take_text = [&] {
+            const std::uint64_t len = take_u64();
+            need(padded(len));
+            std::string text(reinterpret_cast<const char*>(base + at), static_cast<std::size_t>(len));
+            at += padded(len);
+            return text;
         };
         ckpt::ParamDict out;
         const std::uint64_t count = take_u64();
@@ -1246,11 +1262,25 @@ public:
                     break;
                 }
                 case ckpt::ValueKind::boolean: out.set(std::move(name), take_u64() != 0); break;
-                case ckpt::ValueKind::string: {
-                    const std::uint64_t len = take_u64();
-                    need(padded(len));
-                    out.set(std::move(name), std::string(reinterpret_cast<const char*>(base + at), len));
-                    at += padded(len);
+                case ckpt::ValueKind::string: out.set(std::move(name), take_text()); break;
+                case ckpt::ValueKind::bytes: out.set(std::move(name), ckpt::Bytes{take_text()}); break;
+                case ckpt::ValueKind::strings: {
+                    const std::uint64_t n = take_u64();
+                    if (n > (end - at) / 8) throw CorruptState(what + ": entry '" + name + "' counts more strings than the packed state holds");
+                    ckpt::Strings list;
+                    for (std::uint64_t k = 0; k < n; ++k) list.push_back(take_text());
+                    out.set(std::move(name), std::move(list));
+                    break;
+                }
+                case ckpt::ValueKind::object: {
+                    ckpt::Object o;
+                    o.type = take_text();
+                    const std::uint64_t encoding = take_u64();
+                    if (encoding > ckpt::max_object_encoding)
+                        throw CorruptState(what + ": object '" + name + "' has an unknown encoding");
+                    o.encoding = static_cast<ckpt::ObjectEncoding>(encoding);
+                    o.data = take_text();
+                    out.set(std::move(name), std::move(o));
                     break;
                 }
                 default: throw CorruptState(what + ": entry '" + name + "' has an unknown kind");
@@ -1265,6 +1295,13 @@ private:
         std::size_t n = 8 + padded(name.size());
         if (const ckpt::Tensor* t = value.get_if<ckpt::Tensor>()) return n + 8 + 8 * t->rank() + 8 + padded(t->nbytes());
         if (const auto* s = value.get_if<std::string>()) return n + 8 + padded(s->size());
+        if (const auto* b = value.get_if<ckpt::Bytes>()) return n + 8 + padded(b->data.size());
+        if (const auto* list = value.get_if<ckpt::Strings>()) {
+            n += 8;
+            for (const auto& item : *list) n += 8 + padded(item.size());
+            return n;
+        }
+        if (const auto* o = value.get_if<ckpt::Object>()) return n + 8 + padded(o->type.size()) + 8 + 8 + padded(o->data.size());
         return n + 8;
     }
     std::byte* data() noexcept { return block_.get(); }
@@ -1312,6 +1349,10 @@ private:
             }
             at += n;
             zeros(padded(n) - n);
+        }
+        void put_text(const std::string& s) {
+            put<std::uint64_t>(s.size());
+            put_bytes(s.data(), s.size());
         }
         void hash_up_to(std::size_t end) {
             hash.update(base + hashed, end - hashed);

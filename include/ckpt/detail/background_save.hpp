@@ -24,19 +24,20 @@
 
 namespace ckpt::detail {
 
-/// A deep copy of `dict`: the caller may change its tensors as soon as this returns.
-inline ParamDict snapshot(const ParamDict& dict) {
+/// A deep copy of `dict`: the caller may change its tensors and bound variables as soon as
+/// this returns. Bindings are read in `boost`, the checkpoint's encoding of serialize() types.
+inline ParamDict snapshot(const ParamDict& dict, ObjectEncoding boost) {
     ParamDict copy;
     for (const auto& [name, value] : dict)
         if (const Tensor* t = value.get_if<Tensor>()) copy.set(name, t->clone());
-        else copy.set(name, value);
+        else copy.set(name, materialized(value, boost));
     return copy;
 }
 
 /// Makes `buffer` a deep copy of `dict`. When `buffer` holds the same names with tensors of
 /// the same types, shapes and orders (a model saved again), their memory is reused: one
 /// memcpy per tensor, no allocation and no page faults. Otherwise it is rebuilt.
-inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
+inline void snapshot_into(ParamDict& buffer, const ParamDict& dict, ObjectEncoding boost) {
     bool same_layout = buffer.size() == dict.size();
     auto b = buffer.begin();
     for (auto d = dict.begin(); same_layout && d != dict.end(); ++b, ++d) {
@@ -47,7 +48,7 @@ inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
                                  from->order() == to->order() && !to->is_view()));
     }
     if (!same_layout) {
-        buffer = snapshot(dict);
+        buffer = snapshot(dict, boost);
         return;
     }
     b = buffer.begin();
@@ -55,7 +56,7 @@ inline void snapshot_into(ParamDict& buffer, const ParamDict& dict) {
         if (const Tensor* from = d->value.get_if<Tensor>()) {
             if (from->nbytes()) std::memcpy(b->value.get_if<Tensor>()->data(), from->data(), from->nbytes());
         } else {
-            b->value = d->value;
+            b->value = materialized(d->value, boost);
         }
     }
 }
@@ -91,7 +92,7 @@ public:
     /// Snapshots `state` into a free buffer, waiting for one if every buffer is in flight,
     /// and queues `job` on it. Rethrows the error of a finished save first. Returns whether
     /// it had to wait.
-    bool submit(const ParamDict& state, Job job) {
+    bool submit(const ParamDict& state, ObjectEncoding boost, Job job) {
         std::unique_lock lock(mutex_);
         rethrow_error();
         const bool waited = !has_free_buffer();
@@ -101,7 +102,7 @@ public:
         free->busy = true;  // the training thread's until queued: the writer never touches it
         lock.unlock();
         try {
-            snapshot_into(free->state, state);
+            snapshot_into(free->state, state, boost);
         } catch (...) {
             lock.lock();
             free->busy = false;

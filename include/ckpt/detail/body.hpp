@@ -7,6 +7,8 @@
 //     kind   u32                          ValueKind
 //     tensor: dtype u32, rank u32, dim i64 x rank, nbytes u64
 //     int64 / double / bool / string: value
+//     bytes: size u64, data block; strings: count u64, value string x count;
+//     object: type string, encoding u32, size u64, data block
 //   a column-major tensor: its dims reversed, and right after it the string entry
 //   "__ckpt.order.{name}" = "column_major" (entry.hpp)
 //   per tensor entry, in the same order:
@@ -73,6 +75,14 @@ void write_string(OArchive& ar, const char* tag, const std::string& s) {
     }
 }
 
+/// A byte string: its size, then the bytes as one block (base64 in text and xml).
+template <class OArchive>
+void write_block(OArchive& ar, const std::string& s) {
+    const std::uint64_t n = s.size();
+    ar << make_nvp("size", n);
+    ar << make_nvp("data", boost::serialization::make_binary_object(const_cast<char*>(s.data()), s.size()));
+}
+
 inline bool is_column_major(const Value& v) {
     const Tensor* t = v.get_if<Tensor>();
     return t && t->order() == Order::column_major;
@@ -109,8 +119,21 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
         } else if (auto* b = value.get_if<bool>()) {
             const std::uint32_t v = *b ? 1 : 0;  // a fixed width: a bool read from a bad byte is undefined
             ar << make_nvp("value", v);
+        } else if (auto* s = value.get_if<std::string>()) {
+            write_string(ar, "value", *s);
+        } else if (auto* b = value.get_if<Bytes>()) {
+            write_block(ar, b->data);
+        } else if (auto* list = value.get_if<Strings>()) {
+            const std::uint64_t n = list->size();
+            ar << make_nvp("count", n);
+            for (const auto& item : *list) write_string(ar, "value", item);
+        } else if (auto* o = value.get_if<Object>()) {
+            write_string(ar, "type", o->type);
+            const auto encoding = static_cast<std::uint32_t>(o->encoding);
+            ar << make_nvp("encoding", encoding);
+            write_block(ar, o->data);
         } else {
-            write_string(ar, "value", *value.get_if<std::string>());
+            throw std::logic_error("entry '" + entry.name + "': a binding reached the writer (materialized() first)");
         }
     }
     static constexpr std::array<char, payload_alignment> zeros{};
@@ -146,8 +169,14 @@ public:
             read_string("name", e.name);
             std::uint32_t kind = 0;
             ar_ >> make_nvp("kind", kind);
-            if (kind > static_cast<std::uint32_t>(ValueKind::string))
-                fail("entry '" + e.name + "' has unknown value kind " + std::to_string(kind));
+            // the body passed its checksum before it is parsed: a kind this reader lacks is a
+            // newer writer's, unless no writer would number one so high (garbage)
+            if (kind > max_plausible_code) fail("entry '" + e.name + "' has unknown value kind " + std::to_string(kind));
+            if (kind > max_value_kind)
+                throw VersionError("checkpoint '" + path_ + "': entry '" + e.name + "' has value kind " +
+                                       std::to_string(kind) + ", which this version of ckpt does not know (written " +
+                                       "by a newer version?)",
+                                   path_);
             e.kind = static_cast<ValueKind>(kind);
             switch (e.kind) {
                 case ValueKind::tensor: read_tensor_meta(e); break;
@@ -163,6 +192,33 @@ public:
                     std::string s;
                     read_string("value", s);
                     e.scalar = std::move(s);
+                    break;
+                }
+                case ValueKind::bytes: e.scalar = Bytes{read_block(e.name)}; break;
+                case ValueKind::strings: {
+                    std::uint64_t n = 0;
+                    ar_ >> make_nvp("count", n);
+                    if (n > remaining()) fail("entry '" + e.name + "' counts " + std::to_string(n) + " strings, more than the body holds");
+                    Strings list;  // grows with the strings read, never to a damaged count
+                    for (std::uint64_t k = 0; k < n; ++k) read_string("value", list.emplace_back());
+                    e.scalar = std::move(list);
+                    break;
+                }
+                case ValueKind::object: {
+                    Object o;
+                    read_string("type", o.type);
+                    std::uint32_t encoding = 0;
+                    ar_ >> make_nvp("encoding", encoding);
+                    if (encoding > max_plausible_code)
+                        fail("object '" + e.name + "' has unknown encoding " + std::to_string(encoding));
+                    if (encoding > max_object_encoding)
+                        throw VersionError("checkpoint '" + path_ + "': object '" + e.name + "' has encoding " +
+                                               std::to_string(encoding) + ", which this version of ckpt does not know " +
+                                               "(written by a newer version?)",
+                                           path_);
+                    o.encoding = static_cast<ObjectEncoding>(encoding);
+                    o.data = read_block(e.name);
+                    e.scalar = std::move(o);
                     break;
                 }
             }
@@ -217,6 +273,17 @@ private:
             s.resize(static_cast<std::size_t>(n));
             ar_.load_binary(s.data(), s.size());
         }
+    }
+
+    std::string read_block(const std::string& entry) {
+        std::uint64_t n = 0;
+        ar_ >> make_nvp("size", n);
+        if (n > remaining())
+            fail("entry '" + entry + "' holds " + std::to_string(n) + " bytes, more than the body has left");
+        std::string s(static_cast<std::size_t>(n), '\0');
+        auto blob = boost::serialization::make_binary_object(s.data(), s.size());
+        ar_ >> make_nvp("data", blob);
+        return s;
     }
 
     void read_tensor_meta(EntryMeta& e) {

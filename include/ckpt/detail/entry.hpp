@@ -13,6 +13,9 @@ namespace ckpt::detail {
 
 inline constexpr std::uint32_t max_tensor_rank = 64;
 inline constexpr std::uint32_t payload_alignment = 64;
+/// Value kinds and object encodings above this are taken for damage, not for a newer writer's
+/// (as format versions are: format.hpp).
+inline constexpr std::uint32_t max_plausible_code = 255;
 
 // A column-major tensor is stored with its dimensions reversed (its bytes are then those of
 // the row-major transpose) and followed by a string entry "__ckpt.order.{name}" holding

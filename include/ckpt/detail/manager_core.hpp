@@ -285,7 +285,7 @@ public:
         last_copied_ = copy;
         if (options_.async_save) {
             const auto start = std::chrono::steady_clock::now();
-            const bool waited = background_.submit(dict, [this, file, p, copy, restored = restored_](const ParamDict& snap) {
+            const bool waited = background_.submit(dict, detail::boost_encoding(A::kind), [this, file, p, copy, restored = restored_](const ParamDict& snap) {
                 write(file, p, snap, {prefix_, run_prefix_, {}});
                 drop_finished_record();
                 if (copy) queue_copy(file, p, restored);

@@ -303,6 +303,7 @@ struct LoadPlan {
     LoadReport report;
     std::vector<Tensor*> destinations;  // per toc entry: target tensor to fill, or null
     std::vector<Value*> value_slots;    // per toc entry: target value to replace, or null
+    std::vector<const Binding*> bindings;  // per toc entry: bound variable to write back, or null
     std::vector<std::string> missing;     // target tensors absent from the checkpoint
     std::vector<std::string> unexpected;  // checkpoint tensors absent from the target
     std::vector<std::string> copies;      // target values that are copies: nothing can be written back
@@ -312,11 +313,25 @@ CKPT_INLINE LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& 
     LoadPlan plan;
     plan.destinations.assign(toc.size(), nullptr);
     plan.value_slots.assign(toc.size(), nullptr);
+    plan.bindings.assign(toc.size(), nullptr);
     std::unordered_set<std::string_view> in_file;
     for (std::size_t i = 0; i < toc.size(); ++i) {
         const auto& e = toc[i];
         Value* slot = target.find(e.name);
         Tensor* t = slot ? slot->get_if<Tensor>() : nullptr;
+        if (const Binding* b = slot ? slot->get_if<Binding>() : nullptr) {
+            in_file.insert(e.name);
+            if (b->target().kind() == e.kind) {
+                plan.bindings[i] = b;
+            } else {
+                plan.report.mismatches.push_back("'" + e.name + "': checkpoint has " +
+                                                 (e.kind == ValueKind::tensor ? "a tensor" : e.scalar.type_name()) +
+                                                 ", target has " + slot->type_name());
+                plan.report.ckpt_not_load.push_back(e.name);
+                plan.report.param_not_load.push_back(e.name);
+            }
+            continue;
+        }
         if (e.kind != ValueKind::tensor) {
             // a value goes into a view of a scalar of its type; other values go to report.rest
             if (slot && !t && !values_are_copies && slot->kind() == e.kind) plan.value_slots[i] = slot;
@@ -353,7 +368,12 @@ CKPT_INLINE LoadPlan plan_load(ParamDict& target, const std::vector<EntryMeta>& 
         }
     }
     for (const auto& [name, value] : target) {
-        if (!value.is_tensor()) {
+        if (value.is_binding()) {
+            if (!in_file.contains(name)) {
+                plan.report.param_not_load.push_back(name);
+                plan.missing.push_back(name);
+            }
+        } else if (!value.is_tensor()) {
             if (values_are_copies) {
                 plan.report.param_not_load.push_back(name);
                 plan.copies.push_back(name);
@@ -383,6 +403,29 @@ CKPT_INLINE LoadMismatch strict_failure(const std::string& source, const LoadPla
     for (const auto& m : plan.report.mismatches) msg += " dtype/shape mismatch " + m + ";";
     msg.pop_back();
     return LoadMismatch(msg);
+}
+
+/// Decodes the checkpoint's value of every bound variable of the plan into a copy, before
+/// anything is written: returns what writes the copies back. A value that cannot be its
+/// variable's is a LoadMismatch when `strict`, else a mismatch of the report (the value goes
+/// to report.rest).
+CKPT_INLINE std::vector<std::function<void()>> stage_bindings(LoadPlan& plan, const std::vector<EntryMeta>& toc,
+                                                              bool strict) {
+    std::vector<std::function<void()>> commits;
+    for (std::size_t i = 0; i < toc.size(); ++i) {
+        const Binding* b = plan.bindings[i];
+        if (!b) continue;
+        try {
+            commits.push_back(b->target().stage(toc[i].scalar, toc[i].name));
+        } catch (const LoadMismatch& e) {
+            if (strict) throw;
+            plan.bindings[i] = nullptr;
+            plan.report.mismatches.push_back(e.what());
+            plan.report.ckpt_not_load.push_back(toc[i].name);
+            plan.report.param_not_load.push_back(toc[i].name);
+        }
+    }
+    return commits;
 }
 
 }  // namespace detail
@@ -465,8 +508,12 @@ CKPT_INLINE void check_savable(const ParamDict& dict, ArchiveKind archive, const
 }
 }  // namespace detail
 
-CKPT_INLINE void save_checkpoint(const ParamDict& dict, const PathArg& file, const SaveOptions& opts) {
+CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, const SaveOptions& opts) {
     const std::string path = file.string();
+    // bound variables are read once, here, before anything is written
+    std::optional<ParamDict> read;
+    if (detail::has_bindings(state)) read = detail::materialized(state, detail::boost_encoding(opts.archive));
+    const ParamDict& dict = read ? *read : state;
     detail::check_savable(dict, opts.archive, path);
     detail::check_chain(opts.codecs, path);
     FileHeader h;
@@ -620,14 +667,16 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
             e.order = t->order();
             e.nbytes = t->nbytes();
         }
-        if (e.kind != ValueKind::tensor) e.scalar = value;
+        if (e.kind != ValueKind::tensor) e.scalar = materialized(value, ObjectEncoding::boost_binary);
         toc.push_back(std::move(e));
     }
     if (shape) (*shape)(toc, target);
     auto plan = detail::plan_load(target, toc, values_are_copies);
     if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
+    const auto commits = stage_bindings(plan, toc, strict);
     auto it = src.begin();
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
+        if (plan.bindings[i]) continue;
         if (Tensor* dst = plan.destinations[i]) {
             if (const Tensor* from = it->value.get_if<Tensor>()) {
                 copy_values(*from, *dst);
@@ -637,9 +686,10 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
         } else if (Value* slot = plan.value_slots[i]) {
             *slot = it->value;
         } else {
-            plan.report.rest.set(it->name, it->value);
+            plan.report.rest.set(it->name, materialized(it->value, ObjectEncoding::boost_binary));
         }
     }
+    for (const auto& commit : commits) commit();
     return plan.report;
 }
 }  // namespace detail
@@ -666,6 +716,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
     // Out here, the tensors made for entries the target lacks outlive the reads into them.
     std::vector<EntryMeta> toc;
     LoadPlan plan;
+    std::vector<std::function<void()>> commits;
     try {
         translating_archive_errors(path, [&] {
             boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
@@ -678,8 +729,15 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
                 if (auto e = corruption_instead("")) throw *e;
                 throw strict_failure("'" + path + "'", plan);
             }
+            try {
+                commits = stage_bindings(plan, toc, strict);
+            } catch (const LoadMismatch&) {
+                if (auto e = corruption_instead("")) throw *e;
+                throw;
+            }
             for (std::size_t i = 0; i < toc.size(); ++i) {
                 auto& e = toc[i];
+                if (plan.bindings[i]) continue;
                 if (e.kind != ValueKind::tensor) {
                     if (Tensor* dst = plan.destinations[i]) write_scalar(e.scalar, *dst);
                     else if (Value* slot = plan.value_slots[i]) *slot = std::move(e.scalar);
@@ -709,6 +767,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
     if (auto e = corruption_instead("; the target tensors may hold partial data")) throw *e;
     if constexpr (std::is_base_of_v<PlainBodyStream, Source>)
         if (auto failed = src.failure()) std::rethrow_exception(failed);
+    for (const auto& commit : commits) commit();  // bound variables once every byte is known good
     return std::move(plan.report);
 }
 

@@ -62,9 +62,27 @@ inline std::string value_kind_name(ValueKind k) {
         case ValueKind::float64: return "float64";
         case ValueKind::boolean: return "bool";
         case ValueKind::string: return "string";
+        case ValueKind::bytes: return "bytes";
+        case ValueKind::strings: return "strings";
+        case ValueKind::object: return "object";
         case ValueKind::tensor: return "tensor";
     }
     return "?";
+}
+
+/// `state` with its bindings read, for a file of `format` (safetensors or npz), which holds
+/// tensors, numbers, bools and strings: bytes, lists of strings and objects are a ConfigError
+/// naming the entry.
+inline ParamDict exportable(const ParamDict& state, const std::string& path, std::string_view format) {
+    ParamDict out;
+    for (const auto& [name, value] : state) {
+        Value v = materialized(value, ObjectEncoding::boost_binary);
+        if (v.kind() == ValueKind::bytes || v.kind() == ValueKind::strings || v.kind() == ValueKind::object)
+            throw ConfigError("cannot save '" + path + "': entry '" + name + "' is " + v.type_name() + ", which " +
+                                  std::string(format) + " cannot hold; save it as a checkpoint");
+        out.set(name, std::move(v));
+    }
+    return out;
 }
 
 /// Reverses the bytes of each `width`-byte element (big-endian files on little-endian hosts).

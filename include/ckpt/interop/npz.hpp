@@ -262,8 +262,9 @@ inline void check_npz_member_name(const std::string& name, const std::string& pa
 
 /// Writes `dict` as an npz file: one "{name}.npy" per entry, stored (np.savez) or deflated
 /// (np.savez_compressed).
-inline void save_npz(const ParamDict& dict, const PathArg& file, bool compressed = false) {
+inline void save_npz(const ParamDict& state, const PathArg& file, bool compressed = false) {
     const std::string path = file.string();
+    const ParamDict dict = detail::exportable(state, path, "npz");
     for (const auto& [name, value] : dict) {
         detail::check_npz_member_name(name, path);
         if (const Tensor* t = value.get_if<Tensor>()) detail::check_bool_bytes(name, *t, path);

@@ -156,8 +156,9 @@ inline void check_safetensors_name(const std::string& name, const std::string& p
 
 /// Writes `dict` as a safetensors file: tensors in dict order, other values in __metadata__.
 /// The format has no storage order: column-major tensors are copied into row-major order.
-inline void save_safetensors(const ParamDict& dict, const PathArg& file) {
+inline void save_safetensors(const ParamDict& state, const PathArg& file) {
     const std::string path = file.string();
+    const ParamDict dict = detail::exportable(state, path, "safetensors");
     // The header text is written as it goes: a JSON object keyed by name would look every name
     // up in the names before it.
     std::string tensors, metadata, kinds;
