@@ -16,7 +16,9 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
 #include <sstream>
+#include <string>
 
 #include "interop_pattern.hpp"
 #include "python_scripts.hpp"
@@ -805,6 +807,43 @@ TEST_CASE("ckpt export and import move entries through safetensors and npz, with
     CHECK_FALSE(test::fs::exists(dir / "j.ckpt"));
 }
 
+TEST_CASE("show gives bytes, lists of strings and objects: a map's items, a text archive's text, escaped, and diff compares them") {
+    test::TempDir dir;
+    std::map<std::string, double> stats{{"mean", 0.5}, {"\x1b[2J", 2}};
+    std::minstd_rand engine(3);
+    std::string label = "lbl";
+    ckpt::ParamDict d;
+    d.set("blob", ckpt::Bytes{std::string("\x00\x1b\xff", 3)});
+    d.set("tags", ckpt::Strings{"a", "\x07" "b"});
+    d.set("stats", ckpt::view_of(stats));
+    d.set("engine", ckpt::view_of(engine));
+    d.set("label", ckpt::object(label));
+    ckpt::save_checkpoint(d, dir / "a.ckpt", {.archive = ckpt::ArchiveKind::text});
+    const auto shown = ckpt_tool({"show", (dir / "a.ckpt").string()}, dir.path());
+    REQUIRE(shown.status == 0);
+    CHECK(contains(shown.out, "blob    bytes"));
+    CHECK(contains(shown.out, "3 bytes: 001bff"));
+    CHECK(contains(shown.out, R"(["a", "\u0007b"] (2 strings))"));
+    CHECK(contains(shown.out, "map<string, float64>, value map, 58 bytes: "));
+    CHECK(contains(shown.out, R"({"\u001b[2J": 2.0, "mean": 0.5})"));
+    CHECK(contains(shown.out, "std::minstd_rand, stream text, 1 bytes: \"3\""));
+    CHECK(contains(shown.out, "boost text"));
+    CHECK(contains(shown.out, "serialization::archive"));
+    CHECK_FALSE(contains(shown.out, "\x1b"));  // nothing raw reaches the terminal
+    const auto j = json::parse(ckpt_tool({"show", (dir / "a.ckpt").string(), "--json"}, dir.path()).out);
+    CHECK(j["entries"][0]["value"]["hex"] == "001bff");
+    CHECK(j["entries"][1]["value"] == json::array({"a", "\x07" "b"}));
+    CHECK(j["entries"][2]["value"]["items"]["mean"] == 0.5);
+    CHECK(j["entries"][3]["value"]["text"] == "3");
+
+    engine();
+    ckpt::save_checkpoint(d, dir / "b.ckpt", {.archive = ckpt::ArchiveKind::text});
+    const auto diff = ckpt_tool({"diff", (dir / "a.ckpt").string(), (dir / "b.ckpt").string()}, dir.path());
+    CHECK(diff.status == 1);
+    CHECK(contains(diff.out, "'engine': A = std::minstd_rand"));
+    CHECK(contains(diff.out, "4 bit-equal"));
+}
+
 TEST_CASE("column-major tensors: show gives their shape and order, diff compares orders, npz round-trips byte for byte") {
     test::TempDir dir;
     const auto src = dir / "cm.ckpt";
@@ -816,7 +855,7 @@ TEST_CASE("column-major tensors: show gives their shape and order, diff compares
     auto shown = ckpt_tool({"show", src.string()}, dir.path());
     REQUIRE(shown.status == 0);
     CHECK(contains(shown.out, "ORDER"));
-    CHECK(contains(shown.out, "m     tensor  float64  [2, 3]           column-major"));
+    CHECK(contains(shown.out, "m     tensor   float64  [2, 3]           column-major"));
     CHECK_FALSE(contains(shown.out, "__ckpt.order"));
     const auto j = json::parse(ckpt_tool({"show", src.string(), "--json"}, dir.path()).out);
     CHECK(j["entries"].size() == 2);

@@ -192,11 +192,39 @@ std::string json_text(const json& j) {
     return out;
 }
 
+std::string object_text(const ckpt::Object& o);
+json object_json(const ckpt::Object& o);
+
+std::string hex_text(std::string_view bytes) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string out;
+    for (const char c : bytes) {
+        out += hex[static_cast<unsigned char>(c) >> 4];
+        out += hex[static_cast<unsigned char>(c) & 15];
+    }
+    return out;
+}
+
+/// The start of `text` and how much was left out, for values that can be long.
+std::string shortened(const std::string& text, std::size_t at_most = 200) {
+    if (text.size() <= at_most) return text;
+    return text.substr(0, at_most) + "… (" + std::to_string(text.size()) + " characters)";
+}
+
 std::string scalar_text(const ckpt::Value& v) {
     if (auto* i = v.get_if<std::int64_t>()) return std::to_string(*i);
     if (auto* d = v.get_if<double>()) return ckpt::detail::double_text(*d);
     if (auto* b = v.get_if<bool>()) return *b ? "true" : "false";
-    if (auto* s = v.get_if<std::string>()) return json_quoted(*s);
+    if (auto* s = v.get_if<std::string>()) return shortened(json_quoted(*s));
+    if (auto* b = v.get_if<ckpt::Bytes>())
+        return std::to_string(b->data.size()) + " bytes" +
+               (b->data.empty() ? "" : ": " + hex_text(std::string_view(b->data).substr(0, 32)) + (b->data.size() > 32 ? "…" : ""));
+    if (auto* list = v.get_if<ckpt::Strings>()) {
+        std::string out = "[";
+        for (std::size_t k = 0; k < list->size() && out.size() < 200; ++k) out += (k ? ", " : "") + json_quoted((*list)[k]);
+        return shortened(out + "]") + " (" + std::to_string(list->size()) + " strings)";
+    }
+    if (auto* o = v.get_if<ckpt::Object>()) return object_text(*o);
     return "";
 }
 
@@ -205,6 +233,9 @@ json scalar_json(const ckpt::Value& v) {
     if (auto* d = v.get_if<double>()) return std::isfinite(*d) ? json(*d) : json(ckpt::detail::double_text(*d));
     if (auto* b = v.get_if<bool>()) return *b;
     if (auto* s = v.get_if<std::string>()) return *s;
+    if (auto* b = v.get_if<ckpt::Bytes>()) return {{"size", b->data.size()}, {"hex", hex_text(b->data)}};
+    if (auto* list = v.get_if<ckpt::Strings>()) return *list;
+    if (auto* o = v.get_if<ckpt::Object>()) return object_json(*o);
     return nullptr;
 }
 
@@ -1035,6 +1066,75 @@ NumberAt number_reader(ckpt::DType d) {
     return [](const ckpt::Tensor&, std::size_t) { return 0.0; };
 }
 
+/// One item of a value map as text: exact for integers and bools, shortest round-trip
+/// decimal for floats, each part of a complex number, quoted strings.
+json map_item_json(const ckpt::detail::MapItem& item) {
+    using ckpt::DType;
+    if (item.tag == ckpt::detail::MapTag::string) return item.bytes;
+    const auto t = ckpt::Tensor::view(item.dtype, ckpt::Shape{static_cast<std::int64_t>(item.count())},
+                                      const_cast<char*>(item.bytes.data()));
+    const NumberAt number = number_reader(item.dtype);
+    json values = json::array();
+    for (std::size_t i = 0; i < components(t); ++i) {
+        std::int64_t iv = 0;
+        std::uint64_t uv = 0;
+        switch (item.dtype) {
+            case DType::int64: std::memcpy(&iv, item.bytes.data() + 8 * i, 8); values.push_back(iv); continue;
+            case DType::uint64: std::memcpy(&uv, item.bytes.data() + 8 * i, 8); values.push_back(uv); continue;
+            case DType::boolean: values.push_back(number(t, i) != 0); continue;
+            default: break;
+        }
+        const double d = number(t, i);
+        values.push_back(std::isfinite(d) ? json(d) : json(ckpt::detail::double_text(d)));
+    }
+    if (item.tag == ckpt::detail::MapTag::vector) return values;
+    return values.size() == 1 ? values[0] : values;  // a complex number: [re, im]
+}
+
+json object_json(const ckpt::Object& o) {
+    json j = {{"type", o.type}, {"encoding", ckpt::object_encoding_name(o.encoding)}, {"size", o.data.size()}};
+    if (o.encoding == ckpt::ObjectEncoding::value_map) {
+        try {
+            json items = json::object();
+            for (const auto& item : ckpt::detail::decode_value_map(o.data, "the map")) items[item.key] = map_item_json(item);
+            j["items"] = std::move(items);
+        } catch (const ckpt::FormatError& e) {
+            j["problem"] = e.what();
+        }
+    } else if (o.encoding == ckpt::ObjectEncoding::boost_binary) {
+        j["hex"] = hex_text(o.data);
+    } else {
+        j["text"] = o.data;
+    }
+    return j;
+}
+
+/// An object as `show` lists it: its type and size, a map's items, a text encoding's text.
+std::string object_text(const ckpt::Object& o) {
+    std::string out = o.type + ", " + std::string(ckpt::object_encoding_name(o.encoding)) + ", " +
+                      std::to_string(o.data.size()) + " bytes";
+    if (o.encoding == ckpt::ObjectEncoding::value_map) {
+        std::vector<ckpt::detail::MapItem> map;
+        try {
+            map = ckpt::detail::decode_value_map(o.data, "the map");
+        } catch (const ckpt::FormatError& e) {
+            return out + ": " + e.what();
+        }
+        std::string items;
+        for (const auto& item : map) {
+            if (items.size() > 200) {
+                items += ", …";
+                break;
+            }
+            items += (items.empty() ? "" : ", ") + json_quoted(item.key) + ": " +
+                     (item.tag == ckpt::detail::MapTag::string ? json_quoted(item.bytes) : map_item_json(item).dump());
+        }
+        return out + ": {" + items + "}";
+    }
+    if (o.encoding == ckpt::ObjectEncoding::boost_binary) return out;
+    return out + ": " + shortened(json_quoted(o.data));
+}
+
 struct Stats {
     double min = 0, max = 0, mean = 0, std = 0;
     std::uint64_t nan = 0, inf = 0, finite = 0;
@@ -1095,12 +1195,12 @@ void print_entries(const std::vector<ckpt::EntryInfo>& entries, const std::optio
     std::cout << "  " << entries.size() << " entries\n\n";
     std::size_t width = 4;
     for (const auto& e : entries) width = std::max(width, shown(e.name).size());
-    std::printf("  %-*s  %-6s  %-7s  %-16s %-12s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "ORDER",
+    std::printf("  %-*s  %-7s  %-7s  %-16s %-12s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "ORDER",
                 "BYTES");
     std::printf(stats ? "  %12s %12s %12s %12s %5s %5s\n" : "  VALUE\n", "MIN", "MAX", "MEAN", "STD", "NAN", "INF");
     for (const auto& e : entries) {
         const bool tensor = e.kind == ckpt::ValueKind::tensor;
-        std::printf("  %-*s  %-6s  %-7s  %-16s %-12s %12s", static_cast<int>(width), shown(e.name).c_str(),
+        std::printf("  %-*s  %-7s  %-7s  %-16s %-12s %12s", static_cast<int>(width), shown(e.name).c_str(),
                     tensor ? "tensor" : kind_name(e.kind).c_str(), tensor ? std::string(ckpt::dtype_name(e.dtype)).c_str() : "",
                     tensor ? ckpt::shape_string(e.logical_shape()).c_str() : "",
                     tensor ? std::string(ckpt::order_name(e.order)).c_str() : "", tensor ? std::to_string(e.nbytes).c_str() : "");
