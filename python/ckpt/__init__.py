@@ -1,7 +1,7 @@
 """ckpt: read, write and check ckpt checkpoint files from Python, on NumPy.
 
     import ckpt
-    state = ckpt.load("runs/lenet-3_1875.ckpt")          # {name: np.ndarray | int | float | bool | str}
+    state = ckpt.load("runs/lenet-3_1875.ckpt")          # {name: np.ndarray | int | float | bool | str | ...}
     state["fc3.weight"] = state["fc3.weight"] * 0.5
     ckpt.save("runs/lenet-4_0.ckpt", state, epoch=4, step=0)
     ckpt.latest("runs", "lenet")                        # the newest checkpoint that verifies
@@ -13,13 +13,13 @@ writes. Compressed bodies need the `zstandard` module, encrypted ones `cryptogra
 from .errors import (AuthenticationError, ChecksumError, ConfigError, Error, FormatError, IoError, KeyError,
                      LoadMismatch, SeriesLocked, UnreadableCheckpoints, VersionError)
 from .codecs import Key
-from ._format import Header, bit_pattern_dtype, dtype_name
+from ._format import Header, Object, bit_pattern_dtype, dtype_name
 from ._io import EntryInfo, LoadReport, contents, header, load, load_into, save, verify
 from ._files import Listed, Skipped, Temporary, best, latest, ls, temporaries
 
 __version__ = "0.2.0"
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "latest", "best", "ls", "temporaries", "Key",
-           "dtype_name", "bit_pattern_dtype", "Header", "EntryInfo", "LoadReport", "Listed", "Skipped", "Temporary",
-           "Error", "IoError", "FormatError", "ChecksumError", "AuthenticationError", "VersionError", "KeyError",
-           "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "SeriesLocked"]
+           "dtype_name", "bit_pattern_dtype", "Header", "Object", "EntryInfo", "LoadReport", "Listed", "Skipped",
+           "Temporary", "Error", "IoError", "FormatError", "ChecksumError", "AuthenticationError", "VersionError",
+           "KeyError", "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "SeriesLocked"]

@@ -9,8 +9,11 @@ import signal
 import sys
 import time
 
+import numpy as np
+
 from . import contents, header, ls, verify
 from ._files import temporaries_under
+from ._format import ckpt_dtype_name
 from .codecs import as_key
 from .errors import Error, printable
 
@@ -67,11 +70,16 @@ def _size(text):
     return int(m.group(1)) << (10 * "KMGT".find(m.group(2)[:1]) + 10 if m.group(2) else 0)
 
 
+def _json_double(v):
+    """JSON has no NaN or infinity: those as the C++ tool prints them (std::to_chars)."""
+    if math.isfinite(v):
+        return v
+    return ("-" if math.copysign(1.0, v) < 0 else "") + ("nan" if math.isnan(v) else "inf")
+
+
 def _json_value(v):
-    """JSON has no NaN or infinity: those as the C++ tool prints them."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
-    return v
+    """A scalar's value in JSON."""
+    return _json_double(v) if isinstance(v, float) else v
 
 
 def _ls(args):
@@ -131,9 +139,7 @@ def _show(args):
                           "save_time": _when(h.save_time_ns), "checksum_xxh3": "%016x" % h.body_checksum},
                "checksum_verified": True,
                "entries": None if entries is None else [
-                   {"name": e.name, "kind": _JSON_KINDS.get(e.kind, e.kind),
-                    **({"dtype": e.dtype, "shape": list(e.shape), "order": e.order, "bytes": e.nbytes}
-                       if e.kind == "tensor" else {"value": _json_value(e.value)})} for e in entries]}
+                   {"name": e.name, "kind": _JSON_KINDS.get(e.kind, e.kind), **_json_fields(e)} for e in entries]}
         print(_dump(out))
         return 0
     for k, v in (("path", _text(args.file)), ("format_version", h.version), ("archive", h.archive),
@@ -146,14 +152,106 @@ def _show(args):
         return 0
     print("entries:        %d" % len(entries))
     for e in entries:
-        what = ("%s%s%s %d bytes" % (e.dtype, list(e.shape), " column-major" if e.order == "column_major" else "",
-                                     e.nbytes) if e.kind == "tensor" else
-                "%s '%s'" % (e.kind, _text(e.value)) if e.kind == "string" else "%s %r" % (e.kind, e.value))
-        print("  %-40s %s" % (_text(e.name), what))
+        print("  %-40s %s" % (_text(e.name), _described(e)))
     return 0
 
 
 _JSON_KINDS = {"double": "float64"}  # the C++ tool's names of the kinds
+_SHOWN_BYTES = 32     # of a bytes entry, what `show` prints
+_SHOWN_CHARS = 60     # of a string of a list, or an object's text
+_SHOWN_STRINGS = 16   # of a list of strings
+
+
+def _short(text, limit):
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _described(e):
+    """An entry as `show` prints it after its name: a tensor's dtype, shape and size, a
+    scalar's value; bytes by their size and first bytes, a list of strings by its first
+    strings, an object by its type (and encoding, size and start of a text)."""
+    if e.kind == "tensor":
+        return "%s%s%s %d bytes" % (e.dtype, list(e.shape), " column-major" if e.order == "column_major" else "",
+                                    e.nbytes)
+    if e.kind == "string":
+        return "string '%s'" % _text(e.value)
+    if e.kind == "bytes":
+        return "bytes %d bytes '%s'%s" % (e.nbytes, _text(e.value[:_SHOWN_BYTES]),
+                                          "..." if e.nbytes > _SHOWN_BYTES else "")
+    if e.kind == "strings":
+        shown = ["'%s'" % _text(_short(s, _SHOWN_CHARS)) for s in e.value[:_SHOWN_STRINGS]]
+        if len(e.value) > _SHOWN_STRINGS:
+            shown.append("... %d more" % (len(e.value) - _SHOWN_STRINGS))
+        return "strings %d [%s]" % (len(e.value), ", ".join(shown))
+    if e.kind == "object":
+        if e.encoding == "value map":
+            return "object %s, %d item%s" % (_text(e.type), len(e.value), "" if len(e.value) == 1 else "s")
+        text = " '%s'" % _text(_short(e.value.data, _SHOWN_CHARS)) if isinstance(e.value.data, str) else ""
+        return "object %s (%s, %d bytes)%s" % (_text(e.type), e.encoding, e.nbytes, text)
+    return "%s %r" % (e.kind, e.value)
+
+
+def _json_fields(e):
+    """An entry's fields in `show --json` but for its name and kind, as the C++ tool gives
+    them: bytes as their size and hex, an object as its type, encoding and size and a value
+    map's items, a boost binary's hex or a text encoding's text."""
+    if e.kind == "tensor":
+        return {"dtype": e.dtype, "shape": list(e.shape), "order": e.order, "bytes": e.nbytes}
+    if e.kind == "bytes":
+        return {"value": {"size": e.nbytes, "hex": e.value.hex()}}
+    if e.kind == "object":
+        value = {"type": e.type, "encoding": e.encoding, "size": e.nbytes}
+        if e.encoding == "value map":
+            value["items"] = {k: _json_item(v) for k, v in e.value.items()}
+        elif isinstance(e.value.data, bytes):
+            value["hex"] = e.value.data.hex()
+        else:
+            value["text"] = e.value.data
+        return {"value": value}
+    return {"value": _json_value(e.value)}  # (a list of strings as a list)
+
+
+def _e4m3fn(bits):
+    """The value of a float8_e4m3fn bit pattern (docs/FORMAT.md section 3)."""
+    sign = -1.0 if bits & 0x80 else 1.0
+    exponent, mantissa = (bits >> 3) & 15, bits & 7
+    if exponent == 15 and mantissa == 7:
+        return math.copysign(math.nan, sign)
+    return sign * (mantissa / 8 * 2.0 ** -6 if exponent == 0 else (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+
+
+_E4M3FN = np.array([_e4m3fn(b) for b in range(256)])
+
+
+def _numbers(a):
+    """The numbers of an array of a value map, as the C++ tool gives them in JSON: bools,
+    int64 and uint64 exactly, every other dtype as doubles, a complex number as its two
+    parts, bfloat16 and float8 by what their bit patterns stand for."""
+    bits = ckpt_dtype_name(a.dtype)
+    flat = a.reshape(-1)
+    if bits == "bfloat16":
+        flat = (flat.astype(np.uint32) << 16).view(np.float32)
+    elif bits == "float8_e5m2":  # the upper byte of a float16
+        flat = (flat.astype(np.uint16) << 8).view(np.float16)
+    elif bits == "float8_e4m3fn":
+        flat = _E4M3FN[flat]
+    elif a.dtype.kind == "c":
+        flat = flat.view(np.float64 if a.dtype.itemsize == 16 else np.float32)
+    if flat.dtype.kind == "b":
+        return [bool(x) for x in flat]
+    if flat.dtype.kind in "iu" and flat.dtype.itemsize == 8:
+        return [int(x) for x in flat]
+    return [_json_double(float(x)) for x in flat]
+
+
+def _json_item(v):
+    """An item of a value map in JSON: a string, a number (a complex one as [re, im]), or a
+    vector as the list of its numbers."""
+    if isinstance(v, str):
+        return v
+    a = np.asarray(v)
+    numbers = _numbers(a)
+    return numbers if a.ndim == 1 or len(numbers) != 1 else numbers[0]
 
 
 def _verify(args):

@@ -25,7 +25,14 @@ ORDER_PREFIX = "__ckpt.order."    # section 3.1: "__ckpt.order.{name}" = "column
 COLUMN_MAJOR = "column_major"
 
 ARCHIVES = ("binary", "text", "xml")
-TENSOR, INT64, DOUBLE, BOOL, STRING = range(5)
+TENSOR, INT64, DOUBLE, BOOL, STRING, BYTES, STRINGS, OBJECT = range(8)
+KIND_NAMES = ("tensor", "int64", "double", "bool", "string", "bytes", "strings", "object")
+# an object's encoding (section 3): how its data is laid out
+OBJECT_ENCODINGS = ("boost binary", "boost text", "value map", "stream text")
+VALUE_MAP = 2
+_TEXT_ENCODINGS = ("boost text", "stream text")   # data that is text, returned as str
+MAP_NUMBER, MAP_STRING, MAP_VECTOR = 1, 2, 3        # the tags of a value map's items
+MAX_PLAUSIBLE_CODE = 255  # kinds and encodings above it are damage, not a newer writer's
 # NumPy has no bfloat16 nor 8-bit floats: such tensors are returned as their bit patterns,
 # uint16 and uint8 arrays whose dtype carries {"ckpt_dtype": name} as its metadata, so that
 # ckpt.save writes them back as what they were (and ckpt.torch makes torch.bfloat16 of them).
@@ -173,7 +180,9 @@ def finish_header(prefix56, body_length, body_checksum):
 class Entry:
     """One entry of a table of contents. For a tensor, `offset` is its payload's offset in the
     body buffer it was parsed from (binary bodies), or its decoded payload is in `data`;
-    `shape` is as stored: for a column-major tensor, its logical shape reversed."""
+    `shape` is as stored: for a column-major tensor, its logical shape reversed. For bytes and
+    objects, `nbytes` is the size of their data, and an object's `type` and `encoding` (its
+    code) are kept beside its `value`."""
     name: str
     kind: int
     dtype: int = 0
@@ -183,6 +192,8 @@ class Entry:
     offset: int = -1
     data: bytes = None
     column_major: bool = False
+    type: str = None
+    encoding: int = None
 
     @property
     def logical_shape(self):
@@ -197,6 +208,193 @@ def encode_name(text):
     return text.encode("utf-8", "surrogateescape")
 
 
+@dataclass(frozen=True)
+class Object:
+    """An object entry (docs/FORMAT.md section 3, kind 7) as it is stored: `type` names it
+    ("std::mt19937_64", "Stats"), `encoding` says how `data` is laid out: "boost binary",
+    "boost text", "value map" or "stream text". `data` is a str for the two text encodings
+    (bytes that are not UTF-8 kept as surrogate escapes, as names are), bytes otherwise.
+    ckpt.load returns a value map as a dict and every other object as an Object; ckpt.save
+    writes an Object as it is."""
+    type: str
+    encoding: str
+    data: object
+
+    def __post_init__(self):
+        if not isinstance(self.type, str):
+            raise ConfigError("an Object's type is a str, not %s" % type(self.type).__name__)
+        if self.encoding not in OBJECT_ENCODINGS:
+            raise ConfigError("an Object's encoding is one of %s, not %r"
+                              % (", ".join(OBJECT_ENCODINGS), self.encoding))
+        if self.encoding in _TEXT_ENCODINGS:
+            if not isinstance(self.data, str):
+                raise ConfigError("the data of an Object of encoding '%s' is a str, not %s"
+                                  % (self.encoding, type(self.data).__name__))
+        elif isinstance(self.data, (bytearray, memoryview)):
+            object.__setattr__(self, "data", bytes(self.data))  # its own, and hashable as a frozen value is
+        elif not isinstance(self.data, bytes):
+            raise ConfigError("the data of an Object of encoding '%s' is bytes, not %s"
+                              % (self.encoding, type(self.data).__name__))
+
+
+class _MapError(Exception):
+    """A value map that breaks section 3; `newer` when a newer writer may have written it (a
+    dtype code this reader does not know)."""
+
+    def __init__(self, why, newer=False):
+        super().__init__(why)
+        self.newer = newer
+
+
+def decode_value_map(data):
+    """The dict of a value map's bytes (section 3), checked: numbers as NumPy scalars of their
+    dtype (bfloat16 and float8, which NumPy has no scalar of, as 0-d arrays of their bit
+    patterns), strings as str, vectors as 1-d arrays of their own. Raises _MapError saying
+    what is wrong, after "the value map of 'x'"."""
+    data = bytes(data)
+    n, at = len(data), 0
+
+    def take(size, what):
+        nonlocal at
+        if size > n - at:
+            raise _MapError("is cut short: %s needs %d bytes, %d are left" % (what, size, n - at))
+        at += size
+        return at - size
+
+    def u64(what):
+        return struct.unpack_from("<Q", data, take(8, what))[0]
+
+    def dtype(key):
+        code = struct.unpack_from("<I", data, take(4, "the dtype of key '%s'" % key))[0]
+        if code >= len(DTYPES):
+            raise _MapError("has unknown dtype code %d at key '%s' (this reader knows 0 to %d: %s)"
+                            % (code, key, len(DTYPES) - 1, ", ".join(DTYPE_NAMES)), newer=True)
+        return DTYPES[code]
+
+    count = u64("the item count")
+    if count > n - at:
+        raise _MapError("claims %d items in %d bytes" % (count, n - at))
+    out, last = {}, None
+    for i in range(count):
+        size = u64("the length of key %d" % i)
+        start = take(size, "key %d of %d bytes" % (i, size))
+        raw = data[start:start + size]
+        key = decode_name(raw)
+        if last is not None and raw <= last:
+            raise _MapError("has key '%s' after '%s': keys are in increasing byte order, each once"
+                            % (key, decode_name(last)))
+        last = raw
+        tag = data[take(1, "the tag of key '%s'" % key)]
+        if tag == MAP_NUMBER:
+            dt = dtype(key)
+            start = take(dt.itemsize, "the number of key '%s'" % key)
+            if dt.kind == "b" and data[start] > 1:  # as a bool entry: no other byte is a value
+                raise _MapError("holds bool byte %d at key '%s'" % (data[start], key))
+            a = np.frombuffer(data, dt, 1, start)
+            out[key] = a.reshape(()).copy() if dt.metadata else a[0]  # (a scalar would lose what it stands for)
+        elif tag == MAP_STRING:
+            size = u64("the length of the string of key '%s'" % key)
+            start = take(size, "the string of key '%s' of %d bytes" % (key, size))
+            out[key] = decode_name(data[start:start + size])
+        elif tag == MAP_VECTOR:
+            dt = dtype(key)
+            elements = u64("the element count of key '%s'" % key)
+            start = take(elements * dt.itemsize, "the %d elements of key '%s'" % (elements, key))
+            out[key] = np.frombuffer(data, dt, elements, start).copy()
+        else:
+            raise _MapError("has unknown tag %d at key '%s' (it knows 1 number, 2 string, 3 vector)" % (tag, key))
+    if at != n:
+        raise _MapError("has %d bytes after its last item" % (n - at))
+    return out
+
+
+def _map_item(v, name, key, path):
+    """(tag and value bytes, what V of "map<string, V>" it is) of a value of a map."""
+    def number(code, raw):
+        return struct.pack("<BI", MAP_NUMBER, code) + raw, DTYPE_NAMES[code]
+    if isinstance(v, str):  # (np.str_ too)
+        try:
+            raw = encode_name(v)
+        except UnicodeEncodeError as e:
+            raise ConfigError("entry '%s' key '%s' holds a string with %r at character %d, which has no UTF-8 bytes"
+                              % (name, key, v[e.start], e.start), path) from None
+        return struct.pack("<BQ", MAP_STRING, len(raw)) + raw, "string"
+    if type(v) is bool:
+        return number(DTYPE_NAMES.index("bool"), b"\1" if v else b"\0")
+    if isinstance(v, int):
+        if not -(1 << 63) <= v < 1 << 63:
+            raise ConfigError("entry '%s' key '%s' holds %d, outside int64" % (name, key, v), path)
+        return number(DTYPE_NAMES.index("int64"), struct.pack("<q", v))
+    if isinstance(v, float) and not isinstance(v, np.generic):
+        return number(DTYPE_NAMES.index("float64"), struct.pack("<d", v))
+    if isinstance(v, (np.generic, np.ndarray)):
+        a = np.asarray(v)
+        if a.ndim > 1:
+            raise ConfigError("entry '%s' key '%s' holds an array of rank %d; a map holds numbers and 1-d arrays"
+                              % (name, key, a.ndim), path)
+        try:
+            code = dtype_code(a.dtype, name, path)
+        except ConfigError:
+            raise ConfigError("entry '%s' key '%s' holds dtype %s, which a checkpoint cannot hold (it holds %s)"
+                              % (name, key, ckpt_dtype_name(a.dtype) or a.dtype, ", ".join(DTYPE_NAMES)),
+                              path) from None
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        if a.ndim == 0:  # a NumPy scalar, or a 0-d array (how a bfloat16 or float8 number loads)
+            return number(code, a.tobytes())
+        return struct.pack("<BIQ", MAP_VECTOR, code, a.size) + a.tobytes(), "vector<%s>" % DTYPE_NAMES[code]
+    raise ConfigError("entry '%s' key '%s' holds a %s; a map holds bool, int, float, str, NumPy scalars and 1-d arrays"
+                      % (name, key, type(v).__name__), path)
+
+
+def encode_value_map(mapping, name, path=None):
+    """(type, data) of the value map of `mapping` (section 3): str keys; values bool, int
+    (int64), float (float64), NumPy scalars and 0-d arrays (numbers of their dtype), str, and
+    1-d arrays (vectors); the items in the byte order of their keys. `type` is
+    "map<string, V>", V what all the values are, or "any"."""
+    items, kinds = [], set()
+    for key, v in mapping.items():
+        if not isinstance(key, str):
+            raise ConfigError("entry '%s' has the key %r, a %s; the keys of a map are str"
+                              % (name, key, type(key).__name__), path)
+        try:
+            raw = encode_name(key)
+        except UnicodeEncodeError as e:
+            raise ConfigError("entry '%s' has the key %r, which holds %r at character %d, which has no UTF-8 bytes"
+                              % (name, key, key[e.start], e.start), path) from None
+        item, kind = _map_item(v, name, key, path)
+        kinds.add(kind)
+        items.append((raw, key, item))
+    items.sort(key=lambda item: item[0])
+    for (a, key_a, _), (b, key_b, _) in zip(items, items[1:]):
+        if a == b:  # (a surrogate escape can spell the bytes of another key)
+            raise ConfigError("entry '%s' has the keys %r and %r, which are the same bytes"
+                              % (name, key_a, key_b), path)
+    parts = [struct.pack("<Q", len(items))]
+    for raw, _, item in items:
+        parts += [struct.pack("<Q", len(raw)), raw, item]
+    return "map<string, %s>" % (kinds.pop() if len(kinds) == 1 else "any"), b"".join(parts)
+
+
+def object_fields(obj, name, path=None):
+    """(type, encoding code, data bytes) of a ckpt.Object, as an entry of kind OBJECT holds it;
+    a value map's data checked, as a reader will check it."""
+    for what, text in (("type", obj.type), ("data", obj.data if isinstance(obj.data, str) else "")):
+        try:
+            encode_name(text)
+        except UnicodeEncodeError as e:
+            raise ConfigError("the %s of object '%s' holds %r at character %d, which has no UTF-8 bytes"
+                              % (what, name, text[e.start], e.start), path) from None
+    code = OBJECT_ENCODINGS.index(obj.encoding)
+    data = encode_name(obj.data) if isinstance(obj.data, str) else obj.data
+    if code == VALUE_MAP:
+        try:
+            decode_value_map(data)
+        except _MapError as e:
+            raise ConfigError("object '%s' is a value map that a reader refuses: it %s" % (name, e), path) from None
+    return obj.type, code, data
+
+
 class _Parser:
     """Shared checks of section 8's list of limits."""
 
@@ -208,19 +406,25 @@ class _Parser:
     def fail(self, why):
         raise FormatError("checkpoint '%s' is malformed: %s" % (self.path, why), self.path)
 
+    def newer(self, what):
+        """Past the checksum, a code this reader does not know is a newer writer's, not damage."""
+        raise VersionError("checkpoint '%s': %s; a newer version of ckpt reads it" % (self.path, what), self.path)
+
     def entry(self, name, kind):
         if name in self.names:
             self.fail("entry '%s' appears twice" % name)
         self.names.add(name)
-        if kind > STRING:
+        if kind > MAX_PLAUSIBLE_CODE:  # no writer numbers a kind so high: garbage, not a newer writer
             self.fail("entry '%s' has unknown value kind %d" % (name, kind))
+        if kind > OBJECT:
+            self.newer("entry '%s' has unknown value kind %d (this reader knows 0 to %d: %s)"
+                       % (name, kind, OBJECT, ", ".join(KIND_NAMES)))
         return Entry(name, kind)
 
     def tensor_meta(self, e, dtype, dims, nbytes):
-        if dtype >= len(DTYPES):  # parsed after the checksum passed: not damage, a newer writer
-            raise VersionError("checkpoint '%s': tensor '%s' has unknown dtype code %d (this reader knows 0 to %d: %s); "
-                               "a newer version of ckpt reads it" % (self.path, e.name, dtype, len(DTYPES) - 1,
-                                                                     ", ".join(DTYPE_NAMES)), self.path)
+        if dtype >= len(DTYPES):
+            self.newer("tensor '%s' has unknown dtype code %d (this reader knows 0 to %d: %s)"
+                       % (e.name, dtype, len(DTYPES) - 1, ", ".join(DTYPE_NAMES)))
         numel = 1
         for d in dims:
             if d < 0:
@@ -236,6 +440,17 @@ class _Parser:
         if self.payload_total > self.length:
             self.fail("tensor payloads add up to more than the body's %d bytes" % self.length)
         e.dtype, e.shape, e.nbytes = dtype, tuple(dims), nbytes
+
+    def object_value(self, e, data):
+        """What an object entry's data is to Python: a value map's dict (checked), or an
+        Object."""
+        encoding = OBJECT_ENCODINGS[e.encoding]
+        if e.encoding == VALUE_MAP:
+            try:
+                return decode_value_map(data)
+            except _MapError as m:
+                (self.newer if m.newer else self.fail)("the value map of '%s' %s" % (e.name, m))
+        return Object(e.type, encoding, decode_name(data) if encoding in _TEXT_ENCODINGS else bytes(data))
 
 
 def fold_order_records(entries, p):
@@ -260,125 +475,236 @@ def fold_order_records(entries, p):
     return [e for e in entries if not e.name.startswith(ORDER_PREFIX)]
 
 
-# --------------------------------------------------------------------------- binary bodies
+# The table of contents is the same fields in each archive kind (section 3); readers and
+# writers of each kind give them their form. A field is named by its xml element (binary and
+# text ignore the name): r.u32(tag, what), u64, i64, f64, text(tag, what) for a string,
+# data(tag, n, what) for a block of n bytes, and left() the body bytes not yet read; writers
+# take the value instead of `what`.
 
-def parse_binary(buf, path):
-    """The entries of a binary body held in `buf` (a memoryview of bytes, or an object that
-    reads the body's bytes from a file on demand: len(), slices as bytes, unpack_from), with
-    their payload offsets in `buf`. Payload bytes are not read."""
-    p = _Parser(path, len(buf))
-    unpack = buf.unpack_from if hasattr(buf, "unpack_from") else lambda fmt, at: struct.unpack_from(fmt, buf, at)
-    n = len(buf)
-    at = 0
-
-    def take(size, what):
-        nonlocal at
-        if size > n - at:
-            p.fail("%s needs %d bytes, the body has %d left" % (what, size, n - at))
-        at += size
-        return at - size
-
-    def u32(what):
-        return unpack("<I", take(4, what))[0]
-
-    def u64(what):
-        return unpack("<Q", take(8, what))[0]
-
-    def string(what):
-        size = u64(what)
-        start = take(size, "%s of %d bytes" % (what, size))
-        return bytes(buf[start:start + size])
-
-    count = u64("the entry count")
-    if count > n - at:
-        p.fail("entry count %d exceeds the body size" % count)
+def _read_entries(r):
+    count = r.u64(b"entries", "the entry count")
+    if count > r.left():
+        r.p.fail("entry count %d exceeds the body size" % count)
     entries = []
     for _ in range(count):
-        name = decode_name(string("an entry name"))
-        e = p.entry(name, u32("entry '%s'" % name))
-        if e.kind == TENSOR:
-            dtype, rank = u32("tensor '%s'" % name), u32("tensor '%s'" % name)
-            if rank > MAX_RANK:
-                p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
-            dims = unpack("<%dq" % rank, take(8 * rank, "tensor '%s'" % name))
-            p.tensor_meta(e, dtype, dims, u64("tensor '%s'" % name))
-        elif e.kind == INT64:
-            e.value = unpack("<q", take(8, "entry '%s'" % name))[0]
-        elif e.kind == DOUBLE:
-            e.value = unpack("<d", take(8, "entry '%s'" % name))[0]
-        elif e.kind == BOOL:
-            v = u32("entry '%s'" % name)
-            if v > 1:
-                p.fail("entry '%s' holds bool value %d" % (name, v))
-            e.value = v == 1
-        else:
-            e.value = decode_name(string("the value of '%s'" % name))
+        name = r.text(b"name", "an entry name")
+        e = r.p.entry(name, r.u32(b"kind", "the kind of '%s'" % name))
+        _read_value(r, e)
         entries.append(e)
+    return entries
+
+
+def _read_value(r, e):
+    name = e.name
+    if e.kind == TENSOR:
+        dtype, rank = r.u32(b"dtype", "the dtype of '%s'" % name), r.u32(b"rank", "the rank of '%s'" % name)
+        if rank > MAX_RANK:
+            r.p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
+        dims = [r.i64(b"dim", "a dim of '%s'" % name) for _ in range(rank)]
+        r.p.tensor_meta(e, dtype, dims, r.u64(b"nbytes", "the size of '%s'" % name))
+    elif e.kind == INT64:
+        e.value = r.i64(b"value", "the value of '%s'" % name)
+    elif e.kind == DOUBLE:
+        e.value = r.f64(b"value", "the value of '%s'" % name)
+    elif e.kind == BOOL:
+        v = r.u32(b"value", "the value of '%s'" % name)
+        if v > 1:
+            r.p.fail("entry '%s' holds bool value %d" % (name, v))
+        e.value = v == 1
+    elif e.kind == STRING:
+        e.value = r.text(b"value", "the value of '%s'" % name)
+    elif e.kind == BYTES:
+        e.nbytes = r.u64(b"size", "the size of '%s'" % name)
+        e.value = r.data(b"data", e.nbytes, "the bytes of '%s'" % name)
+    elif e.kind == STRINGS:
+        count = r.u64(b"count", "the string count of '%s'" % name)
+        if count > r.left():  # every string takes a byte at least
+            r.p.fail("entry '%s' claims %d strings, more than the %d bytes left in the body" % (name, count, r.left()))
+        e.value = [r.text(b"value", "string %d of '%s'" % (i, name)) for i in range(count)]
+    else:
+        e.type = r.text(b"type", "the type of '%s'" % name)
+        e.encoding = r.u32(b"encoding", "the encoding of '%s'" % name)
+        if e.encoding > MAX_PLAUSIBLE_CODE:
+            r.p.fail("object '%s' has unknown encoding %d" % (name, e.encoding))
+        if e.encoding >= len(OBJECT_ENCODINGS):
+            r.p.newer("object '%s' (%s) has unknown encoding %d (this reader knows 0 to %d: %s)"
+                      % (name, e.type, e.encoding, len(OBJECT_ENCODINGS) - 1, ", ".join(OBJECT_ENCODINGS)))
+        e.nbytes = r.u64(b"size", "the size of '%s'" % name)
+        e.value = r.p.object_value(e, r.data(b"data", e.nbytes, "the data of '%s'" % name))
+
+
+def _write_entries(w, entries):
+    w.u64(b"entries", len(entries))
+    for name, kind, v in entries:
+        w.text(b"name", encode_name(name))
+        w.u32(b"kind", kind)
+        _write_value(w, name, kind, v)
+
+
+def _write_value(w, name, kind, v):
+    """`v` as _normalize gives it: an array, int, float, bool, str, bytes, a list of str, or an
+    object's (type, encoding code, data bytes)."""
+    if kind == TENSOR:
+        w.u32(b"dtype", dtype_code(v.dtype, name))
+        w.u32(b"rank", v.ndim)
+        for d in v.shape:
+            w.i64(b"dim", d)
+        w.u64(b"nbytes", v.nbytes)
+    elif kind == INT64:
+        w.i64(b"value", v)
+    elif kind == DOUBLE:
+        w.f64(b"value", v, name)
+    elif kind == BOOL:
+        w.u32(b"value", 1 if v else 0)
+    elif kind == STRING:
+        w.text(b"value", encode_name(v))
+    elif kind == BYTES:
+        w.u64(b"size", len(v))
+        w.data(b"data", v)
+    elif kind == STRINGS:
+        w.u64(b"count", len(v))
+        for s in v:
+            w.text(b"value", encode_name(s))
+    else:
+        type_, encoding, data = v
+        w.text(b"type", encode_name(type_))
+        w.u32(b"encoding", encoding)
+        w.u64(b"size", len(data))
+        w.data(b"data", data)
+
+
+# --------------------------------------------------------------------------- binary bodies
+
+_U32, _U64, _I64, _F64 = (struct.Struct(f) for f in ("<I", "<Q", "<q", "<d"))
+
+
+class _BinaryReader:
+    """The fields of a binary body (section 4) in `buf`: a memoryview of bytes, or an object
+    that reads the body's bytes from a file on demand (len(), slices as bytes, and
+    unpack_from(a struct.Struct, offset))."""
+
+    def __init__(self, buf, path):
+        self.buf, self.n, self.at = buf, len(buf), 0
+        self.p = _Parser(path, self.n)
+        self.window = hasattr(buf, "unpack_from")
+
+    def left(self):
+        return self.n - self.at
+
+    def take(self, size, what):
+        if size > self.n - self.at:
+            self.p.fail("%s needs %d bytes, the body has %d left" % (what, size, self.n - self.at))
+        self.at += size
+        return self.at - size
+
+    def field(self, fields, what):
+        at = self.at
+        if fields.size > self.n - at:
+            self.take(fields.size, what)  # (fails)
+        self.at = at + fields.size
+        return (self.buf.unpack_from(fields, at) if self.window else fields.unpack_from(self.buf, at))[0]
+
+    def u32(self, tag, what):
+        return self.field(_U32, what)
+
+    def u64(self, tag, what):
+        return self.field(_U64, what)
+
+    def i64(self, tag, what):
+        return self.field(_I64, what)
+
+    def f64(self, tag, what):
+        return self.field(_F64, what)
+
+    def data(self, tag, n, what):
+        start = self.take(n, "%s of %d bytes" % (what, n))
+        return bytes(self.buf[start:start + n])
+
+    def text(self, tag, what):
+        return decode_name(self.data(tag, self.u64(tag, what), what))
+
+
+def parse_binary(buf, path):
+    """The entries of a binary body held in `buf` (see _BinaryReader), with their payload
+    offsets in `buf`. Payload bytes are not read."""
+    r = _BinaryReader(buf, path)
+    entries = _read_entries(r)
     for e in entries:
         if e.kind != TENSOR:
             continue
-        pad = u32("the padding before '%s'" % e.name)
+        pad = r.u32(None, "the padding before '%s'" % e.name)
         if pad >= ALIGNMENT:
-            p.fail("payload padding of %d bytes is invalid" % pad)
-        take(pad, "the padding before '%s'" % e.name)
-        e.offset = take(e.nbytes, "tensor '%s'" % e.name)
-    if at != n:
-        p.fail("%d bytes follow the last payload" % (n - at))
-    return fold_order_records(entries, p)
+            r.p.fail("payload padding of %d bytes is invalid" % pad)
+        r.take(pad, "the padding before '%s'" % e.name)
+        e.offset = r.take(e.nbytes, "tensor '%s'" % e.name)
+    if r.at != r.n:
+        r.p.fail("%d bytes follow the last payload" % (r.n - r.at))
+    return fold_order_records(entries, r.p)
+
+
+class _BinaryWriter:
+    """A binary body as (bytes-like, direct) pieces, direct for a block large enough for the
+    C++ writer to hand on from memory."""
+
+    def __init__(self):
+        self.chunk, self.out = bytearray(), []
+
+    def small(self, b):
+        self.chunk.extend(b)
+
+    def large(self, b):
+        if len(b) >= _codecs.BLOCK_SIZE:
+            if self.chunk:
+                self.out.append((bytes(self.chunk), False))
+                self.chunk = bytearray()
+            self.out.append((b, True))
+        else:
+            self.chunk.extend(b)
+
+    def written(self):
+        return len(self.chunk) + sum(len(b) for b, _ in self.out)
+
+    def u32(self, tag, v):
+        self.chunk += _U32.pack(v)
+
+    def u64(self, tag, v):
+        self.chunk += _U64.pack(v)
+
+    def i64(self, tag, v):
+        self.chunk += _I64.pack(v)
+
+    def f64(self, tag, v, name):
+        self.chunk += _F64.pack(v)
+
+    def text(self, tag, raw):
+        self.u64(tag, len(raw))
+        self.large(raw)
+
+    def data(self, tag, data):
+        self.large(data)
+
+    def pieces(self):
+        if self.chunk:
+            self.out.append((bytes(self.chunk), False))
+            self.chunk = bytearray()
+        return self.out
 
 
 def binary_writes(entries, path=None):
     """A binary body of `entries` as the archive writes it: (bytes-like, direct) pieces, direct
-    for a string or payload large enough for the C++ writer to hand on from memory."""
-    chunk = bytearray()
-    out = []
-
-    def small(b):
-        chunk.extend(b)
-
-    def large(b):
-        nonlocal chunk
-        if len(b) >= _codecs.BLOCK_SIZE:
-            if chunk:
-                out.append((bytes(chunk), False))
-                chunk = bytearray()
-            out.append((b, True))
-        else:
-            chunk.extend(b)
-
-    position = 0
-    small(struct.pack("<Q", len(entries)))
-    for name, kind, v in entries:
-        raw = encode_name(name)
-        small(struct.pack("<Q", len(raw)))
-        large(raw)
-        small(struct.pack("<I", kind))
-        if kind == TENSOR:
-            small(struct.pack("<II", dtype_code(v.dtype, name), v.ndim))
-            small(struct.pack("<%dq" % v.ndim, *v.shape))
-            small(struct.pack("<Q", v.nbytes))
-        elif kind == INT64:
-            small(struct.pack("<q", v))
-        elif kind == DOUBLE:
-            small(struct.pack("<d", v))
-        elif kind == BOOL:
-            small(struct.pack("<I", 1 if v else 0))
-        else:
-            s = encode_name(v)
-            small(struct.pack("<Q", len(s)))
-            large(s)
-    position += len(chunk) + sum(len(b) for b, _ in out)
+    for a string, block or payload large enough for the C++ writer to hand on from memory."""
+    w = _BinaryWriter()
+    _write_entries(w, entries)
+    position = w.written()
     for name, kind, v in entries:
         if kind != TENSOR:
             continue
         pad = (ALIGNMENT - (position + 4) % ALIGNMENT) % ALIGNMENT
-        small(struct.pack("<I", pad) + bytes(pad))
+        w.small(struct.pack("<I", pad) + bytes(pad))
         data = _payload(v)
-        large(data)
+        w.large(data)
         position += 4 + pad + len(data)
-    if chunk:
-        out.append((bytes(chunk), False))
-    return out
+    return w.pieces()
 
 
 def _payload(a):
@@ -427,8 +753,13 @@ def _integer(text):
 
 
 class _TextReader:
+    """The items of a text body (section 5), and the fields of section 3 read as items."""
+
     def __init__(self, buf, path):
         self.buf, self.at, self.p = bytes(buf), 0, _Parser(path, len(buf))
+
+    def left(self):
+        return len(self.buf) - self.at
 
     def skip_ws(self):
         self.at = _WS_RUN.match(self.buf, self.at).end()
@@ -456,11 +787,27 @@ class _TextReader:
             self.p.fail("%s is %d, more than %d bits" % (what, v, bits))
         return v
 
-    def i64(self, what):
+    def u32(self, tag, what):
+        return self.u(32, what)
+
+    def u64(self, tag, what):
+        return self.u(64, what)
+
+    def i64(self, tag, what):
         v = self.number(what, signed=True)
         if not -(1 << 63) <= v < 1 << 63:
             self.p.fail("%s is %d, outside int64" % (what, v))
         return v
+
+    def f64(self, tag, what):
+        return self.number(what, real=True)
+
+    def data(self, tag, n, what):
+        return self.block(n, what)
+
+    def text(self, tag, what):
+        n = self.u(64, "the length of " + what)
+        return decode_name(self.block(n, what))
 
     def block(self, n, what):
         """n bytes of base64, with any white space between its characters."""
@@ -502,10 +849,6 @@ class _TextReader:
             self.p.fail("%s has more base64 characters than its length says" % what)
         return b"".join(got), at
 
-    def string(self, what):
-        n = self.u(64, "the length of " + what)
-        return decode_name(self.block(n, what))
-
 
 def parse_text(buf, path):
     r = _TextReader(buf, path)
@@ -513,16 +856,7 @@ def parse_text(buf, path):
         r.p.fail("a text body starts with '22 serialization::archive ', this one does not")
     r.at = len(_SIGNATURE)
     r.u(32, "the archive version")
-    count = r.u(64, "the entry count")
-    if count > len(r.buf) - r.at:
-        r.p.fail("entry count %d exceeds the body size" % count)
-    entries = []
-    for _ in range(count):
-        name = r.string("an entry name")
-        e = r.p.entry(name, r.u(32, "the kind of '%s'" % name))
-        _read_value(r, e, lambda what: r.u(32, what), lambda what: r.u(64, what), r.i64,
-                    lambda what: r.number(what, real=True), r.string)
-        entries.append(e)
+    entries = _read_entries(r)
     for e in entries:
         if e.kind == TENSOR:
             e.data = r.block(e.nbytes, "the payload of '%s'" % e.name)
@@ -532,31 +866,11 @@ def parse_text(buf, path):
     return fold_order_records(entries, r.p)
 
 
-def _read_value(r, e, u32, u64, i64, f64, string):
-    name = e.name
-    if e.kind == TENSOR:
-        dtype, rank = u32("the dtype of '%s'" % name), u32("the rank of '%s'" % name)
-        if rank > MAX_RANK:
-            r.p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
-        dims = [i64("a dim of '%s'" % name) for _ in range(rank)]
-        r.p.tensor_meta(e, dtype, dims, u64("the size of '%s'" % name))
-    elif e.kind == INT64:
-        e.value = i64("the value of '%s'" % name)
-    elif e.kind == DOUBLE:
-        e.value = f64("the value of '%s'" % name)
-    elif e.kind == BOOL:
-        v = u32("the value of '%s'" % name)
-        if v > 1:
-            r.p.fail("entry '%s' holds bool value %d" % (name, v))
-        e.value = v == 1
-    else:
-        e.value = string("the value of '%s'" % name)
-
-
 class _TextWriter:
-    def __init__(self):
+    def __init__(self, path=None):
         self.parts = [b"22 serialization::archive %d" % BOOST_ARCHIVE_VERSION]
         self.after_block = False
+        self.path = path
 
     def number(self, text):
         self.parts.append((b"\n" if self.after_block else b" ") + text)
@@ -566,31 +880,25 @@ class _TextWriter:
         self.parts.append(b"\n\n" + _b64(data) if len(data) else b"\n")
         self.after_block = True
 
+    def u32(self, tag, v):
+        self.number(b"%d" % v)
+
+    u64 = i64 = u32
+
+    def f64(self, tag, v, name):
+        self.number(_f64_text(v, name, self.path))
+
+    def text(self, tag, raw):
+        self.number(b"%d" % len(raw))
+        self.block(raw)
+
+    def data(self, tag, data):
+        self.block(data)
+
 
 def text_writes(entries, path=None):
-    w = _TextWriter()
-    w.number(b"%d" % len(entries))
-    for name, kind, v in entries:
-        raw = encode_name(name)
-        w.number(b"%d" % len(raw))
-        w.block(raw)
-        w.number(b"%d" % kind)
-        if kind == TENSOR:
-            w.number(b"%d" % dtype_code(v.dtype, name))
-            w.number(b"%d" % v.ndim)
-            for d in v.shape:
-                w.number(b"%d" % d)
-            w.number(b"%d" % v.nbytes)
-        elif kind == INT64:
-            w.number(b"%d" % v)
-        elif kind == DOUBLE:
-            w.number(_f64_text(v, name, path))
-        elif kind == BOOL:
-            w.number(b"1" if v else b"0")
-        else:
-            s = encode_name(v)
-            w.number(b"%d" % len(s))
-            w.block(s)
+    w = _TextWriter(path)
+    _write_entries(w, entries)
     for name, kind, v in entries:
         if kind == TENSOR:
             w.block(_payload(v))
@@ -614,6 +922,8 @@ def _xml_escape(raw):
 
 
 class _XmlReader(_TextReader):
+    """The elements of an xml body (section 6), and the fields of section 3 read as elements."""
+
     def element(self, tag):
         self.skip_ws()
         open_, close = b"<" + tag + b">", b"</" + tag + b">"
@@ -640,7 +950,19 @@ class _XmlReader(_TextReader):
             self.p.fail("%s is %d, out of range" % (what, v))
         return v
 
-    def xstring(self, tag, what):
+    def u32(self, tag, what):
+        return self.xnumber(tag, what, bits=32)
+
+    def u64(self, tag, what):
+        return self.xnumber(tag, what)
+
+    def i64(self, tag, what):
+        return self.xnumber(tag, what, signed=True)
+
+    def f64(self, tag, what):
+        return self.xnumber(tag, what, real=True)
+
+    def text(self, tag, what):
         raw = self.element(tag)
 
         def unescape(m):
@@ -649,6 +971,15 @@ class _XmlReader(_TextReader):
             return _XML_UNESCAPE[m.group(1)]
         return decode_name(_XML_ENTITY.sub(unescape, raw))
 
+    def data(self, tag, n, what):
+        """A block of n bytes: the base64 lines of an element, as a payload's <data>."""
+        sub = _TextReader(self.element(tag), self.p.path)
+        data = sub.block(n, what)
+        sub.skip_ws()
+        if sub.at != len(sub.buf):
+            self.p.fail("%s has more base64 characters than its size says" % what)
+        return data
+
 
 def parse_xml(buf, path):
     r = _XmlReader(buf, path)
@@ -656,66 +987,49 @@ def parse_xml(buf, path):
     if not m:
         r.p.fail("an xml body starts with Boost's xml declaration, doctype and <boost_serialization ...>")
     r.at = m.end()
-    count = r.xnumber(b"entries", "the entry count")
-    if count > len(r.buf) - r.at:
-        r.p.fail("entry count %d exceeds the body size" % count)
-    entries = []
-    for _ in range(count):
-        name = r.xstring(b"name", "an entry name")
-        e = r.p.entry(name, r.xnumber(b"kind", "the kind of '%s'" % name, bits=32))
-        tags = iter((b"dtype", b"rank")) if e.kind == TENSOR else None
-
-        def u32(what, tags=tags):
-            return r.xnumber(next(tags) if tags else b"value", what, bits=32)
-        _read_value(r, e, u32, lambda what: r.xnumber(b"nbytes", what),
-                    lambda what: r.xnumber(b"dim" if e.kind == TENSOR else b"value", what, signed=True),
-                    lambda what: r.xnumber(b"value", what, real=True), lambda what: r.xstring(b"value", what))
-        entries.append(e)
+    entries = _read_entries(r)
     for e in entries:
-        if e.kind != TENSOR:
-            continue
-        text = r.element(b"data")
-        sub = _TextReader(text, path)
-        e.data = sub.block(e.nbytes, "the payload of '%s'" % e.name)
-        sub.skip_ws()
-        if sub.at != len(sub.buf):
-            r.p.fail("the payload of '%s' has more base64 characters than its size says" % e.name)
+        if e.kind == TENSOR:
+            e.data = r.data(b"data", e.nbytes, "the payload of '%s'" % e.name)
     r.skip_ws()
     if not r.buf.startswith(b"</boost_serialization>", r.at) or r.buf[r.at + 22:].strip(_WS):
         r.p.fail("an xml body ends with </boost_serialization>")
     return fold_order_records(entries, r.p)
 
 
-def xml_writes(entries, path=None):
-    parts = [b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
-             b'<boost_serialization signature="serialization::archive" version="%d">\n' % BOOST_ARCHIVE_VERSION]
+class _XmlWriter:
+    def __init__(self, path=None):
+        self.parts = [b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
+                      b'<boost_serialization signature="serialization::archive" version="%d">\n'
+                      % BOOST_ARCHIVE_VERSION]
+        self.path = path
 
-    def el(tag, text):
-        parts.append(b"<%s>%s</%s>\n" % (tag, text, tag))
-    el(b"entries", b"%d" % len(entries))
+    def element(self, tag, text):
+        self.parts.append(b"<%s>%s</%s>\n" % (tag, text, tag))
+
+    def u32(self, tag, v):
+        self.element(tag, b"%d" % v)
+
+    u64 = i64 = u32
+
+    def f64(self, tag, v, name):
+        self.element(tag, _f64_text(v, name, self.path))
+
+    def text(self, tag, raw):
+        self.element(tag, _xml_escape(raw))
+
+    def data(self, tag, data):
+        self.element(tag, b"\n" + _b64(data) + b"\n" if len(data) else b"\n")
+
+
+def xml_writes(entries, path=None):
+    w = _XmlWriter(path)
+    _write_entries(w, entries)
     for name, kind, v in entries:
-        el(b"name", _xml_escape(encode_name(name)))
-        el(b"kind", b"%d" % kind)
         if kind == TENSOR:
-            el(b"dtype", b"%d" % dtype_code(v.dtype, name))
-            el(b"rank", b"%d" % v.ndim)
-            for d in v.shape:
-                el(b"dim", b"%d" % d)
-            el(b"nbytes", b"%d" % v.nbytes)
-        elif kind == INT64:
-            el(b"value", b"%d" % v)
-        elif kind == DOUBLE:
-            el(b"value", _f64_text(v, name, path))
-        elif kind == BOOL:
-            el(b"value", b"1" if v else b"0")
-        else:
-            el(b"value", _xml_escape(encode_name(v)))
-    for name, kind, v in entries:
-        if kind == TENSOR:
-            data = _payload(v)
-            el(b"data", b"\n" + _b64(data) + b"\n" if len(data) else b"\n")
-    parts.append(b"</boost_serialization>\n\n")
-    return [(b"".join(parts), False)]
+            w.data(b"data", _payload(v))
+    w.parts.append(b"</boost_serialization>\n\n")
+    return [(b"".join(w.parts), False)]
 
 
 PARSERS = {"binary": parse_binary, "text": parse_text, "xml": parse_xml}

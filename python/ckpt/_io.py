@@ -200,8 +200,9 @@ class _Window:
     def __getitem__(self, s):
         return self._get(s.start, s.stop - s.start)
 
-    def unpack_from(self, fmt, at):
-        return struct.unpack_from(fmt, self._get(at, struct.calcsize(fmt)))
+    def unpack_from(self, fields, at):
+        """`fields` (a struct.Struct) unpacked from body offset `at`."""
+        return fields.unpack_from(self._get(at, fields.size))
 
 
 class _Opened:
@@ -352,9 +353,12 @@ def _read(path, key, mmap, max_decoded_bytes):
 @_reader
 def load(path, key=None, mmap=False, max_decoded_bytes=None):
     """The entries of checkpoint `path` as a dict, in the file's order: tensors as numpy
-    arrays, int64, double, bool and string values as int, float, bool and str. Entries the
-    writer reserved (`__ckpt.*`) are left out. A column-major tensor (docs/FORMAT.md section
-    3.1) is an array of its logical shape in Fortran order, over the same bytes.
+    arrays, int64, double, bool and string values as int, float, bool and str, bytes as
+    bytes, lists of strings as lists of str, value maps as dicts (str keys; numbers as NumPy
+    scalars of their dtype, strings as str, vectors as 1-d arrays) and other objects as
+    ckpt.Object. Entries the writer reserved (`__ckpt.*`) are left out. A column-major tensor
+    (docs/FORMAT.md section 3.1) is an array of its logical shape in Fortran order, over the
+    same bytes.
 
     The body is read into memory of its own, which the (writable) arrays share: what another
     process does to the file afterwards changes nothing loaded. `mmap=True` instead makes the
@@ -456,17 +460,20 @@ def load_into(path, arrays, strict=True, key=None, max_decoded_bytes=None, mmap=
 @dataclass(frozen=True)
 class EntryInfo:
     """One entry of a table of contents: a tensor's dtype name, logical shape, size and storage
-    order, or a scalar's value."""
+    order, or another entry's value as ckpt.load returns it; for bytes and objects `nbytes` is
+    the size of their data, and an object's `type` and `encoding` are given too."""
     name: str
-    kind: str                   # "tensor", "int64", "double", "bool" or "string"
+    kind: str                   # "tensor", "int64", "double", "bool", "string", "bytes", "strings" or "object"
     dtype: str = None
     shape: tuple = None
     nbytes: int = 0
     value: object = None
     order: str = None           # tensors: "row_major" or "column_major"
+    type: str = None            # objects: what the writer named them ("map<string, float64>", "std::mt19937_64")
+    encoding: str = None        # objects: "boost binary", "boost text", "value map" or "stream text"
 
 
-_KIND_NAMES = ("tensor", "int64", "double", "bool", "string")
+_KIND_NAMES = F.KIND_NAMES
 
 
 @_reader
@@ -488,8 +495,11 @@ def contents(path, key=None, max_decoded_bytes=None):
         if e.kind == F.TENSOR:
             out.append(EntryInfo(e.name, "tensor", F.DTYPE_NAMES[e.dtype], e.logical_shape, e.nbytes, None,
                                  F.COLUMN_MAJOR if e.column_major else "row_major"))
+        elif e.kind == F.OBJECT:
+            out.append(EntryInfo(e.name, "object", nbytes=e.nbytes, value=e.value, type=e.type,
+                                 encoding=F.OBJECT_ENCODINGS[e.encoding]))
         else:
-            out.append(EntryInfo(e.name, _KIND_NAMES[e.kind], value=e.value))
+            out.append(EntryInfo(e.name, _KIND_NAMES[e.kind], nbytes=e.nbytes, value=e.value))
     return out
 
 
@@ -554,6 +564,9 @@ def _normalize(entries, path):
         elif isinstance(v, str):
             _encodable(v, "the string of entry %r" % name, path)
             out.append((name, F.STRING, v))
+        elif isinstance(v, (bytes, bytearray, memoryview)) and not isinstance(v, np.generic):
+            out.append((name, F.BYTES, v if type(v) is bytes else bytes(v)))  # (a memoryview's len() counts items)
+        # before lists and dicts: what NumPy takes is a tensor, as it was before they had kinds of their own
         elif isinstance(v, (np.ndarray, np.generic)) or hasattr(v, "__array__"):
             a = np.asarray(v)
             F.dtype_code(a.dtype, name, path)
@@ -567,9 +580,22 @@ def _normalize(entries, path):
                 out.append((F.ORDER_PREFIX + name, F.STRING, F.COLUMN_MAJOR))
             else:
                 out.append((name, F.TENSOR, a if a.flags.c_contiguous else a.copy(order="C")))  # (ascontiguousarray makes 0-d 1-d)
+        elif isinstance(v, (list, tuple)):
+            for i, s in enumerate(v):
+                if not isinstance(s, str):
+                    raise ConfigError("entry '%s' is a %s whose item %d is of type %s; a checkpoint holds lists of "
+                                      "str (numbers go in arrays)" % (name, type(v).__name__, i, type(s).__name__),
+                                      path)
+                _encodable(s, "string %d of entry %r" % (i, name), path)
+            out.append((name, F.STRINGS, list(v)))
+        elif isinstance(v, Mapping):
+            type_, data = F.encode_value_map(v, name, path)
+            out.append((name, F.OBJECT, (type_, F.VALUE_MAP, data)))
+        elif isinstance(v, F.Object):
+            out.append((name, F.OBJECT, F.object_fields(v, name, path)))
         else:
-            raise ConfigError("entry '%s' is a %s; a checkpoint holds numpy arrays, int, float, bool and str"
-                              % (name, type(v).__name__), path)
+            raise ConfigError("entry '%s' is a %s; a checkpoint holds numpy arrays, int, float, bool, str, bytes, "
+                              "lists of str, dicts (value maps) and ckpt.Object" % (name, type(v).__name__), path)
     return out
 
 
@@ -608,9 +634,10 @@ def _fsync_dir(directory, path):
 
 
 def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, overwrite=True, metrics=None):
-    """Writes `entries` (a mapping, or pairs, of names to numpy arrays, int, float, bool and
-    str) as checkpoint `path`, atomically: into a temporary beside it, fsynced, renamed over
-    `path`, the directory fsynced. A crash leaves the old file or the new one, whole.
+    """Writes `entries` (a mapping, or pairs, of names to numpy arrays, int, float, bool, str,
+    bytes, lists or tuples of str, dicts and ckpt.Object) as checkpoint `path`, atomically:
+    into a temporary beside it, fsynced, renamed over `path`, the directory fsynced. A crash
+    leaves the old file or the new one, whole.
 
     `archive`: "binary", "text" or "xml". `zstd`: a compression level (1 .. 22), or None.
     `key`: encrypt with AES-256-GCM (a ckpt.Key, 32 bytes or a key file's path). `epoch` and
@@ -620,6 +647,11 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
     An array in Fortran order (F-contiguous, not C-contiguous, rank 2 or more) is saved
     column-major as it lies, without a copy (docs/FORMAT.md section 3.1); other arrays that are
     not C-contiguous are copied into C order.
+
+    A dict is saved as a value map (an object, docs/FORMAT.md section 3): str keys to bool,
+    int (int64), float (float64), NumPy scalars (numbers of their dtype), str and 1-d arrays
+    (vectors), its type "map<string, V>" with V what all its values are (float64, string,
+    vector<int32>, ...) or "any". A ckpt.Object is saved as it is.
 
     For the same entries, position and options the file holds the bytes the C++ library
     writes, but for the save time (and the salt and ciphertext of an encrypted body)."""

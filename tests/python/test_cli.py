@@ -92,6 +92,23 @@ def test_show_json_has_the_cpp_tools_layout(tool):
         assert py == cpp, name
 
 
+@pytest.mark.parametrize("archive", ["binary", "text", "xml"])
+def test_show_json_of_bytes_strings_and_objects_has_the_cpp_tools_layout(tool, tmp_path, archive):
+    bits = ckpt.bit_pattern_dtype
+    entries = {"raw": b"\x00\xff\x1b", "none": b"", "names": ["a", "", "b\n\x1b"], "empty": [],
+               "opt": {"lr": 0.5, "betas": np.array([0.9, 0.999]), "name": "adam", "steps": 3, "nesterov": False,
+                       "c": np.complex64(1 - 2j), "bf": np.array(0x3F80, bits("bfloat16")), "nan": -math.nan,
+                       "e4m3": np.array([0x38, 0xFF], bits("float8_e4m3fn")), "u": np.uint64(2**64 - 1)},
+               "stats": {"mean": 0.5}, "no_items": {},
+               "rng": ckpt.Object("std::mt19937", "stream text", "5489 1 2\n"),
+               "label": ckpt.Object("Label", "boost binary", b"\x16\x00"),
+               "text": ckpt.Object("Label", "boost text", "22 serialization::archive 18 1 x\n")}
+    path = ckpt.save(str(tmp_path / "k.ckpt"), entries, archive=archive, zstd=3)
+    py, cpp = strict_json(run("show", "--json", path).stdout), strict_json(tool.run("show", "--json", path).stdout)
+    py.pop("checksum_verified"), cpp.pop("checksum_verified")
+    assert py == cpp
+
+
 def test_show_gives_logical_shapes_and_orders():
     out = strict_json(run("show", "--json", support.golden(support.COLUMN_MAJOR_GOLDEN)).stdout)
     tensors = [(e["name"], e["shape"], e["order"]) for e in out["entries"] if e["kind"] == "tensor"]
@@ -261,3 +278,59 @@ def test_max_decoded_bytes_on_every_command_that_reads(tmp_path):
     with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit) as info:
         cli.main(["show", zstd, "--max-decoded-bytes", "lots"])
     assert info.value.code == 2 and "'lots' is not a number of bytes" in err.getvalue()
+
+
+def test_show_gives_bytes_strings_and_objects_escaped(tmp_path):
+    """Bytes by their size and first bytes, a list of strings as its strings, a value map by
+    its type and number of items, another object by type, encoding, size and the start of its
+    text: control bytes escaped, in text and in JSON."""
+    path = ckpt.save(str(tmp_path / "k.ckpt"), {
+        "raw": b"\x1b[2J\x00ok\xff" * 10, "none": b"", "names": ["a\x1b]0;t\x07", "b\nc", "\udcff"] + ["x"] * 20,
+        "empty": [], "opt": {"lr": 0.5, "betas": np.array([0.9, 0.999])}, "one": {"k": "v"},
+        "rng": ckpt.Object("std::mt19937_64", "stream text", "5489 \x1b[31m" * 20),
+        "stats": ckpt.Object("Stats", "boost binary", b"\x16\x00\x1b")}, archive="text")
+    out = run("show", path).stdout
+    assert _no_raw_control(out), repr(out)
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines() if line.startswith("  ")}
+    assert lines["raw"] == "bytes 80 bytes '%s'..." % ("\\x1b[2J\\x00ok\\xff" * 4)  # the first 32 bytes
+    assert lines["none"] == "bytes 0 bytes ''"
+    assert lines["names"].startswith("strings 23 ['a\\x1b]0;t\\x07', 'b\\x0ac', '\\xff', 'x', ")
+    assert lines["names"].endswith(", ... 7 more]") and lines["empty"] == "strings 0 []"
+    assert lines["opt"] == "object map<string, any>, 2 items" and lines["one"] == "object map<string, string>, 1 item"
+    assert lines["rng"].startswith("object std::mt19937_64 (stream text, 200 bytes) '5489 \\x1b[31m5489 ")
+    assert lines["rng"].endswith("...'") and lines["stats"] == "object Stats (boost binary, 3 bytes)"
+    # JSON as the C++ tool's `show --json` gives them: whole, in "value"
+    doc = strict_json(run("show", "--json", path).stdout)
+    entries = {e["name"]: e for e in doc["entries"]}
+    assert entries["raw"] == {"name": "raw", "kind": "bytes", "value": {"size": 80, "hex": "1b5b324a006f6bff" * 10}}
+    assert entries["none"]["value"] == {"size": 0, "hex": ""}
+    assert entries["names"]["kind"] == "strings"
+    assert entries["names"]["value"] == ["a\x1b]0;t\x07", "b\nc", "\ufffd"] + ["x"] * 20
+    assert entries["empty"]["value"] == []
+    assert entries["opt"] == {"name": "opt", "kind": "object", "value": {
+        "type": "map<string, any>", "encoding": "value map", "size": 8 + (8 + 5 + 1 + 4 + 8 + 16) + (8 + 2 + 1 + 4 + 8),
+        "items": {"betas": [0.9, 0.999], "lr": 0.5}}}
+    assert entries["rng"]["value"] == {"type": "std::mt19937_64", "encoding": "stream text", "size": 200,
+                                       "text": "5489 \x1b[31m" * 20}
+    assert entries["stats"]["value"] == {"type": "Stats", "encoding": "boost binary", "size": 3, "hex": "16001b"}
+
+
+def test_show_json_gives_the_numbers_of_a_value_map(tmp_path):
+    """Each dtype's numbers as the C++ tool gives them: int64 and uint64 exact, bools as bools,
+    the rest as doubles (a complex number as its two parts, bfloat16 and float8 by what their
+    bits stand for), NaN and infinities as text."""
+    bits = ckpt.bit_pattern_dtype
+    values = {"i64": np.int64(-2**63), "u64": np.uint64(2**64 - 1), "i8": np.int8(-3), "t": np.bool_(True),
+              "f32": np.float32(0.1), "c": np.complex64(1 - 2j), "cv": np.array([1 + 2j, 3 - 4j]),
+              "bf16": np.array([0x3F80, 0xC0A0], bits("bfloat16")),
+              "e4m3": np.array([0x38, 0xB9, 0x01, 0x7F, 0xFF], bits("float8_e4m3fn")),
+              "e5m2": np.array([0x3C, 0x7C, 0xFC, 0xFE], bits("float8_e5m2")),
+              "one": np.array(0x3C, bits("float8_e5m2")),
+              "nan": -math.nan, "inf": math.inf, "mask": np.array([True, False]), "none": np.zeros(0, np.int32)}
+    path = ckpt.save(str(tmp_path / "m.ckpt"), {"m": values})
+    items = strict_json(run("show", "--json", path).stdout)["entries"][0]["value"]["items"]
+    assert items == {"bf16": [1.0, -5.0], "c": [1.0, -2.0], "cv": [1.0, 2.0, 3.0, -4.0],
+                     "e4m3": [1.0, -1.125, 2.0 ** -9, "nan", "-nan"], "e5m2": [1.0, "inf", "-inf", "-nan"],
+                     "f32": float(np.float32(0.1)), "i64": -2**63, "i8": -3.0, "inf": "inf", "mask": [True, False],
+                     "nan": "-nan", "none": [], "one": 1.0, "t": True, "u64": 2**64 - 1}
+    assert type(items["i64"]) is int and type(items["t"]) is bool

@@ -416,7 +416,7 @@ HOSTILE = {
     "duplicate names": (_binary(u64(2) + string("a") + u32(1) + i64(1) + string("a") + u32(1) + i64(2)),
                         "entry 'a' appears twice"),
     "bool value 2": (_binary(u64(1) + string("b") + u32(3) + u32(2)), "bool value 2"),
-    "kind 5": (_binary(u64(1) + string("k") + u32(5) + bytes(8)), "unknown value kind 5"),
+    "kind 8": (_binary(u64(1) + string("k") + u32(8) + bytes(8)), "unknown value kind 8"),
     "dtype 17": (_binary(u64(1) + tensor_toc("t", 17, [1], 1) + u32(0) + b"\0"), "unknown dtype code 17"),
     "padding of 64": (_binary(u64(1) + tensor_toc("t", 5, [1], 1) + u32(64) + bytes(65)), "padding of 64 bytes"),
     "a payload cut short": (_binary(u64(1) + tensor_toc("t", 5, [100], 100) + u32(0) + bytes(60)), "tensor 't'"),

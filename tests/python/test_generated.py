@@ -99,6 +99,64 @@ def test_load_into_what_was_saved(tmp_path, entries, archive):
         assert targets[n].tobytes() == a.tobytes(), n
 
 
+# --------------------------------------------------------------------------- bytes, lists of strings, value maps
+
+def map_numbers():
+    """Numbers of a value map: Python bool, int and float, and NumPy scalars of every dtype
+    NumPy has (bfloat16 and float8 have none)."""
+    scalars = st.sampled_from(DTYPES).flatmap(
+        lambda d: hnp.arrays(np.dtype(d), ()).map(lambda a: a[()]))
+    return st.one_of(st.booleans(), INT64, doubles(finite=False), scalars)
+
+
+def map_vectors():
+    return st.sampled_from(DTYPES).flatmap(
+        lambda d: hnp.arrays(np.dtype(d), hnp.array_shapes(min_dims=1, max_dims=1, min_side=0, max_side=5)))
+
+
+value_maps = st.dictionaries(names(), st.one_of(map_numbers(), st.text(max_size=20), map_vectors()), max_size=6)
+new_kinds = st.one_of(st.binary(max_size=300), st.lists(st.text(max_size=20), max_size=6), value_maps)
+
+
+def _loaded(v):
+    """What ckpt.load gives for a value saved in a value map."""
+    if isinstance(v, str):
+        return v
+    if type(v) is bool:
+        return np.bool_(v)
+    if isinstance(v, int):
+        return np.int64(v)
+    if isinstance(v, float) and not isinstance(v, np.generic):
+        return np.float64(v)
+    a = np.asarray(v)
+    a = a.astype(a.dtype.newbyteorder("<"))
+    return a[()] if a.ndim == 0 else a
+
+
+def _same(got, want):
+    if isinstance(want, (np.ndarray, np.generic)):
+        return type(got) is type(want) and got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    return type(got) is type(want) and got == want
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@generated(30)
+@given(data=st.data(), archive=st.sampled_from(ARCHIVES))
+def test_bytes_strings_and_maps_round_trip_in_python(tmp_path, codec, data, archive):
+    entries = data.draw(st.dictionaries(names(), new_kinds, max_size=6), label="entries")
+    path = ckpt.save(str(tmp_path / "k.ckpt"), entries, archive=archive, **_codec_args(codec))
+    got = ckpt.load(path, key=KEY)
+    assert list(got) == list(entries)
+    for name, v in entries.items():
+        if isinstance(v, dict):
+            keys = sorted(v, key=lambda k: k.encode("utf-8", "surrogateescape"))
+            assert type(got[name]) is dict and list(got[name]) == keys, name
+            for k in keys:
+                assert _same(got[name][k], _loaded(v[k])), (name, k, got[name][k], v[k])
+        else:
+            assert type(got[name]) is type(v) and got[name] == v, name
+
+
 # --------------------------------------------------------------------------- across languages
 
 # Names an npz member can carry to the C++ tool unchanged: printable, not empty (".npy" is no

@@ -1,6 +1,9 @@
-"""load_into's checks and report, save's refusals, and what a failed save leaves behind."""
+"""load_into's checks and report, save's refusals, what a failed save leaves behind, and the
+values beside tensors: bytes, lists of strings and objects (value maps among them)."""
+import base64
 import errno
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -158,7 +161,7 @@ BAD_ENTRIES = {
     "numpy longdouble scalar": ({"t": np.longdouble(3)}, "dtype float128"),
     "None": ({"t": None}, "NoneType"),
     "list": ({"t": [1, 2]}, "list"),
-    "bytes": ({"t": b"raw"}, "bytes"),
+    "set": ({"t": {"a", "b"}}, "set"),
     "int over int64": ({"t": 2**63}, "outside int64"),
     "int under int64": ({"t": -2**63 - 1}, "outside int64"),
     "name not str": ({1: 2}, "names are str"),
@@ -507,3 +510,242 @@ def test_epoch_and_step_of_any_integer_type(tmp_path):
     for epoch, step in ((np.int64(2), np.int32(5)), (np.uint64(3), np.int16(7)), (np.int8(0), 2**63 - 1)):
         h = ckpt.header(ckpt.save(str(tmp_path / "i.ckpt"), {"w": np.zeros(1)}, epoch=epoch, step=step))
         assert (h.epoch, h.step) == (int(epoch), int(step)) and type(h.epoch) is int and type(h.step) is int
+
+
+# --------------------------------------------------------------------------- bytes, lists of strings, objects
+
+KEY = ckpt.Key(bytes(range(50, 82)))
+CODEC_OPTIONS = {"none": {}, "zstd": {"zstd": 3}, "aes": {"key": KEY}, "zstd+aes": {"zstd": 3, "key": KEY}}
+
+
+def _bfloat16(bits):
+    a = np.zeros((), ckpt.bit_pattern_dtype("bfloat16"))
+    a[()] = bits
+    return a
+
+
+def _values():
+    """One entry of each new kind and form, with what ckpt.load gives back for it (and, for
+    objects, the type contents() names)."""
+    every_byte = bytes(range(256))
+    return [
+        ("bytes", b"\x00\x01raw\xff\n<&>", b"\x00\x01raw\xff\n<&>"),
+        ("bytes.empty", b"", b""),
+        ("bytes.every", every_byte * 3, every_byte * 3),       # base64 of several lines
+        ("bytes.bytearray", bytearray(b"ba"), b"ba"),
+        ("bytes.memoryview", memoryview(np.array([1.5], "<f8")), np.array([1.5], "<f8").tobytes()),
+        ("strings", ["a", "", "Gr\u00fc\u00dfe \u65e5\u672c", "<a & 'b'>\t\"q\"", "line\nfeed", "x\udcff"],
+         ["a", "", "Gr\u00fc\u00dfe \u65e5\u672c", "<a & 'b'>\t\"q\"", "line\nfeed", "x\udcff"]),
+        ("strings.empty", [], []),
+        ("strings.tuple", ("one", "two"), ["one", "two"]),
+        ("strings.one_empty", [""], [""]),
+        ("map.float64", {"lr": 0.5, "momentum": 0.9, "eps": 1e-300}, {"eps": np.float64(1e-300), "lr": np.float64(0.5),
+                                                                       "momentum": np.float64(0.9)}),
+        ("map.int64", {"b": 2**63 - 1, "a": -2**63}, {"a": np.int64(-2**63), "b": np.int64(2**63 - 1)}),
+        ("map.bool", {"yes": True, "no": np.bool_(False)}, {"no": np.False_, "yes": np.True_}),
+        ("map.string", {"name": "adam", "empty": "", "utf8": "\u2713 \u00e9"},
+         {"empty": "", "name": "adam", "utf8": "\u2713 \u00e9"}),
+        ("map.vector", {"v": np.arange(4, dtype=np.int32), "w": np.array([-1, 7], ">i4"), "none": np.zeros(0, "<i4")},
+         {"none": np.zeros(0, "<i4"), "v": np.arange(4, dtype="<i4"), "w": np.array([-1, 7], "<i4")}),
+        ("map.mixed", {"f32": np.float32(1.5), "u64": np.uint64(2**64 - 1), "c": np.complex128(1 - 2j),
+                       "h": np.float16(-0.0), "bf": _bfloat16(0x3F80), "s": "x", "mask": np.array([True, False]),
+                       "strided": np.arange(10.0)[::3], "n": 3, "x": 2.5, "t": True},
+         {"bf": _bfloat16(0x3F80), "c": np.complex128(1 - 2j), "f32": np.float32(1.5), "h": np.float16(-0.0),
+          "mask": np.array([True, False]), "n": np.int64(3), "s": "x", "strided": np.array([0.0, 3.0, 6.0, 9.0]),
+          "t": np.True_, "u64": np.uint64(2**64 - 1), "x": np.float64(2.5)}),
+        ("map.empty", {}, {}),
+        ("map.keys", {"\udcff": 1, "\ue000": 2, "": 3, "\u00e9": 4, "Z": 5, "aa": 6, "a": 7},  # in byte order
+         {"": np.int64(3), "Z": np.int64(5), "a": np.int64(7), "aa": np.int64(6), "\u00e9": np.int64(4),
+          "\ue000": np.int64(2), "\udcff": np.int64(1)}),
+        ("object.binary", ckpt.Object("Stats", "boost binary", every_byte), ckpt.Object("Stats", "boost binary",
+                                                                                        every_byte)),
+        ("object.text", ckpt.Object("Stats", "boost text", "22 serialization::archive 18 0 0 3\n"),
+         ckpt.Object("Stats", "boost text", "22 serialization::archive 18 0 0 3\n")),
+        ("object.stream", ckpt.Object("std::mt19937_64", "stream text", "5489 1 2 \udcfe"),
+         ckpt.Object("std::mt19937_64", "stream text", "5489 1 2 \udcfe")),
+        ("object.empty", ckpt.Object("<empty> & 'so'", "stream text", ""),
+         ckpt.Object("<empty> & 'so'", "stream text", "")),
+        ("object.map", ckpt.Object("map<string, int64>", "value map", support.u64(1) + support.string("k") + b"\1"
+                                   + support.u32(4) + support.i64(-5)), {"k": np.int64(-5)}),
+    ]
+
+
+MAP_TYPES = {"map.float64": "map<string, float64>", "map.int64": "map<string, int64>", "map.bool": "map<string, bool>",
+             "map.string": "map<string, string>", "map.vector": "map<string, vector<int32>>",
+             "map.mixed": "map<string, any>", "map.empty": "map<string, any>", "map.keys": "map<string, int64>",
+             "object.map": "map<string, int64>"}
+
+
+def _same(got, want):
+    """`got` is `want` exactly: of the same type, and for NumPy values of the same dtype (its
+    bit-pattern meaning too) and bytes; dicts in the same order."""
+    if isinstance(want, dict):
+        return type(got) is dict and list(got) == list(want) and all(_same(got[k], want[k]) for k in want)
+    if isinstance(want, list):
+        return type(got) is list and len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
+    if isinstance(want, (np.ndarray, np.generic)):
+        return (type(got) is type(want) and got.dtype == want.dtype and got.shape == want.shape
+                and ckpt._format.ckpt_dtype_name(got.dtype) == ckpt._format.ckpt_dtype_name(want.dtype)
+                and got.tobytes() == want.tobytes())
+    return type(got) is type(want) and got == want
+
+
+@pytest.mark.parametrize("codec", sorted(CODEC_OPTIONS))
+@pytest.mark.parametrize("archive", ["binary", "text", "xml"])
+def test_bytes_strings_and_objects_round_trip(tmp_path, archive, codec):
+    values = _values()
+    entries = [(name, given) for name, given, _ in values] + [("w", np.arange(3.0)), ("n", 7)]
+    path = ckpt.save(str(tmp_path / "k.ckpt"), entries, archive=archive, **CODEC_OPTIONS[codec])
+    for mmap in (False, True):
+        got = ckpt.load(path, key=KEY, mmap=mmap)
+        assert list(got) == [name for name, _ in entries]
+        for name, _, want in values:
+            assert _same(got[name], want), "%s: got %r, expected %r" % (name, got[name], want)
+    info = {e.name: e for e in ckpt.contents(path, key=KEY)}
+    for name, _, want in values:
+        e = info[name]
+        kind = {"map": "object"}.get(name.split(".")[0], name.split(".")[0])
+        assert e.kind == kind and _same(e.value, want), name
+        if kind == "bytes":
+            assert e.nbytes == len(want)
+        if kind == "object":
+            assert e.type == MAP_TYPES.get(name, getattr(want, "type", None)), (name, e.type)
+            assert e.encoding == ("value map" if isinstance(want, dict) else want.encoding)
+    # what was loaded saves as the same bytes: maps keep their dtypes, objects their encodings
+    again = ckpt.save(str(tmp_path / "again.ckpt"), ckpt.load(path, key=KEY), archive=archive)
+    plain = ckpt.save(str(tmp_path / "plain.ckpt"), entries, archive=archive)
+    assert support.read(again)[64:] == support.read(plain)[64:]
+
+
+def test_the_bodies_of_bytes_strings_and_objects_in_each_archive_kind(tmp_path):
+    """The fields of docs/FORMAT.md section 3 in each archive kind, byte for byte, built here
+    from the document (a value map's bytes too)."""
+    from support import string, u32, u64, i64
+    value_map = (u64(3) + string("a") + b"\2" + u64(1) + b"x" + string("b") + b"\1" + u32(1) + struct.pack("<d", 2.5)
+                 + string("v") + b"\3" + u32(3) + u64(2) + struct.pack("<2i", 1, -2))
+    entries = [("b", b"\x00\xff"), ("s", ["x", ""]), ("o", ckpt.Object("T", "stream text", "1 2")),
+               ("m", {"v": np.array([1, -2], np.int32), "b": 2.5, "a": "x"}), ("i", 5)]
+    binary = (u64(5) + string("b") + u32(5) + u64(2) + b"\x00\xff" + string("s") + u32(6) + u64(2) + string("x")
+              + string("") + string("o") + u32(7) + string("T") + u32(3) + u64(3) + b"1 2" + string("m") + u32(7)
+              + string("map<string, any>") + u32(2) + u64(len(value_map)) + value_map + string("i") + u32(1) + i64(5))
+    b64 = base64.b64encode(value_map)
+    b64 = b"\n".join(b64[i:i + 76] for i in range(0, len(b64), 76))
+    text = (b"22 serialization::archive 18 5 1\n\nYg==\n5 2\n\nAP8=\n1\n\ncw==\n6 2 1\n\neA==\n0\n\n1\n\nbw==\n"
+            b"7 1\n\nVA==\n3 3\n\nMSAy\n1\n\nbQ==\n7 16\n\nbWFwPHN0cmluZywgYW55Pg==\n2 %d\n\n%s\n1\n\naQ==\n1 5\n"
+            % (len(value_map), b64))
+    xml = (b'<?xml version="1.0" encoding="UTF-8" standalone="yes" ?>\n<!DOCTYPE boost_serialization>\n'
+           b'<boost_serialization signature="serialization::archive" version="18">\n<entries>5</entries>\n'
+           b"<name>b</name>\n<kind>5</kind>\n<size>2</size>\n<data>\nAP8=\n</data>\n"
+           b"<name>s</name>\n<kind>6</kind>\n<count>2</count>\n<value>x</value>\n<value></value>\n"
+           b"<name>o</name>\n<kind>7</kind>\n<type>T</type>\n<encoding>3</encoding>\n<size>3</size>\n"
+           b"<data>\nMSAy\n</data>\n"
+           b"<name>m</name>\n<kind>7</kind>\n<type>map&lt;string, any&gt;</type>\n<encoding>2</encoding>\n"
+           b"<size>%d</size>\n<data>\n%s\n</data>\n<name>i</name>\n<kind>1</kind>\n<value>5</value>\n"
+           b"</boost_serialization>\n\n" % (len(value_map), b64))
+    for archive, body in (("binary", binary), ("text", text), ("xml", xml)):
+        path = ckpt.save(str(tmp_path / ("%s.ckpt" % archive)), entries, archive=archive)
+        assert support.read(path)[64:] == body, archive
+        # and a file built from the document reads as what was saved
+        built = support.write(tmp_path / ("built-%s.ckpt" % archive),
+                              support.make_file(body, archive=ARCHIVE_CODES[archive]))
+        assert _same(ckpt.load(built), ckpt.load(path))
+
+
+ARCHIVE_CODES = {"binary": 0, "text": 1, "xml": 2}
+
+
+def test_empty_bytes_and_strings_in_text_and_xml(tmp_path):
+    """Blocks of no bytes: a line feed alone in text, `<data>↵</data>` in xml."""
+    entries = {"b": b"", "s": [], "e": [""], "o": ckpt.Object("T", "boost binary", b"")}
+    text = support.read(ckpt.save(str(tmp_path / "t.ckpt"), entries, archive="text"))[64:]
+    assert text == (b"22 serialization::archive 18 4 1\n\nYg==\n5 0\n\n1\n\ncw==\n6 0 1\n\nZQ==\n6 1 0\n\n1\n\nbw==\n"
+                    b"7 1\n\nVA==\n0 0\n\n")
+    xml = support.read(ckpt.save(str(tmp_path / "x.ckpt"), entries, archive="xml"))[64:]
+    assert b"<kind>5</kind>\n<size>0</size>\n<data>\n</data>\n" in xml and b"<count>0</count>\n<name>e</name>" in xml
+    assert b"<count>1</count>\n<value></value>\n" in xml
+    for path in (tmp_path / "t.ckpt", tmp_path / "x.ckpt"):
+        assert _same(ckpt.load(path), {"b": b"", "s": [], "e": [""], "o": entries["o"]})
+
+
+def test_loaded_vectors_and_lists_are_the_callers_own(tmp_path):
+    path = ckpt.save(str(tmp_path / "v.ckpt"), {"m": {"v": np.arange(3.0)}, "s": ["a"]})
+    first = ckpt.load(path)
+    assert first["m"]["v"].flags.writeable
+    first["m"]["v"][0] = 9
+    first["s"].append("b")
+    assert ckpt.load(path)["m"]["v"][0] == 0 and ckpt.load(path)["s"] == ["a"]
+    assert ckpt.load(path, mmap=True)["m"]["v"].flags.writeable
+
+
+def test_load_into_reports_the_new_kinds_among_the_rest(tmp_path):
+    path = ckpt.save(str(tmp_path / "r.ckpt"), {"w": np.zeros(2), "b": b"x", "s": ["y"], "m": {"k": "v"}})
+    report = ckpt.load_into(path, {"w": np.ones(2)})
+    assert report.complete and report.rest == {"b": b"x", "s": ["y"], "m": {"k": "v"}}
+
+
+def test_python_values_of_every_kind_stay_apart(tmp_path):
+    """A str is a string, a list of str strings, bytes bytes, a dict an object; an array of
+    strings or a list of numbers is still no value a checkpoint holds."""
+    path = ckpt.save(tmp_path / "k.ckpt", {"s": "ab", "l": ["ab"], "b": b"ab", "m": {"ab": "ab"}, "one": 1})
+    assert [e.kind for e in ckpt.contents(path)] == ["string", "strings", "bytes", "object", "int64"]
+    assert [type(v) for v in ckpt.load(path).values()] == [str, list, bytes, dict, int]
+    for refused in ([1, 2], ("a", 1), np.array(["a", "b"]), {"a", "b"}):
+        with pytest.raises(ckpt.ConfigError, match="(entry|tensor) 'x'"):
+            ckpt.save(tmp_path / "r.ckpt", {"x": refused})
+
+
+BAD_VALUES = {
+    "key int": ({"m": {1: 2.0}}, r"entry 'm' has the key 1, a int; the keys of a map are str"),
+    "key bytes": ({"m": {b"k": 2.0}}, r"entry 'm' has the key b'k', a bytes"),
+    "key without UTF-8": ({"m": {"k\ud800": 1}}, r"entry 'm' has the key 'k\\ud800'.*no UTF-8 bytes"),
+    "keys of the same bytes": ({"m": {"\u00e9": 1, "\udcc3\udca9": 2}}, r"entry 'm' has the keys .* the same bytes"),
+    "value None": ({"m": {"k": None}}, r"entry 'm' key 'k' holds a NoneType"),
+    "value list": ({"m": {"k": [1.0]}}, r"entry 'm' key 'k' holds a list"),
+    "value dict": ({"m": {"k": {"j": 1}}}, r"entry 'm' key 'k' holds a dict"),
+    "value bytes": ({"m": {"k": b"x"}}, r"entry 'm' key 'k' holds a bytes"),
+    "value complex": ({"m": {"k": 1j}}, r"entry 'm' key 'k' holds a complex"),
+    "value rank 2": ({"m": {"k": np.zeros((2, 2))}}, r"entry 'm' key 'k' holds an array of rank 2"),
+    "value object array": ({"m": {"k": np.array([1, "a"], dtype=object)}}, r"entry 'm' key 'k' holds dtype object"),
+    "value longdouble": ({"m": {"k": np.longdouble(1)}}, r"entry 'm' key 'k' holds dtype float128"),
+    "value datetime": ({"m": {"k": np.datetime64("2020-01-01")}}, r"entry 'm' key 'k' holds dtype datetime64"),
+    "value over int64": ({"m": {"k": 2**63}}, r"entry 'm' key 'k' holds 9223372036854775808, outside int64"),
+    "value string without UTF-8": ({"m": {"k": "v\udfff"}}, r"entry 'm' key 'k' holds a string with '\\udfff'"),
+    "list item int": ({"l": ["a", 2]}, r"entry 'l' is a list whose item 1 is of type int"),
+    "list item bytes": ({"l": [b"a"]}, r"entry 'l' is a list whose item 0 is of type bytes"),
+    "list item without UTF-8": ({"l": ["a", "\ud800"]}, r"string 1 of entry 'l' holds '\\ud800'"),
+    "object type without UTF-8": ({"o": ckpt.Object("T\ud800", "stream text", "")}, r"the type of object 'o'"),
+    "object text without UTF-8": ({"o": ckpt.Object("T", "boost text", "\ud800")}, r"the data of object 'o'"),
+    "object map of bad bytes": ({"o": ckpt.Object("map<string, any>", "value map", support.u64(1))},
+                                r"object 'o' is a value map that a reader refuses: it claims 1 items in 0 bytes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_save_refuses_maps_lists_and_objects_a_checkpoint_cannot_hold(tmp_path, case):
+    entries, match = BAD_VALUES[case]
+    for archive in ("binary", "text", "xml"):
+        with pytest.raises(ckpt.ConfigError, match=match):
+            ckpt.save(str(tmp_path / "r.ckpt"), dict(entries, w=np.zeros(2)), archive=archive)
+        assert _left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize("args,match", [
+    (("T", "json", b""), "an Object's encoding is one of boost binary, boost text, value map, stream text, not 'json'"),
+    (("T", 2, b""), "an Object's encoding is one of"),
+    ((b"T", "boost binary", b""), "an Object's type is a str, not bytes"),
+    (("T", "boost binary", "text"), "the data of an Object of encoding 'boost binary' is bytes, not str"),
+    (("T", "value map", None), "the data of an Object of encoding 'value map' is bytes, not NoneType"),
+    (("T", "stream text", b"1 2"), "the data of an Object of encoding 'stream text' is a str, not bytes"),
+])
+def test_an_object_is_made_of_what_it_can_hold(args, match):
+    with pytest.raises(ckpt.ConfigError, match=match):
+        ckpt.Object(*args)
+
+
+def test_an_object_holds_bytes_of_its_own():
+    raw = bytearray(b"ab")
+    obj = ckpt.Object("T", "boost binary", raw)
+    raw[0] = 0
+    assert obj.data == b"ab" and type(obj.data) is bytes and hash(obj) == hash(ckpt.Object("T", "boost binary", b"ab"))
+    with pytest.raises(AttributeError):
+        obj.data = b"x"
