@@ -23,6 +23,7 @@
 #include <iostream>
 #include <iterator>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -349,6 +350,30 @@ void checkpoint_cases() {
         add("zstd-decodes-512m.ckpt", "ckpt", checkpoint(stored, ckpt::ArchiveKind::binary, {ckpt::CodecId::zstd}),
             "FormatError", "decodes to more than", "a zstd body of 25 KB that decodes to 512 MiB of zeros");
     }
+    // the kinds of 0.2: bytes, lists of strings and objects of each encoding
+    {
+        ckpt::ParamDict kinds;
+        kinds.set("blob", ckpt::Bytes{std::string("\0\x1b[2J\xff", 6)});
+        kinds.set("tags", ckpt::Strings{"a", "", "\x1b]0;t\x07"});
+        std::map<std::string, double> stats{{"mean", 0.5}, {"n", 3}};
+        std::mt19937 engine(7);
+        std::string label = "x";
+        kinds.set("stats", ckpt::view_of(stats));
+        kinds.set("rng", ckpt::view_of(engine));
+        kinds.set("label", ckpt::object(label));
+        add("ok-kinds.ckpt", "ckpt", checkpoint(body_of(kinds)), "ok", "",
+            "bytes, a list of strings, and objects: a value map, an engine's state, a Boost archive");
+        add("ok-kinds-xml.ckpt", "ckpt", checkpoint(body_of(kinds, xml), ckpt::ArchiveKind::xml), "ok", "",
+            "the same in an xml body");
+    }
+    add("value-kind-8.ckpt", "ckpt", checkpoint(BinaryBody().u64(1).str("x").u32(8).u64(0).s), "VersionError", "kind 8",
+        "a value kind from the future (0.2 knows 0 to 7)");
+    add("object-encoding-4.ckpt", "ckpt", checkpoint(BinaryBody().u64(1).str("o").u32(7).str("T").u32(4).u64(0).s),
+        "VersionError", "encoding 4", "an object encoding from the future (0.2 knows 0 to 3)");
+    add("bytes-size-huge.ckpt", "ckpt", checkpoint(BinaryBody().u64(1).str("b").u32(5).u64(1ull << 61).s), "FormatError",
+        "is malformed", "a bytes value claiming 2^61 bytes");
+    add("strings-count-huge.ckpt", "ckpt", checkpoint(BinaryBody().u64(1).str("l").u32(6).u64(1ull << 60).s),
+        "FormatError", "is malformed", "a list claiming 2^60 strings");
     add("text-signature-length.ckpt", "ckpt", checkpoint("-2 serialization::archive 18 1 0\n", ckpt::ArchiveKind::text),
         "FormatError", "'22 serialization::archive '", "a text body whose signature's length is -2");
 }
