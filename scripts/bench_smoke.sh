@@ -46,6 +46,7 @@ program() {
 p=$(program ckpt_io) && [ -n "$p" ] && smoke ckpt_io "$p" --rounds 1 --tensors 2 --dir "$work"
 p=$(program interop_io) && [ -n "$p" ] && smoke interop_io "$p" --rounds 1 --tensors 2 --dir "$work"
 p=$(program parse_scaling) && [ -n "$p" ] && smoke parse_scaling "$p" --entries 200 --rounds 1 --dir "$work"
+p=$(program map_state) && [ -n "$p" ] && smoke map_state "$p" --entries 200 --rounds 1 --dir "$work"
 p=$(program durable_level) && [ -n "$p" ] &&
     smoke durable_level "$p" --mib 4 --saves 2 --gap-ms 100 --rounds 1 --dir "$work"
 p=$(program reshard) && [ -n "$p" ] && smoke reshard "$p" --rounds 1 --side 256 --dir "$work"
