@@ -209,4 +209,29 @@ Binding view_of(std::unordered_map<K, V, H, E, A>& m) {
     return detail::bind<detail::MapBinding<std::unordered_map<K, V, H, E, A>>>(m);
 }
 
+namespace detail {
+template <class> inline constexpr bool always_false = false;
+}
+
+/// Maps of other keys or values: a message that says what to write, rather than the
+/// candidates that did not match.
+template <class K, class V, class C, class A>
+    requires(!detail::StringKeyedMap<std::map<K, V, C, A>>)
+Binding view_of(std::map<K, V, C, A>&) {
+    static_assert(detail::always_false<K>,
+                  "ckpt::view_of binds a map whose keys are std::string and whose values are numbers, std::string or "
+                  "std::vector of numbers; bind other maps with ckpt::object(m) (Boost.Serialization, "
+                  "#include <boost/serialization/map.hpp>)");
+    return Binding(nullptr);
+}
+template <class K, class V, class H, class E, class A>
+    requires(!detail::StringKeyedMap<std::unordered_map<K, V, H, E, A>>)
+Binding view_of(std::unordered_map<K, V, H, E, A>&) {
+    static_assert(detail::always_false<K>,
+                  "ckpt::view_of binds a map whose keys are std::string and whose values are numbers, std::string or "
+                  "std::vector of numbers; bind other maps with ckpt::object(m) (Boost.Serialization, "
+                  "#include <boost/serialization/unordered_map.hpp>)");
+    return Binding(nullptr);
+}
+
 }  // namespace ckpt
