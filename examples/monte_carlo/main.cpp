@@ -23,6 +23,25 @@
 #include <string>
 #include <vector>
 
+/// A fixed-range histogram: the kind of class a program already has, saved through its
+/// serialize() as it is. (Outside the unnamed namespace: its name is the checkpoint's type
+/// for it, "Histogram".)
+struct Histogram {
+    double lo = -40, hi = 40;
+    std::vector<std::int64_t> bins = std::vector<std::int64_t>(64, 0);
+    std::string label = "walker positions";
+
+    void add(double x) {
+        const double at = (x - lo) / (hi - lo) * static_cast<double>(bins.size());
+        const auto i = static_cast<std::ptrdiff_t>(std::clamp(at, 0.0, static_cast<double>(bins.size() - 1)));
+        ++bins[static_cast<std::size_t>(i)];
+    }
+    template <class Archive>
+    void serialize(Archive& ar, unsigned /*version*/) {
+        ar & lo & hi & bins & label;
+    }
+};
+
 namespace {
 
 struct Options {
@@ -73,24 +92,6 @@ Options parse(int argc, char** argv) {
         cli.fail("--walkers, --steps, --every and --keep must be at least 1");
     return o;
 }
-
-/// A fixed-range histogram: the kind of class a program already has, saved through its
-/// serialize() as it is.
-struct Histogram {
-    double lo = -40, hi = 40;
-    std::vector<std::int64_t> bins = std::vector<std::int64_t>(64, 0);
-    std::string label = "walker positions";
-
-    void add(double x) {
-        const double at = (x - lo) / (hi - lo) * static_cast<double>(bins.size());
-        const auto i = static_cast<std::ptrdiff_t>(std::clamp(at, 0.0, static_cast<double>(bins.size() - 1)));
-        ++bins[static_cast<std::size_t>(i)];
-    }
-    template <class Archive>
-    void serialize(Archive& ar, unsigned /*version*/) {
-        ar & lo & hi & bins & label;
-    }
-};
 
 /// The job's whole state.
 struct Walk {
