@@ -9,9 +9,9 @@
 # statistics, and a diff of the first two runs' final checkpoints, entry by entry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+bash scripts/deps.sh --demo  # not the test suite's (doctest, libtorch, MPI, the Python stack)
 build=${CKPT_BUILD_DIR:-build}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release > /dev/null
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCKPT_BUILD_TESTS=OFF > /dev/null
 cmake --build "$build" --target fault_recover ckpt-tool -j"$(nproc)"
 export OPENBLAS_NUM_THREADS=1  # single-threaded BLAS, and no idle BLAS threads spinning
 demo="$build/fault_recover_demo"

@@ -2,9 +2,15 @@
 # Installs the Debian packages the build needs, and only those missing: when everything is
 # there it does nothing and prints nothing.
 #   deps.sh [package ...]    (default: what building and testing ckpt needs)
+#   deps.sh --demo           what scripts/demo.sh builds and runs: the core, the training
+#                            layer on OpenBLAS and Fashion-MNIST, and the ckpt tool
 set -euo pipefail
 packages=("$@")
-if [ ${#packages[@]} -eq 0 ]; then
+if [ "${1:-}" = "--demo" ]; then
+    packages=(g++ cmake make libboost-serialization-dev libboost-filesystem-dev xtensor-dev libxxhash-dev
+              libopenblas-dev zlib1g-dev dataset-fashion-mnist nlohmann-json3-dev libzip-dev libcli11-dev
+              libzstd-dev libssl-dev)
+elif [ ${#packages[@]} -eq 0 ]; then
     packages=(g++ cmake make libboost-serialization-dev libboost-filesystem-dev xtensor-dev doctest-dev
               libxxhash-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist ccache libgloo-dev redis-server
               nlohmann-json3-dev libzip-dev libcli11-dev python3-numpy libzstd-dev libssl-dev libtorch-dev python3-torch

@@ -36,9 +36,9 @@ command -v ninja > /dev/null && generator=(-G Ninja)
 compiled=OFF
 [ "$all" = 1 ] && compiled=ON
 if [ ! -f "$build/CMakeCache.txt" ]; then
-    cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCKPT_TEST_COMPILED=$compiled
+    cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCKPT_BUILD_TESTS=ON -DCKPT_TEST_COMPILED=$compiled
 else
-    cmake -S . -B "$build" -DCKPT_TEST_COMPILED=$compiled > /dev/null
+    cmake -S . -B "$build" -DCKPT_BUILD_TESTS=ON -DCKPT_TEST_COMPILED=$compiled > /dev/null
 fi
 jobs=$(nproc)
 took "packages and configuration"

@@ -32,4 +32,6 @@ for run in 0 1; do
 done
 "$py" -m ckpt verify exp-1.ckpt exp-2.ckpt
 "$py" -m ckpt ls . | grep -q 'exp-2.ckpt .* ok  <- latest'
+# the console script pip installs, as the README names it
+"$work/venv/bin/ckpt-py" ls . | grep -q 'exp-2.ckpt .* ok  <- latest'
 echo "installed and used: ok"
