@@ -54,6 +54,14 @@ std::function<void()> assign_later(T& var, std::shared_ptr<T> staged) {
     throw LoadMismatch("entry '" + entry + "': " + why);
 }
 
+/// `stored` is not an object of `type`, or not in the encoding its binding reads.
+[[noreturn]] inline void not_its_object(const std::string& entry, const Value& stored, const std::string& type) {
+    const Object* o = stored.get_if<Object>();
+    bound_mismatch(entry, "checkpoint has " + stored.type_name() +
+                              (o ? " (" + std::string(object_encoding_name(o->encoding)) + ")" : "") +
+                              ", the variable is a " + type);
+}
+
 /// A binding whose stored value is of one plain kind (string, bytes, strings).
 template <class Var, class Stored, ValueKind Kind>
 class PlainBinding final : public Binding::Target {
@@ -149,9 +157,7 @@ public:
     std::function<void()> stage(const Value& stored, const std::string& entry) const override {
         const Object* o = stored.get_if<Object>();
         if (!o || o->encoding != ObjectEncoding::value_map)
-            bound_mismatch(entry, "checkpoint has " + stored.type_name() +
-                                      (o ? " (" + std::string(object_encoding_name(o->encoding)) + ")" : "") +
-                                      ", the variable is a " + type());
+            not_its_object(entry, stored, type());
         auto staged = std::make_shared<M>();
         try {
             visit_value_map(o->data, "entry '" + entry + "'",

@@ -73,9 +73,7 @@ public:
     std::function<void()> stage(const Value& stored, const std::string& entry) const override {
         const Object* o = stored.get_if<Object>();
         if (!o || o->encoding != ObjectEncoding::stream_text || o->type != type())
-            bound_mismatch(entry, "checkpoint has " + stored.type_name() +
-                                      (o ? " (" + std::string(object_encoding_name(o->encoding)) + ")" : "") +
-                                      ", the variable is a " + type());
+            not_its_object(entry, stored, type());
         auto staged = staging_copy(var_);
         std::istringstream is(o->data);
         is.imbue(std::locale::classic());
@@ -124,9 +122,7 @@ public:
         const Object* o = stored.get_if<Object>();
         const bool boost = o && (o->encoding == ObjectEncoding::boost_binary || o->encoding == ObjectEncoding::boost_text);
         if (!boost || o->type != type())
-            bound_mismatch(entry, "checkpoint has " + stored.type_name() +
-                                      (o ? " (" + std::string(object_encoding_name(o->encoding)) + ")" : "") +
-                                      ", the variable is a " + type());
+            not_its_object(entry, stored, type());
         auto staged = staging_copy(var_);
         std::istringstream is(o->data);
         is.imbue(std::locale::classic());
