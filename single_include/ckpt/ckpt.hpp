@@ -8268,6 +8268,7 @@ static_assert(std::atomic<int>::is_always_lock_free);
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <typeinfo>
 
@@ -8372,6 +8373,12 @@ public:
         const bool boost = o && (o->encoding == ObjectEncoding::boost_binary || o->encoding == ObjectEncoding::boost_text);
         if (!boost || o->type != type())
             not_its_object(entry, stored, type());
+        // Boost reads its own header's length before it checks it: what does not start like
+        // one of its archives never reaches it (a length read from other bytes is a huge allocation)
+        static constexpr std::string_view binary_head{"\x16\0\0\0\0\0\0\0serialization::archive", 30};
+        static constexpr std::string_view text_head{"22 serialization::archive "};
+        if (!std::string_view(o->data).starts_with(o->encoding == ObjectEncoding::boost_binary ? binary_head : text_head))
+            bound_mismatch(entry, "its data is not a " + std::string(object_encoding_name(o->encoding)) + " archive");
         auto staged = staging_copy(var_);
         std::istringstream is(o->data);
         is.imbue(std::locale::classic());
