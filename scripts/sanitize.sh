@@ -60,14 +60,17 @@ build_asan() { build build-asan address,undefined -DCKPT_TEST_ONLY=; }
 build_tsan() { build build-tsan thread -DCKPT_TEST_ONLY="$tsan_sources"; }
 
 asan() {
-    local started=$SECONDS
-    build_asan
+    local started=$SECONDS rc=0
+    build_asan || return 1
     # abort_on_error stays 0 in both passes: doctest catches SIGABRT, and a sanitizer aborting
     # from inside its report then hangs in that handler; its exit code fails the test alike.
     export ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:print_stacktrace=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:strict_init_order=1
     export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=0:print_stacktrace=1:report_error_type=1
-    ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs" --timeout 600
+    # its status returned, not left to set -e: `asan || status=$?` below runs this function
+    # where bash ignores set -e, and a failed ctest would otherwise pass
+    ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs" --timeout 600 || rc=$?
     echo "asan+ubsan: $((SECONDS - started)) s"
+    return $rc
 }
 
 tsan() {
