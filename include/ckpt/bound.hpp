@@ -17,6 +17,7 @@
 // the variable's is a LoadMismatch naming the entry, and leaves the variable unchanged.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -184,8 +185,14 @@ Binding bind(Var& var) {
 
 }  // namespace detail
 
+// (templates, the std::string overloads too: a binding's class is then instantiated only in
+// the files that bind one, not in every file that includes ckpt.hpp)
+
 /// A std::string, stored as a string.
-inline Binding view_of(std::string& s) { return detail::bind<detail::PlainBinding<std::string, std::string, ValueKind::string>>(s); }
+template <std::same_as<std::string> S>
+Binding view_of(S& s) {
+    return detail::bind<detail::PlainBinding<std::string, std::string, ValueKind::string>>(s);
+}
 
 /// A list of strings.
 template <class A>
@@ -194,7 +201,10 @@ Binding view_of(std::vector<std::string, A>& list) {
 }
 
 /// A byte string, held in a std::string or a vector of bytes.
-inline Binding bytes_of(std::string& s) { return detail::bind<detail::PlainBinding<std::string, Bytes, ValueKind::bytes>>(s); }
+template <std::same_as<std::string> S>
+Binding bytes_of(S& s) {
+    return detail::bind<detail::PlainBinding<std::string, Bytes, ValueKind::bytes>>(s);
+}
 template <class B, class A>
     requires(std::is_same_v<B, std::byte> || std::is_same_v<B, unsigned char> || std::is_same_v<B, char>)
 Binding bytes_of(std::vector<B, A>& v) {

@@ -106,27 +106,29 @@ public:
     Value(std::string s) : v_(std::move(s)) {}
     Value(const char* s) : v_(std::string(s)) {}
     Value(std::string_view s) : v_(std::string(s)) {}
-    Value(Bytes b) : v_(std::move(b)) {}
-    Value(Strings s) : v_(std::move(s)) {}
-    Value(Object o) : v_(std::move(o)) {}
-    Value(Binding b) : v_(std::move(b)) {}
+    Value(Bytes b) : v_(box(std::move(b))) {}
+    Value(Strings s) : v_(box(std::move(s))) {}
+    Value(Object o) : v_(box(std::move(o))) {}
+    Value(Binding b) : v_(box(std::move(b))) {}
 
     /// The kind stored: a binding's is that of what it binds.
     ValueKind kind() const noexcept {
-        if (const Binding* b = std::get_if<Binding>(&v_)) return b->target().kind();
-        return static_cast<ValueKind>(v_.index());
+        if (v_.index() < 5) return static_cast<ValueKind>(v_.index());
+        const Other& other = *std::get<Boxed>(v_).other;
+        if (const Binding* b = std::get_if<Binding>(&other)) return b->target().kind();
+        return static_cast<ValueKind>(5 + other.index());
     }
     bool is_tensor() const noexcept { return v_.index() == 0; }
-    bool is_binding() const noexcept { return std::holds_alternative<Binding>(v_); }
+    bool is_binding() const noexcept { return get_if<Binding>() != nullptr; }
 
     /// "float32[6, 1, 5, 5]", "int64", "double", "bool", "string", "bytes", "strings", an
     /// object's type, and "… (bound)" for a binding.
     std::string type_name() const {
-        if (const Binding* b = std::get_if<Binding>(&v_)) {
+        if (const Binding* b = get_if<Binding>()) {
             const auto& t = b->target();
             return (t.kind() == ValueKind::object ? t.type() : kind_name(t.kind())) + " (bound)";
         }
-        if (const Object* o = std::get_if<Object>(&v_)) return o->type;
+        if (const Object* o = get_if<Object>()) return o->type;
         if (const Tensor* t = std::get_if<Tensor>(&v_)) return t->describe();
         return kind_name(kind());
     }
@@ -145,14 +147,42 @@ public:
         return "?";
     }
 
-    template <class T> T* get_if() noexcept { return std::get_if<T>(&v_); }
-    template <class T> const T* get_if() const noexcept { return std::get_if<T>(&v_); }
+    /// The value as a T, or null. Bytes, Strings, Object and Binding are shared between the
+    /// copies of a value and read only.
+    template <class T> auto* get_if() noexcept {
+        if constexpr (is_other<T>) return std::as_const(*this).get_if<T>();
+        else return std::get_if<T>(&v_);
+    }
+    template <class T> const T* get_if() const noexcept {
+        if constexpr (is_other<T>) {
+            const Boxed* b = std::get_if<Boxed>(&v_);
+            return b ? std::get_if<T>(b->other.get()) : nullptr;
+        } else {
+            return std::get_if<T>(&v_);
+        }
+    }
 
     friend bool operator==(const Value&, const Value&) = default;
 
 private:
-    // the first eight in the order of ValueKind's codes
-    std::variant<Tensor, std::int64_t, double, bool, std::string, Bytes, Strings, Object, Binding> v_;
+    // The kinds of 0.2 and bindings are boxed: every alternative of v_ costs each file that
+    // copies or compares a Value (the variant's machinery for nine alternatives made a
+    // header-only file compile a fifth longer), and most values are tensors and numbers.
+    using Other = std::variant<Bytes, Strings, Object, Binding>;
+    template <class T>
+    static constexpr bool is_other = std::is_same_v<T, Bytes> || std::is_same_v<T, Strings> ||
+                                     std::is_same_v<T, Object> || std::is_same_v<T, Binding>;
+    struct Boxed {
+        std::shared_ptr<const Other> other;
+        friend bool operator==(const Boxed& a, const Boxed& b) { return a.other == b.other || *a.other == *b.other; }
+    };
+    template <class T>
+    static Boxed box(T value) {
+        return Boxed{std::make_shared<const Other>(std::move(value))};
+    }
+
+    // the first five in the order of ValueKind's codes; the rest in Other, in that order
+    std::variant<Tensor, std::int64_t, double, bool, std::string, Boxed> v_;
 };
 
 namespace detail {
@@ -253,7 +283,9 @@ public:
 private:
     template <class T>
     static T checked(std::string_view name, const Value& v) {
-        return checked_ref<T>(name, const_cast<Value&>(v));
+        if (const T* p = v.get_if<T>()) return *p;
+        throw TypeMismatch("checkpoint value '" + std::string(name) + "' is " + v.type_name() + ", expected " +
+                           detail::value_type_name<T>());
     }
     template <class T>
     static T& checked_ref(std::string_view name, Value& v) {
