@@ -46,6 +46,7 @@
 #include <ckpt/codecs/aes_gcm.hpp>
 #include <ckpt/ckpt.hpp>
 #include <ckpt/interop.hpp>
+#include <ckpt/object.hpp>  // view_of an engine (ckpt.hpp has it, but not in compiled mode)
 #include <ckpt/codecs/zstd.hpp>
 
 #include <array>
