@@ -169,14 +169,7 @@ public:
             read_string("name", e.name);
             std::uint32_t kind = 0;
             ar_ >> make_nvp("kind", kind);
-            // the body passed its checksum before it is parsed: a kind this reader lacks is a
-            // newer writer's, unless no writer would number one so high (garbage)
-            if (kind > max_plausible_code) fail("entry '" + e.name + "' has unknown value kind " + std::to_string(kind));
-            if (kind > max_value_kind)
-                throw VersionError("checkpoint '" + path_ + "': entry '" + e.name + "' has value kind " +
-                                       std::to_string(kind) + ", which this version of ckpt does not know (written " +
-                                       "by a newer version?)",
-                                   path_);
+            check_code(kind, max_value_kind, "entry '" + e.name + "' has", "value kind");
             e.kind = static_cast<ValueKind>(kind);
             switch (e.kind) {
                 case ValueKind::tensor: read_tensor_meta(e); break;
@@ -209,13 +202,7 @@ public:
                     read_string("type", o.type);
                     std::uint32_t encoding = 0;
                     ar_ >> make_nvp("encoding", encoding);
-                    if (encoding > max_plausible_code)
-                        fail("object '" + e.name + "' has unknown encoding " + std::to_string(encoding));
-                    if (encoding > max_object_encoding)
-                        throw VersionError("checkpoint '" + path_ + "': object '" + e.name + "' has encoding " +
-                                               std::to_string(encoding) + ", which this version of ckpt does not know " +
-                                               "(written by a newer version?)",
-                                           path_);
+                    check_code(encoding, max_object_encoding, "object '" + e.name + "' has", "encoding");
                     o.encoding = static_cast<ObjectEncoding>(encoding);
                     o.data = read_block(e.name);
                     e.scalar = std::move(o);
@@ -273,6 +260,16 @@ private:
             s.resize(static_cast<std::size_t>(n));
             ar_.load_binary(s.data(), s.size());
         }
+    }
+
+    /// A value kind or object encoding (`what`) above `known`: the body passed its checksum
+    /// before it is parsed, so a newer writer's, unless no writer numbers one so high (damage).
+    void check_code(std::uint32_t code, std::uint32_t known, const std::string& subject, const char* what) const {
+        if (code > max_plausible_code) fail(subject + " unknown " + what + " " + std::to_string(code));
+        if (code > known)
+            throw VersionError("checkpoint '" + path_ + "': " + subject + " " + what + " " + std::to_string(code) +
+                                   ", which this version of ckpt does not know (written by a newer version?)",
+                               path_);
     }
 
     std::string read_block(const std::string& entry) {

@@ -686,7 +686,7 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
         } else if (Value* slot = plan.value_slots[i]) {
             *slot = it->value;
         } else {
-            plan.report.rest.set(it->name, materialized(it->value, ObjectEncoding::boost_binary));
+            plan.report.rest.set(it->name, toc[i].kind == ValueKind::tensor ? it->value : toc[i].scalar);  // read once
         }
     }
     for (const auto& commit : commits) commit();
