@@ -15,7 +15,8 @@ elif [ ${#packages[@]} -eq 0 ]; then
               libxxhash-dev libopenblas-dev zlib1g-dev dataset-fashion-mnist ccache libgloo-dev redis-server
               nlohmann-json3-dev libzip-dev libcli11-dev python3-numpy libzstd-dev libssl-dev libtorch-dev python3-torch
               gnuplot-nox python3-xxhash python3-zstandard python3-cryptography python3-pytest python3-hypothesis
-              python3-setuptools python3-wheel python3-venv libeigen3-dev libopenmpi-dev openmpi-bin pkg-config dpkg-dev)
+              python3-setuptools python3-wheel python3-venv libeigen3-dev libopenmpi-dev openmpi-bin pkg-config dpkg-dev
+              mkdocs mkdocs-material doxygen)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -5,8 +5,8 @@
 #   bash scripts/test.sh --all   what CI runs: the above, and the header checks (each public
 #                                header compiles alone; the core's in both modes), the
 #                                benchmarks at -O0, each run once on a small size with the
-#                                checks of what it timed (scripts/bench_smoke.sh), the unit
-#                                suite in compiled mode
+#                                checks of what it timed (scripts/bench_smoke.sh), the
+#                                documentation site (scripts/docs.sh), the unit suite in compiled mode
 #                                (ckpt::ckpt_compiled), the sanitizers (scripts/sanitize.sh:
 #                                the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer,
 #                                the threaded parts under ThreadSanitizer) and a minute of fuzzing
@@ -88,6 +88,10 @@ took "rest of the header checks' and benchmarks' compile"
 # timed, so that one that stops measuring fails here rather than in docs/PERFORMANCE.md.
 bash scripts/bench_smoke.sh "$build"
 took "the benchmarks on small sizes"
+# The documentation site, with the API reference from the headers: a broken link or a name
+# the headers no longer declare fails (its examples ran in ctest).
+bash scripts/docs.sh "$build" > "$build/docs.log" 2>&1 || { cat "$build/docs.log" >&2; exit 1; }
+took "the documentation site (mkdocs build --strict)"
 if [ -n "$sanitizer_build" ]; then
     wait "$sanitizer_build" || { cat "$build/sanitizer-build.log" >&2; exit 1; }
     sanitizer_build=

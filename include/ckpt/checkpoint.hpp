@@ -168,6 +168,12 @@ LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, c
 
 /// Writes `dict` to `file` atomically and durably (see detail/atomic_file.hpp). On any error
 /// the previous file at `file`, if any, is untouched and no temporary is left behind.
+/// @throws IoError `file` cannot be written (no such directory, no permission, disk full), or
+///         it exists and `opts.overwrite` is false
+/// @throws ConfigError `dict` holds what the archive cannot (a reserved entry name, a tensor of
+///         too high a rank, a non-finite double in a text or xml archive), or `opts.codecs` is
+///         not a valid chain (a codec not compiled in, encryption not last)
+/// @throws KeyError `opts.codecs` encrypts without a key
 void save_checkpoint(const ParamDict& dict, const PathArg& file, const SaveOptions& opts = {});
 
 /// Reads and checks the header only (64 bytes): cheap, but says nothing about the body.
@@ -184,6 +190,14 @@ FileHeader verify_checkpoint(const PathArg& file, const LoadOptions& opts = {});
 
 /// Loads every entry into a new ParamDict. The body is verified before anything in it is
 /// parsed; binary payloads are not copied again after the read.
+/// @throws IoError `file` cannot be opened or read
+/// @throws FormatError not a checkpoint, truncated or malformed, of another archive kind than
+///         `opts.archive`, or a body that would decode to more than `opts.max_decoded_bytes`
+/// @throws ChecksumError the header or the body does not match its checksum
+///         (AuthenticationError: an encrypted body fails authentication)
+/// @throws VersionError a format version, archive kind or codec this reader does not know
+/// @throws KeyError encrypted, and `opts.key` is not its key (or not set)
+/// @throws ConfigError the file needs a codec this program lacks (include its header)
 ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = {});
 
 /// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
@@ -191,6 +205,8 @@ ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = {});
 /// values into the target's values of the same kind. Other entries of `src` go to
 /// report.rest. Strict: any missing, unexpected or mismatched tensor throws LoadMismatch
 /// naming all of them, before anything is copied.
+/// @throws LoadMismatch strict, and a tensor is missing, unexpected, or of another dtype or
+///         shape; or a bound variable cannot take its stored value
 LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false);
 
 /// Into an object's state_dict(): its values are copies, which nothing can write back (a
@@ -220,6 +236,18 @@ LoadReport load_param_into_net(T& target, const ParamDict& src, bool strict = fa
 /// the file's table of contents before writing any payload.
 /// A ParamDict target's own values (int64, double, bool, string) are replaced by the
 /// checkpoint's of the same name and kind.
+/// @throws IoError `file` cannot be opened or read
+/// @throws FormatError not a checkpoint, truncated or malformed, of another archive kind than
+///         `opts.archive`, or a body that would decode to more than `opts.max_decoded_bytes`
+/// @throws ChecksumError the header or the body does not match its checksum
+///         (AuthenticationError: an encrypted body fails authentication); the target's
+///         tensors may then hold partial data
+/// @throws VersionError a format version, archive kind or codec this reader does not know
+/// @throws KeyError encrypted, and `opts.key` is not its key (or not set)
+/// @throws ConfigError the file needs a codec this program lacks (include its header)
+/// @throws LoadMismatch strict, and the file's tensors do not match the target's names,
+///         dtypes or shapes (before any payload is written); or a bound variable cannot take
+///         its stored value
 LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
                                 const LoadOptions& opts = {});
 

@@ -365,6 +365,9 @@ std::optional<StoredCheckpoint> newer_breakpoint(const fs::path& dir, std::strin
 /// returned (with a note saying so). When nothing of this naming is found but files of the
 /// prefix follow another naming, a warning names them. `opts` (the key of encrypted files)
 /// is needed only to read the owner record of an encrypted exception save.
+/// @throws UnreadableCheckpoints under OnUnreadable::refuse: the newest checkpoint cannot be
+///         read by this program, or checkpoints exist and none of them verifies
+/// @throws IoError `dir` is not a directory, or cannot be listed
 template <NamingPolicy N = detail::AnyRunNaming>
 std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                                   std::vector<SkippedCheckpoint>* skipped = nullptr,
@@ -423,6 +426,9 @@ std::optional<Path> best(const PathArg& dir, std::string_view prefix, const std:
 }
 
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
+/// @throws UnreadableCheckpoints under OnUnreadable::refuse: the newest checkpoint cannot be
+///         read by this program, or checkpoints exist and none of them verifies
+/// @throws IoError `dir` is not a directory, or cannot be listed
 template <NamingPolicy N = detail::AnyRunNaming>
 std::optional<Path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
                            std::vector<SkippedCheckpoint>* skipped = nullptr,

@@ -57,6 +57,12 @@ public:
     /// prefix, and picks this run's prefix (see the naming policy). `codec`'s chain is checked
     /// here (a missing key or codec fails now, not at the first save); its key, if any, also
     /// decrypts what restore() loads.
+    /// @throws ConfigError an invalid prefix, options (async_buffers 0; a durable level
+    ///         without a directory, or the checkpoint directory itself) or codec chain (a codec
+    ///         not compiled in, encryption not last)
+    /// @throws KeyError the codec encrypts without a key
+    /// @throws SeriesLocked another writer holds the series (ManagerOptions::lock)
+    /// @throws IoError a level's directory cannot be created, or its lock file opened
     CheckpointManager(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
                       ManagerOptions options = {}, C codec = C{});
     CheckpointManager(CheckpointManager&&) noexcept;
@@ -137,6 +143,10 @@ public:
     /// Saves now, whatever the save policy says, then applies retention. With async_save the
     /// file is written in the background: the returned path is where it will be once wait()
     /// (or the next save) returns.
+    /// @throws ConfigError the state holds a name starting with "__ckpt.", or one append_info
+    ///         sets to another value, or what the archive cannot hold; a metric has no name
+    /// @throws IoError the file (or the run's meta file) cannot be written
+    /// @throws Error with async_save: what an earlier background save failed with, naming its file
     template <class State>
     Path save(const Progress& p, State&& state) {
         check_background();
@@ -151,6 +161,12 @@ public:
     /// until this manager has saved a newer one.
     /// A target that shapes itself after the file (ShapedByCheckpoint) is asked for views of
     /// each file tried, and its loaded() runs once one has loaded.
+    /// @throws LoadMismatch strict, and the newest usable checkpoint does not fit the target
+    ///         (not passed over for an older one)
+    /// @throws UnreadableCheckpoints under OnUnreadable::refuse (ManagerOptions::on_unreadable):
+    ///         the newest checkpoint cannot be read by this program, or checkpoints exist and
+    ///         none can be used
+    /// @throws IoError the directory cannot be listed, or a verified file cannot be read
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {

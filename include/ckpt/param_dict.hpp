@@ -242,6 +242,8 @@ public:
 
     /// Typed access: integral T reads an int64 (range-checked), floating T a double, bool a
     /// bool, std::string a string, Tensor a tensor. A mismatch names the key and both types.
+    /// @throws NotFound no entry is named `name`
+    /// @throws TypeMismatch the entry is of another kind, or its integer does not fit T
     template <class T>
     T get(std::string_view name) const {
         const Value& v = at(name);
@@ -260,6 +262,9 @@ public:
         }
     }
 
+    /// The tensor named `name`, by reference.
+    /// @throws NotFound no entry is named `name`
+    /// @throws TypeMismatch the entry is not a tensor
     Tensor& tensor(std::string_view name) { return checked_ref<Tensor>(name, at(name)); }
     const Tensor& tensor(std::string_view name) const {
         return checked_ref<Tensor>(name, const_cast<Value&>(at(name)));

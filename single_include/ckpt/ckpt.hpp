@@ -1001,6 +1001,8 @@ public:
 
     /// Typed access: integral T reads an int64 (range-checked), floating T a double, bool a
     /// bool, std::string a string, Tensor a tensor. A mismatch names the key and both types.
+    /// @throws NotFound no entry is named `name`
+    /// @throws TypeMismatch the entry is of another kind, or its integer does not fit T
     template <class T>
     T get(std::string_view name) const {
         const Value& v = at(name);
@@ -1019,6 +1021,9 @@ public:
         }
     }
 
+    /// The tensor named `name`, by reference.
+    /// @throws NotFound no entry is named `name`
+    /// @throws TypeMismatch the entry is not a tensor
     Tensor& tensor(std::string_view name) { return checked_ref<Tensor>(name, at(name)); }
     const Tensor& tensor(std::string_view name) const {
         return checked_ref<Tensor>(name, const_cast<Value&>(at(name)));
@@ -1875,7 +1880,7 @@ struct XmlArchive {
 //
 // A CodecPolicy C provides `CodecChain codecs() const`: the stages, in the order applied.
 // Members: NoCodec (the default: the body is stored as the archive wrote it), Zstd{level}
-// (<ckpt/zstd.hpp>, target ckpt::zstd), AesGcm{key} (<ckpt/aes_gcm.hpp>, target
+// (<ckpt/codecs/zstd.hpp>, target ckpt::zstd), AesGcm{key} (<ckpt/codecs/aes_gcm.hpp>, target
 // ckpt::aes_gcm) and Chain<C...>, which applies its members in turn (compress, then encrypt).
 //
 // The header records the stages, so a reader needs no policy: load_checkpoint() decodes any
@@ -2397,8 +2402,8 @@ inline bool register_codec(CodecId id, CodecImpl impl) {
 
 inline std::string codec_header_hint(CodecId id) {
     switch (id) {
-        case CodecId::zstd: return "include <ckpt/zstd.hpp> and link ckpt::zstd";
-        case CodecId::aes_256_gcm: return "include <ckpt/aes_gcm.hpp> and link ckpt::aes_gcm";
+        case CodecId::zstd: return "include <ckpt/codecs/zstd.hpp> and link ckpt::zstd";
+        case CodecId::aes_256_gcm: return "include <ckpt/codecs/aes_gcm.hpp> and link ckpt::aes_gcm";
         default: return "no codec of that number exists";
     }
 }
@@ -2796,6 +2801,12 @@ LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, c
 
 /// Writes `dict` to `file` atomically and durably (see detail/atomic_file.hpp). On any error
 /// the previous file at `file`, if any, is untouched and no temporary is left behind.
+/// @throws IoError `file` cannot be written (no such directory, no permission, disk full), or
+///         it exists and `opts.overwrite` is false
+/// @throws ConfigError `dict` holds what the archive cannot (a reserved entry name, a tensor of
+///         too high a rank, a non-finite double in a text or xml archive), or `opts.codecs` is
+///         not a valid chain (a codec not compiled in, encryption not last)
+/// @throws KeyError `opts.codecs` encrypts without a key
 void save_checkpoint(const ParamDict& dict, const PathArg& file, const SaveOptions& opts = {});
 
 /// Reads and checks the header only (64 bytes): cheap, but says nothing about the body.
@@ -2812,6 +2823,14 @@ FileHeader verify_checkpoint(const PathArg& file, const LoadOptions& opts = {});
 
 /// Loads every entry into a new ParamDict. The body is verified before anything in it is
 /// parsed; binary payloads are not copied again after the read.
+/// @throws IoError `file` cannot be opened or read
+/// @throws FormatError not a checkpoint, truncated or malformed, of another archive kind than
+///         `opts.archive`, or a body that would decode to more than `opts.max_decoded_bytes`
+/// @throws ChecksumError the header or the body does not match its checksum
+///         (AuthenticationError: an encrypted body fails authentication)
+/// @throws VersionError a format version, archive kind or codec this reader does not know
+/// @throws KeyError encrypted, and `opts.key` is not its key (or not set)
+/// @throws ConfigError the file needs a codec this program lacks (include its header)
 ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = {});
 
 /// Copies the tensors of `src` into the same-named tensors of `target` (often views of a
@@ -2819,6 +2838,8 @@ ParamDict load_checkpoint(const PathArg& file, const LoadOptions& opts = {});
 /// values into the target's values of the same kind. Other entries of `src` go to
 /// report.rest. Strict: any missing, unexpected or mismatched tensor throws LoadMismatch
 /// naming all of them, before anything is copied.
+/// @throws LoadMismatch strict, and a tensor is missing, unexpected, or of another dtype or
+///         shape; or a bound variable cannot take its stored value
 LoadReport load_param_into_net(ParamDict& target, const ParamDict& src, bool strict = false);
 
 /// Into an object's state_dict(): its values are copies, which nothing can write back (a
@@ -2848,6 +2869,18 @@ LoadReport load_param_into_net(T& target, const ParamDict& src, bool strict = fa
 /// the file's table of contents before writing any payload.
 /// A ParamDict target's own values (int64, double, bool, string) are replaced by the
 /// checkpoint's of the same name and kind.
+/// @throws IoError `file` cannot be opened or read
+/// @throws FormatError not a checkpoint, truncated or malformed, of another archive kind than
+///         `opts.archive`, or a body that would decode to more than `opts.max_decoded_bytes`
+/// @throws ChecksumError the header or the body does not match its checksum
+///         (AuthenticationError: an encrypted body fails authentication); the target's
+///         tensors may then hold partial data
+/// @throws VersionError a format version, archive kind or codec this reader does not know
+/// @throws KeyError encrypted, and `opts.key` is not its key (or not set)
+/// @throws ConfigError the file needs a codec this program lacks (include its header)
+/// @throws LoadMismatch strict, and the file's tensors do not match the target's names,
+///         dtypes or shapes (before any payload is written); or a bound variable cannot take
+///         its stored value
 LoadReport load_checkpoint_into(const PathArg& file, ParamDict& target, bool strict = false,
                                 const LoadOptions& opts = {});
 
@@ -5835,6 +5868,9 @@ std::optional<StoredCheckpoint> newer_breakpoint(const fs::path& dir, std::strin
 /// returned (with a note saying so). When nothing of this naming is found but files of the
 /// prefix follow another naming, a warning names them. `opts` (the key of encrypted files)
 /// is needed only to read the owner record of an encrypted exception save.
+/// @throws UnreadableCheckpoints under OnUnreadable::refuse: the newest checkpoint cannot be
+///         read by this program, or checkpoints exist and none of them verifies
+/// @throws IoError `dir` is not a directory, or cannot be listed
 template <NamingPolicy N = detail::AnyRunNaming>
 std::optional<StoredCheckpoint> latest_checkpoint(const PathArg& dir, std::string_view prefix, const N& naming = {},
                                                   std::vector<SkippedCheckpoint>* skipped = nullptr,
@@ -5893,6 +5929,9 @@ std::optional<Path> best(const PathArg& dir, std::string_view prefix, const std:
 }
 
 /// Path form of latest_checkpoint(), named after the seed's "find the latest checkpoint".
+/// @throws UnreadableCheckpoints under OnUnreadable::refuse: the newest checkpoint cannot be
+///         read by this program, or checkpoints exist and none of them verifies
+/// @throws IoError `dir` is not a directory, or cannot be listed
 template <NamingPolicy N = detail::AnyRunNaming>
 std::optional<Path> latest(const PathArg& dir, std::string_view prefix, const N& naming = {},
                            std::vector<SkippedCheckpoint>* skipped = nullptr,
@@ -7827,6 +7866,12 @@ public:
     /// prefix, and picks this run's prefix (see the naming policy). `codec`'s chain is checked
     /// here (a missing key or codec fails now, not at the first save); its key, if any, also
     /// decrypts what restore() loads.
+    /// @throws ConfigError an invalid prefix, options (async_buffers 0; a durable level
+    ///         without a directory, or the checkpoint directory itself) or codec chain (a codec
+    ///         not compiled in, encryption not last)
+    /// @throws KeyError the codec encrypts without a key
+    /// @throws SeriesLocked another writer holds the series (ManagerOptions::lock)
+    /// @throws IoError a level's directory cannot be created, or its lock file opened
     CheckpointManager(PathArg directory, std::string prefix, S save = S{}, R retention = R{}, N naming = N{},
                       ManagerOptions options = {}, C codec = C{});
     CheckpointManager(CheckpointManager&&) noexcept;
@@ -7907,6 +7952,10 @@ public:
     /// Saves now, whatever the save policy says, then applies retention. With async_save the
     /// file is written in the background: the returned path is where it will be once wait()
     /// (or the next save) returns.
+    /// @throws ConfigError the state holds a name starting with "__ckpt.", or one append_info
+    ///         sets to another value, or what the archive cannot hold; a metric has no name
+    /// @throws IoError the file (or the run's meta file) cannot be written
+    /// @throws Error with async_save: what an earlier background save failed with, naming its file
     template <class State>
     Path save(const Progress& p, State&& state) {
         check_background();
@@ -7921,6 +7970,12 @@ public:
     /// until this manager has saved a newer one.
     /// A target that shapes itself after the file (ShapedByCheckpoint) is asked for views of
     /// each file tried, and its loaded() runs once one has loaded.
+    /// @throws LoadMismatch strict, and the newest usable checkpoint does not fit the target
+    ///         (not passed over for an older one)
+    /// @throws UnreadableCheckpoints under OnUnreadable::refuse (ManagerOptions::on_unreadable):
+    ///         the newest checkpoint cannot be read by this program, or checkpoints exist and
+    ///         none can be used
+    /// @throws IoError the directory cannot be listed, or a verified file cannot be read
     template <class Target>
     std::optional<Restored> restore(Target& target, bool strict = true,
                                     std::vector<SkippedCheckpoint>* skipped = nullptr) const {

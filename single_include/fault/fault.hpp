@@ -2792,6 +2792,13 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
 ///
 /// With two levels (ckpt::DurableLevel), pass both directories of the indexes, the local one
 /// first (every rank the same list): the newest index on either, the local copy first.
+/// @throws ckpt::UnreadableCheckpoints (every rank) under OnUnreadable::refuse: the newest
+///         index cannot be read by this program, or indexes exist and none can be used
+/// @throws ckpt::LoadMismatch a rank's state does not fit (elements no file holds, a tensor of
+///         another dtype or shape) or, under OnUnreadable::refuse, a rank cannot read its files:
+///         that rank throws its own error (ckpt::LoadMismatch, ckpt::VersionError,
+///         ckpt::KeyError, …), every other rank LoadMismatch naming the ranks
+/// @throws PeerFailure a rank failed, or did not take part in time
 template <Communicator Comm>
 std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector<ckpt::Path>& levels,
                                                    const ckpt::ParamDict& like, const ckpt::PieceMap& places = {},

@@ -2199,6 +2199,12 @@ public:
     /// ckpt::UnreadableCheckpoints unless `on_unreadable` is OnUnreadable::fall_back. Without a
     /// naming it finds MindSporeNaming's and StepNaming's names; `opts.key` opens encrypted
     /// files.
+    /// @throws ckpt::ConfigError `prefix` holds '/' (the directory comes first)
+    /// @throws ckpt::UnreadableCheckpoints under OnUnreadable::refuse: the newest checkpoint
+    ///         cannot be read by this program, or checkpoints exist and none of them verifies
+    /// @throws ckpt::LoadMismatch the checkpoint does not fit the network, optimizer or data
+    ///         (nothing in memory changes then)
+    /// @throws ckpt::KeyError the checkpoint is encrypted and `opts.key` is not its key
     template <ckpt::NamingPolicy N = ckpt::detail::AnyRunNaming>
     ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data, const N& naming = {},
                                 const ckpt::LoadOptions& opts = {},

@@ -9,7 +9,7 @@
 //
 // A CodecPolicy C provides `CodecChain codecs() const`: the stages, in the order applied.
 // Members: NoCodec (the default: the body is stored as the archive wrote it), Zstd{level}
-// (<ckpt/zstd.hpp>, target ckpt::zstd), AesGcm{key} (<ckpt/aes_gcm.hpp>, target
+// (<ckpt/codecs/zstd.hpp>, target ckpt::zstd), AesGcm{key} (<ckpt/codecs/aes_gcm.hpp>, target
 // ckpt::aes_gcm) and Chain<C...>, which applies its members in turn (compress, then encrypt).
 //
 // The header records the stages, so a reader needs no policy: load_checkpoint() decodes any
@@ -271,8 +271,8 @@ inline bool register_codec(CodecId id, CodecImpl impl) {
 
 inline std::string codec_header_hint(CodecId id) {
     switch (id) {
-        case CodecId::zstd: return "include <ckpt/zstd.hpp> and link ckpt::zstd";
-        case CodecId::aes_256_gcm: return "include <ckpt/aes_gcm.hpp> and link ckpt::aes_gcm";
+        case CodecId::zstd: return "include <ckpt/codecs/zstd.hpp> and link ckpt::zstd";
+        case CodecId::aes_256_gcm: return "include <ckpt/codecs/aes_gcm.hpp> and link ckpt::aes_gcm";
         default: return "no codec of that number exists";
     }
 }
