@@ -236,6 +236,12 @@ TEST_CASE("ckpt ls shows each checkpoint's recorded metrics, and --best marks th
     CHECK(fit[0]["best"] == false);
     CHECK(fit[2]["metrics"]["val_loss"] == 0.3);
 
+    // a metric no file records (misspelled): nothing marked, and a word saying what is recorded
+    auto missing = ckpt_tool({"ls", root.string(), "--best", "val-loss"}, dir.path());
+    CHECK(missing.status == 0);
+    CHECK_FALSE(contains(missing.out, "<- best"));
+    CHECK(contains(missing.err, "no checkpoint here that verifies records the metric 'val-loss'; recorded: 'accuracy', 'val_loss'"));
+
     CHECK(ckpt_tool({"ls", root.string(), "--best", "accuracy:most"}, dir.path()).status == 2);
     CHECK(ckpt_tool({"ls", root.string(), "--best", "val_loss", "--headers-only"}, dir.path()).status == 2);
 
@@ -985,6 +991,16 @@ TEST_CASE("ckpt ls shows what a series left besides checkpoints: temporaries (--
     CHECK(verify.status == 1);
     CHECK(contains(verify.out, "global index of step 300"));
     CHECK(contains(verify.out, "2 temporaries of saves that did not finish"));
+    // --prefix keeps to its own series' temporaries: not those of a prefix that only starts the same
+    const std::string other = ".stx-1.ckpt.tmp-" + std::to_string(gone) + "-0";
+    const std::string later_run = ".st_2-5.ckpt.tmp-" + std::to_string(gone) + "-0";
+    for (const auto& n : {other, later_run}) test::write_bytes(run / n, std::vector<char>(10, 'x'));
+    auto own = ckpt_tool({"ls", run.string(), "--prefix", "st", "--clean"}, dir.path());
+    CHECK(own.status == 0);
+    CHECK(test::fs::exists(run / other));
+    CHECK_FALSE(test::fs::exists(run / later_run));
+    test::fs::remove(run / other);
+    test::write_bytes(run / dead, std::vector<char>(100, 'x'));
     // --clean removes the dead writer's temporary only
     auto clean = ckpt_tool({"ls", run.string(), "--clean"}, dir.path());
     CHECK(clean.status == 0);

@@ -98,6 +98,9 @@ std::string shown(std::string_view s) {
     return out;
 }
 std::string shown(const std::string& s) { return shown(std::string_view(s)); }
+
+/// "1 entry", "3 entries".
+std::string entries_count(std::size_t n) { return std::to_string(n) + (n == 1 ? " entry" : " entries"); }
 std::string shown(const char* s) { return shown(std::string_view(s)); }
 std::string shown(const fs::path& p) { return shown(std::string_view(p.string())); }
 
@@ -554,6 +557,15 @@ void mark_best(std::vector<Listed>& files, const BestBy& by) {
             best[files[i].group] = i;
     }
     for (const auto& [group, i] : best) files[i].best = true;
+    if (best.empty() && !files.empty()) {  // never recorded, or misspelled: say what there is
+        std::set<std::string> recorded;
+        for (const auto& f : files)
+            for (const auto& [name, value] : f.metrics) recorded.insert(name);
+        std::string names;
+        for (const auto& name : recorded) names += (names.empty() ? "'" : ", '") + shown(name) + "'";
+        std::cerr << "no checkpoint here that verifies records the metric '" << shown(by.metric) << "'"
+                  << (names.empty() ? std::string(": none records a metric") : "; recorded: " + names) << "\n";
+    }
 }
 
 /// "val_loss" (smaller is better) or "accuracy:max".
@@ -638,9 +650,18 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
     if (clean && as_json) throw UsageError("--clean reports what it removes as text: it cannot go with --json");
     std::vector<Temporary> temporaries;
     auto files = find_checkpoints(dir, prefix, &temporaries);
-    if (prefix)
+    if (prefix)  // the temporaries of this prefix's files: ".{prefix}-…" or a later run's ".{prefix}_{N}-…"
         std::erase_if(temporaries, [&](const Temporary& t) {
-            return !t.path.filename().string().starts_with("." + *prefix);
+            const std::string name = t.path.filename().string();
+            const std::string head = "." + *prefix;
+            if (!name.starts_with(head)) return true;
+            std::size_t at = head.size();
+            if (at < name.size() && name[at] == '_') {
+                const std::size_t digits = name.find_first_not_of("0123456789", at + 1);
+                if (digits == at + 1 || digits == std::string::npos) return true;
+                at = digits;
+            }
+            return at >= name.size() || name[at] != '-';
         });
     std::sort(temporaries.begin(), temporaries.end(), [](const Temporary& a, const Temporary& b) { return a.path < b.path; });
     if (clean) clean_temporaries(temporaries);
@@ -1192,7 +1213,7 @@ json entries_json(const std::vector<ckpt::EntryInfo>& list, const std::optional<
 
 void print_entries(const std::vector<ckpt::EntryInfo>& entries, const std::optional<ckpt::ParamDict>& loaded,
                    bool stats) {
-    std::cout << "  " << entries.size() << " entries\n\n";
+    std::cout << "  " << entries_count(entries.size()) << "\n\n";
     std::size_t width = 4;
     for (const auto& e : entries) width = std::max(width, shown(e.name).size());
     std::printf("  %-*s  %-7s  %-7s  %-16s %-12s %12s", static_cast<int>(width), "NAME", "KIND", "DTYPE", "SHAPE", "ORDER",
@@ -1472,7 +1493,7 @@ int cmd_export(const fs::path& in, const fs::path& out, const Selection& sel, bo
     const auto dict = sel.apply(ckpt::load_checkpoint(in, load_options));
     if (target == FileFormat::safetensors) ckpt::save_safetensors(dict, out);
     else ckpt::save_npz(dict, out, compress);
-    std::cout << "exported " << dict.size() << " entries to " << shown(out) << " (" << human_size(fs::file_size(out)) << ")\n";
+    std::cout << "exported " << entries_count(dict.size()) << " to " << shown(out) << " (" << human_size(fs::file_size(out)) << ")\n";
     return 0;
 }
 
@@ -1500,7 +1521,7 @@ int cmd_import(const fs::path& in, const fs::path& out, const Selection& sel, st
         if (fs::is_directory(dir)) lock.emplace(dir, probe.prefix);
     }
     ckpt::save_checkpoint(dict, out, opts);
-    std::cout << "imported " << dict.size() << " entries into " << shown(out) << " (epoch " << epoch << ", step "
+    std::cout << "imported " << entries_count(dict.size()) << " into " << shown(out) << " (epoch " << epoch << ", step "
               << step << ", " << archive << " archive"
               << (opts.codecs.empty() ? std::string() : ", " + ckpt::read_header(out).codec_names()) << ")\n";
     return 0;

@@ -355,7 +355,7 @@ inline void read_npz(const std::string& path, const InteropLoadOptions& opts, bo
                      std::vector<EntryMeta>& entries) {
     std::uint64_t file_bytes = 0;
     {
-        auto fd = open_for_read(path);  // an IoError naming the file when it cannot be read
+        auto fd = open_for_read(path, "npz file");  // an IoError naming the file when it cannot be read
         file_bytes = file_size(fd.get(), path);
     }
     int err = 0;

@@ -221,7 +221,7 @@ inline void save_safetensors(const ParamDict& state, const PathArg& file) {
 
 namespace detail {
 inline ParamDict load_safetensors_file(const std::string& path, const InteropLoadOptions& opts) {
-    auto fd = open_for_read(path);
+    auto fd = open_for_read(path, "safetensors file");
     const std::uint64_t size = file_size(fd.get(), path);
     auto contents = read_safetensors_header(fd.get(), size, path);
     DecodeBudget budget("safetensors file '" + path + "'", path, opts.max_decoded_bytes, size, interop_budget_option);
@@ -261,7 +261,7 @@ inline ParamDict load_safetensors(const PathArg& file, const InteropLoadOptions&
 inline std::vector<detail::EntryMeta> safetensors_contents(const PathArg& file, const InteropLoadOptions& = {}) {
     const std::string path = file.string();
     return detail::reading_foreign(path, [&] {
-        auto fd = detail::open_for_read(path);
+        auto fd = detail::open_for_read(path, "safetensors file");
         auto contents = detail::read_safetensors_header(fd.get(), detail::file_size(fd.get(), path), path);
         std::vector<detail::EntryMeta> entries;
         for (auto& s : contents.slots) {
