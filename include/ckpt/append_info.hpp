@@ -14,6 +14,9 @@
 
 namespace ckpt {
 
+/// Values a manager adds to every checkpoint it writes (ManagerOptions::append_info, the seed's
+/// append_info): "epoch_num" (the epoch) and "step_num" (the global step) when listed, and the
+/// entries of each ParamDict given, as they are.
 struct AppendInfo {
     /// One item of the seed's list: the string "epoch_num" or "step_num", or a dict.
     struct Item {

@@ -27,6 +27,8 @@ namespace ckpt {
 
 namespace fs = boost::filesystem;
 
+/// How save_checkpoint() writes a file: the body's archive, the position recorded in the header,
+/// whether an existing file may be replaced, and the codecs the body passes through.
 struct SaveOptions {
     ArchiveKind archive = ArchiveKind::binary;
     std::int64_t epoch = 0;  ///< recorded in the header; latest() checks it against the file name
@@ -35,6 +37,8 @@ struct SaveOptions {
     CodecChain codecs{};     ///< what the body passes through, in order (see codecs/codec.hpp); none by default
 };
 
+/// How a load reads a file: the archive kind it must have (any, unset), the key of an encrypted
+/// body, and a bound on what the body may decode to.
 struct LoadOptions {
     std::optional<ArchiveKind> archive;  ///< when set, a file of another archive kind is an error
     Key key{};                           ///< for encrypted checkpoints

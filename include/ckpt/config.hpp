@@ -28,6 +28,11 @@
 
 namespace ckpt {
 
+/// The seed's run-time settings of a series (MindSpore's CheckpointConfig), which make_manager()
+/// turns into policies: when to save, how many to keep, what to add to every file, exception and
+/// async saves, encryption and compression. Conflicting settings resolve as in the seed
+/// (save_checkpoint_steps wins over save_checkpoint_seconds, keep_checkpoint_max over
+/// keep_checkpoint_per_n_minutes).
 struct CheckpointConfig {
     std::int64_t save_checkpoint_steps = 1;
     std::int64_t save_checkpoint_seconds = 0;
@@ -129,9 +134,15 @@ inline ManagerOptions manager_options(const CheckpointConfig& config) {
 }
 }  // namespace detail
 
+/// What make_manager() returns: a CheckpointManager whose save, retention and codec policies a
+/// CheckpointConfig sets at run time.
 template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
 using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A, ConfiguredCodec>;
 
+/// A manager of `prefix` in `directory` set up by `config`: its policies and options (append_info,
+/// exception_save, async_save); `naming` names the files (MindSporeNaming's names, as the seed's,
+/// by default). ConfigError when a setting is negative, when the four save and keep settings are
+/// all 0, or when enc_mode is not "AES-GCM".
 template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
 ConfiguredManager<N, A> make_manager(PathArg directory, std::string prefix, const CheckpointConfig& config,
                                      N naming = {}) {

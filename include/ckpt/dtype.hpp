@@ -121,6 +121,9 @@ struct float8_e4m3fn : BitPatternFloat<float8_e4m3fn, std::uint8_t> {
 
 };
 
+/// 8-bit float E5M2 (PyTorch's float8_e5m2): 5 exponent and 2 mantissa bits, with infinities and
+/// NaN, stored as its bit pattern, the upper byte of the float16 of the same value. From float:
+/// round to nearest even; from 61440 on (past the largest finite value, 57344), infinity.
 struct float8_e5m2 : BitPatternFloat<float8_e5m2, std::uint8_t> {
     using BitPatternFloat::BitPatternFloat;
 
@@ -159,6 +162,7 @@ enum class DType : std::uint8_t {
 
 inline constexpr int dtype_count = 17;
 
+/// The bytes of one element of dtype `d` (both parts of a complex one).
 constexpr std::size_t itemsize(DType d) {
     switch (d) {
         case DType::float32: return 4;
@@ -188,6 +192,7 @@ constexpr std::size_t number_size(DType d) {
     return d == DType::complex64 ? 4 : d == DType::complex128 ? 8 : itemsize(d);
 }
 
+/// The dtype's name as files, messages and `ckpt show` spell it: "float32", "bfloat16", "bool", …
 constexpr std::string_view dtype_name(DType d) {
     switch (d) {
         case DType::float32: return "float32";
@@ -240,6 +245,8 @@ template <> struct dtype_of<std::complex<double>> { static constexpr DType value
 template <class T>
 concept Element = requires { dtype_of<std::remove_cv_t<T>>::value; };
 
+/// The dtype of element type T: `dtype_v<float>` is DType::float32, `dtype_v<ckpt::bfloat16>`
+/// DType::bfloat16.
 template <Element T> inline constexpr DType dtype_v = dtype_of<std::remove_cv_t<T>>::value;
 
 static_assert(sizeof(bool) == 1, "bool tensors are stored one byte per element");

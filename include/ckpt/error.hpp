@@ -78,6 +78,8 @@ public:
     explicit Error(const std::string& what) : std::runtime_error(detail::printable(what)) {}
 };
 
+/// A file or directory operation failed (open, read, write, fsync, rename, mkdir, lock):
+/// path() names it, error_code() is the errno (0 when there is none).
 class IoError : public Error {
 public:
     IoError(const std::string& what, std::string path, int err = 0)
@@ -90,6 +92,9 @@ private:
     int errno_;
 };
 
+/// Not a checkpoint, or not a whole one: a wrong magic, a truncated file, a length, shape or
+/// entry that does not fit, a body that would decode to more than the load allows. path()
+/// names the file.
 class FormatError : public Error {
 public:
     FormatError(const std::string& what, std::string path) : Error(what), path_(std::move(path)) {}
@@ -99,6 +104,8 @@ private:
     std::string path_;
 };
 
+/// The header check or the body's xxh3-64 checksum does not match: the file was torn or altered
+/// after it was written. Lookups (latest(), restore()) pass over such files for older ones.
 class ChecksumError : public FormatError {
 public:
     using FormatError::FormatError;
@@ -111,6 +118,9 @@ public:
     using ChecksumError::ChecksumError;
 };
 
+/// An intact file this reader cannot read: a newer format version, or an archive kind, codec,
+/// dtype or value kind it does not know. Lookups count it as unreadable here rather than
+/// damaged (SkippedCheckpoint::unsupported).
 class VersionError : public FormatError {
 public:
     using FormatError::FormatError;
@@ -127,21 +137,31 @@ private:
     std::string path_;
 };
 
+/// No entry of that name in a ParamDict (ParamDict::at(), get(), tensor()).
 class NotFound : public Error {
 public:
     using Error::Error;
 };
 
+/// A value read as a type it does not hold: ParamDict::get<T>() of another kind (or an integer
+/// that does not fit T), Tensor::values<T>() of another dtype, a view whose element count does
+/// not match its shape. The message names the key or tensor and both types.
 class TypeMismatch : public Error {
 public:
     using Error::Error;
 };
 
+/// A load that does not fit its target: a strict load that finds tensors missing, unexpected or
+/// of another dtype or shape (naming all of them, before anything is written), a bound variable
+/// that cannot take its stored value, a resharding load that cannot fill a tensor.
 class LoadMismatch : public Error {
 public:
     using Error::Error;
 };
 
+/// An invalid policy, option or argument (KeepLast{0}, a prefix another run could produce,
+/// async_buffers 0, a codec this program was built without), or a file that needs a codec this
+/// program lacks. The message names the setting or the file.
 class ConfigError : public Error {
 public:
     using Error::Error;

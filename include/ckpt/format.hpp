@@ -29,6 +29,8 @@
 
 namespace ckpt {
 
+/// The Boost archive a body was written with, as the header records it (an ArchivePolicy picks
+/// it when saving): binary (read back on the same platform only), text or xml (portable).
 enum class ArchiveKind : std::uint32_t { binary = 0, text = 1, xml = 2 };
 
 constexpr std::string_view archive_kind_name(ArchiveKind k) {
@@ -63,6 +65,9 @@ inline constexpr std::size_t max_codec_stages = 3;
 inline constexpr std::size_t header_size = 64;
 inline constexpr std::array<unsigned char, 8> file_magic = {0x89, 'C', 'K', 'P', 'T', '\r', '\n', 0x1a};
 
+/// The 64-byte header in front of every body (its layout is at the top of format.hpp), as
+/// read_header() returns it: format version, archive kind, codecs, body length and checksum,
+/// and the position and time the writer recorded.
 struct FileHeader {
     std::uint32_t version = format_version_plain;
     ArchiveKind archive = ArchiveKind::binary;

@@ -20,6 +20,8 @@ namespace ckpt {
 /// something is wrong (a corrupt file skipped, a deletion that failed).
 enum class LogLevel { info, warning, notice };
 
+/// Receives each message ckpt logs, with its level (set_log_sink()); called by one thread at a
+/// time.
 using LogSink = std::function<void(LogLevel, std::string_view)>;
 
 namespace detail {

@@ -34,7 +34,11 @@
 
 namespace ckpt {
 
-/// Periodic checkpoints from any loop (see the top of this file). Movable: it can be returned
+/// Periodic checkpoints from any loop: on_step(), on_epoch_end() and on_train_end() save when
+/// the save policy says so, retention prunes older files once a save is durable, and restore()
+/// loads the newest checkpoint that verifies into the state. The policies are template
+/// parameters (by default EveryEpochs, KeepLast, MindSporeNaming, BinaryArchive, NoCodec); a
+/// state is a ParamDict, a callable returning one, or an object with state_dict(). Movable: it can be returned
 /// from a factory and kept in a std::optional or a std::vector; saves in flight carry on.
 /// A moved-from manager may only be destroyed or assigned to.
 ///

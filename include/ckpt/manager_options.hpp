@@ -61,6 +61,9 @@ struct DurableLevel {
     std::chrono::milliseconds index_timeout = std::chrono::minutes(2);
 };
 
+/// What a CheckpointManager does besides its policies (the constructor's sixth argument): values
+/// added to every file, exception, async and signal saves, the retention scope, a durable second
+/// level, the series' lock, and what restore() does with checkpoints it cannot read.
 struct ManagerOptions {
     AppendInfo append_info;       ///< values added to every checkpoint (the seed's append_info)
     bool exception_save = false;  ///< on_exception() writes a "_breakpoint" checkpoint

@@ -70,6 +70,8 @@ class Value;
 /// back into it, whole. Made by ckpt::view_of and ckpt::object (ckpt/bound.hpp).
 class Binding {
 public:
+    /// What a binding does with its variable: one implementation per kind of variable bound
+    /// (ckpt/bound.hpp, ckpt/object.hpp).
     struct Target {
         virtual ~Target() = default;
         /// The kind stored; for an object, its type name.
@@ -93,6 +95,9 @@ private:
     std::shared_ptr<const Target> target_;
 };
 
+/// One value of a ParamDict: a tensor, an int64, a double, a bool, a string, Bytes, Strings, an
+/// Object, or a Binding of a program's variable. Integers of any width are stored as int64 and
+/// floating-point numbers as double; kind() says what it holds, get_if<T>() reads it.
 class Value {
 public:
     Value() : v_(std::int64_t{0}) {}
@@ -198,8 +203,12 @@ template <class T> constexpr const char* value_type_name() {
 }
 }  // namespace detail
 
+/// What a checkpoint holds: an ordered map from name to Value. Entries keep the order in which
+/// they were first set (a file's order, when loaded); set() replaces a value in place. Typed
+/// access (get<T>(), tensor()) names the key and both types on a mismatch.
 class ParamDict {
 public:
+    /// One named value, as iterating yields it: `for (const auto& [name, value] : dict)`.
     struct Entry {
         std::string name;
         Value value;

@@ -16,6 +16,8 @@
 
 namespace ckpt {
 
+/// What every function of ckpt that takes a path takes: a boost::filesystem::path, a
+/// std::filesystem::path (converted through native(): no name is re-encoded) or a string.
 class PathArg : public boost::filesystem::path {
 public:
     PathArg(const boost::filesystem::path& p) : path(p) {}
@@ -31,9 +33,12 @@ public:
 
 /// The path type ckpt returns (the file a save wrote, what latest() found): a
 /// boost::filesystem::path that converts to a std::filesystem::path as well, so that either
-/// kind of variable takes it.
-///   std::filesystem::path written = mgr.save(p, state);
-///   std::optional<std::filesystem::path> newest = ckpt::latest("ckpts", "run");
+/// kind of variable takes it:
+///
+/// ```
+/// std::filesystem::path written = mgr.save(p, state);
+/// std::optional<std::filesystem::path> newest = ckpt::latest("ckpts", "run");
+/// ```
 class Path : public boost::filesystem::path {
 public:
     Path() = default;

@@ -32,6 +32,9 @@ private:
 /// by that signal.
 inline constexpr int preempted_exit_status = 128 + SIGTERM;
 
+/// Installs handlers of termination signals (SIGTERM, SIGINT and SIGUSR1 by default) that only set
+/// a process-wide flag, for the loop to poll at step boundaries (requested(), signal()); the
+/// destructor puts the previous handlers back. Constructing one clears the flag.
 class TerminationSignals {
 public:
     explicit TerminationSignals(std::initializer_list<int> signals = {SIGTERM, SIGINT, SIGUSR1}) {

@@ -16,6 +16,9 @@ using Metrics = std::vector<std::pair<std::string, double>>;
 /// The moment at which the manager is called.
 enum class Event { step_end, epoch_end, train_end };
 
+/// Where the loop stands when it calls the manager (on_step, on_epoch_end, save, …): epoch, step
+/// and global step, the event, the rank for per-rank names, the time for EverySeconds, and the
+/// metrics to record with the file. Progress::at_iteration(i) for a loop without epochs.
 struct Progress {
     std::int64_t epoch = 1;        ///< current epoch, counted from 1 (the seed's cur_epoch_num)
     std::int64_t step = 0;         ///< steps completed in this epoch, counted from 1

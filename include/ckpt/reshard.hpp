@@ -489,7 +489,10 @@ inline std::vector<const TensorPiece*> choose_copy(const std::vector<const Tenso
 /// The state of one rank of a new layout: a tensor for every tensor of `like` (same name,
 /// dtype and shape; Trainer::load_target() gives them), placed in the global tensors by
 /// `places` (entries not listed are whole tensors), filled from the pieces the index at
-/// `index_file` lists; see the file comment. New memory: nothing live changes, whatever fails.
+/// `index_file` lists: for each tensor, only the chunks of the fewest pieces that cover its
+/// elements are read, each checked against its checksum before it is used (ChecksumError
+/// naming file, tensor and chunk; LoadMismatch for elements no file holds). New memory:
+/// nothing live changes, whatever fails.
 /// A file with codecs is read and decoded whole, once (`opts.key` for an encrypted one).
 ///
 /// A whole entry (a tensor or a value) that differs between the ranks that saved it is loaded

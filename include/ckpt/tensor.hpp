@@ -23,6 +23,7 @@
 
 namespace ckpt {
 
+/// A tensor's dimensions, outermost first; empty for a 0-d tensor (a scalar).
 using Shape = std::vector<std::int64_t>;
 
 inline std::string shape_string(const Shape& s) {
@@ -141,6 +142,10 @@ inline void reverse_axes(const std::byte* src, std::byte* dst, const Shape& shap
 }
 }  // namespace detail
 
+/// A dtype, a shape, a storage order and one contiguous block of bytes: owned (64-byte aligned:
+/// the constructor, from(), clone()) or borrowed from memory that belongs to someone else
+/// (view(), ckpt::view_of), so that saving a network's parameters copies nothing and a load
+/// writes straight into them. Copies of a Tensor share its bytes.
 class Tensor {
 public:
     /// An empty float32 tensor of shape [0].
@@ -292,8 +297,8 @@ private:
 };
 
 /// A 0-d tensor viewing one variable (an int64_t, a double, a float, a bool, …): saving reads
-/// it, loading writes it back, as with a network's parameters.
-///   d.set("iteration", ckpt::view_of(iteration));
+/// it, loading writes it back, as with a network's parameters:
+/// `d.set("iteration", ckpt::view_of(iteration))`.
 template <Element T>
     requires(!std::is_const_v<T>)
 Tensor view_of(T& value) {

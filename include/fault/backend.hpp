@@ -35,6 +35,8 @@
 
 namespace fault {
 
+/// A device's state: healthy; uce once an operation met an uncorrectable memory error; then
+/// stopped and cleaned on the way back to healthy (the repair sequence stop(), clean(), repair()).
 enum class Health { healthy, uce, stopped, cleaned };
 
 inline const char* health_name(Health h) {
@@ -67,6 +69,10 @@ public:
     using ckpt::Error::Error;
 };
 
+/// Where a rank's parameters and optimizer state live, and what can go wrong with that memory:
+/// attach() a tensor, touch() it as an operation does (a DeviceMemoryError surfaces there),
+/// synchronize(), health(), and the repair sequence stop(), clean(), repair(). Cpu and
+/// AscendModel model it.
 template <class B>
 concept Backend = requires(B& b, const B& cb, std::span<float> memory, std::string_view name) {
     b.attach(std::string(name), memory);
@@ -95,7 +101,10 @@ public:
     std::string_view name() const { return "cpu"; }
 };
 
-/// A simulated Ascend NPU (see the file comment). Thread-safe: a test may inject a UCE from
+/// A simulated Ascend NPU: device memory with capacity accounting, host and device copies,
+/// synchronization, and uncorrectable ECC errors (inject_uce()) that surface as error 507053
+/// (DeviceMemoryError) on the next operation touching the damaged range; the device is then
+/// unhealthy until stop(), clean() and repair() have run. Thread-safe: a test may inject a UCE from
 /// another thread.
 class AscendModel {
 public:

@@ -30,6 +30,8 @@
 
 namespace fault {
 
+/// What allreduce makes of the ranks' buffers: their element-wise sum (added in rank order), or
+/// that sum divided by the number of ranks.
 enum class ReduceOp { sum, mean };
 
 /// A collective or point-to-point call could not complete because of other ranks: they
@@ -56,6 +58,10 @@ private:
     int by_rank_;
 };
 
+/// The calls data-parallel training needs, on float buffers copied in and out: rank(), size(),
+/// allreduce(data, op), broadcast(data, root), allgather(in, out), barrier(), send(data, dst,
+/// tag) and recv(data, src, tag). Each has a timeout and fails with PeerFailure naming the ranks
+/// that did not take part. ThreadComm, GlooComm and MpiComm model it.
 template <class C>
 concept Communicator = requires(C& c, std::span<float> data, std::span<const float> in, int peer) {
     { c.rank() } -> std::convertible_to<int>;
@@ -110,9 +116,9 @@ bool holds(const std::exception_ptr& e) {
 }  // namespace detail
 
 /// A Communicator whose ranks can go on without the failed, as the last words need:
-///   job_rank()        this rank's number in the original job
-///   declare_failed()  this rank's own failure: the others' calls that need it throw PeerFailure
-///   shrink()          a communicator of the same type over the ranks still active
+/// - job_rank(): this rank's number in the original job
+/// - declare_failed(): this rank's own failure: the others' calls that need it throw PeerFailure
+/// - shrink(): a communicator of the same type over the ranks still active
 template <class C>
 concept ShrinkableCommunicator = Communicator<C> && requires(C& c) {
     { c.job_rank() } -> std::convertible_to<int>;
@@ -121,8 +127,8 @@ concept ShrinkableCommunicator = Communicator<C> && requires(C& c) {
 };
 
 /// One that can also stop every rank for a repair, as UCE repair needs:
-///   interrupt()       asks every rank to stop (their calls throw Interrupted) for a repair
-///   rejoin()          after an interrupt: waits for every active rank, then starts afresh
+/// - interrupt(): asks every rank to stop (their calls throw Interrupted) for a repair
+/// - rejoin(): after an interrupt, waits for every active rank, then starts afresh
 template <class C>
 concept RecoverableCommunicator = ShrinkableCommunicator<C> && requires(C& c) {
     c.interrupt();

@@ -350,8 +350,10 @@ private:
 /// parameters under `layout` (all of them when it does not shard), wrapped in a
 /// DataParallelOptimizer. The trainer takes optimizer().
 ///
-///   fault::ShardedOptimizer<nn::Momentum, fault::ThreadComm> opt(net.parameters(), comm, {2}, 0.01, 0.9);
-///   nn::Trainer trainer(net, opt.optimizer(), {}, comm.rank());
+/// ```
+/// fault::ShardedOptimizer<nn::Momentum, fault::ThreadComm> opt(net.parameters(), comm, {2}, 0.01, 0.9);
+/// nn::Trainer trainer(net, opt.optimizer(), {}, comm.rank());
+/// ```
 template <class Opt, Communicator Comm>
 class ShardedOptimizer {
 public:

@@ -18,6 +18,9 @@
 
 namespace fault {
 
+/// A Communicator that forwards every call to `inner`, but kills its own process (SIGKILL) in the
+/// middle of the `transfer`-th point-to-point transfer on `tag`, between its length and the copy:
+/// a test of the memory level's partner losing a copy half-way.
 template <Communicator Comm>
 class DieInTransfer {
 public:

@@ -41,7 +41,11 @@ inline boost::filesystem::path global_index_path(const ckpt::PathArg& dir, std::
     return dir / ("index-step_" + std::to_string(global_step) + ".ckpt");
 }
 
-/// See the file comment. `my_file` must lie under `dir` (the index names it relative to
+/// Writes the global index of `global_step` ({dir}/index-step_{g}.ckpt) once every rank has
+/// saved its own file: each rank describes its file (pieces, file offsets, chunk checksums),
+/// the descriptions are gathered, the lowest rank writes the index atomically and durably, and
+/// the ranks meet at a barrier, so that on return the index is in place. A rank lost before
+/// then leaves no index of the step. `my_file` must lie under `dir` (the index names it relative to
 /// `dir`); `opts` reads it when it has codecs (the key of an encrypted one). Returns the
 /// index's path. A collective.
 template <Communicator Comm>

@@ -111,6 +111,8 @@ private:
 
 }  // namespace detail
 
+/// How a GlooComm waits, where it listens, how it tells the dead from the living, and whether the
+/// job is elastic (goes on with fewer or more ranks).
 struct GlooOptions {
     /// Every call, the rendezvous included. Forming a generation (the constructor, regroup())
     /// waits up to twice this, plus the cooldown for a node started anew: a survivor may still
@@ -132,6 +134,11 @@ struct GlooOptions {
     std::chrono::milliseconds join_timeout = std::chrono::minutes(10);
 };
 
+/// The Communicator for ranks that are processes, on one host or several, over Gloo's TCP
+/// transport: the ranks meet through a Store, every call has the timeout, and a dead peer makes
+/// the calls that need it fail with PeerFailure. After a failure it is spent: shrink() (the
+/// survivors), regroup() (every node, the restarted included) or grow() (an elastic job taking
+/// in joiners) makes the next generation's.
 class GlooComm {
 public:
     /// Joins the job as node `rank` of `size` (see Membership: a live holder of the same

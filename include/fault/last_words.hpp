@@ -218,6 +218,11 @@ struct LastWordsOutcome {
     double seconds = 0;                     ///< from the failure's detection to the save being durable
 };
 
+/// The callback that saves the last words when a rank fails: the survivors agree on the newest
+/// step every replica group holds consistently, one rank of each group saves it into
+/// {dir}/tft_saved_checkpoints-step_{g}/…, and the failure is rethrown once that is durable. Any
+/// rank may fail, rank 0 included. It also stops every rank at the same step, with last words,
+/// on a termination signal (LastWordsOptions::watch_signals).
 template <ShrinkableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
@@ -231,7 +236,9 @@ public:
         detail::remove_stale_step_temporaries(dir_);
     }
 
-    /// Runs inside the trainer's exception handler (see the file comment).
+    /// Runs inside the trainer's exception handler: on this rank's own failure it declares the
+    /// rank failed and takes no part; on another's (PeerFailure, Interrupted) it saves the last
+    /// words with the other survivors. outcome() says what came of it.
     void on_exception(nn::RunContext& ctx) {
         const auto error = std::current_exception();
         if (detail::holds<Preempted>(error)) return;  // the last words are already written

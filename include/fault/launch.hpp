@@ -17,6 +17,7 @@
 
 namespace fault {
 
+/// A worker's place in the job, as its launcher set it in the environment (launch_env() reads it).
 struct LaunchEnv {
     int rank = 0;               ///< RANK (or MS_NODE_ID); 0 when no launcher set it
     int world_size = 1;         ///< WORLD_SIZE (or MS_WORKER_NUM); 1 when no launcher set it

@@ -100,6 +100,8 @@ inline std::vector<int> parse_ids(const std::string& text) {
 
 }  // namespace detail
 
+/// How long a heartbeat may stand still, how long a dead node id stays reserved, how long each
+/// wait lasts.
 struct MembershipOptions {
     std::chrono::milliseconds lease = std::chrono::milliseconds(1500);  ///< a heartbeat not moved this long: dead
     std::chrono::milliseconds cooldown = std::chrono::seconds(30);      ///< before a dead node id is claimed again
@@ -118,13 +120,17 @@ struct Generation {
     }
 };
 
+/// This worker's membership of a job, kept in a Store with no scheduler process: it claims its
+/// node id with its process identity and a heartbeat, tells live nodes from dead ones, and forms
+/// numbered generations that every worker agrees on (GlooComm uses it).
 class Membership {
 public:
     /// Who may form a generation: every node of the job (a start, or recovery after a
     /// restart), or the survivors of the current one (the dead left out).
     enum Policy { everyone, survivors };
 
-    /// Claims `node_id` (see the file comment) and starts the heartbeat. ConfigError when a
+    /// Claims `node_id` with this process's identity (a dead holder's only once the cooldown has
+    /// passed since its last heartbeat, waited out here) and starts the heartbeat. ConfigError when a
     /// live process holds it, or the job was started with another world size.
     Membership(Store& store, int node_id, int world_size, MembershipOptions options = {})
         : store_(store), id_(node_id), world_(world_size), options_(options),

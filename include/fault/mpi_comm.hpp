@@ -74,6 +74,7 @@
 
 namespace fault {
 
+/// How long an MpiComm waits for other ranks.
 struct MpiOptions {
     /// Every wait for other ranks: a collective, a send's receiver, a receive's sender, each
     /// 4 MiB piece of a large message. PeerFailure when it passes.
@@ -207,7 +208,10 @@ private:
     int rank_ = 0, size_ = 1;
 };
 
-/// See the file comment.
+/// The Communicator for ranks that mpirun starts: every call has the timeout (MpiOptions),
+/// results are ThreadComm's to the bit (sums in rank order), and ranks that call different
+/// collectives all get a ConfigError naming both calls. A rank's death ends an Open MPI job,
+/// so it neither shrinks nor regroups: a job recovers by being run again.
 class MpiComm {
 public:
     /// Every rank of the job (a duplicate of MPI_COMM_WORLD). A collective.

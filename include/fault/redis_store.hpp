@@ -24,6 +24,8 @@
 
 namespace fault {
 
+/// A Store on a Redis server, for ranks on several hosts: every call reconnects and retries until
+/// its timeout, so a restarted server is not the end.
 class RedisStore final : public Store {
 public:
     /// Connects (retrying until `timeout`): StoreError if the server cannot be reached.

@@ -17,6 +17,10 @@
 
 namespace fault {
 
+/// Which rank of a replica group saves the last words (or serves a UCE repair): choose(candidates)
+/// picks one of the job ranks (ascending, never empty) that hold the newest consistent state.
+/// Every survivor runs it on the same reports, so they agree. Members: LowestHealthyRank,
+/// PreferenceOrder, AvoidRanks.
 template <class S>
 concept ReplicaSelector = std::copy_constructible<S> && requires(const S& s, std::span<const int> candidates) {
     { s.choose(candidates) } -> std::convertible_to<int>;

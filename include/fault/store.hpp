@@ -39,6 +39,9 @@ public:
     using ckpt::Error::Error;
 };
 
+/// The key-value service ranks in separate processes meet through: set, get, an atomic create and
+/// add, erase, and wait with a timeout. Keys are strings of any bytes, values byte strings.
+/// FileStore, RedisStore and PrefixStore implement it.
 class Store {
 public:
     virtual ~Store() = default;

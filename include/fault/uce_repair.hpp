@@ -72,6 +72,11 @@ struct UceRepairOptions {
     ShardLayout layout{};  ///< the optimizer's: a rank's state comes from a rank keeping the same piece
 };
 
+/// The callback that repairs a rank's device in place after an uncorrectable memory error: every
+/// rank stops, the device is stopped, cleaned and repaired, the state is copied to it from a
+/// healthy rank keeping the same optimizer piece, and the step is redone (or taken as done), in
+/// the same process. A rank that cannot be repaired fails with RepairFailed. records() lists the
+/// repairs.
 template <RecoverableCommunicator Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
 class UceRepair {
 public:

@@ -18,6 +18,8 @@
 
 namespace nn {
 
+/// The failure the fault-injection callbacks throw (FailAtStep, FailAtEpochEnd, FailBeforeUpdate,
+/// FailingOptimizer): rank() is the rank it struck, global_step() the step.
 class InjectedFault : public std::runtime_error {
 public:
     InjectedFault(const std::string& what, int rank, std::int64_t global_step)

@@ -15,6 +15,8 @@ namespace nn {
 
 enum class Reduction { mean, sum };
 
+/// The seed's loss: softmax over the last axis, then cross entropy against class indices (sparse,
+/// the default) or per-class targets, reduced by mean (the default) or sum.
 class SoftmaxCrossEntropyWithLogits {
 public:
     SoftmaxCrossEntropyWithLogits() = default;  // sparse, mean: the seed's settings

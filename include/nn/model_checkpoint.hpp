@@ -31,6 +31,10 @@ namespace nn {
 template <ckpt::SavePolicy S = ckpt::EveryEpochs, ckpt::RetentionPolicy R = ckpt::KeepLast,
           ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive,
           ckpt::CodecPolicy C = ckpt::NoCodec>
+/// The seed's checkpoint callback: a CheckpointManager driven by the trainer's hooks. It saves the
+/// trainer's state when its save policy says so and at the end of training, an exception save
+/// when training fails (exception_save), and with save_on_signal ends training at a termination
+/// signal. Directory first, then prefix.
 class ModelCheckpoint {
 public:
     using Manager = ckpt::CheckpointManager<S, R, N, A, C>;

@@ -20,6 +20,9 @@
 
 namespace nn {
 
+/// What the Trainer trains: forward(x) from a batch to its logits, backward(dlogits) filling every
+/// parameter's gradient, parameters(), and state_dict() (views of the parameters, by name).
+/// LeNet5, UceNet, DataParallelNet and any SequentialNet model it.
 template <class N>
 concept Network = requires(N& n, const Array& x) {
     { n.forward(x) } -> std::convertible_to<const Array&>;

@@ -40,6 +40,9 @@
 
 namespace nn {
 
+/// What the Trainer steps: step() applies the gradients, state_dict() holds its state (views,
+/// saved with the parameters) and hyperparameters() its settings (saved as values). Momentum,
+/// SGD and fault::DataParallelOptimizer model it.
 template <class O>
 concept Optimizer = requires(O& o, const O& co) {
     o.step();
@@ -67,6 +70,10 @@ struct ResumePoint {
     std::optional<ckpt::FinishedRecord> finished;
 };
 
+/// The training loop (the seed's Model.train): train() runs epochs of the data through the
+/// network, the loss and the optimizer, calling the callbacks at every hook; evaluate() scores a
+/// data set; resume_from() and resume_or_start() restore a checkpoint of it exactly (parameters,
+/// optimizer state, position and data order). `rank` is the data-parallel rank it reports.
 template <Network Net, Optimizer Opt, class Data = MnistDataset, class Loss = SoftmaxCrossEntropyWithLogits>
 class Trainer {
 public:
@@ -283,6 +290,7 @@ public:
                                                       dir.string() + "': starting from the beginning");
         return {};
     }
+    /// The same, with the default naming and `opts` (the key of encrypted files).
     ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data,
                                 const ckpt::LoadOptions& opts) {
         return resume_or_start(dir, prefix, data, ckpt::detail::AnyRunNaming{}, opts);

@@ -118,6 +118,8 @@ public:
     explicit Error(const std::string& what) : std::runtime_error(detail::printable(what)) {}
 };
 
+/// A file or directory operation failed (open, read, write, fsync, rename, mkdir, lock):
+/// path() names it, error_code() is the errno (0 when there is none).
 class IoError : public Error {
 public:
     IoError(const std::string& what, std::string path, int err = 0)
@@ -130,6 +132,9 @@ private:
     int errno_;
 };
 
+/// Not a checkpoint, or not a whole one: a wrong magic, a truncated file, a length, shape or
+/// entry that does not fit, a body that would decode to more than the load allows. path()
+/// names the file.
 class FormatError : public Error {
 public:
     FormatError(const std::string& what, std::string path) : Error(what), path_(std::move(path)) {}
@@ -139,6 +144,8 @@ private:
     std::string path_;
 };
 
+/// The header check or the body's xxh3-64 checksum does not match: the file was torn or altered
+/// after it was written. Lookups (latest(), restore()) pass over such files for older ones.
 class ChecksumError : public FormatError {
 public:
     using FormatError::FormatError;
@@ -151,6 +158,9 @@ public:
     using ChecksumError::ChecksumError;
 };
 
+/// An intact file this reader cannot read: a newer format version, or an archive kind, codec,
+/// dtype or value kind it does not know. Lookups count it as unreadable here rather than
+/// damaged (SkippedCheckpoint::unsupported).
 class VersionError : public FormatError {
 public:
     using FormatError::FormatError;
@@ -167,21 +177,31 @@ private:
     std::string path_;
 };
 
+/// No entry of that name in a ParamDict (ParamDict::at(), get(), tensor()).
 class NotFound : public Error {
 public:
     using Error::Error;
 };
 
+/// A value read as a type it does not hold: ParamDict::get<T>() of another kind (or an integer
+/// that does not fit T), Tensor::values<T>() of another dtype, a view whose element count does
+/// not match its shape. The message names the key or tensor and both types.
 class TypeMismatch : public Error {
 public:
     using Error::Error;
 };
 
+/// A load that does not fit its target: a strict load that finds tensors missing, unexpected or
+/// of another dtype or shape (naming all of them, before anything is written), a bound variable
+/// that cannot take its stored value, a resharding load that cannot fill a tensor.
 class LoadMismatch : public Error {
 public:
     using Error::Error;
 };
 
+/// An invalid policy, option or argument (KeepLast{0}, a prefix another run could produce,
+/// async_buffers 0, a codec this program was built without), or a file that needs a codec this
+/// program lacks. The message names the setting or the file.
 class ConfigError : public Error {
 public:
     using Error::Error;
@@ -350,6 +370,9 @@ struct float8_e4m3fn : BitPatternFloat<float8_e4m3fn, std::uint8_t> {
 
 };
 
+/// 8-bit float E5M2 (PyTorch's float8_e5m2): 5 exponent and 2 mantissa bits, with infinities and
+/// NaN, stored as its bit pattern, the upper byte of the float16 of the same value. From float:
+/// round to nearest even; from 61440 on (past the largest finite value, 57344), infinity.
 struct float8_e5m2 : BitPatternFloat<float8_e5m2, std::uint8_t> {
     using BitPatternFloat::BitPatternFloat;
 
@@ -388,6 +411,7 @@ enum class DType : std::uint8_t {
 
 inline constexpr int dtype_count = 17;
 
+/// The bytes of one element of dtype `d` (both parts of a complex one).
 constexpr std::size_t itemsize(DType d) {
     switch (d) {
         case DType::float32: return 4;
@@ -417,6 +441,7 @@ constexpr std::size_t number_size(DType d) {
     return d == DType::complex64 ? 4 : d == DType::complex128 ? 8 : itemsize(d);
 }
 
+/// The dtype's name as files, messages and `ckpt show` spell it: "float32", "bfloat16", "bool", …
 constexpr std::string_view dtype_name(DType d) {
     switch (d) {
         case DType::float32: return "float32";
@@ -469,6 +494,8 @@ template <> struct dtype_of<std::complex<double>> { static constexpr DType value
 template <class T>
 concept Element = requires { dtype_of<std::remove_cv_t<T>>::value; };
 
+/// The dtype of element type T: `dtype_v<float>` is DType::float32, `dtype_v<ckpt::bfloat16>`
+/// DType::bfloat16.
 template <Element T> inline constexpr DType dtype_v = dtype_of<std::remove_cv_t<T>>::value;
 
 static_assert(sizeof(bool) == 1, "bool tensors are stored one byte per element");
@@ -480,6 +507,7 @@ static_assert(sizeof(std::complex<double>) == 16, "complex numbers are stored as
 
 namespace ckpt {
 
+/// A tensor's dimensions, outermost first; empty for a 0-d tensor (a scalar).
 using Shape = std::vector<std::int64_t>;
 
 inline std::string shape_string(const Shape& s) {
@@ -598,6 +626,10 @@ inline void reverse_axes(const std::byte* src, std::byte* dst, const Shape& shap
 }
 }  // namespace detail
 
+/// A dtype, a shape, a storage order and one contiguous block of bytes: owned (64-byte aligned:
+/// the constructor, from(), clone()) or borrowed from memory that belongs to someone else
+/// (view(), ckpt::view_of), so that saving a network's parameters copies nothing and a load
+/// writes straight into them. Copies of a Tensor share its bytes.
 class Tensor {
 public:
     /// An empty float32 tensor of shape [0].
@@ -749,8 +781,8 @@ private:
 };
 
 /// A 0-d tensor viewing one variable (an int64_t, a double, a float, a bool, …): saving reads
-/// it, loading writes it back, as with a network's parameters.
-///   d.set("iteration", ckpt::view_of(iteration));
+/// it, loading writes it back, as with a network's parameters:
+/// `d.set("iteration", ckpt::view_of(iteration))`.
 template <Element T>
     requires(!std::is_const_v<T>)
 Tensor view_of(T& value) {
@@ -829,6 +861,8 @@ class Value;
 /// back into it, whole. Made by ckpt::view_of and ckpt::object (ckpt/bound.hpp).
 class Binding {
 public:
+    /// What a binding does with its variable: one implementation per kind of variable bound
+    /// (ckpt/bound.hpp, ckpt/object.hpp).
     struct Target {
         virtual ~Target() = default;
         /// The kind stored; for an object, its type name.
@@ -852,6 +886,9 @@ private:
     std::shared_ptr<const Target> target_;
 };
 
+/// One value of a ParamDict: a tensor, an int64, a double, a bool, a string, Bytes, Strings, an
+/// Object, or a Binding of a program's variable. Integers of any width are stored as int64 and
+/// floating-point numbers as double; kind() says what it holds, get_if<T>() reads it.
 class Value {
 public:
     Value() : v_(std::int64_t{0}) {}
@@ -957,8 +994,12 @@ template <class T> constexpr const char* value_type_name() {
 }
 }  // namespace detail
 
+/// What a checkpoint holds: an ordered map from name to Value. Entries keep the order in which
+/// they were first set (a file's order, when loaded); set() replaces a value in place. Typed
+/// access (get<T>(), tensor()) names the key and both types on a mismatch.
 class ParamDict {
 public:
+    /// One named value, as iterating yields it: `for (const auto& [name, value] : dict)`.
     struct Entry {
         std::string name;
         Value value;
@@ -1103,6 +1144,9 @@ using Metrics = std::vector<std::pair<std::string, double>>;
 /// The moment at which the manager is called.
 enum class Event { step_end, epoch_end, train_end };
 
+/// Where the loop stands when it calls the manager (on_step, on_epoch_end, save, …): epoch, step
+/// and global step, the event, the rank for per-rank names, the time for EverySeconds, and the
+/// metrics to record with the file. Progress::at_iteration(i) for a loop without epochs.
 struct Progress {
     std::int64_t epoch = 1;        ///< current epoch, counted from 1 (the seed's cur_epoch_num)
     std::int64_t step = 0;         ///< steps completed in this epoch, counted from 1
@@ -1127,6 +1171,9 @@ struct Progress {
 
 namespace ckpt {
 
+/// Values a manager adds to every checkpoint it writes (ManagerOptions::append_info, the seed's
+/// append_info): "epoch_num" (the epoch) and "step_num" (the global step) when listed, and the
+/// entries of each ParamDict given, as they are.
 struct AppendInfo {
     /// One item of the seed's list: the string "epoch_num" or "step_num", or a dict.
     struct Item {
@@ -1668,6 +1715,8 @@ inline std::uint64_t xxh3(const void* data, std::size_t n) { return CKPT_XXH3_ON
 
 namespace ckpt {
 
+/// The Boost archive a body was written with, as the header records it (an ArchivePolicy picks
+/// it when saving): binary (read back on the same platform only), text or xml (portable).
 enum class ArchiveKind : std::uint32_t { binary = 0, text = 1, xml = 2 };
 
 constexpr std::string_view archive_kind_name(ArchiveKind k) {
@@ -1702,6 +1751,9 @@ inline constexpr std::size_t max_codec_stages = 3;
 inline constexpr std::size_t header_size = 64;
 inline constexpr std::array<unsigned char, 8> file_magic = {0x89, 'C', 'K', 'P', 'T', '\r', '\n', 0x1a};
 
+/// The 64-byte header in front of every body (its layout is at the top of format.hpp), as
+/// read_header() returns it: format version, archive kind, codecs, body length and checksum,
+/// and the position and time the writer recorded.
 struct FileHeader {
     std::uint32_t version = format_version_plain;
     ArchiveKind archive = ArchiveKind::binary;
@@ -1841,17 +1893,24 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
 
 namespace ckpt {
 
+/// The Boost archive a manager writes bodies with: a type with `static constexpr ArchiveKind kind`.
+/// Loading needs none: the header records the kind. Members: BinaryArchive, TextArchive,
+/// XmlArchive.
 template <class A>
 concept ArchivePolicy = requires {
     { A::kind } -> std::convertible_to<ArchiveKind>;
 };
 
+/// Boost's binary archive, the default: the fastest, payloads as raw 64-byte-aligned blocks;
+/// read back on the same platform only.
 struct BinaryArchive {
     static constexpr ArchiveKind kind = ArchiveKind::binary;
 };
+/// Boost's text archive: portable across platforms; strings and payloads base64-encoded.
 struct TextArchive {
     static constexpr ArchiveKind kind = ArchiveKind::text;
 };
+/// Boost's xml archive: portable, with readable names and values; payloads base64-encoded.
 struct XmlArchive {
     static constexpr ArchiveKind kind = ArchiveKind::xml;
 };
@@ -2140,6 +2199,8 @@ inline void random_bytes(void* data, std::size_t n) {
 
 namespace ckpt {
 
+/// What every function of ckpt that takes a path takes: a boost::filesystem::path, a
+/// std::filesystem::path (converted through native(): no name is re-encoded) or a string.
 class PathArg : public boost::filesystem::path {
 public:
     PathArg(const boost::filesystem::path& p) : path(p) {}
@@ -2155,9 +2216,12 @@ public:
 
 /// The path type ckpt returns (the file a save wrote, what latest() found): a
 /// boost::filesystem::path that converts to a std::filesystem::path as well, so that either
-/// kind of variable takes it.
-///   std::filesystem::path written = mgr.save(p, state);
-///   std::optional<std::filesystem::path> newest = ckpt::latest("ckpts", "run");
+/// kind of variable takes it:
+///
+/// ```
+/// std::filesystem::path written = mgr.save(p, state);
+/// std::optional<std::filesystem::path> newest = ckpt::latest("ckpts", "run");
+/// ```
 class Path : public boost::filesystem::path {
 public:
     Path() = default;
@@ -2258,8 +2322,13 @@ struct Codec {
     int level = 0;  ///< zstd: the compression level
     Key key;        ///< aes-256-gcm: the key
 };
+/// A body's codec stages, in the order applied: what a CodecPolicy gives and SaveOptions::codecs
+/// takes.
 using CodecChain = std::vector<Codec>;
 
+/// What a manager's bodies pass through between the archive and the file: `CodecChain codecs()
+/// const`, the stages in the order applied. Loading needs no policy: the header records the
+/// stages. Members: NoCodec, Zstd, AesGcm, Chain.
 template <class C>
 concept CodecPolicy = std::copy_constructible<C> && requires(const C& c) {
     { c.codecs() } -> std::same_as<CodecChain>;
@@ -2660,6 +2729,8 @@ namespace ckpt {
 
 namespace fs = boost::filesystem;
 
+/// How save_checkpoint() writes a file: the body's archive, the position recorded in the header,
+/// whether an existing file may be replaced, and the codecs the body passes through.
 struct SaveOptions {
     ArchiveKind archive = ArchiveKind::binary;
     std::int64_t epoch = 0;  ///< recorded in the header; latest() checks it against the file name
@@ -2668,6 +2739,8 @@ struct SaveOptions {
     CodecChain codecs{};     ///< what the body passes through, in order (see codecs/codec.hpp); none by default
 };
 
+/// How a load reads a file: the archive kind it must have (any, unset), the key of an encrypted
+/// body, and a bound on what the body may decode to.
 struct LoadOptions {
     std::optional<ArchiveKind> archive;  ///< when set, a file of another archive kind is an error
     Key key{};                           ///< for encrypted checkpoints
@@ -2968,6 +3041,8 @@ namespace ckpt {
 /// something is wrong (a corrupt file skipped, a deletion that failed).
 enum class LogLevel { info, warning, notice };
 
+/// Receives each message ckpt logs, with its level (set_log_sink()); called by one thread at a
+/// time.
 using LogSink = std::function<void(LogLevel, std::string_view)>;
 
 namespace detail {
@@ -4944,6 +5019,7 @@ CKPT_INLINE LoadReport load_checkpoint_into(const PathArg& file, ParamDict& targ
 
 namespace ckpt {
 
+/// A regular checkpoint, or an exception save ("…_breakpoint.ckpt", ManagerOptions::exception_save).
 enum class SaveKind { regular, breakpoint };
 
 /// Which checkpoints retention manages (it deletes only regular checkpoints of the manager's
@@ -4953,6 +5029,8 @@ enum class RetentionScope {
     all_runs,     ///< every run of the prefix: the policy's bound holds across restarts
 };
 
+/// What a checkpoint's file name says, as a NamingPolicy parses it: the run and its prefix, the
+/// position, the kind of save, and for last-words names the rank and global step.
 struct NameParts {
     std::string run_prefix;        ///< "lenet" for run 0, "lenet_3" for run 3
     std::int64_t run = 0;
@@ -4967,6 +5045,10 @@ struct NameParts {
     std::int64_t global_step = -1; ///< last-words names only
 };
 
+/// File names: checkpoint_name() makes one for a run prefix, a position and a kind; parse() reads
+/// one back (any run of a prefix); run_prefix() picks a new run's prefix from the names present;
+/// meta_name() names a run's meta file ("" for none); depth() says how many directory levels the
+/// names use. Members: MindSporeNaming, StepNaming, LastWordsNaming, SingleFileNaming.
 template <class N>
 concept NamingPolicy = std::copy_constructible<N> &&
     requires(const N& n, std::string_view prefix, const Progress& p, const std::vector<std::string>& names) {
@@ -5296,6 +5378,11 @@ struct StoredCheckpoint {
     std::uint64_t file_size() const noexcept { return header_size + header.body_length; }
 };
 
+/// Which older checkpoints to delete once a save is durable: to_delete(files) gets the readable
+/// checkpoints of the retention scope, oldest first (the last is the file just written), and
+/// returns the indices to delete, ascending. The manager never deletes the file just written,
+/// the newest that verifies, or the one restore() loaded. Members: KeepAll, KeepLast,
+/// KeepOnePerMinutes, KeepWithinBytes, KeepBest, KeepUnion, KeepIntersection.
 template <class R>
 concept RetentionPolicy = std::copy_constructible<R> && requires(const R& r, std::span<const StoredCheckpoint> files) {
     { r.to_delete(files) } -> std::same_as<std::vector<std::size_t>>;
@@ -6282,6 +6369,9 @@ struct DurableLevel {
     std::chrono::milliseconds index_timeout = std::chrono::minutes(2);
 };
 
+/// What a CheckpointManager does besides its policies (the constructor's sixth argument): values
+/// added to every file, exception, async and signal saves, the retention scope, a durable second
+/// level, the series' lock, and what restore() does with checkpoints it cannot read.
 struct ManagerOptions {
     AppendInfo append_info;       ///< values added to every checkpoint (the seed's append_info)
     bool exception_save = false;  ///< on_exception() writes a "_breakpoint" checkpoint
@@ -6347,6 +6437,9 @@ struct Restored {
 
 namespace ckpt {
 
+/// When to save: should_save(progress) is asked at every step end, epoch end and train end, and
+/// saved(progress) is told of every save, whichever policy asked for it (a timer restarts there).
+/// Members: Never, EverySteps, EveryEpochs, EverySeconds, OnTrainEnd, AnyOf.
 template <class P>
 concept SavePolicy = std::copy_constructible<P> && requires(P& p, const Progress& pr) {
     { p.should_save(pr) } -> std::convertible_to<bool>;
@@ -7843,7 +7936,11 @@ private:
 
 namespace ckpt {
 
-/// Periodic checkpoints from any loop (see the top of this file). Movable: it can be returned
+/// Periodic checkpoints from any loop: on_step(), on_epoch_end() and on_train_end() save when
+/// the save policy says so, retention prunes older files once a save is durable, and restore()
+/// loads the newest checkpoint that verifies into the state. The policies are template
+/// parameters (by default EveryEpochs, KeepLast, MindSporeNaming, BinaryArchive, NoCodec); a
+/// state is a ParamDict, a callable returning one, or an object with state_dict(). Movable: it can be returned
 /// from a factory and kept in a std::optional or a std::vector; saves in flight carry on.
 /// A moved-from manager may only be destroyed or assigned to.
 ///
@@ -8156,6 +8253,11 @@ CKPT_INSTANCE template class CheckpointManager<EverySteps, KeepLast, StepNaming,
 
 namespace ckpt {
 
+/// The seed's run-time settings of a series (MindSpore's CheckpointConfig), which make_manager()
+/// turns into policies: when to save, how many to keep, what to add to every file, exception and
+/// async saves, encryption and compression. Conflicting settings resolve as in the seed
+/// (save_checkpoint_steps wins over save_checkpoint_seconds, keep_checkpoint_max over
+/// keep_checkpoint_per_n_minutes).
 struct CheckpointConfig {
     std::int64_t save_checkpoint_steps = 1;
     std::int64_t save_checkpoint_seconds = 0;
@@ -8257,9 +8359,15 @@ inline ManagerOptions manager_options(const CheckpointConfig& config) {
 }
 }  // namespace detail
 
+/// What make_manager() returns: a CheckpointManager whose save, retention and codec policies a
+/// CheckpointConfig sets at run time.
 template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
 using ConfiguredManager = CheckpointManager<ConfiguredSave, ConfiguredRetention, N, A, ConfiguredCodec>;
 
+/// A manager of `prefix` in `directory` set up by `config`: its policies and options (append_info,
+/// exception_save, async_save); `naming` names the files (MindSporeNaming's names, as the seed's,
+/// by default). ConfigError when a setting is negative, when the four save and keep settings are
+/// all 0, or when enc_mode is not "AES-GCM".
 template <NamingPolicy N = MindSporeNaming, ArchivePolicy A = BinaryArchive>
 ConfiguredManager<N, A> make_manager(PathArg directory, std::string prefix, const CheckpointConfig& config,
                                      N naming = {}) {
@@ -8301,6 +8409,9 @@ private:
 /// by that signal.
 inline constexpr int preempted_exit_status = 128 + SIGTERM;
 
+/// Installs handlers of termination signals (SIGTERM, SIGINT and SIGUSR1 by default) that only set
+/// a process-wide flag, for the loop to poll at step boundaries (requested(), signal()); the
+/// destructor puts the previous handlers back. Constructing one clears the flag.
 class TerminationSignals {
 public:
     explicit TerminationSignals(std::initializer_list<int> signals = {SIGTERM, SIGINT, SIGUSR1}) {
@@ -9063,7 +9174,10 @@ inline std::vector<const TensorPiece*> choose_copy(const std::vector<const Tenso
 /// The state of one rank of a new layout: a tensor for every tensor of `like` (same name,
 /// dtype and shape; Trainer::load_target() gives them), placed in the global tensors by
 /// `places` (entries not listed are whole tensors), filled from the pieces the index at
-/// `index_file` lists; see the file comment. New memory: nothing live changes, whatever fails.
+/// `index_file` lists: for each tensor, only the chunks of the fewest pieces that cover its
+/// elements are read, each checked against its checksum before it is used (ChecksumError
+/// naming file, tensor and chunk; LoadMismatch for elements no file holds). New memory:
+/// nothing live changes, whatever fails.
 /// A file with codecs is read and decoded whole, once (`opts.key` for an encrypted one).
 ///
 /// A whole entry (a tensor or a value) that differs between the ranks that saved it is loaded

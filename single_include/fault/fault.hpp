@@ -69,6 +69,8 @@
 
 namespace fault {
 
+/// A device's state: healthy; uce once an operation met an uncorrectable memory error; then
+/// stopped and cleaned on the way back to healthy (the repair sequence stop(), clean(), repair()).
 enum class Health { healthy, uce, stopped, cleaned };
 
 inline const char* health_name(Health h) {
@@ -101,6 +103,10 @@ public:
     using ckpt::Error::Error;
 };
 
+/// Where a rank's parameters and optimizer state live, and what can go wrong with that memory:
+/// attach() a tensor, touch() it as an operation does (a DeviceMemoryError surfaces there),
+/// synchronize(), health(), and the repair sequence stop(), clean(), repair(). Cpu and
+/// AscendModel model it.
 template <class B>
 concept Backend = requires(B& b, const B& cb, std::span<float> memory, std::string_view name) {
     b.attach(std::string(name), memory);
@@ -129,7 +135,10 @@ public:
     std::string_view name() const { return "cpu"; }
 };
 
-/// A simulated Ascend NPU (see the file comment). Thread-safe: a test may inject a UCE from
+/// A simulated Ascend NPU: device memory with capacity accounting, host and device copies,
+/// synchronization, and uncorrectable ECC errors (inject_uce()) that surface as error 507053
+/// (DeviceMemoryError) on the next operation touching the damaged range; the device is then
+/// unhealthy until stop(), clean() and repair() have run. Thread-safe: a test may inject a UCE from
 /// another thread.
 class AscendModel {
 public:
@@ -348,6 +357,8 @@ static_assert(Backend<AscendModel>);
 
 namespace fault {
 
+/// What allreduce makes of the ranks' buffers: their element-wise sum (added in rank order), or
+/// that sum divided by the number of ranks.
 enum class ReduceOp { sum, mean };
 
 /// A collective or point-to-point call could not complete because of other ranks: they
@@ -374,6 +385,10 @@ private:
     int by_rank_;
 };
 
+/// The calls data-parallel training needs, on float buffers copied in and out: rank(), size(),
+/// allreduce(data, op), broadcast(data, root), allgather(in, out), barrier(), send(data, dst,
+/// tag) and recv(data, src, tag). Each has a timeout and fails with PeerFailure naming the ranks
+/// that did not take part. ThreadComm, GlooComm and MpiComm model it.
 template <class C>
 concept Communicator = requires(C& c, std::span<float> data, std::span<const float> in, int peer) {
     { c.rank() } -> std::convertible_to<int>;
@@ -428,9 +443,9 @@ bool holds(const std::exception_ptr& e) {
 }  // namespace detail
 
 /// A Communicator whose ranks can go on without the failed, as the last words need:
-///   job_rank()        this rank's number in the original job
-///   declare_failed()  this rank's own failure: the others' calls that need it throw PeerFailure
-///   shrink()          a communicator of the same type over the ranks still active
+/// - job_rank(): this rank's number in the original job
+/// - declare_failed(): this rank's own failure: the others' calls that need it throw PeerFailure
+/// - shrink(): a communicator of the same type over the ranks still active
 template <class C>
 concept ShrinkableCommunicator = Communicator<C> && requires(C& c) {
     { c.job_rank() } -> std::convertible_to<int>;
@@ -439,8 +454,8 @@ concept ShrinkableCommunicator = Communicator<C> && requires(C& c) {
 };
 
 /// One that can also stop every rank for a repair, as UCE repair needs:
-///   interrupt()       asks every rank to stop (their calls throw Interrupted) for a repair
-///   rejoin()          after an interrupt: waits for every active rank, then starts afresh
+/// - interrupt(): asks every rank to stop (their calls throw Interrupted) for a repair
+/// - rejoin(): after an interrupt, waits for every active rank, then starts afresh
 template <class C>
 concept RecoverableCommunicator = ShrinkableCommunicator<C> && requires(C& c) {
     c.interrupt();
@@ -921,8 +936,10 @@ private:
 /// parameters under `layout` (all of them when it does not shard), wrapped in a
 /// DataParallelOptimizer. The trainer takes optimizer().
 ///
-///   fault::ShardedOptimizer<nn::Momentum, fault::ThreadComm> opt(net.parameters(), comm, {2}, 0.01, 0.9);
-///   nn::Trainer trainer(net, opt.optimizer(), {}, comm.rank());
+/// ```
+/// fault::ShardedOptimizer<nn::Momentum, fault::ThreadComm> opt(net.parameters(), comm, {2}, 0.01, 0.9);
+/// nn::Trainer trainer(net, opt.optimizer(), {}, comm.rank());
+/// ```
 template <class Opt, Communicator Comm>
 class ShardedOptimizer {
 public:
@@ -962,6 +979,9 @@ private:
 
 namespace fault {
 
+/// A Communicator that forwards every call to `inner`, but kills its own process (SIGKILL) in the
+/// middle of the `transfer`-th point-to-point transfer on `tag`, between its length and the copy:
+/// a test of the memory level's partner losing a copy half-way.
 template <Communicator Comm>
 class DieInTransfer {
 public:
@@ -1792,7 +1812,11 @@ inline boost::filesystem::path global_index_path(const ckpt::PathArg& dir, std::
     return dir / ("index-step_" + std::to_string(global_step) + ".ckpt");
 }
 
-/// See the file comment. `my_file` must lie under `dir` (the index names it relative to
+/// Writes the global index of `global_step` ({dir}/index-step_{g}.ckpt) once every rank has
+/// saved its own file: each rank describes its file (pieces, file offsets, chunk checksums),
+/// the descriptions are gathered, the lowest rank writes the index atomically and durably, and
+/// the ranks meet at a barrier, so that on return the index is in place. A rank lost before
+/// then leaves no index of the step. `my_file` must lie under `dir` (the index names it relative to
 /// `dir`); `opts` reads it when it has codecs (the key of an encrypted one). Returns the
 /// index's path. A collective.
 template <Communicator Comm>
@@ -2086,6 +2110,9 @@ public:
     using ckpt::Error::Error;
 };
 
+/// The key-value service ranks in separate processes meet through: set, get, an atomic create and
+/// add, erase, and wait with a timeout. Keys are strings of any bytes, values byte strings.
+/// FileStore, RedisStore and PrefixStore implement it.
 class Store {
 public:
     virtual ~Store() = default;
@@ -2326,6 +2353,8 @@ inline std::vector<int> parse_ids(const std::string& text) {
 
 }  // namespace detail
 
+/// How long a heartbeat may stand still, how long a dead node id stays reserved, how long each
+/// wait lasts.
 struct MembershipOptions {
     std::chrono::milliseconds lease = std::chrono::milliseconds(1500);  ///< a heartbeat not moved this long: dead
     std::chrono::milliseconds cooldown = std::chrono::seconds(30);      ///< before a dead node id is claimed again
@@ -2344,13 +2373,17 @@ struct Generation {
     }
 };
 
+/// This worker's membership of a job, kept in a Store with no scheduler process: it claims its
+/// node id with its process identity and a heartbeat, tells live nodes from dead ones, and forms
+/// numbered generations that every worker agrees on (GlooComm uses it).
 class Membership {
 public:
     /// Who may form a generation: every node of the job (a start, or recovery after a
     /// restart), or the survivors of the current one (the dead left out).
     enum Policy { everyone, survivors };
 
-    /// Claims `node_id` (see the file comment) and starts the heartbeat. ConfigError when a
+    /// Claims `node_id` with this process's identity (a dead holder's only once the cooldown has
+    /// passed since its last heartbeat, waited out here) and starts the heartbeat. ConfigError when a
     /// live process holds it, or the job was started with another world size.
     Membership(Store& store, int node_id, int world_size, MembershipOptions options = {})
         : store_(store), id_(node_id), world_(world_size), options_(options),
@@ -2963,6 +2996,10 @@ private:
 
 namespace fault {
 
+/// Which rank of a replica group saves the last words (or serves a UCE repair): choose(candidates)
+/// picks one of the job ranks (ascending, never empty) that hold the newest consistent state.
+/// Every survivor runs it on the same reports, so they agree. Members: LowestHealthyRank,
+/// PreferenceOrder, AvoidRanks.
 template <class S>
 concept ReplicaSelector = std::copy_constructible<S> && requires(const S& s, std::span<const int> candidates) {
     { s.choose(candidates) } -> std::convertible_to<int>;
@@ -3217,6 +3254,11 @@ struct LastWordsOutcome {
     double seconds = 0;                     ///< from the failure's detection to the save being durable
 };
 
+/// The callback that saves the last words when a rank fails: the survivors agree on the newest
+/// step every replica group holds consistently, one rank of each group saves it into
+/// {dir}/tft_saved_checkpoints-step_{g}/…, and the failure is rethrown once that is durable. Any
+/// rank may fail, rank 0 included. It also stops every rank at the same step, with last words,
+/// on a termination signal (LastWordsOptions::watch_signals).
 template <ShrinkableCommunicator Comm, ReplicaSelector Sel = LowestHealthyRank>
 class LastWordsCheckpoint {
 public:
@@ -3230,7 +3272,9 @@ public:
         detail::remove_stale_step_temporaries(dir_);
     }
 
-    /// Runs inside the trainer's exception handler (see the file comment).
+    /// Runs inside the trainer's exception handler: on this rank's own failure it declares the
+    /// rank failed and takes no part; on another's (PeerFailure, Interrupted) it saves the last
+    /// words with the other survivors. outcome() says what came of it.
     void on_exception(nn::RunContext& ctx) {
         const auto error = std::current_exception();
         if (detail::holds<Preempted>(error)) return;  // the last words are already written
@@ -3501,6 +3545,7 @@ inline std::optional<fs::path> latest_last_words(const ckpt::PathArg& dir, const
 
 namespace fault {
 
+/// A worker's place in the job, as its launcher set it in the environment (launch_env() reads it).
 struct LaunchEnv {
     int rank = 0;               ///< RANK (or MS_NODE_ID); 0 when no launcher set it
     int world_size = 1;         ///< WORLD_SIZE (or MS_WORKER_NUM); 1 when no launcher set it
@@ -4243,6 +4288,11 @@ struct UceRepairOptions {
     ShardLayout layout{};  ///< the optimizer's: a rank's state comes from a rank keeping the same piece
 };
 
+/// The callback that repairs a rank's device in place after an uncorrectable memory error: every
+/// rank stops, the device is stopped, cleaned and repaired, the state is copied to it from a
+/// healthy rank keeping the same optimizer piece, and the step is redone (or taken as done), in
+/// the same process. A rank that cannot be repaired fails with RepairFailed. records() lists the
+/// repairs.
 template <RecoverableCommunicator Comm, Backend B, ReplicaSelector Sel = LowestHealthyRank>
 class UceRepair {
 public:

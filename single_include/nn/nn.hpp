@@ -735,6 +735,8 @@ private:
 
 namespace nn {
 
+/// The failure the fault-injection callbacks throw (FailAtStep, FailAtEpochEnd, FailBeforeUpdate,
+/// FailingOptimizer): rank() is the rank it struck, global_step() the step.
 class InjectedFault : public std::runtime_error {
 public:
     InjectedFault(const std::string& what, int rank, std::int64_t global_step)
@@ -1494,6 +1496,8 @@ namespace nn {
 
 enum class Reduction { mean, sum };
 
+/// The seed's loss: softmax over the last axis, then cross entropy against class indices (sparse,
+/// the default) or per-class targets, reduced by mean (the default) or sum.
 class SoftmaxCrossEntropyWithLogits {
 public:
     SoftmaxCrossEntropyWithLogits() = default;  // sparse, mean: the seed's settings
@@ -1614,6 +1618,10 @@ namespace nn {
 template <ckpt::SavePolicy S = ckpt::EveryEpochs, ckpt::RetentionPolicy R = ckpt::KeepLast,
           ckpt::NamingPolicy N = ckpt::MindSporeNaming, ckpt::ArchivePolicy A = ckpt::BinaryArchive,
           ckpt::CodecPolicy C = ckpt::NoCodec>
+/// The seed's checkpoint callback: a CheckpointManager driven by the trainer's hooks. It saves the
+/// trainer's state when its save policy says so and at the end of training, an exception save
+/// when training fails (exception_save), and with save_on_signal ends training at a termination
+/// signal. Directory first, then prefix.
 class ModelCheckpoint {
 public:
     using Manager = ckpt::CheckpointManager<S, R, N, A, C>;
@@ -1731,6 +1739,9 @@ ModelCheckpoint<ckpt::ConfiguredSave, ckpt::ConfiguredRetention, N, A, ckpt::Con
 
 namespace nn {
 
+/// What the Trainer trains: forward(x) from a batch to its logits, backward(dlogits) filling every
+/// parameter's gradient, parameters(), and state_dict() (views of the parameters, by name).
+/// LeNet5, UceNet, DataParallelNet and any SequentialNet model it.
 template <class N>
 concept Network = requires(N& n, const Array& x) {
     { n.forward(x) } -> std::convertible_to<const Array&>;
@@ -1989,6 +2000,9 @@ private:
 
 namespace nn {
 
+/// What the Trainer steps: step() applies the gradients, state_dict() holds its state (views,
+/// saved with the parameters) and hyperparameters() its settings (saved as values). Momentum,
+/// SGD and fault::DataParallelOptimizer model it.
 template <class O>
 concept Optimizer = requires(O& o, const O& co) {
     o.step();
@@ -2016,6 +2030,10 @@ struct ResumePoint {
     std::optional<ckpt::FinishedRecord> finished;
 };
 
+/// The training loop (the seed's Model.train): train() runs epochs of the data through the
+/// network, the loss and the optimizer, calling the callbacks at every hook; evaluate() scores a
+/// data set; resume_from() and resume_or_start() restore a checkpoint of it exactly (parameters,
+/// optimizer state, position and data order). `rank` is the data-parallel rank it reports.
 template <Network Net, Optimizer Opt, class Data = MnistDataset, class Loss = SoftmaxCrossEntropyWithLogits>
 class Trainer {
 public:
@@ -2232,6 +2250,7 @@ public:
                                                       dir.string() + "': starting from the beginning");
         return {};
     }
+    /// The same, with the default naming and `opts` (the key of encrypted files).
     ResumePoint resume_or_start(const ckpt::PathArg& dir, std::string_view prefix, Data& data,
                                 const ckpt::LoadOptions& opts) {
         return resume_or_start(dir, prefix, data, ckpt::detail::AnyRunNaming{}, opts);

@@ -127,8 +127,13 @@ struct Codec {
     int level = 0;  ///< zstd: the compression level
     Key key;        ///< aes-256-gcm: the key
 };
+/// A body's codec stages, in the order applied: what a CodecPolicy gives and SaveOptions::codecs
+/// takes.
 using CodecChain = std::vector<Codec>;
 
+/// What a manager's bodies pass through between the archive and the file: `CodecChain codecs()
+/// const`, the stages in the order applied. Loading needs no policy: the header records the
+/// stages. Members: NoCodec, Zstd, AesGcm, Chain.
 template <class C>
 concept CodecPolicy = std::copy_constructible<C> && requires(const C& c) {
     { c.codecs() } -> std::same_as<CodecChain>;

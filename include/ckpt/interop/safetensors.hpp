@@ -154,7 +154,7 @@ inline void check_safetensors_name(const std::string& name, const std::string& p
 
 }  // namespace detail
 
-/// Writes `dict` as a safetensors file: tensors in dict order, other values in __metadata__.
+/// Writes `dict` as a safetensors file: tensors in dict order, other values in `__metadata__`.
 /// The format has no storage order: column-major tensors are copied into row-major order.
 inline void save_safetensors(const ParamDict& state, const PathArg& file) {
     const std::string path = file.string();

@@ -15,17 +15,24 @@
 
 namespace ckpt {
 
+/// The Boost archive a manager writes bodies with: a type with `static constexpr ArchiveKind kind`.
+/// Loading needs none: the header records the kind. Members: BinaryArchive, TextArchive,
+/// XmlArchive.
 template <class A>
 concept ArchivePolicy = requires {
     { A::kind } -> std::convertible_to<ArchiveKind>;
 };
 
+/// Boost's binary archive, the default: the fastest, payloads as raw 64-byte-aligned blocks;
+/// read back on the same platform only.
 struct BinaryArchive {
     static constexpr ArchiveKind kind = ArchiveKind::binary;
 };
+/// Boost's text archive: portable across platforms; strings and payloads base64-encoded.
 struct TextArchive {
     static constexpr ArchiveKind kind = ArchiveKind::text;
 };
+/// Boost's xml archive: portable, with readable names and values; payloads base64-encoded.
 struct XmlArchive {
     static constexpr ArchiveKind kind = ArchiveKind::xml;
 };

@@ -37,6 +37,7 @@
 
 namespace ckpt {
 
+/// A regular checkpoint, or an exception save ("…_breakpoint.ckpt", ManagerOptions::exception_save).
 enum class SaveKind { regular, breakpoint };
 
 /// Which checkpoints retention manages (it deletes only regular checkpoints of the manager's
@@ -46,6 +47,8 @@ enum class RetentionScope {
     all_runs,     ///< every run of the prefix: the policy's bound holds across restarts
 };
 
+/// What a checkpoint's file name says, as a NamingPolicy parses it: the run and its prefix, the
+/// position, the kind of save, and for last-words names the rank and global step.
 struct NameParts {
     std::string run_prefix;        ///< "lenet" for run 0, "lenet_3" for run 3
     std::int64_t run = 0;
@@ -60,6 +63,10 @@ struct NameParts {
     std::int64_t global_step = -1; ///< last-words names only
 };
 
+/// File names: checkpoint_name() makes one for a run prefix, a position and a kind; parse() reads
+/// one back (any run of a prefix); run_prefix() picks a new run's prefix from the names present;
+/// meta_name() names a run's meta file ("" for none); depth() says how many directory levels the
+/// names use. Members: MindSporeNaming, StepNaming, LastWordsNaming, SingleFileNaming.
 template <class N>
 concept NamingPolicy = std::copy_constructible<N> &&
     requires(const N& n, std::string_view prefix, const Progress& p, const std::vector<std::string>& names) {

@@ -71,6 +71,11 @@ struct StoredCheckpoint {
     std::uint64_t file_size() const noexcept { return header_size + header.body_length; }
 };
 
+/// Which older checkpoints to delete once a save is durable: to_delete(files) gets the readable
+/// checkpoints of the retention scope, oldest first (the last is the file just written), and
+/// returns the indices to delete, ascending. The manager never deletes the file just written,
+/// the newest that verifies, or the one restore() loaded. Members: KeepAll, KeepLast,
+/// KeepOnePerMinutes, KeepWithinBytes, KeepBest, KeepUnion, KeepIntersection.
 template <class R>
 concept RetentionPolicy = std::copy_constructible<R> && requires(const R& r, std::span<const StoredCheckpoint> files) {
     { r.to_delete(files) } -> std::same_as<std::vector<std::size_t>>;

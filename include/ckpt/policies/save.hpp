@@ -19,6 +19,9 @@
 
 namespace ckpt {
 
+/// When to save: should_save(progress) is asked at every step end, epoch end and train end, and
+/// saved(progress) is told of every save, whichever policy asked for it (a timer restarts there).
+/// Members: Never, EverySteps, EveryEpochs, EverySeconds, OnTrainEnd, AnyOf.
 template <class P>
 concept SavePolicy = std::copy_constructible<P> && requires(P& p, const Progress& pr) {
     { p.should_save(pr) } -> std::convertible_to<bool>;

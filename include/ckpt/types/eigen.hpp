@@ -206,11 +206,13 @@ Tensor view_of(const Eigen::DenseBase<Derived>&) {
 /// given, which must outlive it. Without it, a load into a view of a wrongly-sized object is a
 /// mismatch like any other.
 ///
-///   Eigen::MatrixXd u;                              // sized by the checkpoint
-///   ckpt::EigenState state;
-///   state.add("u", u).add("step", step);            // views of both
-///   mgr.restore(state);
-///   mgr.on_step(progress, state);
+/// ```
+/// Eigen::MatrixXd u;                              // sized by the checkpoint
+/// ckpt::EigenState state;
+/// state.add("u", u).add("step", step);            // views of both
+/// mgr.restore(state);
+/// mgr.on_step(progress, state);
+/// ```
 class EigenState {
 public:
     /// Adds a view of `x` under `name`: a Matrix, Array or Eigen::Tensor (resized on load when

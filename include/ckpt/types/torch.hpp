@@ -170,7 +170,10 @@ struct DataPosition {
     std::int64_t step = 0;        ///< steps done in it
 };
 
-/// A libtorch training state as one checkpointable object (see the top of this file):
+/// A libtorch training state as one checkpointable object: the module's parameters and buffers
+/// (views, under "model."), the optimizer's state and param groups, the CPU generator, and
+/// optionally a scheduler, a data position and values of your own (the names are listed at
+/// the top of torch.hpp). A ShapedByCheckpoint target:
 /// CheckpointManager::on_step/save/restore, save_checkpoint(state.state_dict(), …) and
 /// load_checkpoint_into take it. It refers to the module, optimizer, scheduler and data
 /// position it was given, which must outlive it.
