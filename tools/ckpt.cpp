@@ -603,10 +603,13 @@ std::pair<std::int64_t, std::int64_t> position_of(const Listed& f) {
 
 void print_temporaries(const std::vector<Temporary>& temporaries) {
     if (temporaries.empty()) return;
-    std::cout << "\ntemporaries (each a save that did not finish; 'ckpt ls --clean' removes those whose writer is gone):\n";
+    std::cout << "\ntemporaries (each a save that did not finish, or a file retention deleted that its manager had not "
+                 "freed yet; 'ckpt ls --clean' removes those whose writer is gone):\n";
     for (const auto& t : temporaries)
         std::cout << "  " << shown(t.path) << "  " << human_size(t.size) << "  pid " << t.pid << " "
-                  << (t.writer_running ? "running" : "gone") << "\n";
+                  << (t.writer_running ? "running" : "gone")
+                  << (ckpt::detail::is_deleted_temporary(t.path.filename().string()) ? "  (deleted by retention)" : "")
+                  << "\n";
 }
 
 /// Whether `prefix` in `dir` finished, and who holds its lock now: a shared lock taken for a
@@ -711,7 +714,8 @@ int cmd_ls(const fs::path& dir, const std::optional<std::string>& prefix, bool h
         json temps = json::array();
         for (const auto& t : temporaries)
             temps.push_back({{"path", t.path.string()}, {"pid", t.pid}, {"size", t.size},
-                             {"writer", t.writer_running ? "running" : "gone"}});
+                             {"writer", t.writer_running ? "running" : "gone"},
+                             {"deleted_by_retention", ckpt::detail::is_deleted_temporary(t.path.filename().string())}});
         std::cout << json_text(json{{"directory", dir.string()}, {"checkpoints", groups}, {"temporaries", temps}}) << "\n";
         return 0;
     }

@@ -239,6 +239,18 @@ inline std::optional<CheckpointIssue> checkpoint_issue(StoredCheckpoint& file) {
     return std::nullopt;
 }
 
+/// checkpoint_issue() but for the body's checksum: the header, and whether it agrees with the
+/// name. For a lookup that loads the file next, which verifies the body as it reads it.
+inline std::optional<CheckpointIssue> header_issue(StoredCheckpoint& file) {
+    try {
+        file.header = read_header(file.path);
+    } catch (const Error& e) {
+        return CheckpointIssue{e.what(), unsupported_here(e)};
+    }
+    if (auto why = name_disagrees(file)) return CheckpointIssue{*why, false};
+    return std::nullopt;
+}
+
 }  // namespace detail
 
 /// Checks that `file` is a whole, uncorrupted checkpoint whose header agrees with its name.

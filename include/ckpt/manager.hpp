@@ -111,7 +111,9 @@ public:
         record_finished(p, arguments);
         return file;
     }
-    /// Blocks until every background save in flight is durable; rethrows the first error.
+    /// Blocks until every background save in flight is durable, and the files retention deleted
+    /// (gone from the directory when it returned, freed by a thread of the manager's) are
+    /// freed; rethrows the first error.
     void wait();
     /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
     AsyncSaveStats async_stats() const;

@@ -56,6 +56,23 @@ inline std::string temporary_name(const std::string& final_name) {
     return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + "-" + temporary_suffix_source()();
 }
 
+/// What follows the pid in the name of a file retention deleted and a thread of the manager
+/// is freeing (detail/unlinker.hpp): ".{final_name}.tmp-{pid}-deleted-{random}". Cleaned up
+/// as any temporary, and told apart from a save's in listings.
+inline constexpr std::string_view deleted_marker = "-deleted-";
+
+/// The hidden name under which retention's deletion of `final_name` is freed.
+inline std::string deleted_name(const std::string& final_name) {
+    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + std::string(deleted_marker) +
+           temporary_suffix_source()();
+}
+
+/// Whether the temporary `name` is a file retention deleted, being freed, rather than a save.
+inline bool is_deleted_temporary(std::string_view name) {
+    const auto at = name.rfind(temp_marker);
+    return at != std::string_view::npos && name.find(deleted_marker, at) != std::string_view::npos;
+}
+
 /// How many temporary names a writer tries before it gives up: each taken one is someone
 /// else's (64 random bits do not collide by chance).
 inline constexpr int temporary_attempts = 16;

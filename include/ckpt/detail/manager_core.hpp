@@ -40,6 +40,7 @@
 #include "background_save.hpp"
 #include "flusher.hpp"
 #include "retention_memory.hpp"
+#include "unlinker.hpp"
 
 
 namespace ckpt {
@@ -185,8 +186,12 @@ public:
         }
     }
 
-    /// Blocks until every background save in flight is durable; rethrows the first error.
-    void wait() { background_.wait(); }
+    /// Blocks until every background save in flight is durable and the files retention
+    /// deleted are freed; rethrows the first error.
+    void wait() {
+        background_.wait();
+        unlinker_.wait();
+    }
 
     /// With async_save: saves handed over, waited for and skipped, and the training thread's cost.
     AsyncSaveStats async_stats() const {
@@ -336,7 +341,12 @@ public:
         auto files = level_checkpoints(skipped);
         detail::PassedOver passed(series_text(), options_.on_unreadable, skipped);
         std::optional<Restored> done;
-        // Loads `f` (verified) into the target, or says why it cannot.
+        // A load that failed its checksum after writing into the target's memory (a binary
+        // body streams straight into it): the tensors an older file then leaves unfilled
+        // still hold what the damaged file gave them.
+        std::optional<fs::path> damaged_in_place;
+        // Loads `f` into the target, verifying its body as it reads it (the lookup read only
+        // the header: one pass over the file, not two), or says why it cannot.
         auto load = [&](StoredCheckpoint& f) -> std::optional<detail::CheckpointIssue> {
             try {
                 // the owner of an encoded body is read here, with the key (list_checkpoints
@@ -347,9 +357,21 @@ public:
                 done = Restored{f, detail::load_file_into(f.path, target, strict, load_options_, values_are_copies, shape), {}};
                 restored_ = f;
                 done->finished = finished_at(f);
+                if (damaged_in_place && !done->report.param_not_load.empty()) {
+                    std::string names;
+                    for (const auto& n : done->report.param_not_load) names += (names.empty() ? "'" : ", '") + n + "'";
+                    detail::log(LogLevel::warning, "restored '" + f.path.string() + "' after '" +
+                                                       damaged_in_place->string() + "' failed its checksum while "
+                                                       "loading into the target; " + names + ", which '" +
+                                                       f.path.string() + "' does not hold, keep what the damaged "
+                                                       "file gave them");
+                }
                 say_restored(*done);
                 return std::nullopt;
-            } catch (const FormatError& e) {  // changed between verification and load, or a dtype unknown here
+            } catch (const ChecksumError& e) {
+                damaged_in_place = f.path;
+                return detail::CheckpointIssue{e.what(), false};
+            } catch (const FormatError& e) {  // damaged, changed since it was listed, or a dtype unknown here
                 return detail::CheckpointIssue{e.what(), detail::unsupported_here(e)};
             } catch (const KeyError& e) {
                 return detail::CheckpointIssue{e.what(), true};
@@ -357,17 +379,20 @@ public:
                 return detail::CheckpointIssue{e.what(), true};
             }
         };
-        bool placed_breakpoint = false;
+        std::optional<fs::path> failed_breakpoint;
+        bool breakpoints_looked_at = false;  // what they hold that is damaged is said once
         for (auto it = files.rbegin();; ++it) {
             const bool end = it == files.rend();
-            std::optional<detail::CheckpointIssue> issue = end ? std::nullopt : detail::checkpoint_issue(*it);
-            // Once the newest regular checkpoint that verifies is known (or that there is none),
-            // an exception save written after it is the newest state.
-            if (!placed_breakpoint && (end || !issue)) {
-                placed_breakpoint = true;
+            std::optional<detail::CheckpointIssue> issue = end ? std::nullopt : detail::header_issue(*it);
+            // Before each regular checkpoint that may be loaded (or once none is left): an
+            // exception save written after it is the newer state.
+            if (end || !issue) {
                 const auto regular = end ? std::nullopt : std::optional<StoredCheckpoint>(*it);
-                if (auto bp = newer_breakpoint(regular, skipped)) {
+                auto bp = newer_breakpoint(regular, breakpoints_looked_at ? nullptr : skipped);
+                breakpoints_looked_at = true;
+                if (bp && bp->path != failed_breakpoint) {
                     if (auto failed = load(*bp)) {
+                        failed_breakpoint = bp->path;
                         passed.add(*bp, *failed);
                     } else {
                         detail::log(LogLevel::notice, "restored the exception save '" + bp->path.string() +
@@ -692,7 +717,10 @@ private:
         detail::remove_meta_of_emptied_runs(dir, naming_, run_prefix_, doomed, all);
         for (const StoredCheckpoint* f : doomed) {
             boost::system::error_code ec;
-            fs::remove(f->path, ec);
+            // the local level's in the background (see detail/unlinker.hpp); the durable level's
+            // now, as a copy may be waiting for the room
+            if (dir == dir_) unlinker_.remove(f->path, ec);
+            else fs::remove(f->path, ec);
             if (ec)
                 detail::log(LogLevel::warning,
                             "retention could not delete '" + f->path.string() + "': " + ec.message());
@@ -761,6 +789,8 @@ private:
     bool last_copied_ = false;
     // what retention reads once and remembers, and the file a global index pinned
     mutable RetentionMemory memory_{prefix_};
+    // frees the local level's files retention deletes; drained after the writer and the copier
+    mutable detail::Unlinker unlinker_;
     // The copier, then the writer, last: drained before the members their jobs read (the writer
     // queues copies, so it is drained first).
     std::unique_ptr<detail::Flusher> flusher_;
