@@ -220,7 +220,15 @@ TEST_CASE("a value that cannot be its variable's is a LoadMismatch naming the en
         auto d = base();
         d.set("engine", ckpt::view_of(engine));
         CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(dir / "s.ckpt", d, true),
-                             doctest::Contains("entry 'engine'"), ckpt::LoadMismatch);
+                             doctest::Contains(("loading '" + (dir / "s.ckpt").string() + "': entry 'engine'").c_str()),
+                             ckpt::LoadMismatch);
+        // the same from a text checkpoint (parsed, then loaded as a dictionary): the file named too
+        ckpt::SaveOptions text_archive;
+        text_archive.archive = ckpt::ArchiveKind::text;
+        ckpt::save_checkpoint(ckpt::load_checkpoint(dir / "s.ckpt"), dir / "s.txt.ckpt", text_archive);
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(dir / "s.txt.ckpt", d, true),
+                             doctest::Contains(("loading '" + (dir / "s.txt.ckpt").string() + "': entry 'engine'").c_str()),
+                             ckpt::LoadMismatch);
     }
     SUBCASE("a map of other values") {
         auto d = base();

@@ -400,11 +400,15 @@ std::vector<Listed> find_checkpoints(const fs::path& dir, const std::optional<st
     if (!fs::is_directory(dir)) throw Failure("'" + dir.string() + "' is not a directory");
     std::vector<Listed> out;
     boost::system::error_code ec;
-    for (fs::recursive_directory_iterator it(dir, ec), end; it != end; it.increment(ec)) {
-        if (ec) throw Failure("cannot list '" + dir.string() + "': " + ec.message());
-        if (it.depth() > 4) it.disable_recursion_pending();
-        const fs::path p = it->path();
-        if (!fs::is_regular_file(it->status())) continue;
+    // files that vanish while the directory is read (a running job's) do not end the listing
+    std::vector<std::pair<fs::path, fs::file_status>> entries;
+    try {
+        ckpt::detail::visit_entries(dir, 5, [&](const fs::path& p, const fs::file_status& s) { entries.emplace_back(p, s); });
+    } catch (const ckpt::IoError& e) {
+        throw Failure(e.what());
+    }
+    for (const auto& [p, status] : entries) {
+        if (!fs::is_regular_file(status)) continue;
         if (const auto pid = ckpt::detail::temporary_owner(p.filename().string())) {
             const bool running = ::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH;
             if (temporaries) temporaries->push_back({p, *pid, fs::file_size(p, ec), running});

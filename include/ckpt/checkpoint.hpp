@@ -161,9 +161,10 @@ TargetShaper shaper_of(T& t) {
 }
 
 /// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`);
-/// `shape`, when given, first rebuilds the target after `src`'s entries.
+/// `shape`, when given, first rebuilds the target after `src`'s entries. `source` is what a
+/// strict failure says was loaded ("a ParamDict", or the file it was read from, quoted).
 LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies,
-                           const TargetShaper* shape = nullptr);
+                           const TargetShaper* shape = nullptr, const std::string& source = "a ParamDict");
 /// load_checkpoint_into(), likewise.
 LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
                           bool values_are_copies, const TargetShaper* shape = nullptr);

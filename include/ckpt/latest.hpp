@@ -58,6 +58,34 @@ private:
 
 namespace detail {
 
+/// Calls `visit(path, status)` for every entry of `dir` but directories, down to `depth`
+/// levels of sub-directories. Entries that vanish while the directory is read (a concurrent
+/// writer's temporary renamed, a file retention frees) are passed over: they must not end the
+/// listing early, as an error of a recursive iterator's increment does.
+template <class Visit>
+void visit_entries(const fs::path& dir, int depth, Visit&& visit) {
+    boost::system::error_code ec;
+    auto cannot_list = [&](const fs::path& d, const boost::system::error_code& e) {
+        return IoError("cannot list '" + d.string() + "': " + e.message(), d.string(), e.value());
+    };
+    std::vector<std::pair<fs::path, int>> pending{{dir, 0}};  // directories still to read, at their depth
+    while (!pending.empty()) {
+        const auto [here, level] = pending.back();
+        pending.pop_back();
+        fs::directory_iterator it(here, ec), end;
+        if (ec == boost::system::errc::no_such_file_or_directory && here != dir) continue;  // a sub-directory gone
+        if (ec) throw cannot_list(here, ec);
+        for (; it != end; it.increment(ec)) {
+            const fs::file_status status = it->status(ec);
+            if (ec == boost::system::errc::no_such_file_or_directory) continue;  // gone since it was read
+            if (ec) throw cannot_list(here, ec);
+            if (!fs::is_directory(status)) visit(it->path(), status);
+            else if (level < depth) pending.emplace_back(it->path(), level + 1);
+        }
+        if (ec) throw cannot_list(here, ec);
+    }
+}
+
 /// Names relative to `dir`, down to `depth` levels of sub-directories; temporaries excluded.
 inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
     std::vector<std::string> names;
@@ -65,18 +93,9 @@ inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
     if (!fs::exists(dir, ec)) return names;
     if (!fs::is_directory(dir, ec))
         throw IoError("checkpoint directory '" + dir.string() + "' is not a directory", dir.string(), ENOTDIR);
-    fs::recursive_directory_iterator it(dir, ec), end;
-    if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message(), dir.string(), ec.value());
-    for (; it != end; it.increment(ec)) {
-        if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message(), dir.string(), ec.value());
-        const std::string leaf = it->path().filename().string();
-        if (temporary_owner(leaf)) continue;
-        if (fs::is_directory(it->status())) {
-            if (it.depth() >= depth) it.disable_recursion_pending();
-            continue;
-        }
-        names.push_back(it->path().lexically_relative(dir).generic_string());
-    }
+    visit_entries(dir, depth, [&](const fs::path& path, const fs::file_status&) {
+        if (!temporary_owner(path.filename().string())) names.push_back(path.lexically_relative(dir).generic_string());
+    });
     std::sort(names.begin(), names.end());
     return names;
 }

@@ -2863,9 +2863,10 @@ TargetShaper shaper_of(T& t) {
 }
 
 /// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`);
-/// `shape`, when given, first rebuilds the target after `src`'s entries.
+/// `shape`, when given, first rebuilds the target after `src`'s entries. `source` is what a
+/// strict failure says was loaded ("a ParamDict", or the file it was read from, quoted).
 LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies,
-                           const TargetShaper* shape = nullptr);
+                           const TargetShaper* shape = nullptr, const std::string& source = "a ParamDict");
 /// load_checkpoint_into(), likewise.
 LoadReport load_file_into(const PathArg& file, ParamDict& target, bool strict, const LoadOptions& opts,
                           bool values_are_copies, const TargetShaper* shape = nullptr);
@@ -4515,10 +4516,10 @@ CKPT_INLINE LoadMismatch strict_failure(const std::string& source, const LoadPla
 
 /// Decodes the checkpoint's value of every bound variable of the plan into a copy, before
 /// anything is written: returns what writes the copies back. A value that cannot be its
-/// variable's is a LoadMismatch when `strict`, else a mismatch of the report (the value goes
-/// to report.rest).
+/// variable's is a LoadMismatch naming `source` (the file, quoted, or "a ParamDict") when
+/// `strict`, else a mismatch of the report (the value goes to report.rest).
 CKPT_INLINE std::vector<std::function<void()>> stage_bindings(LoadPlan& plan, const std::vector<EntryMeta>& toc,
-                                                              bool strict) {
+                                                              bool strict, const std::string& source) {
     std::vector<std::function<void()>> commits;
     for (std::size_t i = 0; i < toc.size(); ++i) {
         const Binding* b = plan.bindings[i];
@@ -4526,7 +4527,7 @@ CKPT_INLINE std::vector<std::function<void()>> stage_bindings(LoadPlan& plan, co
         try {
             commits.push_back(b->target().stage(toc[i].scalar, toc[i].name));
         } catch (const LoadMismatch& e) {
-            if (strict) throw;
+            if (strict) throw LoadMismatch("loading " + source + ": " + e.what());
             plan.bindings[i] = nullptr;
             plan.report.mismatches.push_back(e.what());
             plan.report.ckpt_not_load.push_back(toc[i].name);
@@ -4763,7 +4764,7 @@ CKPT_INLINE ParamDict load_checkpoint(const PathArg& file, const LoadOptions& op
 namespace detail {
 /// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`).
 CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies,
-                                       const TargetShaper* shape) {
+                                       const TargetShaper* shape, const std::string& source) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
         detail::EntryMeta e;
@@ -4780,8 +4781,8 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
     }
     if (shape) (*shape)(toc, target);
     auto plan = detail::plan_load(target, toc, values_are_copies);
-    if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
-    const auto commits = stage_bindings(plan, toc, strict);
+    if (strict && !plan.report.complete()) throw detail::strict_failure(source, plan);
+    const auto commits = stage_bindings(plan, toc, strict, source);
     auto it = src.begin();
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
         if (plan.bindings[i]) continue;
@@ -4838,7 +4839,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
                 throw strict_failure("'" + path + "'", plan);
             }
             try {
-                commits = stage_bindings(plan, toc, strict);
+                commits = stage_bindings(plan, toc, strict, "'" + path + "'");
             } catch (const LoadMismatch&) {
                 if (auto e = corruption_instead("")) throw *e;
                 throw;
@@ -4902,7 +4903,7 @@ CKPT_INLINE LoadReport load_file_into(const PathArg& file, ParamDict& target, bo
         auto body = detail::read_decoded_body(c, path, opts);
         ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
         detail::drop_reserved(dict);
-        return detail::load_param_into(target, dict, strict, values_are_copies, shape);
+        return detail::load_param_into(target, dict, strict, values_are_copies, shape, "'" + path + "'");
     });
 }
 }  // namespace detail
@@ -5665,6 +5666,34 @@ private:
 
 namespace detail {
 
+/// Calls `visit(path, status)` for every entry of `dir` but directories, down to `depth`
+/// levels of sub-directories. Entries that vanish while the directory is read (a concurrent
+/// writer's temporary renamed, a file retention frees) are passed over: they must not end the
+/// listing early, as an error of a recursive iterator's increment does.
+template <class Visit>
+void visit_entries(const fs::path& dir, int depth, Visit&& visit) {
+    boost::system::error_code ec;
+    auto cannot_list = [&](const fs::path& d, const boost::system::error_code& e) {
+        return IoError("cannot list '" + d.string() + "': " + e.message(), d.string(), e.value());
+    };
+    std::vector<std::pair<fs::path, int>> pending{{dir, 0}};  // directories still to read, at their depth
+    while (!pending.empty()) {
+        const auto [here, level] = pending.back();
+        pending.pop_back();
+        fs::directory_iterator it(here, ec), end;
+        if (ec == boost::system::errc::no_such_file_or_directory && here != dir) continue;  // a sub-directory gone
+        if (ec) throw cannot_list(here, ec);
+        for (; it != end; it.increment(ec)) {
+            const fs::file_status status = it->status(ec);
+            if (ec == boost::system::errc::no_such_file_or_directory) continue;  // gone since it was read
+            if (ec) throw cannot_list(here, ec);
+            if (!fs::is_directory(status)) visit(it->path(), status);
+            else if (level < depth) pending.emplace_back(it->path(), level + 1);
+        }
+        if (ec) throw cannot_list(here, ec);
+    }
+}
+
 /// Names relative to `dir`, down to `depth` levels of sub-directories; temporaries excluded.
 inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
     std::vector<std::string> names;
@@ -5672,18 +5701,9 @@ inline std::vector<std::string> list_names(const fs::path& dir, int depth) {
     if (!fs::exists(dir, ec)) return names;
     if (!fs::is_directory(dir, ec))
         throw IoError("checkpoint directory '" + dir.string() + "' is not a directory", dir.string(), ENOTDIR);
-    fs::recursive_directory_iterator it(dir, ec), end;
-    if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message(), dir.string(), ec.value());
-    for (; it != end; it.increment(ec)) {
-        if (ec) throw IoError("cannot list '" + dir.string() + "': " + ec.message(), dir.string(), ec.value());
-        const std::string leaf = it->path().filename().string();
-        if (temporary_owner(leaf)) continue;
-        if (fs::is_directory(it->status())) {
-            if (it.depth() >= depth) it.disable_recursion_pending();
-            continue;
-        }
-        names.push_back(it->path().lexically_relative(dir).generic_string());
-    }
+    visit_entries(dir, depth, [&](const fs::path& path, const fs::file_status&) {
+        if (!temporary_owner(path.filename().string())) names.push_back(path.lexically_relative(dir).generic_string());
+    });
     std::sort(names.begin(), names.end());
     return names;
 }

@@ -407,10 +407,10 @@ CKPT_INLINE LoadMismatch strict_failure(const std::string& source, const LoadPla
 
 /// Decodes the checkpoint's value of every bound variable of the plan into a copy, before
 /// anything is written: returns what writes the copies back. A value that cannot be its
-/// variable's is a LoadMismatch when `strict`, else a mismatch of the report (the value goes
-/// to report.rest).
+/// variable's is a LoadMismatch naming `source` (the file, quoted, or "a ParamDict") when
+/// `strict`, else a mismatch of the report (the value goes to report.rest).
 CKPT_INLINE std::vector<std::function<void()>> stage_bindings(LoadPlan& plan, const std::vector<EntryMeta>& toc,
-                                                              bool strict) {
+                                                              bool strict, const std::string& source) {
     std::vector<std::function<void()>> commits;
     for (std::size_t i = 0; i < toc.size(); ++i) {
         const Binding* b = plan.bindings[i];
@@ -418,7 +418,7 @@ CKPT_INLINE std::vector<std::function<void()>> stage_bindings(LoadPlan& plan, co
         try {
             commits.push_back(b->target().stage(toc[i].scalar, toc[i].name));
         } catch (const LoadMismatch& e) {
-            if (strict) throw;
+            if (strict) throw LoadMismatch("loading " + source + ": " + e.what());
             plan.bindings[i] = nullptr;
             plan.report.mismatches.push_back(e.what());
             plan.report.ckpt_not_load.push_back(toc[i].name);
@@ -655,7 +655,7 @@ CKPT_INLINE ParamDict load_checkpoint(const PathArg& file, const LoadOptions& op
 namespace detail {
 /// load_param_into_net(); an object's state_dict() values are copies (`values_are_copies`).
 CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, bool strict, bool values_are_copies,
-                                       const TargetShaper* shape) {
+                                       const TargetShaper* shape, const std::string& source) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
         detail::EntryMeta e;
@@ -672,8 +672,8 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
     }
     if (shape) (*shape)(toc, target);
     auto plan = detail::plan_load(target, toc, values_are_copies);
-    if (strict && !plan.report.complete()) throw detail::strict_failure("a ParamDict", plan);
-    const auto commits = stage_bindings(plan, toc, strict);
+    if (strict && !plan.report.complete()) throw detail::strict_failure(source, plan);
+    const auto commits = stage_bindings(plan, toc, strict, source);
     auto it = src.begin();
     for (std::size_t i = 0; i < toc.size(); ++i, ++it) {
         if (plan.bindings[i]) continue;
@@ -730,7 +730,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
                 throw strict_failure("'" + path + "'", plan);
             }
             try {
-                commits = stage_bindings(plan, toc, strict);
+                commits = stage_bindings(plan, toc, strict, "'" + path + "'");
             } catch (const LoadMismatch&) {
                 if (auto e = corruption_instead("")) throw *e;
                 throw;
@@ -794,7 +794,7 @@ CKPT_INLINE LoadReport load_file_into(const PathArg& file, ParamDict& target, bo
         auto body = detail::read_decoded_body(c, path, opts);
         ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
         detail::drop_reserved(dict);
-        return detail::load_param_into(target, dict, strict, values_are_copies, shape);
+        return detail::load_param_into(target, dict, strict, values_are_copies, shape, "'" + path + "'");
     });
 }
 }  // namespace detail
