@@ -16,4 +16,5 @@ CKPT_SOURCE_DIR=$PWD CKPT_DOXYGEN_OUT="$out/doxygen" doxygen tools/docs/Doxyfile
 cp -r "$out/reference" "$out/docs-src/reference"
 rm "$out/docs-src/reference/nav.json"
 /usr/bin/python3 -m mkdocs build --strict --quiet -f "$out/mkdocs.yml"
+/usr/bin/python3 tools/docs/check_anchors.py "$out/site"  # what --strict does not check in MkDocs 1.4
 echo "site: $out/site/index.html"

@@ -927,7 +927,7 @@ def guide_heading(path, anchor):
                 text = text[:explicit.start()].rstrip()
                 slug = explicit.group(1)
             else:
-                plain = re.sub(r"[`*_]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text))
+                plain = re.sub(r"[`*]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text))
                 slug = unique_slug(slugify(plain), used)
             if slug == anchor:
                 return re.sub(r"[`*]", "", text)
