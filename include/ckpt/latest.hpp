@@ -76,11 +76,19 @@ void visit_entries(const fs::path& dir, int depth, Visit&& visit) {
         if (ec == boost::system::errc::no_such_file_or_directory && here != dir) continue;  // a sub-directory gone
         if (ec) throw cannot_list(here, ec);
         for (; it != end; it.increment(ec)) {
-            const fs::file_status status = it->status(ec);
+            // a directory is entered only when it is one itself, not a link to one (which may
+            // lead back up); a link to a file is visited as the file
+            const fs::file_status link = it->symlink_status(ec);
             if (ec == boost::system::errc::no_such_file_or_directory) continue;  // gone since it was read
             if (ec) throw cannot_list(here, ec);
+            if (fs::is_directory(link)) {
+                if (level < depth) pending.emplace_back(it->path(), level + 1);
+                continue;
+            }
+            const fs::file_status status = fs::is_symlink(link) ? it->status(ec) : link;
+            if (ec && ec != boost::system::errc::no_such_file_or_directory) throw cannot_list(here, ec);
+            ec.clear();  // a dangling link is visited as what it is (no file)
             if (!fs::is_directory(status)) visit(it->path(), status);
-            else if (level < depth) pending.emplace_back(it->path(), level + 1);
         }
         if (ec) throw cannot_list(here, ec);
     }

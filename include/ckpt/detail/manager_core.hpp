@@ -228,6 +228,7 @@ public:
     /// See CheckpointManager::wait_flushed().
     FlushStats wait_flushed() {
         background_.wait();
+        unlinker_.wait();  // the end of a run (on_train_end) leaves nothing being freed
         if (!flusher_) return {};
         if (last_file_ && !last_copied_) {  // the newest state, saved when no copy was due
             queue_copy(*last_file_, last_progress_, restored_);
