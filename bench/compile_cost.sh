@@ -4,7 +4,8 @@
 #   deps      Boost.Serialization's binary, text and xml archives, Boost.Filesystem and xtensor:
 #             the headers the library is built on, with an empty main
 #   smallest  the smallest manager program: a struct with state_dict(), restore, one on_step
-#   using_it  the README's "Using it" program, taken from README.md as it stands
+#   using_it  the solver of the guide "A long job or simulation" (docs/guides/long-jobs.md,
+#             "A solver that resumes"), taken from the page as it stands
 # Every case is compiled the same number of times, in alternating order within each round,
 # and its median is reported. The compiled cases are also linked and run, so that what is
 # measured is a program that works.
@@ -61,11 +62,12 @@ int main() {
     for (; s.step < 10; ++s.step) mgr.on_step(ckpt::Progress::at_iteration(s.step + 1), s);
 }
 EOF
-# The README's first C++ block: its #include lines on top, the rest as main's body (the
-# README's block test does the same).
-awk '/^## Using it/ {in_section = 1} in_section && /^```cpp$/ {in_block = 1; next}
-     in_block && /^```$/ {exit} in_block {print}' "$root/README.md" > block.txt
-[ -s block.txt ] || { echo "compile_cost: no C++ block under '## Using it' in README.md" >&2; exit 1; }
+# The guide's first C++ block: its #include lines on top, the rest as main's body (the
+# documentation's block test does the same).
+guide="$root/docs/guides/long-jobs.md"
+awk '/^## A solver that resumes/ {in_section = 1} in_section && /^```cpp$/ {in_block = 1; next}
+     in_block && /^```$/ {exit} in_block {print}' "$guide" > block.txt
+[ -s block.txt ] || { echo "compile_cost: no C++ block under '## A solver that resumes' in $guide" >&2; exit 1; }
 { grep '^#include' block.txt; echo 'int main() {'; grep -v '^#include' block.txt; echo '}'; } > using_it.cpp
 
 libs=(-lboost_serialization -lboost_filesystem -lxxhash -lpthread)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mpirun (Debian's Open MPI 4.1) with the settings ckpt's MPI tests, benchmarks and README use
+# mpirun (Debian's Open MPI 4.1) with the settings ckpt's MPI tests, benchmarks and MPI guide use
 # on one host; the one place they are written.
 #   bash scripts/mpirun.sh -np 4 PROGRAM [ARGS...]      (any other mpirun option too)
 #

@@ -1,4 +1,4 @@
-// One rank of a data-parallel job written the way the README shows last words on GlooComm,
+// One rank of a data-parallel job written the way the data-parallel guide shows last words on GlooComm,
 // with nothing else: no TerminationSignals of its own. Started by ckpt-run (its settings from
 // launch_env); rank 1 kills itself with SIGKILL after step KILL_STEP, and the survivors must
 // write the last words although ckpt-run, with no restarts left, sends them SIGTERM.

@@ -122,7 +122,7 @@ TEST_CASE("ckpt-run restarts a failed worker with the same settings, up to --max
 }
 
 TEST_CASE("last words under ckpt-run: a worker SIGKILLed with no restarts left, the survivor still saves them") {
-    // The README's program on GlooComm, no TerminationSignals of its own: ckpt-run's SIGTERM
+    // The data-parallel guide's program on GlooComm, no TerminationSignals of its own: ckpt-run's SIGTERM
     // to the survivor must not end it before its last words are durable.
     test::TempDir dir;
     const auto url = "file://" + (dir / "store").string();

@@ -5863,10 +5863,12 @@ inline std::optional<std::string> name_disagrees(const StoredCheckpoint& file) {
     return std::nullopt;
 }
 
-/// checkpoint_problem(), saying also whether the file is unsupported here rather than damaged.
-inline std::optional<CheckpointIssue> checkpoint_issue(StoredCheckpoint& file) {
+/// What is wrong with `file` once `read` (verify_checkpoint or read_header) has given its
+/// header, and whether the file is unsupported here rather than damaged.
+template <class Read>
+std::optional<CheckpointIssue> issue_after(StoredCheckpoint& file, Read read) {
     try {
-        file.header = verify_checkpoint(file.path);
+        file.header = read(file.path);
     } catch (const Error& e) {
         return CheckpointIssue{e.what(), unsupported_here(e)};
     }
@@ -5874,16 +5876,15 @@ inline std::optional<CheckpointIssue> checkpoint_issue(StoredCheckpoint& file) {
     return std::nullopt;
 }
 
+/// checkpoint_problem(), saying also whether the file is unsupported here rather than damaged.
+inline std::optional<CheckpointIssue> checkpoint_issue(StoredCheckpoint& file) {
+    return issue_after(file, [](const fs::path& p) { return verify_checkpoint(p); });
+}
+
 /// checkpoint_issue() but for the body's checksum: the header, and whether it agrees with the
 /// name. For a lookup that loads the file next, which verifies the body as it reads it.
 inline std::optional<CheckpointIssue> header_issue(StoredCheckpoint& file) {
-    try {
-        file.header = read_header(file.path);
-    } catch (const Error& e) {
-        return CheckpointIssue{e.what(), unsupported_here(e)};
-    }
-    if (auto why = name_disagrees(file)) return CheckpointIssue{*why, false};
-    return std::nullopt;
+    return issue_after(file, [](const fs::path& p) { return read_header(p); });
 }
 
 }  // namespace detail
