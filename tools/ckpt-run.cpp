@@ -54,7 +54,16 @@ pid_t start(const Worker& w, int first_rank, int world, const std::string& store
                                   "MS_NODE_ID=" + std::to_string(first_rank + w.local), "MS_WORKER_NUM=" + std::to_string(world),
                                   "LOCAL_RANK=" + std::to_string(w.local), "CKPT_STORE=" + store,
                                   "CKPT_RESTARTS=" + std::to_string(w.restarts)};
+    // The forwarded signals are blocked across the fork: one that reached the child before it
+    // reset their handlers would run ours there and be lost (a worker stopped as it started
+    // would then live on until SIGKILL). The child resets them, then unblocks: a signal sent
+    // meanwhile is delivered then, with its default action.
+    sigset_t forwarded, before;
+    sigemptyset(&forwarded);
+    for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&forwarded, sig);
+    ::sigprocmask(SIG_BLOCK, &forwarded, &before);
     const pid_t pid = ::fork();
+    if (pid != 0) ::sigprocmask(SIG_SETMASK, &before, nullptr);
     if (pid < 0) {
         std::perror("ckpt-run: fork");
         return -1;
@@ -64,6 +73,7 @@ pid_t start(const Worker& w, int first_rank, int world, const std::string& store
         ::signal(SIGTERM, SIG_DFL);
         ::signal(SIGINT, SIG_DFL);
         ::signal(SIGUSR1, SIG_DFL);
+        ::sigprocmask(SIG_SETMASK, &before, nullptr);
         ::execvp(argv[0], argv);
         std::fprintf(stderr, "ckpt-run: cannot run %s: %s\n", argv[0], std::strerror(errno));
         ::_exit(127);
