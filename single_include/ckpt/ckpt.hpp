@@ -3113,10 +3113,11 @@ inline std::string (*&temporary_suffix_source())() {
     return source;
 }
 
-/// The temporary for `final_name`: ".{final_name}.tmp-{pid}-{random}". The leading dot keeps
-/// it out of listings, the pid tells a later cleanup whether its writer is still alive.
-inline std::string temporary_name(const std::string& final_name) {
-    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + "-" + temporary_suffix_source()();
+/// The temporary for `final_name`: ".{final_name}.tmp-{pid}{after_pid}{random}". The leading
+/// dot keeps it out of listings, the pid tells a later cleanup whether its writer is still alive.
+inline std::string temporary_name(const std::string& final_name, std::string_view after_pid = "-") {
+    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + std::string(after_pid) +
+           temporary_suffix_source()();
 }
 
 /// What follows the pid in the name of a file retention deleted and a thread of the manager
@@ -3125,10 +3126,7 @@ inline std::string temporary_name(const std::string& final_name) {
 inline constexpr std::string_view deleted_marker = "-deleted-";
 
 /// The hidden name under which retention's deletion of `final_name` is freed.
-inline std::string deleted_name(const std::string& final_name) {
-    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + std::string(deleted_marker) +
-           temporary_suffix_source()();
-}
+inline std::string deleted_name(const std::string& final_name) { return temporary_name(final_name, deleted_marker); }
 
 /// Whether the temporary `name` is a file retention deleted, being freed, rather than a save.
 inline bool is_deleted_temporary(std::string_view name) {
@@ -7297,16 +7295,15 @@ public:
     }
 
     /// Removes `file` from its directory now and frees it in the background. Throws nothing:
-    /// false, with `ec` set, when it cannot be renamed (then it is still there, as it was).
-    bool remove(const fs::path& file, boost::system::error_code& ec) {
+    /// `ec` is set when it cannot be renamed (then it is still there, as it was).
+    void remove(const fs::path& file, boost::system::error_code& ec) {
         const fs::path hidden = file.parent_path() / deleted_name(file.filename().string());
         fs::rename(file, hidden, ec);
-        if (ec) return false;
+        if (ec) return;
         std::lock_guard lock(mutex_);
         pending_.push_back(hidden);
         if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
         wake_.notify_one();
-        return true;
     }
 
     /// Blocks until every file handed over so far is unlinked.

@@ -50,10 +50,11 @@ inline std::string (*&temporary_suffix_source())() {
     return source;
 }
 
-/// The temporary for `final_name`: ".{final_name}.tmp-{pid}-{random}". The leading dot keeps
-/// it out of listings, the pid tells a later cleanup whether its writer is still alive.
-inline std::string temporary_name(const std::string& final_name) {
-    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + "-" + temporary_suffix_source()();
+/// The temporary for `final_name`: ".{final_name}.tmp-{pid}{after_pid}{random}". The leading
+/// dot keeps it out of listings, the pid tells a later cleanup whether its writer is still alive.
+inline std::string temporary_name(const std::string& final_name, std::string_view after_pid = "-") {
+    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + std::string(after_pid) +
+           temporary_suffix_source()();
 }
 
 /// What follows the pid in the name of a file retention deleted and a thread of the manager
@@ -62,10 +63,7 @@ inline std::string temporary_name(const std::string& final_name) {
 inline constexpr std::string_view deleted_marker = "-deleted-";
 
 /// The hidden name under which retention's deletion of `final_name` is freed.
-inline std::string deleted_name(const std::string& final_name) {
-    return "." + final_name + std::string(temp_marker) + std::to_string(::getpid()) + std::string(deleted_marker) +
-           temporary_suffix_source()();
-}
+inline std::string deleted_name(const std::string& final_name) { return temporary_name(final_name, deleted_marker); }
 
 /// Whether the temporary `name` is a file retention deleted, being freed, rather than a save.
 inline bool is_deleted_temporary(std::string_view name) {

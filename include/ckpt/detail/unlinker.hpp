@@ -37,16 +37,15 @@ public:
     }
 
     /// Removes `file` from its directory now and frees it in the background. Throws nothing:
-    /// false, with `ec` set, when it cannot be renamed (then it is still there, as it was).
-    bool remove(const fs::path& file, boost::system::error_code& ec) {
+    /// `ec` is set when it cannot be renamed (then it is still there, as it was).
+    void remove(const fs::path& file, boost::system::error_code& ec) {
         const fs::path hidden = file.parent_path() / deleted_name(file.filename().string());
         fs::rename(file, hidden, ec);
-        if (ec) return false;
+        if (ec) return;
         std::lock_guard lock(mutex_);
         pending_.push_back(hidden);
         if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
         wake_.notify_one();
-        return true;
     }
 
     /// Blocks until every file handed over so far is unlinked.
