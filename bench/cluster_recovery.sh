@@ -19,6 +19,8 @@
 # memory, the restarted rank)
 #
 #   bench/cluster_recovery.sh <cluster_recover> <ckpt-run> [rounds] [save_every] [memory_every]
+# For figures, <cluster_recover> comes from a build without the tests (-DCKPT_BUILD_TESTS=OFF),
+# where the examples get the build type's optimization, not the test programs' -O1.
 # CKPT_BENCH_EPOCHS (default 3) is the job's epochs of 40 steps (1: a quick run, its figures
 # meaningless, its checks applied). Exit status 1 if a round did not time what it planned: a
 # kill, then every rank resuming from the kind of checkpoint the round is about, a recovery

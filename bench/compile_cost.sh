@@ -11,7 +11,9 @@
 # measured is a program that works.
 #   bash bench/compile_cost.sh [rounds] [optimization...]     (default: 3 -O0 -O2)
 # The library the compiled cases link against is compiled at the last level given (-O2 by
-# default; `1 -O0` is a quick run, its figures meaningless, its checks applied).
+# default; `1 -O0` is a quick run, its figures meaningless, its checks applied), or is
+# CKPT_COMPILED_LIBRARY when set: a build's libckpt_compiled.a (scripts/bench_smoke.sh), whose
+# compile no figure depends on.
 # Last line:
 #   compile_cost header_only/deps=R1 compiled/deps=R2 (smallest, -O0)
 # Exit status 1 if the run did not time what it planned: every case compiled `rounds` times,
@@ -74,9 +76,16 @@ libs=(-lboost_serialization -lboost_filesystem -lxxhash -lpthread)
 echo "compile_cost: $cxx $($cxx -dumpversion), $(nproc) cores, $(date -u +%F)"
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.2f", b - a}'; }
 start=$(date +%s.%N)
-lib_level=${levels[${#levels[@]} - 1]}
-$cxx -std=c++20 "$lib_level" -DCKPT_SEPARATE_COMPILATION -I"$root/include" -c "$root/src/ckpt.cpp" -o libckpt.o
-echo "the compiled library (src/ckpt.cpp, $lib_level, once per build): $(elapsed "$start") s"
+if [ -n "${CKPT_COMPILED_LIBRARY:-}" ]; then
+    [ -f "$CKPT_COMPILED_LIBRARY" ] || { echo "compile_cost: CKPT_COMPILED_LIBRARY: no file $CKPT_COMPILED_LIBRARY" >&2; exit 2; }
+    library=$CKPT_COMPILED_LIBRARY
+    echo "the compiled library: $library"
+else
+    lib_level=${levels[${#levels[@]} - 1]}
+    library=libckpt.o
+    $cxx -std=c++20 "$lib_level" -DCKPT_SEPARATE_COMPILATION -I"$root/include" -c "$root/src/ckpt.cpp" -o "$library"
+    echo "the compiled library (src/ckpt.cpp, $lib_level, once per build): $(elapsed "$start") s"
+fi
 
 # seconds <source> <flags...>: wall time of one compile to an object file, which must be new
 seconds() {
@@ -120,7 +129,7 @@ for opt in "${levels[@]}"; do
     done
     # the compiled programs link against the library and run
     for prog in smallest using_it; do
-        $cxx -std=c++20 "$opt" -DCKPT_SEPARATE_COMPILATION -I"$root/include" "$prog.cpp" libckpt.o -o "$prog" "${libs[@]}"
+        $cxx -std=c++20 "$opt" -DCKPT_SEPARATE_COMPILATION -I"$root/include" "$prog.cpp" "$library" -o "$prog" "${libs[@]}"
         (mkdir -p "run-$prog" && cd "run-$prog" && "../$prog" > /dev/null 2>&1) ||
             { echo "compile_cost: $prog (compiled mode) failed when run" >&2; exit 1; }
     done

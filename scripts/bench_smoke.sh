@@ -68,7 +68,12 @@ if [ -x "$build/examples/cluster_recover/cluster_recover" ] && [ -x "$build/ckpt
 else
     echo "bench_smoke: cluster_recovery: skipped (examples/cluster_recover or ckpt-run not built)" >&2
 fi
-smoke compile_cost bash bench/compile_cost.sh 1 -O0
+# the compiled cases link against this build's library rather than compile one more
+if [ -f "$build/libckpt_compiled.a" ]; then
+    CKPT_COMPILED_LIBRARY=$(cd "$build" && pwd)/libckpt_compiled.a smoke compile_cost bash bench/compile_cost.sh 1 -O0
+else
+    smoke compile_cost bash bench/compile_cost.sh 1 -O0
+fi
 
 [ ${#failed[@]} -eq 0 ] || { echo "bench_smoke: failed: ${failed[*]}" >&2; exit 1; }
 echo "bench_smoke: every benchmark ran and timed what it planned"
