@@ -10,6 +10,8 @@
 // summed every rank's buffer (each element R afterwards), no faster than memory.
 
 #include <fault/gloo_comm.hpp>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
 #include <gloo/rendezvous/file_store.h>
 
 #include "bench_support.hpp"

@@ -5,7 +5,8 @@
 //                                    (ckpt-run); MODE collectives, loop, or crash-once:
 //                                    exits 1 at once when CKPT_RESTARTS is 0 on rank 1
 //
-//   collectives  every call of the Communicator concept, results checked; prints "ok"
+//   collectives  every call of the Communicator concept, results checked (sums bit for bit in
+//                rank order, as ThreadComm adds); prints "ok"
 //   loop         allreduce after allreduce until a call fails: prints "ready" once the first
 //                went through, then "peer_failure ranks=R,… after_ms=T" and exits 3
 //   mismatch     rank 0 sends 3 floats to rank 1, which expects 2: prints the ConfigError
@@ -14,6 +15,8 @@
 //                generation=G members=… sum=S" (S: an allreduce of the node ids) and exits 5
 //   regroup      as loop, then waits for every node again (regroup; the dead one is started
 //                anew): prints "regrouped generation=G sum=S" and exits 0
+//   stuck        rank 0 waits for a message rank 1 never sends, the others sleep: prints
+//                "ready", then (rank 0) "peer_failure ranks=R" and exits 3 once a rank dies
 //   join         a node started anew: joins the job, allreduces once, prints "joined
 //                generation=G sum=S" and exits 0
 // Any other failure: the error on stderr, exit 1.
@@ -26,6 +29,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +52,23 @@ void collectives(fault::GlooComm& comm) {
     comm.allreduce(v, fault::ReduceOp::sum);
     const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
     for (std::size_t i = 0; i < v.size(); ++i) expect(v[i] == ranks_sum * static_cast<float>(i % 7), "allreduce(sum)");
+    // sums in rank order, as ThreadComm adds: ((x0 + x1) + x2) + ..., on values of many
+    // magnitudes, whose sum another order rounds differently; an odd length, uneven slices
+    auto contribution = [](int q, std::size_t i) {
+        const float scale = (q % 2 != 0) ? 1e4f : 1e-3f;
+        return scale * static_cast<float>((static_cast<std::size_t>(q) * 7919u + i * 104729u) % 1000003u) / 7.0f;
+    };
+    for (const auto op : {fault::ReduceOp::sum, fault::ReduceOp::mean}) {
+        std::vector<float> x(1001);
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] = contribution(r, i);
+        comm.allreduce(x, op);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            float want = contribution(0, i);
+            for (int q = 1; q < n; ++q) want += contribution(q, i);
+            if (op == fault::ReduceOp::mean) want /= static_cast<float>(n);
+            expect(std::memcmp(&x[i], &want, sizeof want) == 0, "allreduce in rank order, element " + std::to_string(i));
+        }
+    }
     std::vector<float> m(10, static_cast<float>(r));
     comm.allreduce(m, fault::ReduceOp::mean);
     for (float x : m) expect(x == static_cast<float>(n - 1) / 2.0f, "allreduce(mean)");
@@ -121,6 +142,25 @@ int after_failure(fault::GlooComm& comm, const std::string& mode) {
     return 0;
 }
 
+// Rank 0 waits for a message rank 1 never sends; the others only live. No connection of
+// rank 0's breaks when another rank dies: only GlooComm's watch can end its wait.
+int stuck(fault::GlooComm& comm) {
+    std::printf("ready\n");
+    std::fflush(stdout);
+    if (comm.rank() != 0)
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::vector<float> never(1);
+    try {
+        comm.recv(never, 1, 3);
+    } catch (const fault::PeerFailure& e) {
+        std::string ranks;
+        for (int q : e.ranks()) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
+        std::printf("peer_failure ranks=%s\n%s\n", ranks.c_str(), e.what());
+        return 3;
+    }
+    return 0;
+}
+
 int mismatch(fault::GlooComm& comm) {
     try {
         if (comm.rank() == 0) comm.send(std::vector<float>{1, 2, 3}, 1, 5);
@@ -172,6 +212,7 @@ int main(int argc, char** argv) {
         else if (mode == "shrink" || mode == "regroup") return after_failure(comm, mode);
         else if (mode == "join") std::printf("joined generation=%d sum=%g\n", comm.generation().number, id_sum(comm));
         else if (mode == "mismatch") return mismatch(comm);
+        else if (mode == "stuck") return stuck(comm);
         else fail("unknown mode " + mode);
     } catch (const std::exception& e) {
         fail(std::string("error: ") + e.what());

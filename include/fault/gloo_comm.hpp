@@ -14,24 +14,20 @@
 // communicator is spent, as a Gloo context is: shrink() (the survivors) or regroup() (every
 // node, the restarted included) makes the next generation's.
 //
-// A limit of Gloo's TCP transport: a send already queued on a connection that breaks is
-// not failed with it (only the call's timeout ends it), so now and then a survivor learns
-// of a failure only at its timeout. Every survivor closes its connections when it sees a
-// failure, which releases the others blocked on it at once; a survivor blocked that way
-// waits its timeout, and generations are formed with room for it (twice the timeout).
+// The collectives run on Gloo's unbound buffers, GlooComm's own, and every wait on them can
+// be cut short: a watch thread, once a wait has lasted a poll interval, asks the store
+// whether a member of the generation reported a failure (and, less often, whether every
+// member still lives), and aborts the waits when one did. Gloo's TCP transport fails a send
+// already queued on a broken connection only at the call's timeout, and closing connections
+// wakes no wait; aborting does, so every survivor learns of a death within a second or so.
 //
-// Sums are Gloo's ring allreduce: the same bits for the same world size, run after run, but
-// not the same bits as ThreadComm's rank-order sums.
+// Sums are in rank order, ((x0 + x1) + x2) + ..., each rank reducing a slice of the buffer:
+// the same bits as ThreadComm's, whatever the timing.
 
 #include <signal.h>
 #include <unistd.h>
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
 #include <gloo/common/error.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -40,6 +36,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -107,6 +105,109 @@ public:
 private:
     fault::Store& store_;
     std::chrono::milliseconds timeout_;
+};
+
+/// Cuts GlooComm's waits short when a member of its generation has failed. A wait registers
+/// its buffer for its duration; every `poll` the watch thread looks for a wait older than
+/// that and, finding one, asks `failed()` (the store); when it says yes, every registered
+/// wait is aborted, and so is every later one. Nothing runs on the training thread but the
+/// registration (a mutex, a vector).
+class GlooWatch {
+public:
+    GlooWatch(std::function<bool()> failed, std::chrono::milliseconds poll) : failed_(std::move(failed)), poll_(poll) {
+        thread_ = std::thread([this] { watch(); });
+    }
+    GlooWatch(const GlooWatch&) = delete;
+    GlooWatch& operator=(const GlooWatch&) = delete;
+    ~GlooWatch() {
+        {
+            std::lock_guard lock(m_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+
+    /// A wait on `buffer` (a send or a receive) for as long as it lives.
+    class Waiting {
+    public:
+        Waiting(GlooWatch& watch, gloo::transport::UnboundBuffer& buffer, bool send) : watch_(watch), buffer_(&buffer) {
+            std::lock_guard lock(watch_.m_);
+            watch_.waits_.push_back({&buffer, send, std::chrono::steady_clock::now()});
+            if (watch_.aborted_) abort(watch_.waits_.back());
+        }
+        Waiting(const Waiting&) = delete;
+        Waiting& operator=(const Waiting&) = delete;
+        ~Waiting() {
+            std::lock_guard lock(watch_.m_);
+            auto& w = watch_.waits_;
+            for (auto it = w.begin(); it != w.end(); ++it)
+                if (it->buffer == buffer_) {
+                    w.erase(it);
+                    break;
+                }
+        }
+
+    private:
+        GlooWatch& watch_;
+        gloo::transport::UnboundBuffer* buffer_;
+    };
+
+    /// Whether the waits were aborted: a member failed.
+    bool aborted() const {
+        std::lock_guard lock(m_);
+        return aborted_;
+    }
+    /// Aborts every wait now and from now on (this rank saw the failure itself).
+    void abort_all() {
+        std::lock_guard lock(m_);
+        abort_locked();
+    }
+
+private:
+    struct Wait {
+        gloo::transport::UnboundBuffer* buffer;
+        bool send;
+        std::chrono::steady_clock::time_point since;
+    };
+    static void abort(const Wait& w) {
+        if (w.send)
+            w.buffer->abortWaitSend();
+        else
+            w.buffer->abortWaitRecv();
+    }
+    void abort_locked() {
+        aborted_ = true;
+        for (const auto& w : waits_) abort(w);
+    }
+
+    void watch() {
+        std::unique_lock lock(m_);
+        while (!stop_) {
+            cv_.wait_for(lock, poll_, [&] { return stop_; });
+            if (stop_ || aborted_) continue;
+            const auto old = std::chrono::steady_clock::now() - poll_;
+            if (std::none_of(waits_.begin(), waits_.end(), [&](const Wait& w) { return w.since <= old; })) continue;
+            lock.unlock();
+            bool failed = false;
+            try {
+                failed = failed_();
+            } catch (const std::exception&) {
+                // the store unreachable: the call's own timeout stays the bound
+            }
+            lock.lock();
+            if (failed) abort_locked();
+        }
+    }
+
+    std::function<bool()> failed_;
+    std::chrono::milliseconds poll_;
+    mutable std::mutex m_;
+    std::condition_variable cv_;
+    std::vector<Wait> waits_;
+    bool aborted_ = false;
+    bool stop_ = false;
+    std::thread thread_;
 };
 
 }  // namespace detail
@@ -204,34 +305,37 @@ public:
     /// generation is formed without it.
     void declare_failed() {
         job_->members.declare_failed(gen_.number);
+        job_->scoped.set(failure_key(), std::to_string(job_rank()));
+        if (watch_) watch_->abort_all();
         std::lock_guard lock(failure_->mutex);
         if (ctx_ && !failure_->spent) ctx_->closeConnections();
         failure_->spent = true;
         failure_->reason = "this rank declared itself failed";
     }
 
+    /// Sums in rank order, each rank reducing a slice: the same bits as ThreadComm's.
     void allreduce(std::span<float> data, ReduceOp op) {
         guarded("allreduce", [&] {
             if (size() > 1 && !data.empty()) {
-                gloo::AllreduceOptions o(ctx_);
-                o.setOutput(data.data(), data.size());
-                o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
-                o.setTimeout(timeout());
-                gloo::allreduce(o);
-            }
-            if (op == ReduceOp::mean)
+                reduce(data, op);
+            } else if (op == ReduceOp::mean) {
                 for (float& v : data) v /= static_cast<float>(size());
+            }
         });
     }
     void broadcast(std::span<float> data, int root) {
         check_peer(root, "broadcast");
         guarded("broadcast", [&] {
             if (size() == 1 || data.empty()) return;
-            gloo::BroadcastOptions o(ctx_);
-            o.setOutput(data.data(), data.size());
-            o.setRoot(root);
-            o.setTimeout(timeout());
-            gloo::broadcast(o);
+            const auto deadline = Clock::now() + timeout();
+            std::vector<Message> messages;
+            if (rank_ == root) {
+                for (int q = 0; q < size(); ++q)
+                    if (q != root) post(messages, data.data(), data.size_bytes(), q, true, collective_slot(broadcast_slot));
+            } else {
+                post(messages, data.data(), data.size_bytes(), root, false, collective_slot(broadcast_slot));
+            }
+            complete(messages, "broadcast", deadline);
         });
     }
     void allgather(std::span<const float> in, std::span<float> out) {
@@ -240,24 +344,33 @@ public:
                                     std::to_string(size()) + " ranks of " + std::to_string(in.size()) + " need " +
                                     std::to_string(in.size() * static_cast<std::size_t>(size())));
         guarded("allgather", [&] {
-            if (size() == 1) {
-                std::copy(in.begin(), in.end(), out.begin());
-                return;
+            std::copy(in.begin(), in.end(), out.begin() + static_cast<std::ptrdiff_t>(in.size()) * rank_);
+            if (size() == 1 || in.empty()) return;
+            const auto deadline = Clock::now() + timeout();
+            std::vector<Message> messages;
+            for (int q = 0; q < size(); ++q) {
+                if (q == rank_) continue;
+                post(messages, out.data() + in.size() * static_cast<std::size_t>(q), in.size_bytes(), q, false,
+                     collective_slot(allgather_slot));
+                post(messages, const_cast<float*>(in.data()), in.size_bytes(), q, true, collective_slot(allgather_slot));
             }
-            if (in.empty()) return;
-            gloo::AllgatherOptions o(ctx_);
-            o.setInput(const_cast<float*>(in.data()), in.size());
-            o.setOutput(out.data(), out.size());
-            o.setTimeout(timeout());
-            gloo::allgather(o);
+            complete(messages, "allgather", deadline);
         });
     }
+    /// Returns once every rank has come: each tells every other it is here.
     void barrier() {
         guarded("barrier", [&] {
             if (size() == 1) return;
-            gloo::BarrierOptions o(ctx_);
-            o.setTimeout(timeout());
-            gloo::barrier(o);
+            const auto deadline = Clock::now() + timeout();
+            char here = 1;
+            std::vector<char> heard(static_cast<std::size_t>(size()));
+            std::vector<Message> messages;
+            for (int q = 0; q < size(); ++q) {
+                if (q == rank_) continue;
+                post(messages, &heard[static_cast<std::size_t>(q)], 1, q, false, collective_slot(barrier_slot));
+                post(messages, &here, 1, q, true, collective_slot(barrier_slot));
+            }
+            complete(messages, "barrier", deadline);
         });
     }
     /// Returns once `dst` has the data. The size travels first, so that a receiver
@@ -268,11 +381,11 @@ public:
             std::uint64_t count = data.size();
             auto head = ctx_->createUnboundBuffer(&count, sizeof count);
             head->send(dst, slot(tag));
-            wait_send(*head, dst, tag);
+            wait_send(*head, dst, "send", Clock::now() + timeout());
             std::uint64_t verdict = 0;  // the receiver's: 1 to go on, else twice the size it expected
             auto answer = ctx_->createUnboundBuffer(&verdict, sizeof verdict);
             answer->recv(dst, slot(tag));
-            wait_recv(*answer, dst, tag);
+            wait_recv(*answer, dst, "send", Clock::now() + timeout());
             if (verdict != 1)
                 throw ckpt::ConfigError("send on rank " + std::to_string(rank_) + " to rank " + std::to_string(dst) + " (tag " +
                                         std::to_string(tag) + "): sent " + std::to_string(data.size()) + " floats, rank " +
@@ -280,7 +393,7 @@ public:
             if (data.empty()) return;
             auto body = ctx_->createUnboundBuffer(const_cast<float*>(data.data()), data.size_bytes());
             body->send(dst, slot(tag));
-            wait_send(*body, dst, tag);
+            wait_send(*body, dst, "send", Clock::now() + timeout());
         });
     }
     void recv(std::span<float> data, int src, int tag) {
@@ -289,11 +402,11 @@ public:
             std::uint64_t count = 0;
             auto head = ctx_->createUnboundBuffer(&count, sizeof count);
             head->recv(src, slot(tag));
-            wait_recv(*head, src, tag);
+            wait_recv(*head, src, "recv", Clock::now() + timeout());
             std::uint64_t verdict = count == data.size() ? 1 : (std::uint64_t(data.size()) << 1);
             auto answer = ctx_->createUnboundBuffer(&verdict, sizeof verdict);
             answer->send(src, slot(tag));
-            wait_send(*answer, src, tag);
+            wait_send(*answer, src, "recv", Clock::now() + timeout());
             if (count != data.size())
                 throw ckpt::ConfigError("recv on rank " + std::to_string(rank_) + ": expected " + std::to_string(data.size()) +
                                         " floats from rank " + std::to_string(src) + " (tag " + std::to_string(tag) +
@@ -301,7 +414,7 @@ public:
             if (data.empty()) return;
             auto body = ctx_->createUnboundBuffer(data.data(), data.size_bytes());
             body->recv(src, slot(tag));
-            wait_recv(*body, src, tag);
+            wait_recv(*body, src, "recv", Clock::now() + timeout());
         });
     }
 
@@ -351,6 +464,7 @@ private:
             detail::GlooStoreAdapter adapter(store, timeout());
             ctx->connectFullMesh(adapter, device);
             ctx_ = std::move(ctx);
+            watch_ = std::make_unique<detail::GlooWatch>(failure_reported(), watch_poll);
         } catch (const gloo::Exception& e) {
             connect_failed(store, e.what());
         } catch (const gloo::EnforceNotMet& e) {
@@ -364,17 +478,107 @@ private:
     }
     std::chrono::milliseconds timeout() const { return job_->options.timeout; }
 
-    // Point-to-point slots, apart from those of Gloo's collectives (prefixes 0x01-0x08).
+    // How often a long wait looks in the store for a failure, and how often for a member's
+    // death (a process gone, a heartbeat stopped) that nobody has reported: a rank whose
+    // every peer is blocked on the dead one hears of it so.
+    static constexpr std::chrono::milliseconds watch_poll{100};
+    static constexpr std::chrono::milliseconds liveness_poll{500};
+    std::string failure_key() const { return gen_.prefix() + "failure"; }
+    // What the watch asks: reported failed by any member, or found dead.
+    std::function<bool()> failure_reported() {
+        return [job = job_, gen = gen_, key = failure_key(), me = job_rank(), last = Clock::time_point()]() mutable {
+            if (job->scoped.get(key)) return true;
+            if (Clock::now() - last < liveness_poll) return false;
+            last = Clock::now();
+            for (int q : gen.members)
+                if (q != me && !job->members.alive_in(gen.number, q)) return true;
+            return false;
+        };
+    }
+
+    using Clock = std::chrono::steady_clock;
+    // Point-to-point slots, one per tag; the collectives' are apart (a transfer on another
+    // thread uses its tags beside training's collectives).
     static std::uint64_t slot(int tag) { return gloo::Slot::build(0x70, static_cast<std::uint32_t>(tag)); }
-    void wait_send(gloo::transport::UnboundBuffer& b, int peer, int tag) {
-        if (!b.waitSend(timeout())) timed_out("send to", peer, tag);
+    enum CollectiveSlot : std::uint32_t { reduce_slot = 1, reduced_slot, broadcast_slot, allgather_slot, barrier_slot };
+    static std::uint64_t collective_slot(CollectiveSlot which) { return gloo::Slot::build(0x71, which); }
+
+    // Each wait is the watch's to abort (a member failed) and ends at the timeout otherwise
+    // (Gloo throws then). Aborted, it throws as the timeout would, saying why.
+    void wait_send(gloo::transport::UnboundBuffer& b, int peer, const char* call, Clock::time_point deadline) {
+        detail::GlooWatch::Waiting waiting(*watch_, b, true);
+        if (!b.waitSend(left(deadline))) stopped(call, "send to", peer);
     }
-    void wait_recv(gloo::transport::UnboundBuffer& b, int peer, int tag) {
-        if (!b.waitRecv(timeout())) timed_out("recv from", peer, tag);
+    void wait_recv(gloo::transport::UnboundBuffer& b, int peer, const char* call, Clock::time_point deadline) {
+        detail::GlooWatch::Waiting waiting(*watch_, b, false);
+        if (!b.waitRecv(left(deadline))) stopped(call, "receive from", peer);
     }
-    [[noreturn]] void timed_out(const char* what, int peer, int tag) {
-        throw gloo::IoException(std::string(what) + " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
-                                ") did not complete within " + std::to_string(timeout().count()) + " ms");
+    static std::chrono::milliseconds left(Clock::time_point deadline) {
+        return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                        std::chrono::milliseconds(1));
+    }
+    [[noreturn]] void stopped(const char* call, const char* what, int peer) {
+        throw gloo::IoException(std::string(call) + ": " + what + " rank " + std::to_string(peer) +
+                                " stopped: a member of generation " + std::to_string(gen_.number) + " failed");
+    }
+
+    // The messages of one collective, posted at once and then waited for.
+    struct Message {
+        std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+        int peer;
+        bool send;
+    };
+    void post(std::vector<Message>& messages, void* data, std::size_t bytes, int peer, bool send, std::uint64_t slot) {
+        if (bytes == 0) return;  // both sides skip an empty part alike
+        auto b = ctx_->createUnboundBuffer(data, bytes);
+        if (send)
+            b->send(peer, slot);
+        else
+            b->recv(peer, slot);
+        messages.push_back({std::move(b), peer, send});
+    }
+    void complete(std::vector<Message>& messages, const char* call, Clock::time_point deadline) {
+        for (auto& m : messages) {
+            if (m.send)
+                wait_send(*m.buffer, m.peer, call, deadline);
+            else
+                wait_recv(*m.buffer, m.peer, call, deadline);
+        }
+        messages.clear();
+    }
+
+    // Rank r reduces slice r (ThreadComm's slices): every rank sends it its part, r adds the
+    // parts in rank order, then sends the slice to every rank.
+    void reduce(std::span<float> data, ReduceOp op) {
+        const auto deadline = Clock::now() + timeout();
+        const std::size_t n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank_), count = data.size();
+        auto lo = [&](std::size_t q) { return count * q / n; };
+        const std::size_t mine = lo(me + 1) - lo(me);
+        scratch_.resize(n * mine);  // rank q's part of slice `me` at q * mine
+        std::vector<Message> messages;
+        for (std::size_t q = 0; q < n; ++q) {
+            if (q == me) continue;
+            const int peer = static_cast<int>(q);
+            post(messages, scratch_.data() + q * mine, mine * sizeof(float), peer, false, collective_slot(reduce_slot));
+            post(messages, data.data() + lo(q), (lo(q + 1) - lo(q)) * sizeof(float), peer, true, collective_slot(reduce_slot));
+        }
+        complete(messages, "allreduce", deadline);
+        float* slice = data.data() + lo(me);
+        std::copy(slice, slice + mine, scratch_.data() + me * mine);
+        std::copy(scratch_.data(), scratch_.data() + mine, slice);
+        for (std::size_t q = 1; q < n; ++q) {
+            const float* part = scratch_.data() + q * mine;
+            for (std::size_t i = 0; i < mine; ++i) slice[i] += part[i];
+        }
+        if (op == ReduceOp::mean)
+            for (std::size_t i = 0; i < mine; ++i) slice[i] /= static_cast<float>(n);
+        for (std::size_t q = 0; q < n; ++q) {
+            if (q == me) continue;
+            const int peer = static_cast<int>(q);
+            post(messages, data.data() + lo(q), (lo(q + 1) - lo(q)) * sizeof(float), peer, false, collective_slot(reduced_slot));
+            post(messages, slice, mine * sizeof(float), peer, true, collective_slot(reduced_slot));
+        }
+        complete(messages, "allreduce", deadline);
     }
     void check_peer(int peer, const char* what) const {
         if (peer < 0 || peer >= size())
@@ -414,11 +618,14 @@ private:
             if (failure_->spent) throw spent();
             failure_->spent = true;
             failure_->reason = what;
-            // first say this rank survived: it may exit before the others look for the dead
+            // first say this rank survived: it may exit before the others look for the dead;
+            // then that the generation failed, which ends every member's waits (their watch)
             try {
                 job_->scoped.set(gen_.prefix() + "survivor/" + std::to_string(job_rank()), "1");
+                job_->scoped.set(failure_key(), std::to_string(job_rank()));
             } catch (const StoreError&) {
             }
+            watch_->abort_all();  // this process's other thread, if one waits
             // then close this rank's connections: a survivor blocked on a live peer (a ring
             // step away from the dead) gets an error from it now, not at its timeout
             try {
@@ -465,6 +672,8 @@ private:
     Generation gen_;
     int rank_ = 0;
     std::shared_ptr<gloo::rendezvous::Context> ctx_;
+    std::unique_ptr<detail::GlooWatch> watch_;  // after ctx_: stopped before the connections go
+    std::vector<float> scratch_;                // the parts of this rank's slice (allreduce)
     // Set once, on the first failure; calls may run on two threads (see guarded).
     struct Failure {
         std::mutex mutex;
