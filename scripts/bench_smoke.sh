@@ -65,8 +65,9 @@ smoke python_io /usr/bin/python3 bench/python_io.py --mib 4 --rounds 1 --dir "$w
 if [ -x "$build/examples/cluster_recover/cluster_recover" ] && [ -x "$build/ckpt-run" ]; then
     CKPT_BENCH_EPOCHS=1 smoke cluster_recovery bash bench/cluster_recovery.sh \
         "$build/examples/cluster_recover/cluster_recover" "$build/ckpt-run" 1
+    smoke failure_reports bash bench/failure_reports.sh "$build/examples/cluster_recover/cluster_recover" "$build/ckpt-run" 1
 else
-    echo "bench_smoke: cluster_recovery: skipped (examples/cluster_recover or ckpt-run not built)" >&2
+    echo "bench_smoke: cluster_recovery, failure_reports: skipped (examples/cluster_recover or ckpt-run not built)" >&2
 fi
 # the compiled cases link against this build's library rather than compile one more
 if [ -f "$build/libckpt_compiled.a" ]; then
