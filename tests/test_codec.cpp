@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 
+#include "alloc_tracker.hpp"
 #include "support.hpp"
 
 namespace {
@@ -468,6 +469,58 @@ TEST_CASE("a manager compresses and encrypts its async saves and restore() decry
     }
     for (const auto& line : log.warnings) CHECK(line.find(key_hex(key)) == std::string::npos);
     for (const auto& line : log.infos) CHECK(line.find(key_hex(key)) == std::string::npos);
+}
+
+// A body the process cannot get the memory to decode is this process's shortage, not the
+// file's damage: restore() does not pass over it for an older file (which would lose steps).
+TEST_CASE("a checkpoint restore() lacks the memory to decode is refused, not passed over for an older one") {
+    test::TempDir dir;
+    test::LogCapture log;
+    std::vector<float> w(1 << 20);  // 4 MiB
+    ckpt::ParamDict state;
+    state.set("w", ckpt::Tensor::view(std::span<float>(w), {static_cast<std::int64_t>(w.size())}));
+    {  // step 1 plain (read in place, nothing to allocate), step 2 compressed (decoded whole)
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming, ckpt::BinaryArchive> plain(
+            dir.path(), "run", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+        std::fill(w.begin(), w.end(), 1.0f);
+        plain.on_step(ckpt::Progress::at_iteration(1), state);
+    }
+    using Compressed = ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming, ckpt::BinaryArchive, ckpt::Zstd>;
+    {
+        Compressed mgr(dir.path(), "run", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, {}, ckpt::Zstd{1});
+        std::fill(w.begin(), w.end(), 2.0f);
+        mgr.on_step(ckpt::Progress::at_iteration(2), state);
+    }
+    std::fill(w.begin(), w.end(), 0.0f);
+    const auto found = ckpt::latest_checkpoint(dir.path(), "run", ckpt::StepNaming{});  // verifies, decodes nothing
+    REQUIRE(found);
+    REQUIRE(found->name.step == 2);
+    const std::string newest = found->path.string();
+    Compressed again(dir.path(), "run", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, {}, ckpt::Zstd{1});
+    {
+        test::AllocationWatch refuse(std::size_t{1} << 20);  // no allocation over 1 MiB granted
+        try {
+            again.restore(state);
+            FAIL("restored with no memory to decode the newest checkpoint");
+        } catch (const ckpt::UnreadableCheckpoints& e) {
+            refuse.stop();
+            const std::string what = e.what();
+            INFO(what);
+            CHECK(what.find(newest) != std::string::npos);
+            CHECK(what.find("more memory than this process could get") != std::string::npos);
+            REQUIRE(e.files().size() == 1);
+            CHECK(e.files()[0].unsupported);
+        }
+    }
+    CHECK(w.front() == 0.0f);  // not the older file's 1
+    // with the memory, the newest
+    const auto restored = again.restore(state);
+    REQUIRE(restored);
+    CHECK(restored->file.name.step == 2);
+    CHECK(w.back() == 2.0f);
+    // and a direct read says what it is, naming the file
+    test::AllocationWatch refuse(std::size_t{1} << 20);
+    CHECK_THROWS_AS(ckpt::load_checkpoint(newest), ckpt::OutOfMemory);
 }
 
 TEST_CASE("CheckpointConfig's enc_key and zstd_level configure the same codecs") {

@@ -137,6 +137,18 @@ private:
     std::string path_;
 };
 
+/// Reading a file needed memory this process could not get (std::bad_alloc): the file may be
+/// whole. path() names it. Lookups (restore(), latest()) count it as unreadable here, not as
+/// damaged: they do not pass over it for an older state (SkippedCheckpoint::unsupported).
+class OutOfMemory : public Error {
+public:
+    OutOfMemory(const std::string& what, std::string path) : Error(what), path_(std::move(path)) {}
+    const std::string& path() const noexcept { return path_; }
+
+private:
+    std::string path_;
+};
+
 /// No entry of that name in a ParamDict (ParamDict::at(), get(), tensor()).
 class NotFound : public Error {
 public:

@@ -27,7 +27,8 @@ struct SkippedCheckpoint {
     Path path;
     std::string reason;
     /// Intact, but this program cannot read it: a newer format version, a dtype or codec it
-    /// lacks, or a key it was not given. Otherwise damaged (torn, truncated, altered).
+    /// lacks, a key it was not given, or more memory than it could get. Otherwise damaged
+    /// (torn, truncated, altered).
     bool unsupported = false;
 };
 
@@ -225,11 +226,11 @@ std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_v
 namespace detail {
 
 /// Whether `e`, thrown reading an intact file, says this program cannot read it (a newer
-/// format version, a dtype or codec it lacks, a key it was not given), rather than that the
-/// file is damaged.
+/// format version, a dtype or codec it lacks, a key it was not given, memory it could not
+/// get), rather than that the file is damaged.
 inline bool unsupported_here(const Error& e) {
     return dynamic_cast<const VersionError*>(&e) || dynamic_cast<const KeyError*>(&e) ||
-           dynamic_cast<const ConfigError*>(&e);
+           dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const OutOfMemory*>(&e);
 }
 
 /// Why a checkpoint cannot be used, and whether it is damaged or unsupported here.

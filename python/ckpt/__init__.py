@@ -11,7 +11,7 @@ writes. Compressed bodies need the `zstandard` module, encrypted ones `cryptogra
 """
 
 from .errors import (AuthenticationError, ChecksumError, ConfigError, Error, FormatError, IoError, KeyError,
-                     LoadMismatch, SeriesLocked, UnreadableCheckpoints, VersionError)
+                     LoadMismatch, OutOfMemory, SeriesLocked, UnreadableCheckpoints, VersionError)
 from .codecs import Key
 from ._format import Header, Object, bit_pattern_dtype, dtype_name
 from ._io import EntryInfo, LoadReport, contents, header, load, load_into, save, verify
@@ -22,4 +22,4 @@ __version__ = "0.2.0"
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "latest", "best", "ls", "temporaries", "Key",
            "dtype_name", "bit_pattern_dtype", "Header", "Object", "EntryInfo", "LoadReport", "Listed", "Skipped",
            "Temporary", "Error", "IoError", "FormatError", "ChecksumError", "AuthenticationError", "VersionError",
-           "KeyError", "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "SeriesLocked"]
+           "KeyError", "OutOfMemory", "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "SeriesLocked"]

@@ -23,7 +23,7 @@ from . import _format as F
 from . import _series
 from . import codecs as C
 from ._names import series_of
-from .errors import ChecksumError, ConfigError, Error, FormatError, IoError, LoadMismatch, printable
+from .errors import ChecksumError, ConfigError, Error, FormatError, IoError, LoadMismatch, OutOfMemory, printable
 
 __all__ = ["load", "load_into", "save", "header", "verify", "contents", "EntryInfo", "LoadReport"]
 
@@ -74,8 +74,8 @@ def _reader(fn):
                 size = " (%d bytes)" % os.path.getsize(shown)
             except (OSError, ValueError):
                 size = ""
-            # a FormatError, as the C++ readers make std::bad_alloc
-            raise FormatError("not enough memory to read checkpoint '%s'%s" % (shown, size), shown) from None
+            # the machine's shortage, not the file's damage, as the C++ readers say of std::bad_alloc
+            raise OutOfMemory("not enough memory to read checkpoint '%s'%s" % (shown, size), shown) from None
         except OSError as e:
             raise _io_error("read", _shown(path), e) from None
         except _foreign() as e:

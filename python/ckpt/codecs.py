@@ -6,7 +6,7 @@ import math
 import os
 import struct
 
-from .errors import ConfigError, FormatError, AuthenticationError, KeyError as CkptKeyError, IoError
+from .errors import ConfigError, FormatError, AuthenticationError, KeyError as CkptKeyError, IoError, OutOfMemory
 
 ZSTD, AES_256_GCM = 1, 2
 CODEC_NAMES = {ZSTD: "zstd", AES_256_GCM: "aes-256-gcm"}
@@ -181,13 +181,13 @@ def over_budget(path, budget, stored_bytes, default):
 
 
 def allocate(size, path, what):
-    """A uint8 array of `size` bytes, or a FormatError naming the file when the claim cannot be
-    allocated (NumPy's MemoryError never reaches the caller)."""
+    """A uint8 array of `size` bytes, or OutOfMemory naming the file when it cannot be allocated
+    (NumPy's own MemoryError never reaches the caller)."""
     import numpy as np
     try:
         return np.empty(size, dtype=np.uint8)
     except MemoryError:
-        raise FormatError("checkpoint '%s' claims to decode to %d bytes (%s), which cannot be allocated; a "
+        raise OutOfMemory("checkpoint '%s' decodes to %d bytes (%s), more memory than this process could get; a "
                           "max_decoded_bytes below it refuses the file first" % (path, size, what), path) from None
 
 

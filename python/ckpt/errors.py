@@ -86,6 +86,12 @@ class KeyError(Error):  # noqa: A001 -- mirrors ckpt::KeyError; not a lookup fai
     key ids, never key bytes."""
 
 
+class OutOfMemory(Error, MemoryError):
+    """Reading a file needed memory this process could not get: the file may be whole. A
+    file's claims are checked against its size before anything is allocated, so this is the
+    machine's shortage, not the file's damage."""
+
+
 class LoadMismatch(Error):
     """load_into() found tensors missing, unexpected, or of another dtype or shape."""
 

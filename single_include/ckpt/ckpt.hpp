@@ -177,6 +177,18 @@ private:
     std::string path_;
 };
 
+/// Reading a file needed memory this process could not get (std::bad_alloc): the file may be
+/// whole. path() names it. Lookups (restore(), latest()) count it as unreadable here, not as
+/// damaged: they do not pass over it for an older state (SkippedCheckpoint::unsupported).
+class OutOfMemory : public Error {
+public:
+    OutOfMemory(const std::string& what, std::string path) : Error(what), path_(std::move(path)) {}
+    const std::string& path() const noexcept { return path_; }
+
+private:
+    std::string path_;
+};
+
 /// No entry of that name in a ParamDict (ParamDict::at(), get(), tensor()).
 class NotFound : public Error {
 public:
@@ -2650,8 +2662,10 @@ private:
     std::string origin_;
 };
 
-/// Runs a read of `path`: std::bad_alloc and the standard library's length errors become
-/// FormatErrors naming the file, so that no reader lets them out unexplained.
+/// Runs a read of `path`: std::bad_alloc becomes OutOfMemory and the standard library's length
+/// errors FormatErrors, each naming the file, so that no reader lets them out unexplained. (A
+/// file's claims are bounded by its size before anything is allocated: memory refused is this
+/// process's shortage, not the file's damage.)
 template <class F>
 decltype(auto) reading(const std::string& path, F&& f) {
     try {
@@ -2659,9 +2673,9 @@ decltype(auto) reading(const std::string& path, F&& f) {
     } catch (const Error&) {
         throw;
     } catch (const std::bad_alloc&) {
-        throw FormatError("cannot read '" + path +
-                              "': it asked for more memory than there is (std::bad_alloc); max_decoded_bytes "
-                              "refuses such a file before allocating",
+        throw OutOfMemory("cannot read '" + path +
+                              "': it asked for more memory than this process could get (std::bad_alloc); the file "
+                              "may be whole, and max_decoded_bytes refuses a file that claims too much before allocating",
                           path);
     } catch (const std::length_error& e) {
         throw FormatError("cannot read '" + path + "': a length in it is beyond any container's (" + e.what() + ")", path);
@@ -5633,7 +5647,8 @@ struct SkippedCheckpoint {
     Path path;
     std::string reason;
     /// Intact, but this program cannot read it: a newer format version, a dtype or codec it
-    /// lacks, or a key it was not given. Otherwise damaged (torn, truncated, altered).
+    /// lacks, a key it was not given, or more memory than it could get. Otherwise damaged
+    /// (torn, truncated, altered).
     bool unsupported = false;
 };
 
@@ -5831,11 +5846,11 @@ std::vector<StoredCheckpoint> list_checkpoints(const PathArg& dir, std::string_v
 namespace detail {
 
 /// Whether `e`, thrown reading an intact file, says this program cannot read it (a newer
-/// format version, a dtype or codec it lacks, a key it was not given), rather than that the
-/// file is damaged.
+/// format version, a dtype or codec it lacks, a key it was not given, memory it could not
+/// get), rather than that the file is damaged.
 inline bool unsupported_here(const Error& e) {
     return dynamic_cast<const VersionError*>(&e) || dynamic_cast<const KeyError*>(&e) ||
-           dynamic_cast<const ConfigError*>(&e);
+           dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const OutOfMemory*>(&e);
 }
 
 /// Why a checkpoint cannot be used, and whether it is damaged or unsupported here.
@@ -7678,6 +7693,8 @@ public:
             } catch (const KeyError& e) {
                 return detail::CheckpointIssue{e.what(), true};
             } catch (const ConfigError& e) {  // a codec this program lacks
+                return detail::CheckpointIssue{e.what(), true};
+            } catch (const OutOfMemory& e) {  // this process's shortage, not the file's damage
                 return detail::CheckpointIssue{e.what(), true};
             }
         };

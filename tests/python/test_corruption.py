@@ -346,9 +346,10 @@ def test_a_max_decoded_bytes_that_is_no_size_is_refused(value):
 
 def test_memory_that_cannot_be_had_is_a_ckpt_error(tmp_path):
     """With the address space limited (RLIMIT_AS) below what a file needs, NumPy's
-    MemoryError never reaches the caller: a zstd claim allowed by the caller (math.inf) is a
-    FormatError saying so, and so is the body of a large file without codecs (as std::bad_alloc
-    is in C++); both name the file."""
+    MemoryError never reaches the caller: a zstd claim allowed by the caller (math.inf) is
+    ckpt.OutOfMemory saying so, and so is the body of a large file without codecs (as
+    std::bad_alloc is in C++); both name the file, and are MemoryErrors too, not FormatErrors
+    (the file may be whole: a lookup must not take it for damaged)."""
     bomb = support.write(tmp_path / "bomb.ckpt", _zstd_file(_claims(4096)))
     large = str(tmp_path / "large.ckpt")
     body = 3 << 30  # a sparse file: nothing written but the header
@@ -365,15 +366,17 @@ def test_memory_that_cannot_be_had_is_a_ckpt_error(tmp_path):
             try:
                 ckpt.load(path, **options)
             except ckpt.Error as e:
-                print(type(e).__name__, e.path == path, e)
+                print(type(e).__name__, e.path == path, isinstance(e, MemoryError), isinstance(e, ckpt.FormatError), e)
         """)
     env = dict(os.environ, PYTHONPATH=os.path.join(support.SOURCE, "python"), PYTHONDONTWRITEBYTECODE="1")
     r = subprocess.run([sys.executable, "-c", script, bomb, large], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 2, r.stdout
-    assert lines[0].startswith("FormatError True checkpoint '%s' claims to decode to 4294967296 bytes" % bomb)
-    assert lines[1] == "FormatError True not enough memory to read checkpoint '%s' (%d bytes)" % (large, 64 + body)
+    assert lines[0].startswith("OutOfMemory True True False checkpoint '%s' decodes to 4294967296 bytes (the sum of "
+                               "its zstd blocks), more memory than this process could get" % bomb)
+    assert lines[1] == "OutOfMemory True True False not enough memory to read checkpoint '%s' (%d bytes)" % (
+        large, 64 + body)
 
 
 # --------------------------------------------------------------------------- hostile tables of contents

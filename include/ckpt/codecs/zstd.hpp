@@ -185,8 +185,9 @@ inline BodyBytes zstd_decode(BodyBytes stored, const DecodeContext& ctx) {
     try {
         out.data = allocate_aligned(static_cast<std::size_t>(total));
     } catch (const std::bad_alloc&) {
-        throw FormatError("checkpoint '" + ctx.path + "' claims to decode to " + std::to_string(total) +
-                              " bytes, which cannot be allocated (LoadOptions::max_decoded_bytes bounds the claim)",
+        throw OutOfMemory("checkpoint '" + ctx.path + "' decodes to " + std::to_string(total) +
+                              " bytes, more memory than this process could get (LoadOptions::max_decoded_bytes bounds "
+                              "the claim)",
                           ctx.path);
     }
     // Blocks are independent and their places known: large bodies decode on two threads,

@@ -80,8 +80,10 @@ private:
     std::string origin_;
 };
 
-/// Runs a read of `path`: std::bad_alloc and the standard library's length errors become
-/// FormatErrors naming the file, so that no reader lets them out unexplained.
+/// Runs a read of `path`: std::bad_alloc becomes OutOfMemory and the standard library's length
+/// errors FormatErrors, each naming the file, so that no reader lets them out unexplained. (A
+/// file's claims are bounded by its size before anything is allocated: memory refused is this
+/// process's shortage, not the file's damage.)
 template <class F>
 decltype(auto) reading(const std::string& path, F&& f) {
     try {
@@ -89,9 +91,9 @@ decltype(auto) reading(const std::string& path, F&& f) {
     } catch (const Error&) {
         throw;
     } catch (const std::bad_alloc&) {
-        throw FormatError("cannot read '" + path +
-                              "': it asked for more memory than there is (std::bad_alloc); max_decoded_bytes "
-                              "refuses such a file before allocating",
+        throw OutOfMemory("cannot read '" + path +
+                              "': it asked for more memory than this process could get (std::bad_alloc); the file "
+                              "may be whole, and max_decoded_bytes refuses a file that claims too much before allocating",
                           path);
     } catch (const std::length_error& e) {
         throw FormatError("cannot read '" + path + "': a length in it is beyond any container's (" + e.what() + ")", path);

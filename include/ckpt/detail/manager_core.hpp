@@ -378,6 +378,8 @@ public:
                 return detail::CheckpointIssue{e.what(), true};
             } catch (const ConfigError& e) {  // a codec this program lacks
                 return detail::CheckpointIssue{e.what(), true};
+            } catch (const OutOfMemory& e) {  // this process's shortage, not the file's damage
+                return detail::CheckpointIssue{e.what(), true};
             }
         };
         std::optional<fs::path> failed_breakpoint;
