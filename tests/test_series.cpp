@@ -256,6 +256,40 @@ TEST_CASE("the newest checkpoint in a format this version cannot read: no start 
     CHECK(older.iteration == 100);
 }
 
+// A file this process may not open may be whole: the lookup stops at it, as Python's does,
+// rather than going on from an older one as if it were damaged. Run as an unprivileged user
+// in a child (root opens any file).
+TEST_CASE("a newest checkpoint this process may not open stops the lookup, rather than being passed over as damaged") {
+    TempDir dir;
+    Counter c;
+    run_job(dir.path(), 200, c);
+    REQUIRE(::chmod(dir.path().c_str(), 0755) == 0);
+    for (const auto& e : fs::directory_iterator(dir.path())) REQUIRE(::chmod(e.path().c_str(), 0644) == 0);
+    REQUIRE(::chmod((dir / "job-200.ckpt").c_str(), 0) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(77);  // not allowed here: say so
+        try {
+            ckpt::latest(dir.path(), "job");
+            ::_exit(1);  // went on from job-100.ckpt
+        } catch (const ckpt::UnreadableCheckpoints& e) {
+            const std::string what = e.what();
+            const bool named = what.find("job-200.ckpt") != std::string::npos &&
+                               what.find("Permission denied") != std::string::npos;
+            ::_exit(named && e.files().size() == 1 && e.files()[0].unsupported ? 0 : 2);
+        } catch (...) {
+            ::_exit(3);
+        }
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE_MESSAGE(WEXITSTATUS(status) != 77, "this machine does not let a process become nobody");
+    CHECK(WEXITSTATUS(status) == 0);  // 1: passed over as damaged; 2: refused without naming it; 3: another error
+    REQUIRE(::chmod((dir / "job-200.ckpt").c_str(), 0644) == 0);
+}
+
 TEST_CASE("checkpoints that exist when none can be used: no start over unless asked") {
     TempDir dir;
     Counter c;

@@ -7,6 +7,7 @@
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -227,8 +228,10 @@ namespace detail {
 
 /// Whether `e`, thrown reading an intact file, says this program cannot read it (a newer
 /// format version, a dtype or codec it lacks, a key it was not given, memory it could not
-/// get), rather than that the file is damaged.
+/// get, a file it may not open), rather than that the file is damaged. A file gone since it
+/// was listed (ENOENT) is neither: it is passed over.
 inline bool unsupported_here(const Error& e) {
+    if (const auto* io = dynamic_cast<const IoError*>(&e)) return io->error_code() != ENOENT;
     return dynamic_cast<const VersionError*>(&e) || dynamic_cast<const KeyError*>(&e) ||
            dynamic_cast<const ConfigError*>(&e) || dynamic_cast<const OutOfMemory*>(&e);
 }
