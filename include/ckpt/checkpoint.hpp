@@ -152,6 +152,18 @@ FileHeader verify_opened(const std::string& path, const LoadOptions& opts);
 /// body that passed through codecs (entries left empty): what a cheap look at a file costs.
 CheckpointContents contents_of(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts,
                                bool decode_encoded);
+/// Runs `f`; a LoadMismatch from it (a target's state_dict_for() or loaded(), which do not know
+/// where the state comes from) is rethrown naming `source` ("'path'"), unless it names it.
+template <class F>
+decltype(auto) naming_source(const std::string& source, F&& f) {
+    try {
+        return f();
+    } catch (const LoadMismatch& e) {
+        const std::string what = e.what();
+        if (what.find(source) != std::string::npos) throw;
+        throw LoadMismatch("loading " + source + ": " + what);
+    }
+}
 /// Rebuilds a load's target after the table of contents (ShapedByCheckpoint::state_dict_for).
 using TargetShaper = std::function<void(const std::vector<EntryMeta>& toc, ParamDict& target)>;
 
@@ -271,7 +283,7 @@ LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = fa
     ParamDict views;
     const auto shape = detail::shaper_of(target);
     auto report = detail::load_file_into(file, views, strict, opts, false, &shape);
-    target.loaded(report);
+    detail::naming_source("'" + file.string() + "'", [&] { target.loaded(report); });
     return report;
 }
 

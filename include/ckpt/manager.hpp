@@ -180,7 +180,7 @@ public:
             ParamDict views;
             const auto shape = detail::shaper_of(target);
             auto done = restore_into(views, strict, skipped, false, &shape);
-            if (done) target.loaded(done->report);
+            if (done) detail::naming_source("'" + done->file.path.string() + "'", [&] { target.loaded(done->report); });
             return done;
         } else if constexpr (HasStateDict<Target>) {
             ParamDict views = target.state_dict();

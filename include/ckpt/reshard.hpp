@@ -727,15 +727,16 @@ template <ShapedByCheckpoint T>
 ReshardedState load_resharded_into(const PathArg& index_file, T& target, const PieceMap& places = {},
                                    const LoadOptions& opts = {}, std::int64_t rank = -1) {
     const GlobalIndex index = read_global_index(index_file);
-    ParamDict views = target.state_dict_for(index_entries(index));
+    const std::string source = "global index '" + index_file.string() + "'";
+    ParamDict views = detail::naming_source(source, [&] { return target.state_dict_for(index_entries(index)); });
     ReshardedState got = load_resharded(index, index_file, views, places, opts, rank);
     LoadReport report;
     try {
         report = load_param_into_net(views, got.state, /*strict=*/true);
     } catch (const LoadMismatch& e) {
-        throw LoadMismatch("global index '" + index_file.string() + "' does not fit: " + e.what());
+        throw LoadMismatch(source + " does not fit: " + e.what());
     }
-    target.loaded(report);
+    detail::naming_source(source, [&] { target.loaded(report); });
     return got;
 }
 

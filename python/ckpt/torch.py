@@ -481,8 +481,8 @@ def load_training_state(path, model, optimizer=None, scheduler=None, generator=T
         options, fields = _OPTIMIZERS[kind]
         saved = entries.get("optimizer.kind")
         if saved != kind:
-            raise LoadMismatch("'%s' holds the state of %s optimizer; this one is %s"
-                               % (path, "a " + saved if saved else "no", kind), path)
+            raise LoadMismatch("'%s' holds the state of %s; this one is %s"
+                               % (path, "optimizer " + saved if saved else "no optimizer", kind), path)
         for g, (group, names) in enumerate(zip(optimizer.param_groups, _param_names(model, optimizer))):
             p = "optimizer.group.%d." % g
             if entries.get(p + "params") != "\n".join(names):

@@ -2868,6 +2868,18 @@ FileHeader verify_opened(const std::string& path, const LoadOptions& opts);
 /// body that passed through codecs (entries left empty): what a cheap look at a file costs.
 CheckpointContents contents_of(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts,
                                bool decode_encoded);
+/// Runs `f`; a LoadMismatch from it (a target's state_dict_for() or loaded(), which do not know
+/// where the state comes from) is rethrown naming `source` ("'path'"), unless it names it.
+template <class F>
+decltype(auto) naming_source(const std::string& source, F&& f) {
+    try {
+        return f();
+    } catch (const LoadMismatch& e) {
+        const std::string what = e.what();
+        if (what.find(source) != std::string::npos) throw;
+        throw LoadMismatch("loading " + source + ": " + what);
+    }
+}
 /// Rebuilds a load's target after the table of contents (ShapedByCheckpoint::state_dict_for).
 using TargetShaper = std::function<void(const std::vector<EntryMeta>& toc, ParamDict& target)>;
 
@@ -2987,7 +2999,7 @@ LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = fa
     ParamDict views;
     const auto shape = detail::shaper_of(target);
     auto report = detail::load_file_into(file, views, strict, opts, false, &shape);
-    target.loaded(report);
+    detail::naming_source("'" + file.string() + "'", [&] { target.loaded(report); });
     return report;
 }
 
@@ -4791,7 +4803,7 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
         if (e.kind != ValueKind::tensor) e.scalar = materialized(value, ObjectEncoding::boost_binary);
         toc.push_back(std::move(e));
     }
-    if (shape) (*shape)(toc, target);
+    if (shape) naming_source(source, [&] { (*shape)(toc, target); });
     auto plan = detail::plan_load(target, toc, values_are_copies);
     if (strict && !plan.report.complete()) throw detail::strict_failure(source, plan);
     const auto commits = stage_bindings(plan, toc, strict, source);
@@ -4844,7 +4856,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             BodyParser parser(ar, src, path);
             toc = parser.read_toc();
             reject_duplicates(toc, path);
-            if (shape) (*shape)(toc, target);
+            if (shape) naming_source("'" + path + "'", [&] { (*shape)(toc, target); });
             plan = plan_load(target, toc, values_are_copies);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
@@ -8271,7 +8283,7 @@ public:
             ParamDict views;
             const auto shape = detail::shaper_of(target);
             auto done = restore_into(views, strict, skipped, false, &shape);
-            if (done) target.loaded(done->report);
+            if (done) detail::naming_source("'" + done->file.path.string() + "'", [&] { target.loaded(done->report); });
             return done;
         } else if constexpr (HasStateDict<Target>) {
             ParamDict views = target.state_dict();
@@ -9603,15 +9615,16 @@ template <ShapedByCheckpoint T>
 ReshardedState load_resharded_into(const PathArg& index_file, T& target, const PieceMap& places = {},
                                    const LoadOptions& opts = {}, std::int64_t rank = -1) {
     const GlobalIndex index = read_global_index(index_file);
-    ParamDict views = target.state_dict_for(index_entries(index));
+    const std::string source = "global index '" + index_file.string() + "'";
+    ParamDict views = detail::naming_source(source, [&] { return target.state_dict_for(index_entries(index)); });
     ReshardedState got = load_resharded(index, index_file, views, places, opts, rank);
     LoadReport report;
     try {
         report = load_param_into_net(views, got.state, /*strict=*/true);
     } catch (const LoadMismatch& e) {
-        throw LoadMismatch("global index '" + index_file.string() + "' does not fit: " + e.what());
+        throw LoadMismatch(source + " does not fit: " + e.what());
     }
-    target.loaded(report);
+    detail::naming_source(source, [&] { target.loaded(report); });
     return got;
 }
 

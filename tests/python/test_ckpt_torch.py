@@ -168,7 +168,7 @@ def test_a_training_state_of_another_optimizer_or_network_is_refused_and_nothing
     ct.save_training_state(tmp_path / "s.ckpt", model, opt)
     other = dropout_net()
     before = [t.clone() for t in other.state_dict().values()]
-    with pytest.raises(ckpt.LoadMismatch, match="holds the state of a Adam optimizer; this one is SGD"):
+    with pytest.raises(ckpt.LoadMismatch, match="holds the state of optimizer Adam; this one is SGD"):
         ct.load_training_state(tmp_path / "s.ckpt", other, torch.optim.SGD(other.parameters(), lr=0.1))
     with pytest.raises(ckpt.LoadMismatch, match="param group 0 .* holds other parameters"):
         ct.load_training_state(tmp_path / "s.ckpt", other, torch.optim.Adam(list(other.parameters())[:2]))

@@ -670,7 +670,7 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
         if (e.kind != ValueKind::tensor) e.scalar = materialized(value, ObjectEncoding::boost_binary);
         toc.push_back(std::move(e));
     }
-    if (shape) (*shape)(toc, target);
+    if (shape) naming_source(source, [&] { (*shape)(toc, target); });
     auto plan = detail::plan_load(target, toc, values_are_copies);
     if (strict && !plan.report.complete()) throw detail::strict_failure(source, plan);
     const auto commits = stage_bindings(plan, toc, strict, source);
@@ -723,7 +723,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             BodyParser parser(ar, src, path);
             toc = parser.read_toc();
             reject_duplicates(toc, path);
-            if (shape) (*shape)(toc, target);
+            if (shape) naming_source("'" + path + "'", [&] { (*shape)(toc, target); });
             plan = plan_load(target, toc, values_are_copies);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;

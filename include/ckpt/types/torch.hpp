@@ -452,7 +452,7 @@ private:
         if (kind != in_file.end()) {
             const auto* saved = kind->second->scalar.get_if<std::string>();
             if (saved && *saved != kind_->name)
-                throw LoadMismatch("the checkpoint holds the state of a " + *saved + " optimizer; this one is " +
+                throw LoadMismatch("the checkpoint holds the state of optimizer " + *saved + "; this one is " +
                                    kind_->name);
         }
         auto& groups = optimizer_->param_groups();
