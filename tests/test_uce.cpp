@@ -146,10 +146,13 @@ TEST_CASE("UCEs on both ranks keeping a piece: no replica to repair from, the la
         const auto& o = got.last_words[static_cast<std::size_t>(r)];
         try {
             std::rethrow_exception(got.errors[static_cast<std::size_t>(r)]);
-        } catch (const std::exception& e) {
+        } catch (const fault::PeerFailure& e) {
             const std::string what = e.what();
             INFO(what);
+            CHECK(e.ranks() == std::vector<int>{0, 2});  // the ranks that could not be repaired
             CHECK(o.took_part);
+        } catch (const std::exception& e) {
+            FAIL("rank " << r << " failed with another error than PeerFailure: " << e.what());
         }
         CHECK_FALSE(o.step_directory);
         CHECK(o.message.find("replica group 0 (ranks 0, 2): rank 0 failed, rank 2 failed") != std::string::npos);

@@ -108,8 +108,16 @@ public:
                 comm_.declare_failed();
                 throw RepairFailed(plan.problem);
             }
-            comm_.barrier();  // fails, naming the ranks that cannot be repaired: the last words take over
-            throw PeerFailure(plan.problem, {});
+            std::vector<int> lost;  // job ranks, as every PeerFailure names them
+            for (int q : plan.unrepairable) lost.push_back(reports[static_cast<std::size_t>(q)].job_rank);
+            std::sort(lost.begin(), lost.end());
+            // meets the failures the unrepairable ranks declared (the last words take over from
+            // there); what it says is whichever declaration it met first: the plan says all
+            try {
+                comm_.barrier();
+            } catch (const PeerFailure&) {
+            }
+            throw PeerFailure(plan.problem, std::move(lost));
         }
 
         if (damaged) {  // the seed's sequence: stop, clean, repair
