@@ -236,9 +236,11 @@ inline void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <random>
@@ -303,8 +305,10 @@ struct IdxFile {
 /// Reads an IDX file of unsigned bytes, gzip-compressed or not, checking its size.
 inline IdxFile read_idx(const fs::path& file, std::size_t expected_rank) {
     const std::string path = file.string();
+    errno = 0;
     gzFile f = gzopen(path.c_str(), "rb");
-    if (!f) throw DataError("cannot open '" + path + "'");
+    if (!f)  // zlib sets errno when the open itself failed, and leaves it 0 when it ran out of memory
+        throw DataError("cannot open '" + path + "': " + (errno ? std::strerror(errno) : "not enough memory"));
     struct Closer {
         gzFile f;
         ~Closer() { gzclose(f); }
