@@ -2570,10 +2570,12 @@ private:
         return holder.substr(space + 1);
     }
 
-    // Whether node `id`'s heartbeat moved within the lease, by this process's watch.
+    // Whether node `id`'s heartbeat moved within the lease, by this process's watch. Called
+    // from the training thread and from GlooComm's watch thread at once.
     bool beating(int id) {
         const auto now = std::chrono::steady_clock::now();
         const std::string v = store_.get(beat_key(id)).value_or("");
+        std::lock_guard lock(watched_mutex_);
         auto& w = watched_[id];
         if (!w.seen || w.value != v) w = {true, v, now};
         return now - w.since < options_.lease;
@@ -2673,6 +2675,7 @@ private:
     MembershipOptions options_;
     std::string me_;  // "host pid starttime"
     std::map<int, Watch> watched_;
+    std::mutex watched_mutex_;
     std::mutex m_;
     std::condition_variable cv_;
     bool stop_ = false;
