@@ -18,6 +18,20 @@ extern std::atomic<std::size_t> largest_mapping;  // bytes, largest anonymous mm
 extern std::atomic<std::size_t> refuse_above;     // requests above this fail (bad_alloc / ENOMEM)
 }  // namespace alloc_state
 
+/// Whether the watch sees and refuses allocations in this build: not under ThreadSanitizer,
+/// whose runtime main.cpp leaves operator new and mmap to (see there).
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool allocation_watch_works = false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool allocation_watch_works = false;
+#else
+inline constexpr bool allocation_watch_works = true;
+#endif
+#else
+inline constexpr bool allocation_watch_works = true;
+#endif
+
 /// Records allocations made by any thread while it lives. One at a time.
 class AllocationWatch {
 public:
