@@ -555,30 +555,31 @@ private:
         auto lo = [&](std::size_t q) { return count * q / n; };
         const std::size_t mine = lo(me + 1) - lo(me);
         scratch_.resize(n * mine);  // rank q's part of slice `me` at q * mine
-        std::vector<Message> messages;
-        for (std::size_t q = 0; q < n; ++q) {
-            if (q == me) continue;
-            const int peer = static_cast<int>(q);
-            post(messages, scratch_.data() + q * mine, mine * sizeof(float), peer, false, collective_slot(reduce_slot));
-            post(messages, data.data() + lo(q), (lo(q + 1) - lo(q)) * sizeof(float), peer, true, collective_slot(reduce_slot));
+        auto slice_of = [&](std::size_t q) { return std::span<float>(data.data() + lo(q), lo(q + 1) - lo(q)); };
+        auto part_from = [&](std::size_t q) { return std::span<float>(scratch_.data() + q * mine, mine); };
+        // every other rank q: receive into in(q), send out(q)
+        auto exchange = [&](CollectiveSlot slot, auto in, auto out) {
+            std::vector<Message> messages;
+            for (std::size_t q = 0; q < n; ++q) {
+                if (q == me) continue;
+                post(messages, in(q).data(), in(q).size_bytes(), static_cast<int>(q), false, collective_slot(slot));
+                post(messages, out(q).data(), out(q).size_bytes(), static_cast<int>(q), true, collective_slot(slot));
+            }
+            complete(messages, "allreduce", deadline);
+        };
+        exchange(reduce_slot, part_from, slice_of);
+        const std::span<float> slice = slice_of(me);
+        if (me != 0) {  // rank 0's part first: this rank's own goes to its place among the others
+            std::copy(slice.begin(), slice.end(), part_from(me).begin());
+            std::copy(part_from(0).begin(), part_from(0).end(), slice.begin());
         }
-        complete(messages, "allreduce", deadline);
-        float* slice = data.data() + lo(me);
-        std::copy(slice, slice + mine, scratch_.data() + me * mine);
-        std::copy(scratch_.data(), scratch_.data() + mine, slice);
         for (std::size_t q = 1; q < n; ++q) {
-            const float* part = scratch_.data() + q * mine;
+            const float* part = part_from(q).data();
             for (std::size_t i = 0; i < mine; ++i) slice[i] += part[i];
         }
         if (op == ReduceOp::mean)
-            for (std::size_t i = 0; i < mine; ++i) slice[i] /= static_cast<float>(n);
-        for (std::size_t q = 0; q < n; ++q) {
-            if (q == me) continue;
-            const int peer = static_cast<int>(q);
-            post(messages, data.data() + lo(q), (lo(q + 1) - lo(q)) * sizeof(float), peer, false, collective_slot(reduced_slot));
-            post(messages, slice, mine * sizeof(float), peer, true, collective_slot(reduced_slot));
-        }
-        complete(messages, "allreduce", deadline);
+            for (float& v : slice) v /= static_cast<float>(n);
+        exchange(reduced_slot, slice_of, [&](std::size_t) { return slice; });
     }
     void check_peer(int peer, const char* what) const {
         if (peer < 0 || peer >= size())
