@@ -591,6 +591,34 @@ TEST_CASE("every subcommand that reads takes --max-decoded-bytes, and a file pas
     }
 }
 
+// latest() stops at a newest file this program cannot read (a newer format version here)
+// rather than go on from an older one: ls marks no file then, as latest() returns none.
+TEST_CASE("ckpt ls marks no latest file when the newest is one this program cannot read, as latest() returns none") {
+    test::TempDir dir;
+    {
+        test::LogCapture quiet;
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepAll, ckpt::StepNaming> mgr(dir.path(), "exp");
+        mgr.save(ckpt::Progress::at_iteration(1), small_state(1));
+        mgr.save(ckpt::Progress::at_iteration(2), small_state(2));
+    }
+    auto bytes = test::read_bytes(dir / "exp-2.ckpt");  // as a newer writer would make it
+    ckpt::detail::put_le<std::uint32_t>(reinterpret_cast<std::byte*>(bytes.data()) + 8, 3);
+    test::reseal(bytes);
+    test::write_bytes(dir / "exp-2.ckpt", bytes);
+    CHECK_THROWS_AS(ckpt::latest(dir.path(), "exp"), ckpt::UnreadableCheckpoints);
+    const auto j = json::parse(ckpt_tool({"ls", dir.path().string(), "--json"}, dir.path()).out);
+    int seen = 0;
+    for (const auto& group : j["checkpoints"])
+        for (const auto& c : group["checkpoints"]) {
+            const std::string path = c["path"];
+            CAPTURE(path);
+            ++seen;
+            CHECK(c["latest"] == false);
+            if (contains(path, "exp-2.ckpt")) CHECK(contains(c["problem"].get<std::string>(), "format version 3"));
+        }
+    CHECK(seen == 2);
+}
+
 TEST_CASE("ckpt ls goes by a file's owner record, not its name, and show reads safetensors and refuses --stats without a key") {
     test::TempDir dir;
     {

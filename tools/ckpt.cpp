@@ -340,6 +340,7 @@ struct Listed {
     std::uint64_t size = 0;
     std::optional<ckpt::FileHeader> header;
     std::optional<std::string> problem;
+    bool unsupported = false;  // the problem: perhaps whole, but unreadable here (latest() stops at it)
     bool latest = false;
     std::map<std::string, double> metrics;  // what the save recorded (Progress::metrics)
     bool best = false;
@@ -475,6 +476,7 @@ void check(Listed& f, bool headers_only) {
         f.header = ckpt::read_header(f.path);
     } catch (const ckpt::Error& e) {
         f.problem = e.what();
+        f.unsupported = ckpt::detail::unsupported_here(e);
         return;
     }
     if (f.index_step) {  // an index whose files retention deleted is broken, whatever its checksum says
@@ -496,7 +498,10 @@ void check(Listed& f, bool headers_only) {
     if (headers_only || f.problem) return;
     if (f.named) {
         ckpt::StoredCheckpoint stored{f.path, f.parts, {}};
-        f.problem = ckpt::checkpoint_problem(stored);
+        if (auto issue = ckpt::detail::checkpoint_issue(stored)) {
+            f.problem = issue->why;
+            f.unsupported = issue->unsupported;
+        }
     } else {
         try {
             ckpt::verify_checkpoint(f.path);
@@ -507,8 +512,8 @@ void check(Listed& f, bool headers_only) {
 }
 
 /// Orders like latest(): by run, global step, epoch and step; marks what latest() would pick
-/// (the newest regular file that verifies) and, for last words, the newest step whose files
-/// all verify.
+/// (the newest regular file that verifies, none when a newer one is unreadable here, where
+/// latest() stops) and, for last words, the newest step whose files all verify.
 void order_and_mark(std::vector<Listed>& files) {
     std::stable_sort(files.begin(), files.end(), [](const Listed& a, const Listed& b) {
         if (a.group != b.group) return a.group < b.group;
@@ -537,11 +542,15 @@ void order_and_mark(std::vector<Listed>& files) {
                 i = j;
             }
         } else if (files[end - 1].named) {
-            for (std::size_t i = end; i > begin; --i)
-                if (files[i - 1].parts.kind == ckpt::SaveKind::regular && !files[i - 1].problem) {
+            for (std::size_t i = end; i > begin; --i) {
+                const Listed& f = files[i - 1];
+                if (f.parts.kind != ckpt::SaveKind::regular) continue;
+                if (!f.problem) {
                     files[i - 1].latest = true;
                     break;
                 }
+                if (f.unsupported) break;
+            }
         }
         end = begin;
     }
