@@ -35,7 +35,11 @@ def _fspath(path):
     if path is None:
         raise ConfigError("no checkpoint path (None); ckpt.latest() returns None when a directory holds no "
                           "checkpoint of the prefix")
-    return os.path.expanduser(os.fspath(path))
+    try:
+        text = os.fspath(path)
+    except TypeError:
+        raise ConfigError("a checkpoint path is a str, bytes or os.PathLike, not %s" % type(path).__name__) from None
+    return os.path.expanduser(text)
 
 
 def _io_error(what, path, e):
@@ -655,6 +659,9 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
 
     For the same entries, position and options the file holds the bytes the C++ library
     writes, but for the save time (and the salt and ciphertext of an encrypted body)."""
+    if isinstance(path, Mapping) and isinstance(entries, (str, bytes, os.PathLike)):
+        raise ConfigError("save(path, entries) takes the path first, then the entries (C++ save_checkpoint takes the "
+                          "state first); got the entries, then '%s'" % os.fspath(entries))
     path = _fspath(path)
     if archive not in F.ARCHIVES:
         raise ConfigError("archive is one of %s, not %r" % (", ".join(F.ARCHIVES), archive), path)

@@ -749,3 +749,15 @@ def test_an_object_holds_bytes_of_its_own():
     assert obj.data == b"ab" and type(obj.data) is bytes and hash(obj) == hash(ckpt.Object("T", "boost binary", b"ab"))
     with pytest.raises(AttributeError):
         obj.data = b"x"
+
+
+def test_save_with_its_arguments_swapped_says_so(tmp_path):
+    """The C++ save_checkpoint takes the state first; ckpt.save takes the path first. Swapped,
+    they are a ConfigError saying which comes first, and nothing is written; a path of another
+    type names the type."""
+    target = tmp_path / "run-1.ckpt"
+    with pytest.raises(ckpt.ConfigError, match=r"takes the path first, then the entries"):
+        ckpt.save({"w": np.ones(2, np.float32)}, str(target))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ckpt.ConfigError, match=r"a checkpoint path is a str, bytes or os.PathLike, not int"):
+        ckpt.load(3)
