@@ -50,6 +50,7 @@ p=$(program map_state) && [ -n "$p" ] && smoke map_state "$p" --entries 200 --ro
 p=$(program durable_level) && [ -n "$p" ] &&
     smoke durable_level "$p" --mib 4 --saves 2 --gap-ms 100 --rounds 1 --dir "$work"
 p=$(program reshard) && [ -n "$p" ] && smoke reshard "$p" --rounds 1 --side 256 --dir "$work"
+p=$(program replica_parallel) && [ -n "$p" ] && smoke replica_parallel "$p" --mib 4 --rounds 1 --rate 400e6 --dir "$work"
 p=$(program codec_io) && [ -n "$p" ] &&
     smoke codec_io "$p" --rounds 1 --dp-rounds 1 --stall-rounds 1 --small-rounds 1 --lenet-images 320 --dp-steps 2 \
         --net small --tensors 2 --dir "$work"

@@ -9,7 +9,10 @@
 #include "dp_support.hpp"
 #include "support.hpp"
 
+#include <cstdlib>
+#include <map>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -567,4 +570,225 @@ TEST_CASE("a retention of one file keeps each rank's file of the newest committe
     CHECK(whole->filename() == "index-step_3.ckpt");
     CHECK(fs::exists(dir / "rank_0" / "net-3.ckpt"));
     CHECK(fs::exists(dir / "rank_1" / "net-4.ckpt"));
+}
+
+namespace {
+
+/// A state of shared tensors of awkward sizes (rows that a cut falls inside, a column-major
+/// matrix, a scalar, an empty tensor) and entries that are not shared.
+ckpt::ParamDict mixed_state() {
+    ckpt::ParamDict d;
+    d.set("a", iota({100, 7}));
+    std::vector<double> b(3, 2.5), col(24);
+    std::iota(col.begin(), col.end(), 100.0);
+    d.set("b", ckpt::Tensor::from(b));
+    d.set("cm", ckpt::Tensor::from(col, {6, 4}, ckpt::Order::column_major));
+    d.set("s", ckpt::Tensor::from(std::vector<float>{7}, {}));
+    d.set("empty", ckpt::Tensor(ckpt::DType::float32, {0, 3}));
+    d.set("z", iota({1000}, 5));
+    d.set("rng", iota({4}, 9));           // per-rank
+    d.set("moments.m", iota({10}, 50));   // a piece of sharded state
+    d.set("name", std::string("job"));
+    return d;
+}
+
+}  // namespace
+
+TEST_CASE("replica shares cut the shared tensors at rows into runs of nearly equal bytes, each byte in one share") {
+    const ckpt::ParamDict state = mixed_state();
+    const ckpt::PieceMap declared{{"rng", ckpt::PiecePlace::per_rank()}, {"moments.m", {"moments.m", {40}, 10}}};
+    for (const int replicas : {1, 2, 3, 4, 7}) {
+        CAPTURE(replicas);
+        std::map<std::string, std::vector<int>> hits;  // per shared tensor, how many shares hold each byte
+        std::map<std::string, std::vector<std::byte>> rebuilt;
+        std::uint64_t most = 0, least = UINT64_MAX, total = 0;
+        for (int k = 0; k < replicas; ++k) {
+            const fault::ReplicaShare share = fault::replica_share(state, replicas, k, declared);
+            CHECK(share.shared_bytes == 2800 + 24 + 192 + 4 + 4000);
+            // what is not shared is in every share, whole
+            CHECK(share.state.at("rng") == state.at("rng"));
+            CHECK(share.state.at("moments.m") == state.at("moments.m"));
+            CHECK(share.state.get<std::string>("name") == "job");
+            CHECK_FALSE(share.places.contains("rng"));
+            for (const auto& [name, value] : share.state) {
+                if (name == "rng" || name == "moments.m" || !value.get_if<ckpt::Tensor>()) continue;
+                const ckpt::Tensor& whole = state.tensor(name);
+                const ckpt::Tensor& part = *value.get_if<ckpt::Tensor>();
+                CHECK(part.dtype() == whole.dtype());
+                CHECK(part.order() == whole.order());
+                std::uint64_t first = 0;  // elements
+                if (const auto it = share.places.find(name); it != share.places.end()) {
+                    CHECK(it->second.global == name);
+                    CHECK(it->second.global_shape == whole.shape());
+                    first = it->second.first;
+                } else {
+                    CHECK(part.nbytes() == whole.nbytes());
+                }
+                auto& h = hits[name];
+                auto& bytes = rebuilt[name];
+                h.resize(whole.nbytes());
+                bytes.resize(whole.nbytes());
+                const std::uint64_t at = first * ckpt::itemsize(whole.dtype());
+                REQUIRE(at + part.nbytes() <= whole.nbytes());
+                std::copy_n(part.data(), part.nbytes(), bytes.begin() + static_cast<std::ptrdiff_t>(at));
+                for (std::uint64_t i = 0; i < part.nbytes(); ++i) ++h[at + i];
+            }
+            most = std::max(most, share.own_bytes);
+            least = std::min(least, share.own_bytes);
+            total += share.own_bytes;
+            // the same split whenever it is asked for
+            CHECK(fault::replica_share(state, replicas, k, declared).places == share.places);
+        }
+        CHECK(total == 7020);
+        // nearly equal: within a row (28 bytes of "a", 16 of "z") of the mean at each cut
+        CHECK(most - least <= 2 * 28);
+        for (const char* name : {"a", "b", "cm", "s", "z"}) {
+            CAPTURE(name);
+            const ckpt::Tensor& whole = state.tensor(name);
+            REQUIRE(hits[name].size() == whole.nbytes());
+            CHECK(std::all_of(hits[name].begin(), hits[name].end(), [](int n) { return n == 1; }));
+            CHECK(std::equal(rebuilt[name].begin(), rebuilt[name].end(), whole.data()));
+        }
+    }
+    CHECK_THROWS_AS(fault::replica_share(state, 2, 2), ckpt::ConfigError);
+}
+
+TEST_CASE("a data-parallel job saves replica-parallel, each byte once, and resumes from the index on 4 or 2 ranks") {
+    constexpr int ranks = 4;
+    test::TempDir dir;
+    using Files = nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast>;
+    // trains `epochs` on `world` ranks, from the newest index when there is one; saves every 4 steps
+    auto job = [&](int world, std::int64_t epochs) {
+        test::Params params(static_cast<std::size_t>(world));
+        std::vector<std::uint64_t> own(static_cast<std::size_t>(world));
+        fault::ThreadGroup group(world, std::chrono::seconds(20));
+        fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            auto data = test::shard_of(world, comm.rank());
+            nn::UceNet net(7);
+            test::DpStack stack(net, comm, 1);
+            nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+            std::int64_t initial_epoch = 0;
+            if (auto got = fault::load_latest_resharded(comm, dir.path(), trainer.load_target(), stack.opt().piece_map())) {
+                const auto rp = trainer.resume_from_state(got->state.state, got->index.string(), data);
+                stack.opt().set_completed_steps(rp.global_step);
+                initial_epoch = rp.initial_epoch;
+            }
+            Files files(dir / ("rank_" + std::to_string(comm.rank())), "net", {}, ckpt::EverySteps{4}, ckpt::KeepLast{1});
+            fault::ReplicaParallel shared(comm, files, [&] { return stack.opt().piece_map(); });
+            fault::GlobalIndexer indexer(comm, shared, dir.path(), [&] { return shared.piece_map(); });
+            trainer.train(epochs, data, nn::callbacks(shared, indexer), initial_epoch);
+            params[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+            own[static_cast<std::size_t>(comm.rank())] = shared.own_bytes();
+        }).rethrow();
+        return std::pair{params, own};
+    };
+    const auto [straight, own] = job(ranks, 2);  // 16 steps, saved at 4, 8, 12, 16
+    const fs::path index = dir.path() / "index-step_16.ckpt";
+    REQUIRE(fs::exists(index));
+    {
+        // each rank wrote a quarter of the parameters and the momentum: their bytes once in all
+        const ckpt::GlobalIndex read = ckpt::read_global_index(index);
+        std::map<std::string, std::uint64_t> tensors;  // each global tensor's bytes
+        std::set<std::string> files;
+        for (const auto& p : read.pieces) {
+            tensors[p.global] = ckpt::detail::numel_of(p.global_shape) * ckpt::itemsize(p.dtype);
+            files.insert(p.file);
+        }
+        std::uint64_t model = 0, written = 0;
+        for (const auto& [name, bytes] : tensors) model += bytes;
+        for (const auto& f : files) written += fs::file_size(dir / f);
+        CAPTURE(written);
+        CAPTURE(model);
+        CHECK(files.size() == ranks);
+        CHECK(double(written) / double(model) < 1.01);
+        for (const std::uint64_t mine : own) CHECK(std::llabs(std::int64_t(mine) - std::int64_t(model / ranks)) < 4096);
+    }
+    // on 2 ranks: each loads the whole state of step 16, bit for bit the 4 ranks' parameters
+    test::Params on_two(2);
+    fault::ThreadGroup two(2, std::chrono::seconds(20));
+    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+        auto data = test::shard_of(2, comm.rank());
+        nn::UceNet net(3);
+        test::DpStack stack(net, comm, 1);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+        const auto got = fault::load_latest_resharded(comm, dir.path(), trainer.load_target(), stack.opt().piece_map());
+        REQUIRE(got);
+        CHECK(got->global_step == 16);
+        trainer.resume_from_state(got->state.state, got->index.string(), data);
+        on_two[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+    }).rethrow();
+    CHECK(on_two[0] == straight[0]);
+    CHECK(on_two[1] == straight[0]);
+    // the same job stopped after step 8, then resumed from its index: the same bits
+    for (const auto& f : fs::directory_iterator(dir.path())) fs::remove_all(f.path());
+    job(ranks, 1);
+    const auto resumed = job(ranks, 2).first;
+    for (int r = 0; r < ranks; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == straight[0]);
+}
+
+TEST_CASE("an index whose pieces leave a tensor's elements in no file is refused on every rank, and not written") {
+    constexpr int ranks = 3;
+    test::TempDir dir;
+    std::vector<std::string> refused(ranks);
+    fault::ThreadGroup group(ranks, std::chrono::seconds(10));
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        ckpt::ParamDict d;
+        d.set("w", iota({30, 4}));
+        // rank 2 takes the last of 4 runs (rows 23 to 30), where the others take 2 of 3: rows
+        // 20 to 23 are in no file
+        const fault::ReplicaShare share =
+            comm.rank() == 2 ? fault::replica_share(d, 4, 3) : fault::replica_share(d, ranks, comm.rank());
+        const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_1.ckpt";
+        fs::create_directories(file.parent_path());
+        ckpt::save_checkpoint(share.state, file);
+        try {
+            fault::commit_global_index(comm, dir.path(), 1, file, share.places);
+        } catch (const ckpt::ConfigError& e) {
+            refused[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+    }).rethrow();
+    for (const auto& why : refused) {
+        CHECK(why.find("global index of step 1") != std::string::npos);
+        CHECK(why.find("no rank's file holds elements [80, 92) of 'w' (120 elements)") != std::string::npos);
+    }
+    CHECK_FALSE(fs::exists(dir.path() / "index-step_1.ckpt"));
+}
+
+TEST_CASE("a replica-parallel save refuses a tensor that differs between the ranks unless it is declared per-rank") {
+    constexpr int ranks = 3;
+    for (const bool declared : {false, true}) {
+        CAPTURE(declared);
+        test::TempDir dir;
+        std::vector<std::string> refused(ranks);
+        fault::ThreadGroup group(ranks, std::chrono::seconds(10));
+        fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            ckpt::Tensor w = iota({40, 4}), rng = iota({8}, static_cast<float>(comm.rank()));
+            nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(dir / ("rank_" + std::to_string(comm.rank())),
+                                                                        "net", {}, ckpt::EverySteps{1});
+            fault::ReplicaParallel shared(comm, files, [&] {
+                return declared ? ckpt::PieceMap{{"rng", ckpt::PiecePlace::per_rank()}} : ckpt::PieceMap{};
+            });
+            nn::RunContext ctx;
+            ctx.epoch = 1;
+            ctx.step = ctx.global_step = 1;
+            ctx.steps_per_epoch = 10;
+            ctx.state = [&] { return ckpt::ParamDict{{"w", w}, {"rng", rng}}; };
+            try {
+                shared.on_step_end(ctx);
+                fault::commit_global_index(comm, dir.path(), 1, *shared.last_saved(), shared.piece_map());
+            } catch (const ckpt::ConfigError& e) {
+                refused[static_cast<std::size_t>(comm.rank())] = e.what();
+            }
+            CHECK(ctx.state().contains("w"));  // the wrapped state is the whole one again
+            CHECK(ctx.state().tensor("w").nbytes() == 640);
+        }).rethrow();
+        for (const auto& why : refused) {
+            CAPTURE(why);
+            CHECK(why.empty() == declared);
+            if (!declared)
+                CHECK(why.find("replica-parallel save of global step 1: rank(s) 1, 2 hold other values than rank 0 for "
+                               "'rng'") != std::string::npos);
+        }
+        CHECK(fs::exists(dir.path() / "index-step_1.ckpt") == declared);
+    }
 }

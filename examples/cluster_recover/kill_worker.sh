@@ -4,9 +4,10 @@
 # saved (in files, or with --memory-every in memory), and the job trains to the end. Every
 # rank must end bit-identical to a run in which no worker died.
 #   kill_worker.sh <cluster_recover> <ckpt-run> <work dir> [--rank R[,R…]] [--at-step S]
-#                  [--expect memory|files] [options]
+#                  [--expect memory|files|index] [options]
 # --rank: the workers killed together (default 2); --expect: where the rollback must come
-# from (memory: no more than K steps redone for --memory-every K, none with --last-words).
+# from (memory: no more than K steps redone for --memory-every K, none with --last-words;
+# index: the global index, as with --replica-parallel).
 set -euo pipefail
 program=$1
 launcher=$2
@@ -64,5 +65,8 @@ case "$expect" in
     files)
         grep -q "every rank resumes at global step [0-9]* (.*) from its checkpoint" "$work/job.log" ||
             { echo "the rollback did not come from the files" >&2; exit 1; } ;;
+    index)
+        grep -q "every rank resumes at global step [0-9]* (.*) from the global index of step [0-9]*, saved by 4 rank" \
+            "$work/job.log" || { echo "the rollback did not come from a global index of the 4 ranks" >&2; exit 1; } ;;
 esac
 same_as_straight "$work/job.log" "$launcher" "$program" "$work" "$@"

@@ -27,10 +27,15 @@
 // sharded over all ranks, and the global batch (--global-batch) stays the same whatever the
 // number of ranks, so every step sees the same samples.
 //
+// With --replica-parallel the workers share the writing: the state they hold alike is cut
+// into N runs of equal bytes and each worker writes one (fault::ReplicaParallel), so a save
+// puts the model on storage once instead of N times. A worker's file is then a part of its
+// step, and every resume loads through the global index.
+//
 //   ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- \
 //       cluster_recover --dir ./ckpt [--epochs N] [--limit N] [--save-every N] [--keep N]
 //                       [--memory-every K [--last-words]] [--elastic [--elastic-wait-ms MS]] [--global-batch N]
-//                       [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP] [--fresh] [--help]
+//                       [--replica-parallel] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR] [--address IP] [--fresh] [--help]
 //
 // --address is this host's address toward the other hosts (default 127.0.0.1: one host).
 //
@@ -69,6 +74,7 @@ struct Options {
     std::int64_t memory_every = 0;  // 0: no memory level
     bool last_words = false;        // the memory level's last words
     bool elastic = false;
+    bool replica_parallel = false;
     std::int64_t elastic_wait_ms = 60000;
     std::size_t global_batch = 0;  // 0: 32 x ranks (elastic: rounded up to suit every number of ranks)
     std::int64_t die_in_transfer = 0;  // 0: no fault injected
@@ -82,7 +88,7 @@ struct Options {
 constexpr const char* usage_text =
     "cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
     "                       [--memory-every K [--last-words]] [--elastic [--elastic-wait-ms MS]] [--global-batch N]\n"
-    "                       [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR]\n"
+    "                       [--replica-parallel] [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR]\n"
     "                       [--address IP] [--fresh] [--help]";
 constexpr const char* options_text =
     "One worker of a data-parallel job started by ckpt-run (or any launcher setting RANK,\n"
@@ -108,6 +114,8 @@ constexpr const char* options_text =
     "  --elastic-wait-ms MS  with --elastic: how long to wait for a dead worker (default 60000)\n"
     "  --global-batch N   samples of a global step, split among the ranks (default 32 x ranks;\n"
     "                     with --elastic, a multiple of every number of ranks from 1 to WORLD_SIZE)\n"
+    "  --replica-parallel each worker writes 1/N of the state the workers hold alike, so a save\n"
+    "                     writes the model once; resuming loads through the global index\n"
     "  --die-in-transfer N  (tests) at its first start, rank R kills itself with SIGKILL in the\n"
     "                     middle of sending its N-th memory copy (default: off)\n"
     "  --die-rank R       the rank --die-in-transfer kills (default 1)\n"
@@ -133,6 +141,7 @@ Options parse(int argc, char** argv) {
         else if (*a == "--last-words") o.last_words = true;
         else if (*a == "--elastic") o.elastic = true;
         else if (*a == "--elastic-wait-ms") o.elastic_wait_ms = cli.count();
+        else if (*a == "--replica-parallel") o.replica_parallel = true;
         else if (*a == "--global-batch") o.global_batch = static_cast<std::size_t>(cli.count());
         else if (*a == "--die-in-transfer") o.die_in_transfer = cli.count();
         else if (*a == "--die-rank") o.die_rank = static_cast<int>(cli.count());
@@ -173,7 +182,9 @@ using Net = nn::UceNet;  // 784 -> 512 -> 512 -> 10
 // every --save-every steps, and the last step: a worker that joins an elastic job after its
 // end, or the job run again, finds it trained to the end
 using Checkpoints = nn::ModelCheckpoint<ckpt::AnyOf<ckpt::EverySteps, ckpt::OnTrainEnd>, ckpt::KeepLast>;
-using Indexer = fault::GlobalIndexer<fault::GlooComm, Checkpoints>;
+// with --replica-parallel, each rank's saves write its share of the state the ranks hold alike
+using Shared = fault::ReplicaParallel<Checkpoints, fault::GlooComm>;
+using Indexer = fault::GlobalIndexer<fault::GlooComm, Shared>;
 
 // With --elastic: ends the generation at a checkpoint when workers wait to join.
 struct ElasticJoins {
@@ -242,7 +253,7 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
     std::optional<fault::MemoryRecovery> recovered;
     if (o.memory_every) recovered = memory.recover(comm);
     std::optional<fault::ElasticResume> resharded;
-    if (o.elastic) {
+    if (o.elastic || (o.replica_parallel && !recovered)) {
         // this rank's pieces of the newest global index, for its place in this generation
         const auto rp = timed([&] {
             resharded = fault::load_latest_resharded(comm, o.dir, trainer.load_target(), dp.piece_map());
@@ -279,7 +290,8 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
     std::fflush(stdout);
     Checkpoints checkpoints(mine, "net", {}, ckpt::AnyOf(ckpt::EverySteps{o.save_every}, ckpt::OnTrainEnd{}),
                             ckpt::KeepLast{o.keep});
-    Indexer indexer(comm, checkpoints, o.dir, [&dp] { return dp.piece_map(); });
+    Shared shared(comm, checkpoints, [&dp] { return dp.piece_map(); }, o.replica_parallel);
+    Indexer indexer(comm, shared, o.dir, [&shared] { return shared.piece_map(); });
     ElasticJoins joins;
     if (o.elastic) joins.take_in.emplace(comm, indexer);
     MemorySnapshots snapshots;
@@ -301,7 +313,7 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
         }
     } progress{&done};
     if (initial_epoch < o.epochs)
-        trainer.train(o.epochs, data, nn::callbacks(progress, snapshots, checkpoints, indexer, joins), initial_epoch);
+        trainer.train(o.epochs, data, nn::callbacks(progress, snapshots, shared, indexer, joins), initial_epoch);
     else if (comm.rank() == 0)
         std::printf("generation %d: the job is trained to the end already\n", comm.generation().number);
     return examples::params_xxh64(net.parameters());

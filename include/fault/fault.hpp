@@ -41,6 +41,7 @@
 #include "launch.hpp"
 #include "membership.hpp"
 #include "memory_level.hpp"
+#include "replica_parallel.hpp"
 #include "replica_selector.hpp"
 #include "store.hpp"
 #include "termination.hpp"

@@ -72,28 +72,40 @@ boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir
     std::vector<float> in(static_cast<std::size_t>(most)), all(static_cast<std::size_t>(most) * sizes.size());
     std::copy(packed.words().begin(), packed.words().end(), in.begin());
     comm.allgather(std::span<const float>(in), std::span<float>(all));
-    if (comm.rank() == 0) {
-        ckpt::GlobalIndex index = mine;
-        index.global_step = global_step;
-        index.world_size = comm.size();
-        for (int r = 1; r < comm.size(); ++r) {
-            PackedState theirs_packed;
-            const auto at = static_cast<std::size_t>(r);
-            const std::span<float> to = theirs_packed.receive_buffer(static_cast<std::size_t>(sizes[at].n) * sizeof(float));
-            std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at * most), to.size(), to.begin());
-            theirs_packed.received();
-            const std::string what = "global index: rank " + std::to_string(r) + "'s description of step " +
-                                     std::to_string(global_step);
-            const ckpt::GlobalIndex theirs = ckpt::index_from_dict(theirs_packed.unpack(what), what);
-            if (theirs.chunk_bytes != index.chunk_bytes)
-                throw ckpt::ConfigError(what + " uses chunks of " + std::to_string(theirs.chunk_bytes) + " bytes, rank 0 " +
-                                        std::to_string(index.chunk_bytes));
-            index.pieces.insert(index.pieces.end(), theirs.pieces.begin(), theirs.pieces.end());
-            // a value of theirs that is not the lowest rank's: a load checks whether it may differ
-            for (const auto& [name, value] : theirs.values)
-                if (!index.values.contains(name) || !(index.values.at(name) == value)) index.rank_values[r].set(name, value);
-            for (const auto& [name, copies] : theirs.copies) index.copies.emplace(name, copies);
+    // every rank builds the index and checks it, so that a step whose pieces do not fit
+    // together fails on every rank alike, and nothing is written
+    std::vector<ckpt::GlobalIndex> described(static_cast<std::size_t>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) {
+        const auto at = static_cast<std::size_t>(r);
+        if (r == comm.rank()) {
+            described[at] = mine;
+            continue;
         }
+        PackedState theirs;
+        const std::span<float> to = theirs.receive_buffer(static_cast<std::size_t>(sizes[at].n) * sizeof(float));
+        std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at * most), to.size(), to.begin());
+        theirs.received();
+        const std::string what = "global index: rank " + std::to_string(r) + "'s description of step " +
+                                 std::to_string(global_step);
+        described[at] = ckpt::index_from_dict(theirs.unpack(what), what);
+        if (described[at].chunk_bytes != mine.chunk_bytes)
+            throw ckpt::ConfigError(what + " uses chunks of " + std::to_string(described[at].chunk_bytes) + " bytes, rank " +
+                                    std::to_string(comm.rank()) + "'s " + std::to_string(mine.chunk_bytes));
+    }
+    ckpt::GlobalIndex index = std::move(described[0]);
+    index.global_step = global_step;
+    index.world_size = comm.size();
+    for (std::size_t r = 1; r < described.size(); ++r) {
+        const ckpt::GlobalIndex& theirs = described[r];
+        index.pieces.insert(index.pieces.end(), theirs.pieces.begin(), theirs.pieces.end());
+        // a value of theirs that is not the lowest rank's: a load checks whether it may differ
+        for (const auto& [name, value] : theirs.values)
+            if (!index.values.contains(name) || !(index.values.at(name) == value))
+                index.rank_values[static_cast<std::int64_t>(r)].set(name, value);
+        for (const auto& [name, copies] : theirs.copies) index.copies.emplace(name, copies);
+    }
+    ckpt::detail::check_pieces_fit(index, "global index of step " + std::to_string(global_step) + " in '" + dir.string() + "'");
+    if (comm.rank() == 0) {
         ckpt::SaveOptions save;
         save.step = global_step;
         ckpt::save_checkpoint(ckpt::index_to_dict(index), path, save);

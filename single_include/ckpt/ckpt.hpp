@@ -7076,7 +7076,9 @@ private:
                     if (stop_) return;
                     wake_.wait(lock);
                 } else {
-                    wake_.wait_for(lock, std::chrono::milliseconds(100));  // files some job waits for
+                    // files some job waits for: a few stat() calls, often enough not to add to a
+                    // step's time on the durable level
+                    wake_.wait_for(lock, std::chrono::milliseconds(10));
                 }
                 continue;
             }
@@ -8971,6 +8973,7 @@ struct PiecePlace {
         return p;
     }
     bool whole() const noexcept { return global.empty(); }
+    friend bool operator==(const PiecePlace&, const PiecePlace&) = default;
 };
 
 /// Entry name → its place; an entry not listed is a whole tensor of its own name, the same on
@@ -9099,6 +9102,46 @@ inline void check_piece_is_range(const EntryMeta& e, const PiecePlace& place, co
         (column_major ? "Split a column-major matrix into blocks of whole columns (contiguous in its storage), "
                         "hold the blocks row-major (Eigen::RowMajor), or save each block as a flat vector"
                       : "Split a row-major tensor into blocks of whole rows, or save each block as a flat vector"));
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// Refuses an index (`what` names it) whose pieces of one tensor disagree on its dtype, shape
+/// or order, or leave some of its elements in no rank's file: the ranks saved states that do
+/// not fit together, and a load from it would fail.
+inline void check_pieces_fit(const GlobalIndex& index, const std::string& what) {
+    std::map<std::string_view, std::vector<const TensorPiece*>> by_tensor;
+    for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
+    for (auto& [name, pieces] : by_tensor) {
+        const TensorPiece& a = *pieces.front();
+        for (const TensorPiece* b : pieces)
+            if (b->dtype != a.dtype || b->global_shape != a.global_shape || b->order != a.order)
+                throw ConfigError(what + ": rank " + std::to_string(a.rank) + " saved '" + std::string(name) + "' as " +
+                                  std::string(dtype_name(a.dtype)) + " of (stored) shape " + shape_string(a.global_shape) +
+                                  " " + std::string(order_name(a.order)) + ", rank " + std::to_string(b->rank) + " as " +
+                                  std::string(dtype_name(b->dtype)) + " of " + shape_string(b->global_shape) + " " +
+                                  std::string(order_name(b->order)));
+        std::sort(pieces.begin(), pieces.end(), [](const TensorPiece* x, const TensorPiece* y) { return x->first < y->first; });
+        std::uint64_t covered = 0;
+        const std::uint64_t n = numel_of(a.global_shape);
+        for (const TensorPiece* p : pieces) {
+            if (p->first > covered) break;
+            covered = std::max(covered, p->first + p->count);
+        }
+        if (covered < n) {
+            std::uint64_t upto = n;  // the gap: up to the next piece's start after it
+            for (const TensorPiece* p : pieces)
+                if (p->first > covered) {
+                    upto = p->first;
+                    break;
+                }
+            throw ConfigError(what + ": no rank's file holds " + elements_text(covered, upto) + " of '" +
+                              std::string(name) + "' (" + std::to_string(n) +
+                              " elements): the ranks' pieces of it do not fit together");
+        }
+    }
 }
 
 }  // namespace detail

@@ -1843,28 +1843,40 @@ boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir
     std::vector<float> in(static_cast<std::size_t>(most)), all(static_cast<std::size_t>(most) * sizes.size());
     std::copy(packed.words().begin(), packed.words().end(), in.begin());
     comm.allgather(std::span<const float>(in), std::span<float>(all));
-    if (comm.rank() == 0) {
-        ckpt::GlobalIndex index = mine;
-        index.global_step = global_step;
-        index.world_size = comm.size();
-        for (int r = 1; r < comm.size(); ++r) {
-            PackedState theirs_packed;
-            const auto at = static_cast<std::size_t>(r);
-            const std::span<float> to = theirs_packed.receive_buffer(static_cast<std::size_t>(sizes[at].n) * sizeof(float));
-            std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at * most), to.size(), to.begin());
-            theirs_packed.received();
-            const std::string what = "global index: rank " + std::to_string(r) + "'s description of step " +
-                                     std::to_string(global_step);
-            const ckpt::GlobalIndex theirs = ckpt::index_from_dict(theirs_packed.unpack(what), what);
-            if (theirs.chunk_bytes != index.chunk_bytes)
-                throw ckpt::ConfigError(what + " uses chunks of " + std::to_string(theirs.chunk_bytes) + " bytes, rank 0 " +
-                                        std::to_string(index.chunk_bytes));
-            index.pieces.insert(index.pieces.end(), theirs.pieces.begin(), theirs.pieces.end());
-            // a value of theirs that is not the lowest rank's: a load checks whether it may differ
-            for (const auto& [name, value] : theirs.values)
-                if (!index.values.contains(name) || !(index.values.at(name) == value)) index.rank_values[r].set(name, value);
-            for (const auto& [name, copies] : theirs.copies) index.copies.emplace(name, copies);
+    // every rank builds the index and checks it, so that a step whose pieces do not fit
+    // together fails on every rank alike, and nothing is written
+    std::vector<ckpt::GlobalIndex> described(static_cast<std::size_t>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) {
+        const auto at = static_cast<std::size_t>(r);
+        if (r == comm.rank()) {
+            described[at] = mine;
+            continue;
         }
+        PackedState theirs;
+        const std::span<float> to = theirs.receive_buffer(static_cast<std::size_t>(sizes[at].n) * sizeof(float));
+        std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at * most), to.size(), to.begin());
+        theirs.received();
+        const std::string what = "global index: rank " + std::to_string(r) + "'s description of step " +
+                                 std::to_string(global_step);
+        described[at] = ckpt::index_from_dict(theirs.unpack(what), what);
+        if (described[at].chunk_bytes != mine.chunk_bytes)
+            throw ckpt::ConfigError(what + " uses chunks of " + std::to_string(described[at].chunk_bytes) + " bytes, rank " +
+                                    std::to_string(comm.rank()) + "'s " + std::to_string(mine.chunk_bytes));
+    }
+    ckpt::GlobalIndex index = std::move(described[0]);
+    index.global_step = global_step;
+    index.world_size = comm.size();
+    for (std::size_t r = 1; r < described.size(); ++r) {
+        const ckpt::GlobalIndex& theirs = described[r];
+        index.pieces.insert(index.pieces.end(), theirs.pieces.begin(), theirs.pieces.end());
+        // a value of theirs that is not the lowest rank's: a load checks whether it may differ
+        for (const auto& [name, value] : theirs.values)
+            if (!index.values.contains(name) || !(index.values.at(name) == value))
+                index.rank_values[static_cast<std::int64_t>(r)].set(name, value);
+        for (const auto& [name, copies] : theirs.copies) index.copies.emplace(name, copies);
+    }
+    ckpt::detail::check_pieces_fit(index, "global index of step " + std::to_string(global_step) + " in '" + dir.string() + "'");
+    if (comm.rank() == 0) {
         ckpt::SaveOptions save;
         save.step = global_step;
         ckpt::save_checkpoint(ckpt::index_to_dict(index), path, save);
@@ -3625,6 +3637,258 @@ inline LaunchEnv launch_env() {
     if (const auto r = detail::env("CKPT_RESTARTS")) e.restarts = detail::env_int("CKPT_RESTARTS", *r);
     return e;
 }
+
+}  // namespace fault
+// Replica-parallel saves: when R ranks hold the same state (data-parallel replicas), each
+// writes 1/R of it, so that a step's save puts every byte on storage once instead of R times.
+//
+//   fault::ReplicaParallel shared(comm, checkpoints, [&] { return opt.piece_map(); });
+//   fault::GlobalIndexer indexer(comm, shared, dir, [&] { return shared.piece_map(); });
+//   trainer.train(epochs, data, nn::callbacks(shared, indexer));   // not `checkpoints`
+//   ...
+//   auto resumed = fault::load_latest_resharded(comm, dir, trainer.load_target(), opt.piece_map());
+//
+// The tensors every rank holds alike (those a PieceMap leaves whole with Copies::same) are
+// laid end to end in the state's order and cut into R runs of equal bytes, each cut moved to
+// the nearest row of the tensor it falls in (replica_share()); rank k writes run k, as pieces
+// of the global tensors, plus everything else whole (its per-rank entries, pieces of sharded
+// state, values). The split depends only on the state's names, dtypes and shapes, so every
+// rank computes the same one with no exchange. A rank's file is then a part of the step, not
+// a checkpoint of its own: the step is whole once its global index is committed (which
+// checks that the pieces cover every tensor), and it is loaded through the index, on any
+// number of ranks (fault::load_latest_resharded, ckpt::load_resharded).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace fault {
+
+/// What one of R replicas writes of the state they hold alike (replica_share()).
+struct ReplicaShare {
+    /// Its runs of the shared tensors (views, named as the tensors), then every other entry.
+    ckpt::ParamDict state;
+    /// Where its runs sit in the shared tensors, for the global index: one PiecePlace for each
+    /// tensor it holds a part of; a tensor it holds whole is not listed.
+    ckpt::PieceMap places;
+    std::uint64_t shared_bytes = 0;  ///< the shared tensors' bytes, all replicas' runs together
+    std::uint64_t own_bytes = 0;     ///< of those, this replica's run
+};
+
+namespace detail {
+
+/// The bytes of one row of `t` in its stored (row-major) form: a piece is whole rows of it.
+inline std::uint64_t stored_row_bytes(const ckpt::Tensor& t) {
+    std::uint64_t row = ckpt::itemsize(t.dtype());
+    for (std::size_t d = 1; d < t.shape().size(); ++d) row *= static_cast<std::uint64_t>(t.shape()[d]);
+    return row;
+}
+
+/// Rows [lo, hi) of `t`'s stored form, as a view that keeps `t`'s bytes alive.
+inline ckpt::Tensor stored_rows(const ckpt::Tensor& t, std::uint64_t lo, std::uint64_t hi) {
+    ckpt::Shape stored = t.shape();
+    stored[0] = static_cast<std::int64_t>(hi - lo);
+    const ckpt::Shape logical = t.order() == ckpt::Order::column_major ? ckpt::detail::reversed(stored) : stored;
+    auto owner = std::make_shared<ckpt::Tensor>(t);
+    std::byte* at = owner->data() + lo * stored_row_bytes(t);
+    return ckpt::Tensor::aliasing(t.dtype(), logical, std::move(owner), at, t.order());
+}
+
+/// Whether entry `e` is one the replicas hold alike: a tensor that `declared` leaves whole,
+/// with Copies::same.
+inline bool shared_alike(const ckpt::ParamDict::Entry& e, const ckpt::PieceMap& declared) {
+    if (!e.value.get_if<ckpt::Tensor>()) return false;
+    const auto it = declared.find(e.name);
+    return it == declared.end() || (it->second.whole() && it->second.copies == ckpt::Copies::same);
+}
+
+}  // namespace detail
+
+/// Replica `replica`'s share of `state`, which `replicas` ranks hold alike: see the top of this
+/// header. `declared` is the state's PieceMap (a DataParallelOptimizer's piece_map()): the
+/// entries it places (pieces of sharded state) or declares per-rank or replicated are not
+/// shared, and stay whole in every share. A tensor of rank 0 is never cut. Every replica must
+/// pass a state of the same names, dtypes and shapes, in the same order.
+inline ReplicaShare replica_share(const ckpt::ParamDict& state, int replicas, int replica,
+                                  const ckpt::PieceMap& declared = {}) {
+    if (replicas < 1 || replica < 0 || replica >= replicas)
+        throw ckpt::ConfigError("replica_share: replica " + std::to_string(replica) + " of " + std::to_string(replicas));
+    auto shared = [&](const ckpt::ParamDict::Entry& e) { return detail::shared_alike(e, declared); };
+    ReplicaShare out;
+    for (const auto& e : state)
+        if (shared(e)) out.shared_bytes += e.value.get_if<ckpt::Tensor>()->nbytes();
+    const auto R = static_cast<std::uint64_t>(replicas), k = static_cast<std::uint64_t>(replica);
+    // run k is bytes [cut(k), cut(k + 1)) of the shared tensors laid end to end:
+    // floor(bytes * j / R), without the product
+    auto cut = [&](std::uint64_t j) { return out.shared_bytes / R * j + out.shared_bytes % R * j / R; };
+    const std::uint64_t run_begin = cut(k), run_end = cut(k + 1);
+    std::uint64_t offset = 0;  // of the current tensor in the shared bytes
+    for (const auto& e : state) {
+        if (!shared(e)) {
+            out.state.set(e.name, e.value);
+            continue;
+        }
+        const ckpt::Tensor& t = *e.value.get_if<ckpt::Tensor>();
+        const std::uint64_t n = t.nbytes(), at = offset;
+        offset += n;
+        if (t.shape().empty() || n == 0) {  // one element, or none: whole, to the run its first byte is in
+            if ((at >= run_begin && at < run_end) || (n == 0 && replica == 0)) {
+                out.state.set(e.name, e.value);
+                out.own_bytes += n;
+            }
+            continue;
+        }
+        // the row a cut falls nearest to; the same function on both sides of a cut, so that
+        // neighbouring runs meet
+        const std::uint64_t row = detail::stored_row_bytes(t), rows = n / row;
+        auto row_of = [&](std::uint64_t byte) {
+            const std::uint64_t inside = std::clamp(byte, at, at + n) - at;
+            return (inside + row / 2) / row;
+        };
+        const std::uint64_t first = row_of(run_begin), hi = row_of(run_end);
+        if (first >= hi) continue;
+        out.own_bytes += (hi - first) * row;
+        if (first == 0 && hi == rows) {
+            out.state.set(e.name, e.value);
+            continue;
+        }
+        out.state.set(e.name, detail::stored_rows(t, first, hi));
+        out.places[e.name] = ckpt::PiecePlace{e.name, t.shape(), first * (row / ckpt::itemsize(t.dtype()))};
+    }
+    return out;
+}
+
+/// A checkpoint callback (an nn::ModelCheckpoint, or anything with its hooks, last_saved() and
+/// manager()) whose saves write this rank's share of the state its replicas hold alike
+/// (replica_share(), over all the communicator's ranks). List it instead of the callback it
+/// wraps, before a GlobalIndexer given `piece_map()`. Exception saves (`_breakpoint` files) are
+/// of the whole state. With `share` false it saves the whole state, as the wrapped callback
+/// does: a program can choose at run time.
+///
+/// After each save the ranks compare checksums of the tensors they share (one small
+/// allgather): a rank whose copy differs (its own random engine or data position, not declared
+/// per-rank) would otherwise have another rank's bytes loaded into it. Every rank then throws
+/// ConfigError naming the tensor and the ranks, before the step's index is committed.
+template <class Files, Communicator Comm>
+class ReplicaParallel {
+public:
+    ReplicaParallel(Comm& comm, Files& files, std::function<ckpt::PieceMap()> pieces = {}, bool share = true)
+        : comm_(comm), files_(files), pieces_(std::move(pieces)), share_(share) {}
+
+    void on_step_end(nn::RunContext& c) {
+        sharing(c, [&] { files_.on_step_end(c); });
+    }
+    void on_epoch_end(nn::RunContext& c) {
+        sharing(c, [&] { files_.on_epoch_end(c); });
+    }
+    void on_train_end(nn::RunContext& c) {
+        sharing(c, [&] { files_.on_train_end(c); });
+    }
+    void on_exception(nn::RunContext& c) { files_.on_exception(c); }
+
+    /// The places of the state's pieces (what `pieces` gives) and of this rank's runs of the
+    /// shared tensors in its last save: what the global index of that save needs.
+    ckpt::PieceMap piece_map() const {
+        ckpt::PieceMap out = pieces_ ? pieces_() : ckpt::PieceMap{};
+        for (const auto& [name, place] : runs_) out[name] = place;
+        return out;
+    }
+    /// The bytes of shared tensors this rank's last save wrote, and all replicas' together.
+    std::uint64_t own_bytes() const noexcept { return own_bytes_; }
+    std::uint64_t shared_bytes() const noexcept { return shared_bytes_; }
+
+    auto& manager() noexcept { return files_.manager(); }
+    const auto& last_saved() const noexcept { return files_.last_saved(); }
+    Files& files() noexcept { return files_; }
+
+private:
+    template <class F>
+    void sharing(nn::RunContext& c, F&& hook) {
+        if (!share_) return hook();
+        std::function<ckpt::ParamDict()> whole = c.state;
+        struct Restore {
+            nn::RunContext& c;
+            std::function<ckpt::ParamDict()>& whole;
+            ~Restore() { c.state = std::move(whole); }
+        } restore{c, whole};
+        bool saved = false;
+        c.state = [this, &whole, &saved] {
+            const ckpt::ParamDict state = whole();
+            const ckpt::PieceMap declared = pieces_ ? pieces_() : ckpt::PieceMap{};
+            ReplicaShare s = replica_share(state, comm_.size(), comm_.rank(), declared);
+            hashes_.clear();
+            for (const auto& e : state) {
+                if (!detail::shared_alike(e, declared)) continue;
+                const ckpt::Tensor& t = *e.value.get_if<ckpt::Tensor>();
+                ckpt::detail::Xxh3 h;
+                h.update(e.name.data(), e.name.size());
+                h.update(t.data(), t.nbytes());
+                hashes_.push_back({e.name, h.digest()});
+            }
+            runs_ = std::move(s.places);
+            own_bytes_ = s.own_bytes;
+            shared_bytes_ = s.shared_bytes;
+            saved = true;
+            return std::move(s.state);
+        };
+        hook();
+        if (saved) check_replicas_agree(c.global_step);
+    }
+
+    /// Throws ConfigError on every rank when the ranks' shared tensors differ (see above).
+    void check_replicas_agree(std::int64_t step) const {
+        struct Summary {
+            std::uint64_t count, digest;
+        };
+        std::vector<std::uint64_t> mine;
+        for (const auto& [name, hash] : hashes_) mine.push_back(hash);
+        const auto all = detail::allgather_records(
+            comm_, Summary{mine.size(), ckpt::detail::xxh3(mine.data(), mine.size() * sizeof(std::uint64_t))});
+        std::vector<int> differ;
+        std::uint64_t most = 0;
+        for (std::size_t r = 0; r < all.size(); ++r) {
+            most = std::max(most, all[r].count);
+            if (all[r].count != all[0].count || all[r].digest != all[0].digest) differ.push_back(static_cast<int>(r));
+        }
+        if (differ.empty()) return;
+        // which tensor: every rank's checksums, padded to the longest list
+        mine.resize(most);
+        std::vector<float> in(most * 2), out(most * 2 * all.size());
+        std::memcpy(in.data(), mine.data(), most * sizeof(std::uint64_t));
+        comm_.allgather(std::span<const float>(in), std::span<float>(out));
+        std::string ranks, tensor = "(the ranks hold different tensors)";
+        for (const int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+        for (std::size_t i = 0; i < std::min<std::size_t>(all[0].count, hashes_.size()); ++i) {
+            bool same = true;
+            for (std::size_t r = 1; same && r < all.size(); ++r)
+                same = std::memcmp(&out[r * most * 2 + i * 2], &out[i * 2], sizeof(std::uint64_t)) == 0;
+            if (!same) {
+                tensor = "'" + hashes_[i].first + "'";
+                break;
+            }
+        }
+        throw ckpt::ConfigError("replica-parallel save of global step " + std::to_string(step) + ": rank(s) " + ranks +
+                                " hold other values than rank 0 for " + tensor +
+                                ", which every rank should hold alike (by their checksums). Declare a rank's own entry "
+                                "(a random engine, a data position) ckpt::PiecePlace::per_rank() in the PieceMap, and "
+                                "place the pieces of sharded state");
+    }
+
+    Comm& comm_;
+    Files& files_;
+    std::function<ckpt::PieceMap()> pieces_;
+    bool share_;
+    ckpt::PieceMap runs_;
+    std::vector<std::pair<std::string, std::uint64_t>> hashes_;  ///< of the shared tensors, at the last save
+    std::uint64_t own_bytes_ = 0, shared_bytes_ = 0;
+};
 
 }  // namespace fault
 // ThreadComm: the Communicator for ranks that are threads of one process, the embedded

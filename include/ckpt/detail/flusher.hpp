@@ -273,7 +273,9 @@ private:
                     if (stop_) return;
                     wake_.wait(lock);
                 } else {
-                    wake_.wait_for(lock, std::chrono::milliseconds(100));  // files some job waits for
+                    // files some job waits for: a few stat() calls, often enough not to add to a
+                    // step's time on the durable level
+                    wake_.wait_for(lock, std::chrono::milliseconds(10));
                 }
                 continue;
             }
