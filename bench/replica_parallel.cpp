@@ -12,15 +12,34 @@
 // and each of the R ranks get the same rate, and the local write before the copy is unpaced
 // for all.
 //
-//   replica_parallel [--mib M] [--ranks R] [--rate B] [--rounds N] [--dir DIR]
-// Last line: replica_parallel durable_bytes/state_bytes copies=X shared=Y shared/one=Z copies/one=W
-// (targets: shared 1.0 where copies is R; shared/one <= 0.35 at R = 4).
-// Exit status 1 if the run did not time what it planned: every save of every round, each
-// leaving on the durable level the bytes it should (R or 1 states, and an index).
+// Then loads of the shared save's step (its index names the R files), alternated the same way:
+//   one       1 rank loads the whole state (ckpt::load_resharded): the baseline
+//   each      R ranks each load it, each reading every byte, as a resume did
+//   read_once R ranks load it with fault::load_resharded_read_once: each reads its run, and
+//             the runs go over the communicator
+// With --throttle-reads B (root, cgroup v1 blkio), each rank's thread reads through a blkio
+// cgroup of its own limited to B bytes a second on the directory's device, and the page cache
+// is dropped before every load: per-client read bandwidth, as the pacer is for the copies.
+// Without it the loads read from the page cache, and only their bytes mean much.
+//
+//   replica_parallel [--mib M] [--ranks R] [--rate B] [--rounds N] [--throttle-reads B] [--dir DIR]
+// Last lines: replica_parallel durable_bytes/state_bytes copies=X shared=Y shared/one=Z copies/one=W
+//             replica_parallel read_bytes/state_bytes each=X read_once=Y read_once/one=Z each/one=W
+// (targets: shared 1.0 where copies is R, and read_once 1.0 where each is R; shared/one and,
+// with --throttle-reads, read_once/one <= 0.35 at R = 4).
+// Exit status 1 if the run did not time what it planned: every save and load of every round,
+// each save leaving on the durable level the bytes it should (R or 1 states, and an index),
+// each load returning the state bit for bit.
 
 #include <fault/fault.hpp>
 
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -36,6 +55,7 @@ struct Options {
     int ranks = 4;
     double rate = 100e6;
     int rounds = 3;
+    double throttle_reads = 0;
     std::string dir;
 };
 
@@ -49,7 +69,7 @@ struct Outcome {
 };
 
 /// One save of `state` by the ranks of `way`, into fresh directories under `dir`.
-Outcome save_once(Way way, const ckpt::ParamDict& state, const fs::path& dir, const Options& o) {
+Outcome save_once(Way way, const ckpt::ParamDict& state, const fs::path& dir, const Options& o, bool keep = false) {
     const int ranks = way == Way::one ? 1 : o.ranks;
     const fs::path local = dir / "local", durable = dir / "durable";
     fs::remove_all(dir);
@@ -79,7 +99,97 @@ Outcome save_once(Way way, const ckpt::ParamDict& state, const fs::path& dir, co
     }).rethrow();
     for (const auto b : bytes) out.durable += b;
     out.indexed = fs::exists(fault::global_index_path(durable, 1));
-    fs::remove_all(dir);
+    if (!keep) fs::remove_all(dir);
+    return out;
+}
+
+enum class Load { one, each, read_once };
+const char* name_of(Load w) { return w == Load::one ? "one" : w == Load::each ? "each" : "read_once"; }
+
+/// Per-client read bandwidth (--throttle-reads): a blkio cgroup (v1) per rank, limited on the
+/// device of the directory read; a thread joins it by writing its id into its tasks.
+class ReadThrottle {
+public:
+    ReadThrottle(double bytes_per_second, const std::string& dir, int ranks) {
+        if (!(bytes_per_second > 0)) return;
+        struct stat st {};
+        if (::stat(dir.c_str(), &st) != 0) bench::die("stat " + dir);
+        const std::string device = std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+        for (int r = 0; r < ranks; ++r) {
+            const fs::path group = root_ / ("ckpt-bench-" + std::to_string(::getpid()) + "-" + std::to_string(r));
+            fs::create_directories(group);
+            write(group / "blkio.throttle.read_bps_device", device + " " + std::to_string(std::llround(bytes_per_second)));
+            groups_.push_back(group);
+        }
+    }
+    ~ReadThrottle() {
+        boost::system::error_code ec;
+        for (const auto& g : groups_) fs::remove(g, ec);
+    }
+    bool on() const { return !groups_.empty(); }
+    /// Every read of the calling thread from now on through rank `r`'s limit (or none: -1).
+    void join(int r) const {
+        if (!on()) return;
+        const std::string tid = std::to_string(::syscall(SYS_gettid));
+        write((r < 0 ? root_ : groups_.at(static_cast<std::size_t>(r))) / "tasks", tid);
+    }
+    /// The page cache dropped, so that the next load reads from the device.
+    void cold() const {
+        if (!on()) return;
+        ::sync();
+        write("/proc/sys/vm/drop_caches", "1");
+    }
+
+private:
+    static void write(const fs::path& file, const std::string& text) {
+        std::ofstream out(file.string());
+        out << text << std::flush;
+        if (!out) bench::die("write " + file.string());
+    }
+    fs::path root_ = "/sys/fs/cgroup/blkio";
+    std::vector<fs::path> groups_;
+};
+
+struct Loaded {
+    double ms = 0;            // from the start to every rank holding the state
+    std::uint64_t read = 0;   // bytes read from storage, all ranks
+    bool exact = true;        // every rank's state equals the saved one
+};
+
+/// One load of the step indexed at `index_file` (holding `state`) by the ranks of `way`.
+Loaded load_once(Load way, const ckpt::ParamDict& state, const fs::path& index_file, const Options& o,
+                 const ReadThrottle& throttle) {
+    const int ranks = way == Load::one ? 1 : o.ranks;
+    ckpt::ParamDict like;
+    for (const auto& [name, value] : state) {
+        const ckpt::Tensor& t = *value.get_if<ckpt::Tensor>();
+        like.set(name, ckpt::Tensor(t.dtype(), t.logical_shape()));
+    }
+    const ckpt::GlobalIndex index = ckpt::read_global_index(index_file);
+    throttle.cold();
+    Loaded out;
+    std::vector<std::uint64_t> read(static_cast<std::size_t>(ranks));
+    std::vector<int> exact(static_cast<std::size_t>(ranks));
+    fault::ThreadGroup group(ranks, std::chrono::seconds(300));
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        throttle.join(comm.rank());
+        comm.barrier();
+        const auto t0 = bench::Clock::now();
+        const ckpt::ReshardedState got =
+            way == Load::read_once ? fault::load_resharded_read_once(comm, index, index_file, like)
+                                   : ckpt::load_resharded(index, index_file, like);
+        comm.barrier();
+        if (comm.rank() == 0) out.ms = bench::ms_since(t0);
+        throttle.join(-1);
+        read[static_cast<std::size_t>(comm.rank())] = got.bytes_read;
+        bool same = true;
+        for (const auto& [name, value] : state) same = same && got.state.at(name) == value;
+        exact[static_cast<std::size_t>(comm.rank())] = same;
+    }).rethrow();
+    for (std::size_t r = 0; r < read.size(); ++r) {
+        out.read += read[r];
+        out.exact = out.exact && exact[r];
+    }
     return out;
 }
 
@@ -135,6 +245,37 @@ int run(const std::string& dir, Options o) {
                 bench::median(times[Way::shared]));
     std::printf("replica_parallel durable_bytes/state_bytes copies=%.3f shared=%.3f shared/one=%.3f copies/one=%.3f\n",
                 copies, shared, bench::median(times[Way::shared]) / one_ms, bench::median(times[Way::copies]) / one_ms);
+
+    // loads of a shared save's step
+    const fs::path saved = work / "kept";
+    save_once(Way::shared, state, saved, o, /*keep=*/true);
+    const fs::path index_file = fault::global_index_path(saved / "local", 1);
+    const ReadThrottle throttle(o.throttle_reads, o.dir, o.ranks);
+    std::printf("loads: %s\n", throttle.on() ? ("each rank's reads limited to " + std::to_string(o.throttle_reads / 1e6) +
+                                                " MB/s, page cache dropped before each").c_str()
+                                             : "from the page cache");
+    std::map<Load, std::vector<double>> load_ms, read_ratio;
+    const Load loads[] = {Load::one, Load::each, Load::read_once};
+    for (int r = 0; r < o.rounds; ++r)
+        for (int k = 0; k < 3; ++k) {
+            const Load way = loads[(k + r) % 3];
+            const Loaded got = load_once(way, state, index_file, o, throttle);
+            checks.that(got.exact, std::string(name_of(way)) + ": a rank's loaded state differs from the saved one");
+            checks.rate(std::string(name_of(way)) + " load", double(state_bytes), got.ms / 1e3);
+            load_ms[way].push_back(got.ms);
+            read_ratio[way].push_back(double(got.read) / double(state_bytes));
+            std::printf("round %d %-9s %8.1f ms, %.3f states read\n", r + 1, name_of(way), got.ms, read_ratio[way].back());
+        }
+    for (const Load w : loads) checks.count(std::string(name_of(w)) + " loads timed", o.rounds, long(load_ms[w].size()));
+    const double each = bench::median(read_ratio[Load::each]), once = bench::median(read_ratio[Load::read_once]);
+    checks.that(each >= o.ranks && each < o.ranks * 1.01, "each: the ranks did not read R states");
+    checks.that(once >= 1.0 && once < 1.01, "read_once: the ranks did not read the state once");
+    const double one_load = bench::median(load_ms[Load::one]);
+    checks.positive("one-rank load time", one_load);
+    std::printf("medians: one %.1f ms, each %.1f ms, read_once %.1f ms\n", one_load, bench::median(load_ms[Load::each]),
+                bench::median(load_ms[Load::read_once]));
+    std::printf("replica_parallel read_bytes/state_bytes each=%.3f read_once=%.3f read_once/one=%.3f each/one=%.3f\n", each,
+                once, bench::median(load_ms[Load::read_once]) / one_load, bench::median(load_ms[Load::each]) / one_load);
     return checks.status();
 }
 
@@ -155,10 +296,12 @@ int main(int argc, char** argv) {
         else if (a == "--ranks") o.ranks = std::stoi(value());
         else if (a == "--rate") o.rate = std::stod(value());
         else if (a == "--rounds") o.rounds = std::stoi(value());
+        else if (a == "--throttle-reads") o.throttle_reads = std::stod(value());
         else if (a == "--dir") o.dir = value();
         else {
             std::fprintf(stderr,
-                         "usage: replica_parallel [--mib M] [--ranks R] [--rate BYTES_PER_S] [--rounds N] [--dir DIR]\n");
+                         "usage: replica_parallel [--mib M] [--ranks R] [--rate BYTES_PER_S] [--rounds N] "
+                         "[--throttle-reads BYTES_PER_S] [--dir DIR]\n");
             return 2;
         }
     }

@@ -703,8 +703,10 @@ TEST_CASE("a data-parallel job saves replica-parallel, each byte once, and resum
         CHECK(double(written) / double(model) < 1.01);
         for (const std::uint64_t mine : own) CHECK(std::llabs(std::int64_t(mine) - std::int64_t(model / ranks)) < 4096);
     }
-    // on 2 ranks: each loads the whole state of step 16, bit for bit the 4 ranks' parameters
+    // on 2 ranks: each loads the whole state of step 16, bit for bit the 4 ranks' parameters,
+    // each reading half of it from the files and the other half from the other rank
     test::Params on_two(2);
+    std::vector<std::uint64_t> read(2), needed(2);
     fault::ThreadGroup two(2, std::chrono::seconds(20));
     fault::run_ranks(two, [&](fault::ThreadComm& comm) {
         auto data = test::shard_of(2, comm.rank());
@@ -714,11 +716,18 @@ TEST_CASE("a data-parallel job saves replica-parallel, each byte once, and resum
         const auto got = fault::load_latest_resharded(comm, dir.path(), trainer.load_target(), stack.opt().piece_map());
         REQUIRE(got);
         CHECK(got->global_step == 16);
+        read[static_cast<std::size_t>(comm.rank())] = got->state.bytes_read;
+        needed[static_cast<std::size_t>(comm.rank())] = got->state.bytes_needed;
         trainer.resume_from_state(got->state.state, got->index.string(), data);
         on_two[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
     }).rethrow();
     CHECK(on_two[0] == straight[0]);
     CHECK(on_two[1] == straight[0]);
+    CHECK(needed[0] == needed[1]);
+    CAPTURE(read[0]);
+    CAPTURE(read[1]);
+    CHECK(std::llabs(std::int64_t(read[0]) - std::int64_t(needed[0] / 2)) < 4096);
+    CHECK(std::llabs(std::int64_t(read[1]) - std::int64_t(needed[0] / 2)) < 4096);
     // the same job stopped after step 8, then resumed from its index: the same bits
     for (const auto& f : fs::directory_iterator(dir.path())) fs::remove_all(f.path());
     job(ranks, 1);
@@ -790,5 +799,102 @@ TEST_CASE("a replica-parallel save refuses a tensor that differs between the ran
                                "'rng'") != std::string::npos);
         }
         CHECK(fs::exists(dir.path() / "index-step_1.ckpt") == declared);
+    }
+}
+
+namespace {
+
+/// A ThreadComm whose allgathers of more than 1 KiB arrive at rank `victim` with one bit flipped.
+struct CorruptingComm {
+    fault::ThreadComm& comm;
+    int victim;
+    int rank() const { return comm.rank(); }
+    int size() const { return comm.size(); }
+    void allreduce(std::span<float> d, fault::ReduceOp op) { comm.allreduce(d, op); }
+    void broadcast(std::span<float> d, int root) { comm.broadcast(d, root); }
+    void allgather(std::span<const float> in, std::span<float> out) {
+        comm.allgather(in, out);
+        if (comm.rank() == victim && out.size_bytes() > 1024) reinterpret_cast<unsigned char*>(out.data())[100] ^= 1;
+    }
+    void barrier() { comm.barrier(); }
+    void send(std::span<const float> d, int peer, int tag) { comm.send(d, peer, tag); }
+    void recv(std::span<float> d, int peer, int tag) { comm.recv(d, peer, tag); }
+};
+
+}  // namespace
+
+TEST_CASE("a load on several ranks reads each byte of what they load alike once, and checks what it receives") {
+    test::TempDir dir;
+    // 4 ranks save "w" and "v" replica-parallel, each its own "rng"; chunks of 4 KiB
+    fault::ThreadGroup four(4, std::chrono::seconds(10));
+    fault::run_ranks(four, [&](fault::ThreadComm& comm) {
+        ckpt::ParamDict d;
+        d.set("w", iota({300, 64}));
+        d.set("v", iota({1000}, 7));
+        d.set("rng", iota({4}, static_cast<float>(10 * comm.rank())));
+        const ckpt::PieceMap declared{{"rng", ckpt::PiecePlace::per_rank()}};
+        const fault::ReplicaShare share = fault::replica_share(d, 4, comm.rank(), declared);
+        const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_3.ckpt";
+        fs::create_directories(file.parent_path());
+        ckpt::save_checkpoint(share.state, file);
+        ckpt::PieceMap places = declared;
+        for (const auto& [name, place] : share.places) places[name] = place;
+        fault::commit_global_index(comm, dir.path(), 3, file, places, 4096);
+    }).rethrow();
+    const fs::path index_file = dir.path() / "index-step_3.ckpt";
+    const ckpt::GlobalIndex index = ckpt::read_global_index(index_file);
+    auto like = [] {
+        ckpt::ParamDict d;
+        d.set("w", ckpt::Tensor(ckpt::DType::float32, {300, 64}));
+        d.set("v", ckpt::Tensor(ckpt::DType::float32, {1000}));
+        d.set("rng", ckpt::Tensor(ckpt::DType::float32, {4}));
+        return d;
+    };
+    const ckpt::PieceMap mine{{"rng", ckpt::PiecePlace::per_rank()}};
+    const std::uint64_t alike = 300 * 64 * 4 + 1000 * 4;
+    SUBCASE("3 ranks: every rank gets every tensor, reading a third of those they load alike") {
+        std::vector<std::uint64_t> read(3);
+        fault::ThreadGroup three(3, std::chrono::seconds(10));
+        fault::run_ranks(three, [&](fault::ThreadComm& comm) {
+            const auto got = fault::load_resharded_read_once(comm, index, index_file, like(), mine);
+            CHECK(got.state.at("w") == ckpt::Value(iota({300, 64})));
+            CHECK(got.state.at("v") == ckpt::Value(iota({1000}, 7)));
+            CHECK(got.state.at("rng") == ckpt::Value(iota({4}, static_cast<float>(10 * comm.rank()))));
+            CHECK(got.bytes_needed == alike + 16);
+            read[static_cast<std::size_t>(comm.rank())] = got.bytes_read;
+        }).rethrow();
+        const std::uint64_t total = read[0] + read[1] + read[2];
+        CAPTURE(total);
+        // each byte once, and at each cut through a saved piece a part of a chunk more
+        CHECK(total >= alike + 3 * 16);
+        CHECK(total <= alike + 3 * 16 + 4 * 4096);
+        for (const auto r : read) CHECK(r < alike / 2);
+    }
+    SUBCASE("a run damaged on its way is refused by the rank that received it") {
+        std::vector<std::string> errors(2);
+        fault::ThreadGroup two(2, std::chrono::seconds(10));
+        fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+            CorruptingComm corrupting{comm, 1};
+            try {
+                fault::load_resharded_read_once(corrupting, index, index_file, like(), mine);
+            } catch (const ckpt::ChecksumError& e) {
+                errors[static_cast<std::size_t>(comm.rank())] = e.what();
+            }
+        }).rethrow();
+        CHECK(errors[0].empty());
+        CHECK(errors[1].find("as received from the rank that read it, does not match its checksum") != std::string::npos);
+    }
+    SUBCASE("ranks that load different tensors each read all they need") {
+        std::vector<std::uint64_t> read(2);
+        fault::ThreadGroup two(2, std::chrono::seconds(10));
+        fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+            ckpt::ParamDict d = like();
+            if (comm.rank() == 1) d.erase("v");
+            const auto got = fault::load_resharded_read_once(comm, index, index_file, d, mine);
+            CHECK(got.state.at("w") == ckpt::Value(iota({300, 64})));
+            CHECK(got.state.contains("v") == (comm.rank() == 0));
+            read[static_cast<std::size_t>(comm.rank())] = got.bytes_read;
+        }).rethrow();
+        CHECK(read[1] >= 300 * 64 * 4);
     }
 }

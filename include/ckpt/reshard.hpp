@@ -527,6 +527,46 @@ inline std::vector<const TensorPiece*> choose_copy(const std::vector<const Tenso
 
 }  // namespace detail
 
+namespace detail {
+
+/// Where tensor `name` (`t`) of a loading rank sits: as `places` says, else whole.
+inline PiecePlace place_of(const std::string& name, const Tensor& t, const PieceMap& places) {
+    const auto declared = places.find(name);
+    if (declared != places.end() && !declared->second.whole()) return declared->second;
+    return PiecePlace{name, t.shape(), 0};
+}
+
+/// The pieces of `index` (`by_tensor`: its pieces by global tensor) that tensor `name` (`t`,
+/// placed by `places`) of rank `rank` may be loaded from; throws LoadMismatch when there are
+/// none, when the ranks' whole copies differ and may not (choose_copy), or when they are of
+/// another dtype, shape or order. `where` names the index.
+inline std::vector<const TensorPiece*> sources_of(
+    const GlobalIndex& index, const std::map<std::string_view, std::vector<const TensorPiece*>>& by_tensor,
+    const std::string& where, const std::string& name, const Tensor& t, const PieceMap& places, std::int64_t rank) {
+    const PiecePlace place = place_of(name, t, places);
+    const auto declared = places.find(name);
+    const bool whole = declared == places.end() || declared->second.whole();
+    const auto found = by_tensor.find(place.global);
+    if (found == by_tensor.end()) throw LoadMismatch(where + " has no tensor '" + place.global + "' (for '" + name + "')");
+    std::vector<const TensorPiece*> candidates =
+        whole ? choose_copy(found->second, copies_of(name, places, index), rank, name, where) : found->second;
+    const TensorPiece& some = *candidates.front();
+    if (some.dtype != t.dtype() || some.global_shape != place.global_shape)
+        throw LoadMismatch(where + ": '" + place.global + "' is " + std::string(dtype_name(some.dtype)) + " of shape " +
+                           shape_string(some.global_shape) + ", '" + name + "' wants " + std::string(dtype_name(t.dtype())) +
+                           " of shape " + shape_string(place.global_shape));
+    // the pieces are stored bytes: another order would read a matrix as its transpose
+    for (const TensorPiece* p : candidates)
+        if (p->order != t.order())
+            throw LoadMismatch(where + ": '" + p->entry + "' of '" + p->file + "' is stored " +
+                               std::string(order_name(p->order)) + ", '" + name + "' is " +
+                               std::string(order_name(t.order())) + " (stored shapes " + shape_string(some.global_shape) +
+                               ")");
+    return candidates;
+}
+
+}  // namespace detail
+
 /// The state of one rank of a new layout: a tensor for every tensor of `like` (same name,
 /// dtype and shape; Trainer::load_target() gives them), placed in the global tensors by
 /// `places` (entries not listed are whole tensors), filled from the pieces the index at
@@ -564,28 +604,10 @@ inline ReshardedState load_resharded(const GlobalIndex& index, const PathArg& in
         std::byte* const base = block.get() + used;
         used += (t->nbytes() + 63) & ~std::size_t{63};
         report.state.set(name, Tensor::aliasing(t->dtype(), t->logical_shape(), block, base, t->order()));
-        PiecePlace place{name, t->shape(), 0};
-        const auto declared = places.find(name);
-        const bool whole = declared == places.end() || declared->second.whole();
-        if (!whole) place = declared->second;
+        const PiecePlace place = detail::place_of(name, *t, places);
         const std::uint64_t first = place.first, last = place.first + t->numel();
-        const auto found = by_tensor.find(place.global);
-        if (found == by_tensor.end()) throw LoadMismatch(where + " has no tensor '" + place.global + "' (for '" + name + "')");
         const std::vector<const TensorPiece*> candidates =
-            whole ? detail::choose_copy(found->second, detail::copies_of(name, places, index), rank, name, where)
-                  : found->second;
-        const TensorPiece& some = *candidates.front();
-        if (some.dtype != t->dtype() || some.global_shape != place.global_shape)
-            throw LoadMismatch(where + ": '" + place.global + "' is " + std::string(dtype_name(some.dtype)) + " of shape " +
-                               shape_string(some.global_shape) + ", '" + name + "' wants " +
-                               std::string(dtype_name(t->dtype())) + " of shape " + shape_string(place.global_shape));
-        // the pieces are stored bytes: another order would read a matrix as its transpose
-        for (const TensorPiece* p : candidates)
-            if (p->order != t->order())
-                throw LoadMismatch(where + ": '" + p->entry + "' of '" + p->file + "' is stored " +
-                                   std::string(order_name(p->order)) + ", '" + name + "' is " +
-                                   std::string(order_name(t->order())) + " (stored shapes " +
-                                   shape_string(some.global_shape) + ")");
+            detail::sources_of(index, by_tensor, where, name, *t, places, rank);
         // walk [first, last): at each point the piece covering it that reaches furthest
         for (std::uint64_t at = first; at < last;) {
             const TensorPiece* best = nullptr;
@@ -732,14 +754,21 @@ inline ReshardedState load_resharded(const PathArg& index_file, const ParamDict&
 }
 
 /// What a rank of any layout finds in `index` to shape a target by (ShapedByCheckpoint): each
-/// tensor a rank saved whole, with its dtype and (stored) shape, and every value. The pieces of
-/// tensors split across the ranks are left out: their entries' shapes are the loading rank's
-/// own, which `places` says.
-inline std::vector<EntryInfo> index_entries(const GlobalIndex& index) {
+/// tensor, with its dtype and (stored) shape, and every value. A tensor is listed when some
+/// rank saved it whole, or when its pieces, each saved under the tensor's own name, make it
+/// whole (a replica-parallel save) and `places` (the loader's) does not place a piece of it:
+/// a tensor the loader holds a piece of has that piece's shape, which `places` says.
+inline std::vector<EntryInfo> index_entries(const GlobalIndex& index, const PieceMap& places = {}) {
     std::vector<EntryInfo> out;
+    std::map<std::string, std::vector<const TensorPiece*>> split;  // tensors no piece holds whole, in order
+    std::vector<std::string> order;
     for (const auto& p : index.pieces) {
-        if (p.first != 0 || p.count != detail::numel_of(p.global_shape) || p.global != p.entry) continue;
         if (std::any_of(out.begin(), out.end(), [&](const EntryInfo& e) { return e.name == p.global; })) continue;
+        if (p.first != 0 || p.count != detail::numel_of(p.global_shape) || p.global != p.entry) {
+            if (!split.contains(p.global)) order.push_back(p.global);
+            split[p.global].push_back(&p);
+            continue;
+        }
         EntryInfo e;
         e.name = p.global;
         e.kind = ValueKind::tensor;
@@ -747,6 +776,26 @@ inline std::vector<EntryInfo> index_entries(const GlobalIndex& index) {
         e.shape = p.global_shape;
         e.order = p.order;
         e.nbytes = p.count * itemsize(p.dtype);
+        out.push_back(std::move(e));
+    }
+    for (const auto& name : order) {
+        if (std::any_of(out.begin(), out.end(), [&](const EntryInfo& e) { return e.name == name; })) continue;
+        if (const auto it = places.find(name); it != places.end() && !it->second.whole()) continue;
+        auto pieces = split.at(name);
+        if (std::any_of(pieces.begin(), pieces.end(), [&](const TensorPiece* p) { return p->entry != name; })) continue;
+        std::sort(pieces.begin(), pieces.end(), [](const TensorPiece* a, const TensorPiece* b) { return a->first < b->first; });
+        std::uint64_t covered = 0;
+        for (const TensorPiece* p : pieces)
+            if (p->first <= covered) covered = std::max(covered, p->first + p->count);
+        const TensorPiece& some = *pieces.front();
+        if (covered < detail::numel_of(some.global_shape)) continue;
+        EntryInfo e;
+        e.name = name;
+        e.kind = ValueKind::tensor;
+        e.dtype = some.dtype;
+        e.shape = some.global_shape;
+        e.order = some.order;
+        e.nbytes = detail::numel_of(some.global_shape) * itemsize(some.dtype);
         out.push_back(std::move(e));
     }
     for (const auto& [name, value] : index.values) {
@@ -769,7 +818,7 @@ ReshardedState load_resharded_into(const PathArg& index_file, T& target, const P
                                    const LoadOptions& opts = {}, std::int64_t rank = -1) {
     const GlobalIndex index = read_global_index(index_file);
     const std::string source = "global index '" + index_file.string() + "'";
-    ParamDict views = detail::naming_source(source, [&] { return target.state_dict_for(index_entries(index)); });
+    ParamDict views = detail::naming_source(source, [&] { return target.state_dict_for(index_entries(index, places)); });
     ReshardedState got = load_resharded(index, index_file, views, places, opts, rank);
     LoadReport report;
     try {

@@ -26,6 +26,7 @@
 #include "communicator.hpp"
 #include "global_index.hpp"
 #include "membership.hpp"
+#include "replica_parallel.hpp"
 
 namespace fault {
 
@@ -109,17 +110,8 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
         Outcome outcome = ok;
         std::exception_ptr error;
         ckpt::ParamDict like;
-        try {
-            const ckpt::GlobalIndex index = ckpt::read_global_index(r.index);
-            if (index.global_step != step)
-                throw ckpt::FormatError("'" + r.index.string() + "' holds the index of step " +
-                                            std::to_string(index.global_step) + ", rank 0 chose step " + std::to_string(step),
-                                        r.index.string());
-            r.global_step = step;
-            r.saved_by = static_cast<int>(index.world_size);
-            like = like_for(index);
-            r.state = ckpt::load_resharded(index, r.index, like, places, opts, comm.rank());
-        } catch (const ckpt::Error& e) {
+        std::optional<ckpt::GlobalIndex> index;
+        auto note_failure = [&](const ckpt::Error& e) {
             why = e.what();
             // damage (ChecksumError among them): an older index may serve; what this program
             // cannot read, or a state that does not fit, ends the load on every rank
@@ -127,6 +119,25 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
                       : dynamic_cast<const ckpt::FormatError*>(&e) ? damaged
                                                                    : failed;
             if (outcome != damaged) error = std::current_exception();
+        };
+        try {
+            index = ckpt::read_global_index(r.index);
+            if (index->global_step != step)
+                throw ckpt::FormatError("'" + r.index.string() + "' holds the index of step " +
+                                            std::to_string(index->global_step) + ", rank 0 chose step " + std::to_string(step),
+                                        r.index.string());
+            r.global_step = step;
+            r.saved_by = static_cast<int>(index->world_size);
+            like = like_for(*index);
+        } catch (const ckpt::Error& e) {
+            note_failure(e);
+            index.reset();
+        }
+        // every rank takes part in the read-once load, a rank that failed above to say so
+        try {
+            r.state = detail::load_read_once(comm, index ? &*index : nullptr, r.index, like, places, opts);
+        } catch (const ckpt::Error& e) {
+            note_failure(e);
         }
         // every rank learns which ranks could not load their pieces, and why
         const auto outcomes = detail::allgather_records(comm, Record{outcome});
@@ -160,7 +171,8 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
 /// index verifies and whose files are all there (`dir` must be readable by every rank: a
 /// shared filesystem across hosts), every rank loads its pieces of it for the places `places`
 /// says (ckpt::load_resharded into tensors like `like`, each chunk checked; `opts`: the key of
-/// encrypted files). When a rank's pieces do not load (a chunk that fails its checksum, a
+/// encrypted files), reading each byte of what the ranks load alike once between them
+/// (load_resharded_read_once). When a rank's pieces do not load (a chunk that fails its checksum, a
 /// damaged file), every rank says so and they go on to the next older index together, as
 /// latest() falls back past a damaged file. Nothing when there is no index: a fresh start.
 /// Indexes that exist when none can be used, or a newest one this program cannot read, end it
@@ -199,7 +211,7 @@ std::optional<ElasticResume> load_latest_resharded(Comm& comm, const std::vector
     return detail::load_latest_resharded_with(
         comm, levels,
         [&](const ckpt::GlobalIndex& index) {
-            views = target.state_dict_for(ckpt::index_entries(index));
+            views = target.state_dict_for(ckpt::index_entries(index, places));
             return views;
         },
         [&](const ckpt::ParamDict&, const ElasticResume& r) {

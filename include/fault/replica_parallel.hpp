@@ -17,14 +17,21 @@
 // a checkpoint of its own: the step is whole once its global index is committed (which
 // checks that the pieces cover every tensor), and it is loaded through the index, on any
 // number of ranks (fault::load_latest_resharded, ckpt::load_resharded).
+//
+// Loads the other way round: load_resharded_read_once() has the ranks that load the same
+// tensors read them from storage once, each its run, and pass the runs over the communicator;
+// every rank checks every chunk it uses against the index. fault::load_latest_resharded does
+// this.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -128,6 +135,176 @@ inline ReplicaShare replica_share(const ckpt::ParamDict& state, int replicas, in
         out.places[e.name] = ckpt::PiecePlace{e.name, t.shape(), first * (row / ckpt::itemsize(t.dtype()))};
     }
     return out;
+}
+
+namespace detail {
+
+/// load_resharded_read_once(); with `index` null, this rank failed before it could load
+/// (its caller holds the error) and only tells the others so.
+template <Communicator Comm>
+ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_or_null, const ckpt::PathArg& index_file,
+                                    const ckpt::ParamDict& like, const ckpt::PieceMap& places,
+                                    const ckpt::LoadOptions& opts) {
+    if (comm.size() == 1) {
+        if (!index_or_null) return {};
+        return ckpt::load_resharded(*index_or_null, index_file, like, places, opts, comm.rank());
+    }
+    static const ckpt::GlobalIndex none;
+    const ckpt::GlobalIndex& index = index_or_null ? *index_or_null : none;
+    // the tensors every rank loads alike, and the rest
+    ckpt::ParamDict alike, own;
+    ckpt::detail::Xxh3 layout;  // of the tensors loaded alike: every rank must cut the same ones
+    for (const auto& e : like) {
+        const ckpt::Tensor* t = e.value.template get_if<ckpt::Tensor>();
+        const auto place = places.find(e.name);
+        if (!t || (place != places.end() && !place->second.whole()) ||
+            ckpt::detail::copies_of(e.name, places, index) != ckpt::Copies::same) {
+            own.set(e.name, e.value);
+            continue;
+        }
+        alike.set(e.name, e.value);
+        const std::int64_t kind[] = {static_cast<std::int64_t>(t->dtype()), static_cast<std::int64_t>(t->order())};
+        layout.update(e.name.data(), e.name.size() + 1);
+        layout.update(kind, sizeof kind);
+        layout.update(t->shape().data(), t->shape().size() * sizeof(t->shape()[0]));
+    }
+    // the runs' layout (replica_share only views `like`'s tensors: nothing is written there)
+    auto share_of = [&](int k) { return replica_share(alike, comm.size(), k); };
+    const ReplicaShare mine = share_of(comm.rank());
+    // this rank's run and what it loads alone; an error is kept until every rank has said how it went
+    ckpt::ReshardedState run, alone;
+    std::exception_ptr error;
+    try {
+        if (index_or_null) {
+            // what a load of every tensor would refuse, every rank refuses, whatever its run
+            const std::string where = "global index '" + index_file.string() + "'";
+            std::map<std::string_view, std::vector<const ckpt::TensorPiece*>> by_tensor;
+            for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
+            for (const auto& e : like)
+                if (const ckpt::Tensor* t = e.value.template get_if<ckpt::Tensor>())
+                    ckpt::detail::sources_of(index, by_tensor, where, e.name, *t, places, comm.rank());
+            ckpt::PieceMap run_places = places;  // the loader's, for the values the load takes too
+            for (const auto& [name, place] : mine.places) run_places[name] = place;
+            run = ckpt::load_resharded(index, index_file, mine.state, run_places, opts, comm.rank());
+            alone = ckpt::load_resharded(index, index_file, own, places, opts, comm.rank());
+        }
+    } catch (const ckpt::Error&) {
+        error = std::current_exception();
+    }
+    const bool failed = error || !index_or_null;
+    // each run's parts go to the exchange at 64-byte boundaries, so that a tensor one run holds
+    // whole is used where it arrives
+    auto padded = [](std::uint64_t n) { return (n + 63) & ~std::uint64_t{63}; };
+    std::uint64_t my_bytes = 0;
+    for (const auto& [name, value] : mine.state) my_bytes += padded(value.template get_if<ckpt::Tensor>()->nbytes());
+    struct Status {
+        std::uint64_t failed, layout, run_bytes;
+    };
+    const auto all = allgather_records(comm, Status{failed ? 1u : 0u, layout.digest(), my_bytes});
+    std::string failing;
+    bool same_layout = true;
+    std::uint64_t most = 0;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+        if (all[r].failed) failing += (failing.empty() ? "" : ", ") + std::to_string(r);
+        same_layout = same_layout && all[r].layout == all[0].layout;
+        most = std::max(most, all[r].run_bytes);
+    }
+    if (error) std::rethrow_exception(error);
+    if (!index_or_null) return {};
+    if (!failing.empty())
+        throw ckpt::FormatError("global index '" + index_file.string() + "': rank(s) " + failing +
+                                    " could not read their part of the tensors the ranks load alike (each says why)",
+                                index_file.string());
+    if (!same_layout) return ckpt::load_resharded(index, index_file, like, places, opts, comm.rank());
+    // the runs, each in a slot of the longest's size, in one allgather; new memory, not
+    // zero-filled (huge pages where the system gives them, as a load's block)
+    const std::size_t slot = static_cast<std::size_t>(most);
+    const auto in_block = ckpt::detail::allocate_aligned(slot);
+    const auto all_block = ckpt::detail::allocate_aligned(slot * all.size());
+    std::size_t at = 0;
+    for (const auto& [name, value] : mine.state) {
+        const ckpt::Tensor& t = run.state.tensor(name);
+        std::memcpy(in_block.get() + at, t.data(), t.nbytes());
+        at += static_cast<std::size_t>(padded(t.nbytes()));
+    }
+    comm.allgather(std::span<const float>(reinterpret_cast<const float*>(in_block.get()), slot / sizeof(float)),
+                   std::span<float>(reinterpret_cast<float*>(all_block.get()), slot * all.size() / sizeof(float)));
+    // a tensor one run holds whole stays where it arrived; one cut between runs is joined
+    ckpt::ParamDict got;
+    for (int k = 0; k < comm.size(); ++k) {
+        std::byte* from = all_block.get() + static_cast<std::size_t>(k) * slot;
+        const ReplicaShare theirs = share_of(k);
+        for (const auto& [name, value] : theirs.state) {
+            const ckpt::Tensor& part = *value.template get_if<ckpt::Tensor>();
+            const ckpt::Tensor& t = alike.tensor(name);
+            const auto place = theirs.places.find(name);
+            if (place == theirs.places.end()) {
+                got.set(name, ckpt::Tensor::aliasing(t.dtype(), t.logical_shape(), all_block, from, t.order()));
+            } else {
+                if (!got.contains(name)) got.set(name, ckpt::Tensor::uninitialized(t.dtype(), t.logical_shape(), t.order()));
+                std::memcpy(got.tensor(name).data() + place->second.first * ckpt::itemsize(t.dtype()), from, part.nbytes());
+            }
+            from += padded(part.nbytes());
+        }
+    }
+    // every chunk of the index's pieces that make up each tensor, checked where it now lies
+    const std::string where = "global index '" + index_file.string() + "'";
+    std::map<std::string_view, std::vector<const ckpt::TensorPiece*>> by_tensor;
+    for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
+    for (const auto& [name, value] : got) {
+        const ckpt::Tensor& t = *value.template get_if<ckpt::Tensor>();
+        auto& pieces = by_tensor[name];
+        std::sort(pieces.begin(), pieces.end(), [](const auto* a, const auto* b) { return a->first < b->first; });
+        const std::uint64_t item = ckpt::itemsize(t.dtype());
+        std::uint64_t covered = 0;
+        for (const ckpt::TensorPiece* p : pieces) {
+            if (p->first + p->count <= covered) continue;  // another rank's copy of what is checked
+            const std::uint64_t bytes = p->count * item;
+            for (std::uint64_t c = 0; c * index.chunk_bytes < bytes; ++c) {
+                const std::uint64_t begin = c * index.chunk_bytes, end = std::min(bytes, begin + index.chunk_bytes);
+                if (ckpt::detail::xxh3(t.data() + p->first * item + begin, static_cast<std::size_t>(end - begin)) !=
+                    p->chunk_hashes.at(static_cast<std::size_t>(c)))
+                    throw ckpt::ChecksumError(where + ": chunk " + std::to_string(c) + " of '" + p->entry + "' of '" +
+                                                  p->file + "', as received from the rank that read it, does not match "
+                                                  "its checksum",
+                                              index_file.string());
+            }
+            covered = p->first + p->count;
+        }
+    }
+    ckpt::ReshardedState out_state;  // the tensors in `like`'s order, then the values
+    for (const auto& [name, value] : like)
+        if (value.template get_if<ckpt::Tensor>())
+            out_state.state.set(name, got.contains(name) ? got.at(name) : alone.state.at(name));
+    for (const auto& [name, value] : alone.state)
+        if (!value.template get_if<ckpt::Tensor>()) out_state.state.set(name, value);
+    out_state.bytes_read = run.bytes_read + alone.bytes_read;
+    out_state.bytes_needed = mine.shared_bytes + alone.bytes_needed;
+    out_state.files_opened = run.files_opened + alone.files_opened;
+    return out_state;
+}
+
+}  // namespace detail
+
+/// ckpt::load_resharded() on every rank of `comm` together (a collective), each byte of the
+/// tensors they all load alike read from storage once: those of `like` that `places` leaves
+/// whole with Copies::same (a data-parallel job's parameters) are cut into runs as
+/// replica_share() cuts a save, each rank reads its run (its chunks checked as it reads), and
+/// the runs are exchanged in one allgather. Every rank then checks every chunk of those
+/// tensors against the index's checksums before it returns them, so a run damaged in
+/// transfer is a ChecksumError too. What a rank loads alone (pieces of sharded state, per-rank
+/// entries) it reads itself. The ranks must pass the same `index`. `bytes_read` is what this
+/// rank read from storage.
+///
+/// When the ranks' `like` differ in the tensors they load alike, each reads everything it
+/// needs, as load_resharded() does. When a rank cannot read its part, every rank throws: that
+/// rank its own error, the others FormatError naming it, so that they can go on to an older
+/// index together (as load_latest_resharded() does).
+template <Communicator Comm>
+ckpt::ReshardedState load_resharded_read_once(Comm& comm, const ckpt::GlobalIndex& index,
+                                              const ckpt::PathArg& index_file, const ckpt::ParamDict& like,
+                                              const ckpt::PieceMap& places = {}, const ckpt::LoadOptions& opts = {}) {
+    return detail::load_read_once(comm, &index, index_file, like, places, opts);
 }
 
 /// A checkpoint callback (an nn::ModelCheckpoint, or anything with its hooks, last_saved() and
