@@ -898,3 +898,31 @@ TEST_CASE("a load on several ranks reads each byte of what they load alike once,
         CHECK(read[1] >= 300 * 64 * 4);
     }
 }
+
+TEST_CASE("replica-parallel saves with no index committed stop at the next hook, saying what is missing") {
+    test::TempDir dir;
+    std::vector<std::string> refused(2);
+    fault::ThreadGroup group(2, std::chrono::seconds(10));
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        ckpt::Tensor w = iota({40, 4});
+        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(dir / ("rank_" + std::to_string(comm.rank())), "net",
+                                                                    {}, ckpt::EverySteps{1});
+        fault::ReplicaParallel shared(comm, files);
+        nn::RunContext ctx;
+        ctx.epoch = 1;
+        ctx.steps_per_epoch = 10;
+        ctx.state = [&] { return ckpt::ParamDict{{"w", w}}; };
+        for (std::int64_t step = 1; step <= 2; ++step) {
+            ctx.step = ctx.global_step = step;
+            try {
+                shared.on_step_end(ctx);  // no GlobalIndexer after it
+            } catch (const ckpt::ConfigError& e) {
+                refused[static_cast<std::size_t>(comm.rank())] = e.what();
+            }
+        }
+    }).rethrow();
+    for (const auto& why : refused) {
+        CHECK(why.find("replica-parallel save of global step 1 (") != std::string::npos);
+        CHECK(why.find("no global index of it is being committed: list a fault::GlobalIndexer") != std::string::npos);
+    }
+}

@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -227,8 +228,9 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
         std::memcpy(in_block.get() + at, t.data(), t.nbytes());
         at += static_cast<std::size_t>(padded(t.nbytes()));
     }
-    comm.allgather(std::span<const float>(reinterpret_cast<const float*>(in_block.get()), slot / sizeof(float)),
-                   std::span<float>(reinterpret_cast<float*>(all_block.get()), slot * all.size() / sizeof(float)));
+    if (slot > 0)  // every rank knows: nothing alike to load, nothing to exchange
+        comm.allgather(std::span<const float>(reinterpret_cast<const float*>(in_block.get()), slot / sizeof(float)),
+                       std::span<float>(reinterpret_cast<float*>(all_block.get()), slot * all.size() / sizeof(float)));
     // a tensor one run holds whole stays where it arrived; one cut between runs is joined
     ckpt::ParamDict got;
     for (int k = 0; k < comm.size(); ++k) {
@@ -318,6 +320,10 @@ ckpt::ReshardedState load_resharded_read_once(Comm& comm, const ckpt::GlobalInde
 /// allgather): a rank whose copy differs (its own random engine or data position, not declared
 /// per-rank) would otherwise have another rank's bytes loaded into it. Every rank then throws
 /// ConfigError naming the tensor and the ranks, before the step's index is committed.
+///
+/// A share is a part of its step, useless without the step's index: a save whose places
+/// nobody asked for (piece_map()) before the next hook means no index is being committed, and
+/// that hook throws ConfigError saying so, rather than training on with saves nothing can load.
 template <class Files, Communicator Comm>
 class ReplicaParallel {
 public:
@@ -338,6 +344,7 @@ public:
     /// The places of the state's pieces (what `pieces` gives) and of this rank's runs of the
     /// shared tensors in its last save: what the global index of that save needs.
     ckpt::PieceMap piece_map() const {
+        unindexed_.reset();
         ckpt::PieceMap out = pieces_ ? pieces_() : ckpt::PieceMap{};
         for (const auto& [name, place] : runs_) out[name] = place;
         return out;
@@ -354,6 +361,12 @@ private:
     template <class F>
     void sharing(nn::RunContext& c, F&& hook) {
         if (!share_) return hook();
+        if (unindexed_)
+            throw ckpt::ConfigError("replica-parallel save of global step " + std::to_string(*unindexed_) + " ('" +
+                                    (last_saved() ? last_saved()->string() : std::string()) +
+                                    "') holds only this rank's share of the state, and no global index of it is "
+                                    "being committed: list a fault::GlobalIndexer given this callback's piece_map() "
+                                    "after it");
         std::function<ckpt::ParamDict()> whole = c.state;
         struct Restore {
             nn::RunContext& c;
@@ -381,7 +394,9 @@ private:
             return std::move(s.state);
         };
         hook();
-        if (saved) check_replicas_agree(c.global_step);
+        if (!saved) return;
+        check_replicas_agree(c.global_step);
+        unindexed_ = c.global_step;
     }
 
     /// Throws ConfigError on every rank when the ranks' shared tensors differ (see above).
@@ -430,6 +445,7 @@ private:
     ckpt::PieceMap runs_;
     std::vector<std::pair<std::string, std::uint64_t>> hashes_;  ///< of the shared tensors, at the last save
     std::uint64_t own_bytes_ = 0, shared_bytes_ = 0;
+    mutable std::optional<std::int64_t> unindexed_;  ///< the step of a save whose places nobody took yet
 };
 
 }  // namespace fault
