@@ -59,6 +59,14 @@ struct Options {
     std::string dir;
 };
 
+/// `rounds` rounds of `run(round, way)` for each of the three `ways`, each round starting one
+/// further along, so that no way always runs first.
+template <class Way, class Run>
+void alternate(const Way (&ways)[3], int rounds, Run&& run) {
+    for (int r = 0; r < rounds; ++r)
+        for (int k = 0; k < 3; ++k) run(r, ways[(k + r) % 3]);
+}
+
 enum class Way { one, copies, shared };
 const char* name_of(Way w) { return w == Way::one ? "one" : w == Way::copies ? "copies" : "shared"; }
 
@@ -221,17 +229,15 @@ int run(const std::string& dir, Options o) {
     std::map<Way, std::vector<double>> times;
     std::map<Way, std::vector<double>> ratio;  // durable bytes / state bytes
     const Way order[] = {Way::one, Way::copies, Way::shared};
-    for (int r = 0; r < o.rounds; ++r)
-        for (int k = 0; k < 3; ++k) {
-            const Way way = order[(k + r) % 3];
-            const Outcome got = save_once(way, state, work, o);
-            checks.that(got.indexed, std::string(name_of(way)) + ": the step's index did not reach the durable level");
-            checks.rate(std::string(name_of(way)) + " save", double(got.durable), got.ms / 1e3);
-            times[way].push_back(got.ms);
-            ratio[way].push_back(double(got.durable) / double(state_bytes));
-            std::printf("round %d %-6s %8.1f ms, %.3f states on the durable level\n", r + 1, name_of(way), got.ms,
-                        ratio[way].back());
-        }
+    alternate(order, o.rounds, [&](int r, Way way) {
+        const Outcome got = save_once(way, state, work, o);
+        checks.that(got.indexed, std::string(name_of(way)) + ": the step's index did not reach the durable level");
+        checks.rate(std::string(name_of(way)) + " save", double(got.durable), got.ms / 1e3);
+        times[way].push_back(got.ms);
+        ratio[way].push_back(double(got.durable) / double(state_bytes));
+        std::printf("round %d %-6s %8.1f ms, %.3f states on the durable level\n", r + 1, name_of(way), got.ms,
+                    ratio[way].back());
+    });
     for (const Way w : order) checks.count(std::string(name_of(w)) + " saves timed", o.rounds, long(times[w].size()));
     // each way's bytes: the state once (one, shared) or R times (copies), with files' headers
     const double copies = bench::median(ratio[Way::copies]), shared = bench::median(ratio[Way::shared]);
@@ -256,16 +262,14 @@ int run(const std::string& dir, Options o) {
                                              : "from the page cache");
     std::map<Load, std::vector<double>> load_ms, read_ratio;
     const Load loads[] = {Load::one, Load::each, Load::read_once};
-    for (int r = 0; r < o.rounds; ++r)
-        for (int k = 0; k < 3; ++k) {
-            const Load way = loads[(k + r) % 3];
-            const Loaded got = load_once(way, state, index_file, o, throttle);
-            checks.that(got.exact, std::string(name_of(way)) + ": a rank's loaded state differs from the saved one");
-            checks.rate(std::string(name_of(way)) + " load", double(state_bytes), got.ms / 1e3);
-            load_ms[way].push_back(got.ms);
-            read_ratio[way].push_back(double(got.read) / double(state_bytes));
-            std::printf("round %d %-9s %8.1f ms, %.3f states read\n", r + 1, name_of(way), got.ms, read_ratio[way].back());
-        }
+    alternate(loads, o.rounds, [&](int r, Load way) {
+        const Loaded got = load_once(way, state, index_file, o, throttle);
+        checks.that(got.exact, std::string(name_of(way)) + ": a rank's loaded state differs from the saved one");
+        checks.rate(std::string(name_of(way)) + " load", double(state_bytes), got.ms / 1e3);
+        load_ms[way].push_back(got.ms);
+        read_ratio[way].push_back(double(got.read) / double(state_bytes));
+        std::printf("round %d %-9s %8.1f ms, %.3f states read\n", r + 1, name_of(way), got.ms, read_ratio[way].back());
+    });
     for (const Load w : loads) checks.count(std::string(name_of(w)) + " loads timed", o.rounds, long(load_ms[w].size()));
     const double each = bench::median(read_ratio[Load::each]), once = bench::median(read_ratio[Load::read_once]);
     checks.that(each >= o.ranks && each < o.ranks * 1.01, "each: the ranks did not read R states");
