@@ -728,6 +728,25 @@ TEST_CASE("a data-parallel job saves replica-parallel, each byte once, and resum
     CAPTURE(read[1]);
     CHECK(std::llabs(std::int64_t(read[0]) - std::int64_t(needed[0] / 2)) < 4096);
     CHECK(std::llabs(std::int64_t(read[1]) - std::int64_t(needed[0] / 2)) < 4096);
+    // a rank that cannot reach the files (its view of the directory gone) loads too: the index
+    // and the state from the other
+    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+        auto data = test::shard_of(2, comm.rank());
+        nn::UceNet net(3);
+        test::DpStack stack(net, comm, 1);
+        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+        const fs::path where = comm.rank() == 1 ? dir / "gone" : dir.path();
+        const auto got = fault::load_latest_resharded(comm, where, trainer.load_target(), stack.opt().piece_map());
+        REQUIRE(got);
+        CHECK(got->global_step == 16);
+        read[static_cast<std::size_t>(comm.rank())] = got->state.bytes_read;
+        trainer.resume_from_state(got->state.state, got->index.string(), data);
+        on_two[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+    }).rethrow();
+    CHECK(on_two[0] == straight[0]);
+    CHECK(on_two[1] == straight[0]);
+    CHECK(read[0] >= needed[0]);
+    CHECK(read[1] == 0);
     // the same job stopped after step 8, then resumed from its index: the same bits
     for (const auto& f : fs::directory_iterator(dir.path())) fs::remove_all(f.path());
     job(ranks, 1);

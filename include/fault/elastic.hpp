@@ -16,8 +16,10 @@
 
 #include <boost/filesystem.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -111,6 +113,7 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
         std::exception_ptr error;
         ckpt::ParamDict like;
         std::optional<ckpt::GlobalIndex> index;
+        bool unreachable = false;
         auto note_failure = [&](const ckpt::Error& e) {
             why = e.what();
             // damage (ChecksumError among them): an older index may serve; what this program
@@ -131,7 +134,52 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
             like = like_for(*index);
         } catch (const ckpt::Error& e) {
             note_failure(e);
+            unreachable = dynamic_cast<const ckpt::IoError*>(&e) != nullptr;
             index.reset();
+        }
+        // a rank that cannot reach the index (its view of the shared directory gone) gets it
+        // from the lowest rank that read it, and the read-once load brings it what it loads
+        // alike; what it loads alone it still has to read
+        struct Has {
+            std::uint64_t state;  // 0 read it, 1 cannot reach it, 2 failed otherwise
+        };
+        const auto has = detail::allgather_records(comm, Has{index ? 0u : unreachable ? 1u : 2u});
+        int from = -1;
+        bool wanted = false;
+        for (std::size_t q = 0; q < has.size(); ++q) {
+            if (has[q].state == 0 && from < 0) from = static_cast<int>(q);
+            wanted = wanted || has[q].state == 1;
+        }
+        if (wanted && from >= 0) {
+            PackedState packed;
+            if (comm.rank() == from) packed.pack(ckpt::index_to_dict(*index), step);
+            struct Words {
+                std::uint64_t n;
+            };
+            const auto sizes = detail::allgather_records(comm, Words{comm.rank() == from ? packed.words().size() : 0u});
+            std::vector<float> words(static_cast<std::size_t>(sizes[static_cast<std::size_t>(from)].n));
+            if (comm.rank() == from) std::copy(packed.words().begin(), packed.words().end(), words.begin());
+            comm.broadcast(std::span<float>(words), from);
+            if (has[static_cast<std::size_t>(comm.rank())].state == 1) {
+                try {
+                    const std::string what = "the global index of step " + std::to_string(step) + " from rank " +
+                                             std::to_string(from);
+                    PackedState got;
+                    const std::span<float> to = got.receive_buffer(words.size() * sizeof(float));
+                    std::copy(words.begin(), words.end(), to.begin());
+                    got.received();
+                    index = ckpt::index_from_dict(got.unpack(what), what);
+                    r.global_step = step;
+                    r.saved_by = static_cast<int>(index->world_size);
+                    like = like_for(*index);
+                    why.clear();  // not reaching the index was this rank's only trouble
+                    outcome = ok;
+                    error = nullptr;
+                } catch (const ckpt::Error& e) {
+                    note_failure(e);
+                    index.reset();
+                }
+            }
         }
         // every rank takes part in the read-once load, a rank that failed above to say so
         try {
@@ -172,7 +220,8 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
 /// shared filesystem across hosts), every rank loads its pieces of it for the places `places`
 /// says (ckpt::load_resharded into tensors like `like`, each chunk checked; `opts`: the key of
 /// encrypted files), reading each byte of what the ranks load alike once between them
-/// (load_resharded_read_once). When a rank's pieces do not load (a chunk that fails its checksum, a
+/// (load_resharded_read_once); a rank that cannot reach the index gets it from one that
+/// read it. When a rank's pieces do not load (a chunk that fails its checksum, a
 /// damaged file), every rank says so and they go on to the next older index together, as
 /// latest() falls back past a damaged file. Nothing when there is no index: a fresh start.
 /// Indexes that exist when none can be used, or a newest one this program cannot read, end it

@@ -23,7 +23,10 @@
 // every rank checks every chunk it uses against the index. fault::load_latest_resharded does
 // this.
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -169,9 +172,30 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
         layout.update(kind, sizeof kind);
         layout.update(t->shape().data(), t->shape().size() * sizeof(t->shape()[0]));
     }
-    // the runs' layout (replica_share only views `like`'s tensors: nothing is written there)
-    auto share_of = [&](int k) { return replica_share(alike, comm.size(), k); };
-    const ReplicaShare mine = share_of(comm.rank());
+    // who reads: the ranks that can open the index file (a rank whose view of the shared
+    // directory is gone gets everything it loads alike from the others)
+    const bool reads = index_or_null && ::access(index_file.c_str(), R_OK) == 0;
+    struct Plan {
+        std::uint64_t reads, layout;
+    };
+    const auto plans = allgather_records(comm, Plan{reads ? 1u : 0u, layout.digest()});
+    std::vector<int> readers;
+    bool same_layout = true;
+    for (std::size_t r = 0; r < plans.size(); ++r) {
+        if (plans[r].reads) readers.push_back(static_cast<int>(r));
+        same_layout = same_layout && plans[r].layout == plans[0].layout;
+    }
+    if (!same_layout) {  // every rank knows: each reads all it needs, no exchange
+        if (!index_or_null) return {};
+        return ckpt::load_resharded(index, index_file, like, places, opts, comm.rank());
+    }
+    // the runs' layout, one per reader (replica_share only views `like`'s tensors: nothing is
+    // written there)
+    const int nreaders = std::max<int>(1, static_cast<int>(readers.size()));
+    auto share_of = [&](int reader) { return replica_share(alike, nreaders, reader); };
+    const auto me = std::find(readers.begin(), readers.end(), comm.rank());
+    const ReplicaShare mine = me != readers.end() ? share_of(static_cast<int>(me - readers.begin())) : ReplicaShare{};
+    const std::uint64_t alike_bytes = share_of(0).shared_bytes;
     // this rank's run and what it loads alone; an error is kept until every rank has said how it went
     ckpt::ReshardedState run, alone;
     std::exception_ptr error;
@@ -184,9 +208,14 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
             for (const auto& e : like)
                 if (const ckpt::Tensor* t = e.value.template get_if<ckpt::Tensor>())
                     ckpt::detail::sources_of(index, by_tensor, where, e.name, *t, places, comm.rank());
-            ckpt::PieceMap run_places = places;  // the loader's, for the values the load takes too
-            for (const auto& [name, place] : mine.places) run_places[name] = place;
-            run = ckpt::load_resharded(index, index_file, mine.state, run_places, opts, comm.rank());
+            if (readers.empty() && !alike.empty())
+                throw ckpt::IoError("global index '" + index_file.string() + "': no rank can read it", index_file.string(),
+                                    ENOENT);
+            if (reads) {
+                ckpt::PieceMap run_places = places;  // the loader's, for the values the load takes too
+                for (const auto& [name, place] : mine.places) run_places[name] = place;
+                run = ckpt::load_resharded(index, index_file, mine.state, run_places, opts, comm.rank());
+            }
             alone = ckpt::load_resharded(index, index_file, own, places, opts, comm.rank());
         }
     } catch (const ckpt::Error&) {
@@ -199,15 +228,13 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
     std::uint64_t my_bytes = 0;
     for (const auto& [name, value] : mine.state) my_bytes += padded(value.template get_if<ckpt::Tensor>()->nbytes());
     struct Status {
-        std::uint64_t failed, layout, run_bytes;
+        std::uint64_t failed, run_bytes;
     };
-    const auto all = allgather_records(comm, Status{failed ? 1u : 0u, layout.digest(), my_bytes});
+    const auto all = allgather_records(comm, Status{failed ? 1u : 0u, my_bytes});
     std::string failing;
-    bool same_layout = true;
     std::uint64_t most = 0;
     for (std::size_t r = 0; r < all.size(); ++r) {
         if (all[r].failed) failing += (failing.empty() ? "" : ", ") + std::to_string(r);
-        same_layout = same_layout && all[r].layout == all[0].layout;
         most = std::max(most, all[r].run_bytes);
     }
     if (error) std::rethrow_exception(error);
@@ -216,7 +243,6 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
         throw ckpt::FormatError("global index '" + index_file.string() + "': rank(s) " + failing +
                                     " could not read their part of the tensors the ranks load alike (each says why)",
                                 index_file.string());
-    if (!same_layout) return ckpt::load_resharded(index, index_file, like, places, opts, comm.rank());
     // the runs, each in a slot of the longest's size, in one allgather; new memory, not
     // zero-filled (huge pages where the system gives them, as a load's block)
     const std::size_t slot = static_cast<std::size_t>(most);
@@ -233,9 +259,9 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
                        std::span<float>(reinterpret_cast<float*>(all_block.get()), slot * all.size() / sizeof(float)));
     // a tensor one run holds whole stays where it arrived; one cut between runs is joined
     ckpt::ParamDict got;
-    for (int k = 0; k < comm.size(); ++k) {
-        std::byte* from = all_block.get() + static_cast<std::size_t>(k) * slot;
-        const ReplicaShare theirs = share_of(k);
+    for (std::size_t p = 0; p < readers.size(); ++p) {
+        std::byte* from = all_block.get() + static_cast<std::size_t>(readers[p]) * slot;
+        const ReplicaShare theirs = share_of(static_cast<int>(p));
         for (const auto& [name, value] : theirs.state) {
             const ckpt::Tensor& part = *value.template get_if<ckpt::Tensor>();
             const ckpt::Tensor& t = alike.tensor(name);
@@ -281,7 +307,7 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
     for (const auto& [name, value] : alone.state)
         if (!value.template get_if<ckpt::Tensor>()) out_state.state.set(name, value);
     out_state.bytes_read = run.bytes_read + alone.bytes_read;
-    out_state.bytes_needed = mine.shared_bytes + alone.bytes_needed;
+    out_state.bytes_needed = alike_bytes + alone.bytes_needed;
     out_state.files_opened = run.files_opened + alone.files_opened;
     return out_state;
 }
@@ -298,6 +324,8 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
 /// entries) it reads itself. The ranks must pass the same `index`. `bytes_read` is what this
 /// rank read from storage.
 ///
+/// Only the ranks that can open `index_file` read: one that cannot (its view of the shared
+/// directory gone) gets what it loads alike from them, and reads only what it loads alone.
 /// When the ranks' `like` differ in the tensors they load alike, each reads everything it
 /// needs, as load_resharded() does. When a rank cannot read its part, every rank throws: that
 /// rank its own error, the others FormatError naming it, so that they can go on to an older
