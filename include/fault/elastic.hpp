@@ -164,11 +164,7 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
                 try {
                     const std::string what = "the global index of step " + std::to_string(step) + " from rank " +
                                              std::to_string(from);
-                    PackedState got;
-                    const std::span<float> to = got.receive_buffer(words.size() * sizeof(float));
-                    std::copy(words.begin(), words.end(), to.begin());
-                    got.received();
-                    index = ckpt::index_from_dict(got.unpack(what), what);
+                    index = detail::index_from_words(words, what);
                     r.global_step = step;
                     r.saved_by = static_cast<int>(index->world_size);
                     like = like_for(*index);

@@ -41,6 +41,20 @@ inline boost::filesystem::path global_index_path(const ckpt::PathArg& dir, std::
     return dir / ("index-step_" + std::to_string(global_step) + ".ckpt");
 }
 
+namespace detail {
+
+/// The index packed in `words` (PackedState::pack of ckpt::index_to_dict), as another rank
+/// sent it; `what` names it in errors.
+inline ckpt::GlobalIndex index_from_words(std::span<const float> words, const std::string& what) {
+    PackedState packed;
+    const std::span<float> to = packed.receive_buffer(words.size() * sizeof(float));
+    std::copy(words.begin(), words.end(), to.begin());
+    packed.received();
+    return ckpt::index_from_dict(packed.unpack(what), what);
+}
+
+}  // namespace detail
+
 /// Writes the global index of `global_step` ({dir}/index-step_{g}.ckpt) once every rank has
 /// saved its own file: each rank describes its file (pieces, file offsets, chunk checksums),
 /// the descriptions are gathered, the lowest rank writes the index atomically and durably, and
@@ -81,13 +95,11 @@ boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir
             described[at] = mine;
             continue;
         }
-        PackedState theirs;
-        const std::span<float> to = theirs.receive_buffer(static_cast<std::size_t>(sizes[at].n) * sizeof(float));
-        std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at * most), to.size(), to.begin());
-        theirs.received();
         const std::string what = "global index: rank " + std::to_string(r) + "'s description of step " +
                                  std::to_string(global_step);
-        described[at] = ckpt::index_from_dict(theirs.unpack(what), what);
+        described[at] = detail::index_from_words(
+            std::span<const float>(all).subspan(static_cast<std::size_t>(at * most), static_cast<std::size_t>(sizes[at].n)),
+            what);
         if (described[at].chunk_bytes != mine.chunk_bytes)
             throw ckpt::ConfigError(what + " uses chunks of " + std::to_string(described[at].chunk_bytes) + " bytes, rank " +
                                     std::to_string(comm.rank()) + "'s " + std::to_string(mine.chunk_bytes));

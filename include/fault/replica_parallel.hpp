@@ -155,8 +155,12 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
     }
     static const ckpt::GlobalIndex none;
     const ckpt::GlobalIndex& index = index_or_null ? *index_or_null : none;
+    const std::string where = "global index '" + index_file.string() + "'";
+    std::map<std::string_view, std::vector<const ckpt::TensorPiece*>> by_tensor;  // the index's pieces by tensor
+    for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
     // the tensors every rank loads alike, and the rest
     ckpt::ParamDict alike, own;
+    std::uint64_t alike_bytes = 0;
     ckpt::detail::Xxh3 layout;  // of the tensors loaded alike: every rank must cut the same ones
     for (const auto& e : like) {
         const ckpt::Tensor* t = e.value.template get_if<ckpt::Tensor>();
@@ -167,6 +171,7 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
             continue;
         }
         alike.set(e.name, e.value);
+        alike_bytes += t->nbytes();
         const std::int64_t kind[] = {static_cast<std::int64_t>(t->dtype()), static_cast<std::int64_t>(t->order())};
         layout.update(e.name.data(), e.name.size() + 1);
         layout.update(kind, sizeof kind);
@@ -195,16 +200,12 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
     auto share_of = [&](int reader) { return replica_share(alike, nreaders, reader); };
     const auto me = std::find(readers.begin(), readers.end(), comm.rank());
     const ReplicaShare mine = me != readers.end() ? share_of(static_cast<int>(me - readers.begin())) : ReplicaShare{};
-    const std::uint64_t alike_bytes = share_of(0).shared_bytes;
     // this rank's run and what it loads alone; an error is kept until every rank has said how it went
     ckpt::ReshardedState run, alone;
     std::exception_ptr error;
     try {
         if (index_or_null) {
             // what a load of every tensor would refuse, every rank refuses, whatever its run
-            const std::string where = "global index '" + index_file.string() + "'";
-            std::map<std::string_view, std::vector<const ckpt::TensorPiece*>> by_tensor;
-            for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
             for (const auto& e : like)
                 if (const ckpt::Tensor* t = e.value.template get_if<ckpt::Tensor>())
                     ckpt::detail::sources_of(index, by_tensor, where, e.name, *t, places, comm.rank());
@@ -276,9 +277,6 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
         }
     }
     // every chunk of the index's pieces that make up each tensor, checked where it now lies
-    const std::string where = "global index '" + index_file.string() + "'";
-    std::map<std::string_view, std::vector<const ckpt::TensorPiece*>> by_tensor;
-    for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
     for (const auto& [name, value] : got) {
         const ckpt::Tensor& t = *value.template get_if<ckpt::Tensor>();
         auto& pieces = by_tensor[name];

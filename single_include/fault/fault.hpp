@@ -1814,6 +1814,20 @@ inline boost::filesystem::path global_index_path(const ckpt::PathArg& dir, std::
     return dir / ("index-step_" + std::to_string(global_step) + ".ckpt");
 }
 
+namespace detail {
+
+/// The index packed in `words` (PackedState::pack of ckpt::index_to_dict), as another rank
+/// sent it; `what` names it in errors.
+inline ckpt::GlobalIndex index_from_words(std::span<const float> words, const std::string& what) {
+    PackedState packed;
+    const std::span<float> to = packed.receive_buffer(words.size() * sizeof(float));
+    std::copy(words.begin(), words.end(), to.begin());
+    packed.received();
+    return ckpt::index_from_dict(packed.unpack(what), what);
+}
+
+}  // namespace detail
+
 /// Writes the global index of `global_step` ({dir}/index-step_{g}.ckpt) once every rank has
 /// saved its own file: each rank describes its file (pieces, file offsets, chunk checksums),
 /// the descriptions are gathered, the lowest rank writes the index atomically and durably, and
@@ -1854,13 +1868,11 @@ boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir
             described[at] = mine;
             continue;
         }
-        PackedState theirs;
-        const std::span<float> to = theirs.receive_buffer(static_cast<std::size_t>(sizes[at].n) * sizeof(float));
-        std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(at * most), to.size(), to.begin());
-        theirs.received();
         const std::string what = "global index: rank " + std::to_string(r) + "'s description of step " +
                                  std::to_string(global_step);
-        described[at] = ckpt::index_from_dict(theirs.unpack(what), what);
+        described[at] = detail::index_from_words(
+            std::span<const float>(all).subspan(static_cast<std::size_t>(at * most), static_cast<std::size_t>(sizes[at].n)),
+            what);
         if (described[at].chunk_bytes != mine.chunk_bytes)
             throw ckpt::ConfigError(what + " uses chunks of " + std::to_string(described[at].chunk_bytes) + " bytes, rank " +
                                     std::to_string(comm.rank()) + "'s " + std::to_string(mine.chunk_bytes));
@@ -2850,8 +2862,12 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
     }
     static const ckpt::GlobalIndex none;
     const ckpt::GlobalIndex& index = index_or_null ? *index_or_null : none;
+    const std::string where = "global index '" + index_file.string() + "'";
+    std::map<std::string_view, std::vector<const ckpt::TensorPiece*>> by_tensor;  // the index's pieces by tensor
+    for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
     // the tensors every rank loads alike, and the rest
     ckpt::ParamDict alike, own;
+    std::uint64_t alike_bytes = 0;
     ckpt::detail::Xxh3 layout;  // of the tensors loaded alike: every rank must cut the same ones
     for (const auto& e : like) {
         const ckpt::Tensor* t = e.value.template get_if<ckpt::Tensor>();
@@ -2862,6 +2878,7 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
             continue;
         }
         alike.set(e.name, e.value);
+        alike_bytes += t->nbytes();
         const std::int64_t kind[] = {static_cast<std::int64_t>(t->dtype()), static_cast<std::int64_t>(t->order())};
         layout.update(e.name.data(), e.name.size() + 1);
         layout.update(kind, sizeof kind);
@@ -2890,16 +2907,12 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
     auto share_of = [&](int reader) { return replica_share(alike, nreaders, reader); };
     const auto me = std::find(readers.begin(), readers.end(), comm.rank());
     const ReplicaShare mine = me != readers.end() ? share_of(static_cast<int>(me - readers.begin())) : ReplicaShare{};
-    const std::uint64_t alike_bytes = share_of(0).shared_bytes;
     // this rank's run and what it loads alone; an error is kept until every rank has said how it went
     ckpt::ReshardedState run, alone;
     std::exception_ptr error;
     try {
         if (index_or_null) {
             // what a load of every tensor would refuse, every rank refuses, whatever its run
-            const std::string where = "global index '" + index_file.string() + "'";
-            std::map<std::string_view, std::vector<const ckpt::TensorPiece*>> by_tensor;
-            for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
             for (const auto& e : like)
                 if (const ckpt::Tensor* t = e.value.template get_if<ckpt::Tensor>())
                     ckpt::detail::sources_of(index, by_tensor, where, e.name, *t, places, comm.rank());
@@ -2971,9 +2984,6 @@ ckpt::ReshardedState load_read_once(Comm& comm, const ckpt::GlobalIndex* index_o
         }
     }
     // every chunk of the index's pieces that make up each tensor, checked where it now lies
-    const std::string where = "global index '" + index_file.string() + "'";
-    std::map<std::string_view, std::vector<const ckpt::TensorPiece*>> by_tensor;
-    for (const auto& p : index.pieces) by_tensor[p.global].push_back(&p);
     for (const auto& [name, value] : got) {
         const ckpt::Tensor& t = *value.template get_if<ckpt::Tensor>();
         auto& pieces = by_tensor[name];
@@ -3307,11 +3317,7 @@ std::optional<ElasticResume> load_latest_resharded_with(Comm& comm, const std::v
                 try {
                     const std::string what = "the global index of step " + std::to_string(step) + " from rank " +
                                              std::to_string(from);
-                    PackedState got;
-                    const std::span<float> to = got.receive_buffer(words.size() * sizeof(float));
-                    std::copy(words.begin(), words.end(), to.begin());
-                    got.received();
-                    index = ckpt::index_from_dict(got.unpack(what), what);
+                    index = detail::index_from_words(words, what);
                     r.global_step = step;
                     r.saved_by = static_cast<int>(index->world_size);
                     like = like_for(*index);
