@@ -945,3 +945,26 @@ TEST_CASE("replica-parallel saves with no index committed stop at the next hook,
         CHECK(why.find("no global index of it is being committed: list a fault::GlobalIndexer") != std::string::npos);
     }
 }
+
+TEST_CASE("an index whose pieces of one tensor disagree on its shape is refused as damaged, before anything is read") {
+    test::TempDir dir;
+    fault::ThreadGroup group(2, std::chrono::seconds(10));
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        const fault::ReplicaShare share = fault::replica_share(ckpt::ParamDict{{"w", iota({30, 4})}}, 2, comm.rank());
+        const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_1.ckpt";
+        fs::create_directories(file.parent_path());
+        ckpt::save_checkpoint(share.state, file);
+        fault::commit_global_index(comm, dir.path(), 1, file, share.places);
+    }).rethrow();
+    // rank 1's piece made to claim a bigger tensor, which would place its bytes past the end
+    const fs::path index_file = dir.path() / "index-step_1.ckpt";
+    ckpt::GlobalIndex index = ckpt::read_global_index(index_file);
+    REQUIRE(index.pieces.size() == 2);
+    index.pieces[1].global_shape = {3000, 4};
+    ckpt::SaveOptions save;
+    save.step = 1;
+    ckpt::save_checkpoint(ckpt::index_to_dict(index), index_file, save);
+    const ckpt::ParamDict like{{"w", ckpt::Tensor(ckpt::DType::float32, {30, 4})}};
+    CHECK_THROWS_WITH_AS(ckpt::load_resharded(index_file, like), doctest::Contains("its pieces of 'w' disagree"),
+                         ckpt::FormatError);
+}

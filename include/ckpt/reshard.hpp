@@ -555,6 +555,13 @@ inline std::vector<const TensorPiece*> sources_of(
         throw LoadMismatch(where + ": '" + place.global + "' is " + std::string(dtype_name(some.dtype)) + " of shape " +
                            shape_string(some.global_shape) + ", '" + name + "' wants " + std::string(dtype_name(t.dtype())) +
                            " of shape " + shape_string(place.global_shape));
+    for (const TensorPiece* p : candidates)  // an index that disagrees with itself: damaged or crafted
+        if (p->dtype != some.dtype || p->global_shape != some.global_shape)
+            throw FormatError(where + ": its pieces of '" + place.global + "' disagree: '" + p->entry + "' of '" +
+                                  p->file + "' says " + std::string(dtype_name(p->dtype)) + " of shape " +
+                                  shape_string(p->global_shape) + ", '" + some.entry + "' of '" + some.file + "' " +
+                                  std::string(dtype_name(some.dtype)) + " of shape " + shape_string(some.global_shape),
+                              where);
     // the pieces are stored bytes: another order would read a matrix as its transpose
     for (const TensorPiece* p : candidates)
         if (p->order != t.order())
