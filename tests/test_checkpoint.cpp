@@ -726,3 +726,51 @@ TEST_CASE("snapshots keep each tensor's order") {
 }
 
 }  // TEST_SUITE
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <ckpt/reshard.hpp>
+
+#include <cpuid.h>
+
+namespace {
+
+/// Whether the upper halves of this thread's vector registers are in use (XINUSE bits 2 and 6,
+/// YMM and ZMM upper state): code in legacy SSE encodings runs slower then. Nothing when the
+/// CPU cannot say (no AVX or no XGETBV with ECX = 1).
+std::optional<bool> upper_vector_state_in_use() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__builtin_cpu_supports("avx") || !__get_cpuid_count(0xd, 1, &a, &b, &c, &d) || !(a & 4)) return std::nullopt;
+    unsigned lo = 0, hi = 0;
+    asm volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(1));
+    return (lo & 0x44) != 0;
+}
+
+}  // namespace
+
+TEST_CASE("hashing leaves the thread's vector registers clean: SSE code after a save, load or verify runs at full speed") {
+    if (!upper_vector_state_in_use()) {
+        MESSAGE("skipped: this CPU does not report the state of its vector registers");
+        return;
+    }
+    std::vector<float> big(1 << 20, 0.25f);  // 4 MiB: the hash takes its widest kernel
+    (void)ckpt::detail::xxh3(big.data(), big.size() * sizeof(float));
+    CHECK_FALSE(*upper_vector_state_in_use());
+    ckpt::detail::Xxh3 streaming;
+    streaming.update(big.data(), big.size() * sizeof(float));
+    CHECK_FALSE(*upper_vector_state_in_use());
+    (void)streaming.digest();
+    CHECK_FALSE(*upper_vector_state_in_use());
+
+    TempDir dir;
+    ckpt::ParamDict d;
+    d.set("w", ckpt::Tensor::from(big, {1 << 20}));
+    ckpt::save_checkpoint(d, dir / "big.ckpt");
+    CHECK_FALSE(*upper_vector_state_in_use());
+    ckpt::verify_checkpoint(dir / "big.ckpt");
+    CHECK_FALSE(*upper_vector_state_in_use());
+    (void)ckpt::load_checkpoint(dir / "big.ckpt");
+    CHECK_FALSE(*upper_vector_state_in_use());
+    (void)ckpt::describe_checkpoint(dir / "big.ckpt", "big.ckpt", 0);
+    CHECK_FALSE(*upper_vector_state_in_use());
+}
+#endif
