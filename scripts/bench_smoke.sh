@@ -61,6 +61,12 @@ p=$(program fault_recovery) && [ -n "$p" ] && smoke fault_recovery "$p" --rounds
 p=$(program gloo_allreduce) && [ -n "$p" ] && smoke gloo_allreduce "$p" --ranks 2 --reps 1 --max-mib 1 --dir "$work"
 p=$(program mpi_comm) && [ -n "$p" ] &&
     smoke mpi_comm bash scripts/mpirun.sh -np 2 "$p" --reps 1 --max-mib 1 --state-mib 1
+if [ -x "$build/examples/heat_mpi/heat_mpi" ]; then
+    smoke heat_mpi_async bash bench/heat_mpi_async.sh "$build/examples/heat_mpi/heat_mpi" --rounds 1 --rows 64 --cols 64 \
+        --iters 40 --every 10 --dir "$work/heat_mpi_async"
+else
+    echo "bench_smoke: heat_mpi_async: skipped (examples/heat_mpi not built)" >&2
+fi
 p=$(program torch_io) && [ -n "$p" ] && smoke torch_io "$p" "$work" --rounds 1 --width 256 --train-width 256
 smoke python_io /usr/bin/python3 bench/python_io.py --mib 4 --rounds 1 --dir "$work/python_io"
 if [ -x "$build/examples/cluster_recover/cluster_recover" ] && [ -x "$build/ckpt-run" ]; then

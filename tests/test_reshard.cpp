@@ -14,6 +14,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -330,48 +331,53 @@ TEST_CASE("every save of per-rank checkpoints gets a global index, and the index
 
 TEST_CASE("with a durable level, each index follows its ranks' files there, and a lost local level resumes from it") {
     constexpr int ranks = 4;
-    test::TempDir local, shared;
-    auto rank_dir = [](const fs::path& root, int r) { return root / ("rank_" + std::to_string(r)); };
-    fault::ThreadGroup group(ranks, std::chrono::seconds(20));
-    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
-        auto data = test::shard_of(ranks, comm.rank());
-        nn::UceNet net(7);
-        test::DpStack stack(net, comm, 2);
-        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
-        ckpt::ManagerOptions options;
-        // every second save goes to the durable level, which keeps the newest 2 of them
-        options.durable = ckpt::DurableLevel{rank_dir(shared.path(), comm.rank()), ckpt::KeepLast{2}, 2};
-        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(rank_dir(local.path(), comm.rank()), "net", options,
-                                                                    ckpt::EverySteps{1}, ckpt::KeepLast{2});
-        fault::GlobalIndexer indexer(comm, files, local.path(), [&] { return stack.opt().piece_map(); });
-        trainer.train(1, data, nn::callbacks(files, indexer));  // 8 steps, each saved; 2, 4, 6, 8 copied
-    }).rethrow();
-    // the durable level: the indexes of steps 6 and 8 (its retention deleted 2 and 4 with their files)
-    const auto durable = fault::detail::global_indexes(shared.path());
-    REQUIRE(durable.size() == 2);
-    CHECK(durable[0].first == 8);
-    CHECK(durable[1].first == 6);
-    CHECK(fault::latest_global_index(shared.path()) == durable[0].second);
-    for (int r = 0; r < ranks; ++r)
-        CHECK(test::names_in(rank_dir(shared.path(), r)) ==
-              std::vector<std::string>{"net-1_6.ckpt", "net-1_8.ckpt", "net-graph.meta", "net.finished"});
+    // async: each index is committed later, at a poll of the GlobalIndexer's
+    for (const bool async : {false, true}) {
+        CAPTURE(async);
+        test::TempDir local, shared;
+        auto rank_dir = [](const fs::path& root, int r) { return root / ("rank_" + std::to_string(r)); };
+        fault::ThreadGroup group(ranks, std::chrono::seconds(20));
+        fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            auto data = test::shard_of(ranks, comm.rank());
+            nn::UceNet net(7);
+            test::DpStack stack(net, comm, 2);
+            nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+            ckpt::ManagerOptions options;
+            // every second save goes to the durable level, which keeps the newest 2 of them
+            options.durable = ckpt::DurableLevel{rank_dir(shared.path(), comm.rank()), ckpt::KeepLast{2}, 2};
+            options.async_save = async;
+            nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(rank_dir(local.path(), comm.rank()), "net", options,
+                                                                        ckpt::EverySteps{1}, ckpt::KeepLast{2});
+            fault::GlobalIndexer indexer(comm, files, local.path(), [&] { return stack.opt().piece_map(); });
+            trainer.train(1, data, nn::callbacks(files, indexer));  // 8 steps, each saved; 2, 4, 6, 8 copied
+        }).rethrow();
+        // the durable level: the indexes of steps 6 and 8 (its retention deleted 2 and 4 with their files)
+        const auto durable = fault::detail::global_indexes(shared.path());
+        REQUIRE(durable.size() == 2);
+        CHECK(durable[0].first == 8);
+        CHECK(durable[1].first == 6);
+        CHECK(fault::latest_global_index(shared.path()) == durable[0].second);
+        for (int r = 0; r < ranks; ++r)
+            CHECK(test::names_in(rank_dir(shared.path(), r)) ==
+                  std::vector<std::string>{"net-1_6.ckpt", "net-1_8.ckpt", "net-graph.meta", "net.finished"});
 
-    // the local level of every rank lost: the newest index is the durable one, and it loads on 2 ranks
-    fs::remove_all(local.path());
-    fs::create_directories(local.path());
-    std::vector<std::int64_t> loaded(2, -1);
-    fault::ThreadGroup two(2, std::chrono::seconds(20));
-    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
-        nn::UceNet net(7);
-        test::DpStack stack(net, comm, 2);
-        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
-        const auto got = fault::load_latest_resharded(comm, {ckpt::Path(local.path()), ckpt::Path(shared.path())},
-                                                      trainer.load_target(), stack.opt().piece_map());
-        REQUIRE(got);
-        CHECK(got->index == durable[0].second);
-        loaded[static_cast<std::size_t>(comm.rank())] = got->global_step;
-    }).rethrow();
-    CHECK(loaded == std::vector<std::int64_t>{8, 8});
+        // the local level of every rank lost: the newest index is the durable one, and it loads on 2 ranks
+        fs::remove_all(local.path());
+        fs::create_directories(local.path());
+        std::vector<std::int64_t> loaded(2, -1);
+        fault::ThreadGroup two(2, std::chrono::seconds(20));
+        fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+            nn::UceNet net(7);
+            test::DpStack stack(net, comm, 2);
+            nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+            const auto got = fault::load_latest_resharded(comm, {ckpt::Path(local.path()), ckpt::Path(shared.path())},
+                                                          trainer.load_target(), stack.opt().piece_map());
+            REQUIRE(got);
+            CHECK(got->index == durable[0].second);
+            loaded[static_cast<std::size_t>(comm.rank())] = got->global_step;
+        }).rethrow();
+        CHECK(loaded == std::vector<std::int64_t>{8, 8});
+    }
 }
 
 TEST_CASE("a column-major tensor reshards to a tensor of its order, and is refused by one of the other") {
@@ -570,6 +576,100 @@ TEST_CASE("a retention of one file keeps each rank's file of the newest committe
     CHECK(whole->filename() == "index-step_3.ckpt");
     CHECK(fs::exists(dir / "rank_0" / "net-3.ckpt"));
     CHECK(fs::exists(dir / "rank_1" / "net-4.ckpt"));
+}
+
+TEST_CASE("async saves commit their global index later, keeping a pending step's files, and never an index that is not whole") {
+    test::TempDir dir;
+    std::vector<std::optional<std::int64_t>> pending(2);
+    fault::ThreadGroup two(2, std::chrono::seconds(20));
+    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+        std::vector<float> w(1 << 16, 0.0f);  // 256 KiB: each write outlasts the calls that follow it
+        std::int64_t step = 0;
+        ckpt::ParamDict state;
+        state.set("w", ckpt::view_of(w));
+        state.set("step", ckpt::view_of(step));
+        ckpt::ManagerOptions async;
+        async.async_save = true;
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> mgr(
+            dir / ("rank_" + std::to_string(comm.rank())), "net", ckpt::EverySteps{1}, ckpt::KeepLast{1}, {}, async);
+        fault::IndexCommitter commits(comm, mgr, dir.path());
+        // a save every step, no poll between: each index is committed at the next save, after
+        // that save's write may have applied KeepLast{1}
+        for (step = 1; step <= 4; ++step) {
+            std::fill(w.begin(), w.end(), static_cast<float>(step));
+            const auto file = mgr.on_step(ckpt::Progress::at_iteration(step), state);
+            REQUIRE(file);
+            const auto committed = commits.saved(step, *file);
+            CHECK(commits.pending_step() == step);
+            CHECK(committed.has_value() == (step > 1));
+            if (committed && comm.rank() == 0) {
+                // whole: the files it names were held while it was pending
+                CHECK(fault::latest_global_index(dir.path()) == *committed);
+                CHECK(committed->filename() == "index-step_" + std::to_string(step - 1) + ".ckpt");
+            }
+            comm.barrier();  // rank 0's check before either goes on
+        }
+        // step 4's index comes from poll() alone, once both files are described
+        std::optional<fs::path> committed;
+        for (int polls = 0; polls < 4096 && !committed; ++polls) {
+            committed = commits.poll();
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        REQUIRE(committed);
+        CHECK(committed->filename() == "index-step_4.ckpt");
+        pending[static_cast<std::size_t>(comm.rank())] = commits.pending_step();
+        CHECK_FALSE(commits.finish());  // nothing left
+    }).rethrow();
+    CHECK(pending == std::vector<std::optional<std::int64_t>>(2));
+    // what the index of step 4 names loads, as saved
+    fault::ThreadGroup again(2, std::chrono::seconds(20));
+    fault::run_ranks(again, [&](fault::ThreadComm& comm) {
+        std::vector<float> w(1 << 16, 0.0f);
+        std::int64_t step = 0;
+        ckpt::ParamDict state;
+        state.set("w", ckpt::view_of(w));
+        state.set("step", ckpt::view_of(step));
+        const auto got = fault::load_latest_resharded(comm, dir.path(), state);
+        REQUIRE(got);
+        ckpt::load_param_into_net(state, got->state.state, /*strict=*/true);
+        CHECK(step == 4);
+        CHECK(std::all_of(w.begin(), w.end(), [](float v) { return v == 4.0f; }));
+    }).rethrow();
+}
+
+TEST_CASE("a rank whose async save fails gives up the step's index on every rank, naming it, and its manager says why") {
+    test::TempDir dir;
+    test::LogCapture log;
+    fault::ThreadGroup two(2, std::chrono::seconds(20));
+    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+        std::vector<float> w(64, 1.0f);
+        ckpt::ParamDict state;
+        state.set("w", ckpt::view_of(w));
+        ckpt::ManagerOptions async;
+        async.async_save = true;
+        const fs::path mine = dir / ("rank_" + std::to_string(comm.rank()));
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> mgr(
+            mine, "net", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, async);
+        fault::IndexCommitter commits(comm, mgr, dir.path());
+        commits.saved(1, *mgr.on_step(ckpt::Progress::at_iteration(1), state));
+        REQUIRE(commits.finish());
+        // rank 1's file of step 2 cannot take its name: a directory is in the way
+        if (comm.rank() == 1) fs::create_directories(mine / "net-2.ckpt" / "in_the_way");
+        comm.barrier();
+        commits.saved(2, *mgr.on_step(ckpt::Progress::at_iteration(2), state));
+        CHECK_FALSE(commits.finish());
+        CHECK_FALSE(commits.pending_step());
+        if (comm.rank() == 1) CHECK_THROWS_AS(mgr.wait(), ckpt::IoError);
+        else CHECK_NOTHROW(mgr.wait());
+    }).rethrow();
+    const auto latest = fault::latest_global_index(dir.path());
+    REQUIRE(latest);
+    CHECK(latest->filename() == "index-step_1.ckpt");
+    CHECK_FALSE(fs::exists(fault::global_index_path(dir.path(), 2)));
+    const auto said = std::count_if(log.warnings.begin(), log.warnings.end(), [](const std::string& w) {
+        return w.find("global index of step 2") != std::string::npos && w.find("the save of rank(s) 1 failed") != std::string::npos;
+    });
+    CHECK(said == 2);  // on each rank
 }
 
 namespace {

@@ -7,7 +7,8 @@
 #     same        4 ranks, rank 2 killed, run again on 4 ranks: resumes from the local level;
 #                 then, finished, run again three times: each ends at once, writing and
 #                 deleting nothing; then run longer (--iters 650): goes on from iteration 600
-#                 to the field of an uninterrupted 650-iteration run
+#                 to the field of an uninterrupted 650-iteration run. Every run of this
+#                 scenario saves with --async (the index committed once the files are durable)
 #     reshard     4 ranks, rank 1 killed, run again on 3 ranks and (from a copy of the same
 #                 checkpoints) on 2: each resumes from the 4-rank checkpoint by resharding
 #     local-lost  4 ranks, rank 3 killed, the local level deleted, run again on 4 ranks:
@@ -18,10 +19,12 @@ set -euo pipefail
 bin=$1 work=$2 scenario=$3 hash_file=${4:-}
 mpirun=$(cd "$(dirname "$0")/../.." && pwd)/scripts/mpirun.sh
 grid=(--rows 96 --cols 96 --iters 600 --every 50 --copy-every 2)
+saves=()
+[ "$scenario" = same ] && saves=(--async)
 run() {  # ranks, job directory, more options
     local ranks=$1 dir=$2
     shift 2
-    bash "$mpirun" -np "$ranks" "$bin" --local "$dir/local" --shared "$dir/shared" "${grid[@]}" "$@"
+    bash "$mpirun" -np "$ranks" "$bin" --local "$dir/local" --shared "$dir/shared" "${grid[@]}" "${saves[@]}" "$@"
 }
 hash_of() { grep '^final_field_xxh3=' "$1" | cut -d= -f2; }
 fail() { echo "FAIL: $*" >&2; exit 1; }

@@ -140,6 +140,20 @@ public:
     /// break the one whole index before the next is committed (fault::index_saved_checkpoint
     /// pins each rank's).
     void pin(const PathArg& file);
+    /// Retention on either level also keeps `file` until pin() names it or release() lets it
+    /// go: a file whose global index is yet to be committed (fault::IndexCommitter holds each
+    /// rank's while its index waits for the others).
+    void hold(const PathArg& file);
+    void release(const PathArg& file);
+    /// Whether the save of `file` (a path on_step() or save() returned) is durable, its
+    /// retention done; never blocks. Always, after a synchronous save. A failed save counts
+    /// as done: wait_for() says what it failed with.
+    bool durable(const PathArg& file) const;
+    /// With async_save: blocks until the save of `file` is durable, not the saves handed over
+    /// after it, and rethrows what it failed with (which the training thread's next call
+    /// rethrows too). Any thread may call it while the manager lives. Returns at once after a
+    /// synchronous save.
+    void wait_for(const PathArg& file);
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
     std::optional<Path> on_exception(const Progress& p, State&& state) {
@@ -300,6 +314,26 @@ bool CheckpointManager<S, R, N, A, C>::due_at_train_end(Progress& p) { return co
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 void CheckpointManager<S, R, N, A, C>::pin(const PathArg& file) {
     core_->pin(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::hold(const PathArg& file) {
+    core_->hold(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::release(const PathArg& file) {
+    core_->release(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+bool CheckpointManager<S, R, N, A, C>::durable(const PathArg& file) const {
+    return core_->durable(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::wait_for(const PathArg& file) {
+    core_->wait_for(file);
 }
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>

@@ -17,12 +17,16 @@
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <future>
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -55,22 +59,26 @@ inline ckpt::GlobalIndex index_from_words(std::span<const float> words, const st
 
 }  // namespace detail
 
+/// This rank's part of the global index: describe_checkpoint() of `my_file`, named relative to
+/// `dir`, which it must lie under. Reads the file once.
+inline ckpt::GlobalIndex describe_rank_file(const ckpt::PathArg& dir, const ckpt::PathArg& my_file, int rank,
+                                            const ckpt::PieceMap& places = {}, std::uint64_t chunk_bytes = 1u << 20,
+                                            const ckpt::LoadOptions& opts = {}) {
+    const auto relative = boost::filesystem::relative(my_file, dir);
+    if (relative.empty() || *relative.begin() == "..")
+        throw ckpt::ConfigError("global index: '" + my_file.string() + "' is not under '" + dir.string() + "'");
+    return ckpt::describe_checkpoint(my_file, relative.generic_string(), rank, places, chunk_bytes, opts);
+}
+
 /// Writes the global index of `global_step` ({dir}/index-step_{g}.ckpt) once every rank has
 /// saved its own file: each rank describes its file (pieces, file offsets, chunk checksums),
 /// the descriptions are gathered, the lowest rank writes the index atomically and durably, and
 /// the ranks meet at a barrier, so that on return the index is in place. A rank lost before
-/// then leaves no index of the step. `my_file` must lie under `dir` (the index names it relative to
-/// `dir`); `opts` reads it when it has codecs (the key of an encrypted one). Returns the
-/// index's path. A collective.
+/// then leaves no index of the step. `mine` is this rank's file described (describe_rank_file();
+/// the overload below describes it). Returns the index's path. A collective.
 template <Communicator Comm>
 boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir, std::int64_t global_step,
-                                            const ckpt::PathArg& my_file, const ckpt::PieceMap& places = {},
-                                            std::uint64_t chunk_bytes = 1u << 20, const ckpt::LoadOptions& opts = {}) {
-    const auto relative = boost::filesystem::relative(my_file, dir);
-    if (relative.empty() || *relative.begin() == "..")
-        throw ckpt::ConfigError("global index: '" + my_file.string() + "' is not under '" + dir.string() + "'");
-    const ckpt::GlobalIndex mine =
-        ckpt::describe_checkpoint(my_file, relative.generic_string(), comm.rank(), places, chunk_bytes, opts);
+                                            const ckpt::GlobalIndex& mine) {
     const auto path = global_index_path(dir, global_step);
     // every description to every rank by allgather, not by sends to rank 0: a collective fails
     // at once when a rank dies, as the training's own calls do, where a send already queued
@@ -125,6 +133,18 @@ boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir
     comm.barrier();
     return path;
 }
+
+/// commit_global_index() of this rank's saved `my_file`, described here: it must lie under
+/// `dir` (the index names it relative to `dir`); `opts` reads it when it has codecs (the key
+/// of an encrypted one).
+template <Communicator Comm>
+boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir, std::int64_t global_step,
+                                            const ckpt::PathArg& my_file, const ckpt::PieceMap& places = {},
+                                            std::uint64_t chunk_bytes = 1u << 20, const ckpt::LoadOptions& opts = {}) {
+    return commit_global_index(comm, dir, global_step,
+                               describe_rank_file(dir, my_file, comm.rank(), places, chunk_bytes, opts));
+}
+
 
 namespace detail {
 
@@ -215,6 +235,30 @@ inline void remove_stale_global_indexes(const ckpt::PathArg& dir) {
     }
 }
 
+namespace detail {
+
+/// What follows the commit of `index`, the global index naming this rank's `file`: the
+/// manager keeps the file until the next index is committed; rank 0 removes the indexes whose
+/// files retention deleted and, when `copied` (the file goes to the durable level), queues the
+/// index's copy there.
+template <class Manager>
+void after_index_commit(int rank, Manager& manager, const ckpt::PathArg& dir, const boost::filesystem::path& index,
+                        const ckpt::PathArg& file, bool copied) {
+    if constexpr (requires { manager.pin(file); }) manager.pin(file);
+    if (rank != 0) return;
+    remove_stale_global_indexes(dir);
+    const auto* durable = manager.durable_directory();
+    if (!durable || !copied) return;
+    const auto target_dir = (*durable / boost::filesystem::relative(dir, manager.directory())).lexically_normal();
+    std::vector<ckpt::Path> needs;
+    for (const auto& p : ckpt::read_global_index(index).pieces)
+        if (const auto f = target_dir / p.file; std::find(needs.begin(), needs.end(), f) == needs.end()) needs.push_back(f);
+    manager.queue_durable_copy(index, target_dir / index.filename(), std::move(needs),
+                               [target_dir] { remove_stale_global_indexes(target_dir); });
+}
+
+}  // namespace detail
+
 /// After every rank's `manager` saved `file` at `global_step` (each its own, under `dir`):
 /// waits for the save to be durable, commits the step's global index in `dir`
 /// (commit_global_index), and on rank 0 removes the indexes whose files retention deleted.
@@ -229,59 +273,212 @@ inline void remove_stale_global_indexes(const ckpt::PathArg& dir) {
 /// Each rank's manager keeps its file of the newest committed index (CheckpointManager::pin()),
 /// whatever its retention says, until the next one is committed: a retention of one file
 /// never leaves the job without a whole index.
+/// With async_save the training thread waits here for the save's write: IndexCommitter
+/// commits the index without waiting.
 template <Communicator Comm, class Manager>
 boost::filesystem::path index_saved_checkpoint(Comm& comm, Manager& manager, const ckpt::PathArg& dir,
                                                std::int64_t global_step, const ckpt::PathArg& file,
                                                const ckpt::PieceMap& places = {}) {
-    manager.wait();  // durable before it is described
+    if constexpr (requires { manager.wait_for(file); }) manager.wait_for(file);  // durable before it is described
+    else manager.wait();
+    const bool copied = manager.copies_to_durable(file);
     const auto index = commit_global_index(comm, dir, global_step, file, places, 1u << 20, manager.load_options());
-    // this rank's file of the newest whole index stays until the next index is committed
-    if constexpr (requires { manager.pin(file); }) manager.pin(file);
-    if (comm.rank() != 0) return index;
-    remove_stale_global_indexes(dir);
-    const auto* durable = manager.durable_directory();
-    if (!durable || !manager.copies_to_durable(file)) return index;
-    const auto target_dir = (*durable / boost::filesystem::relative(dir, manager.directory())).lexically_normal();
-    std::vector<ckpt::Path> needs;
-    for (const auto& p : ckpt::read_global_index(index).pieces)
-        if (const auto f = target_dir / p.file; std::find(needs.begin(), needs.end(), f) == needs.end()) needs.push_back(f);
-    manager.queue_durable_copy(index, target_dir / index.filename(), std::move(needs),
-                               [target_dir] { remove_stale_global_indexes(target_dir); });
+    detail::after_index_commit(comm.rank(), manager, dir, index, file, copied);
     return index;
 }
+
+/// Commits the global index of each step a rank's `manager` saves, as index_saved_checkpoint()
+/// does, and with async_save without making the training thread wait for the write: a thread
+/// of its own waits until this rank's file is durable and describes it (reading it back to
+/// checksum its chunks), and the index is committed at the first poll() where every rank's
+/// file is described. The ranks ask each other at the 1st, 2nd, 4th, 8th… poll() after a save
+/// (one allgather of a word each), and commit at the next save or finish() at the latest,
+/// waiting then. Until its index is committed a step is not saved: latest_global_index() and
+/// the loads find the previous one, whose files the managers keep (pin()) as they keep the
+/// pending step's (hold()), whatever their retention says.
+///
+///   fault::IndexCommitter commits(comm, manager, dir);
+///   for (...) {
+///       ...
+///       if (auto file = manager.on_step(p, state)) commits.saved(step, *file, places);
+///       else commits.poll();
+///   }
+///   if (auto file = manager.on_train_end(p, state)) commits.saved(step, *file, places);
+///   commits.finish();
+///
+/// Every rank must call it at the same steps (the calls are collectives). A rank whose save
+/// failed tells the others, and the step is given up on every rank (a warning names the
+/// rank); its manager rethrows the failure at its next call. Destroy it before the manager.
+/// With synchronous saves, saved() is index_saved_checkpoint() and poll() does nothing.
+template <Communicator Comm, class Manager>
+class IndexCommitter {
+public:
+    IndexCommitter(Comm& comm, Manager& manager, ckpt::PathArg dir) : comm_(comm), manager_(manager), dir_(std::move(dir)) {}
+    IndexCommitter(const IndexCommitter&) = delete;
+    IndexCommitter& operator=(const IndexCommitter&) = delete;
+    /// Lets the pending step's file go (after its describer is done with it): its index will
+    /// not be committed.
+    ~IndexCommitter() {
+        if (!pending_) return;
+        pending_->description.wait();
+        manager_.release(pending_->file);
+    }
+
+    /// After this rank's manager saved `file` at `global_step`: commits the pending step's index
+    /// first (waiting for it), then this step's, at once with synchronous saves. Returns the
+    /// index committed now, if any. A collective.
+    std::optional<boost::filesystem::path> saved(std::int64_t global_step, const ckpt::PathArg& file,
+                                                 ckpt::PieceMap places = {}) {
+        if (!manager_.options().async_save) {
+            last_index_ = index_saved_checkpoint(comm_, manager_, dir_, global_step, file, places);
+            return last_index_;
+        }
+        auto committed = finish();
+        manager_.hold(file);
+        Pending& p = pending_.emplace();
+        p.step = global_step;
+        p.file = file;
+        p.copied = manager_.copies_to_durable(file);  // asked now: only of the newest save
+        p.description = std::async(std::launch::async, [&manager = manager_, dir = dir_, file = p.file,
+                                                        rank = comm_.rank(), places = std::move(places)] {
+            manager.wait_for(file);
+            return describe_rank_file(dir, file, rank, places, 1u << 20, manager.load_options());
+        }).share();
+        return committed;
+    }
+
+    /// Commits the pending step's index if every rank's file is described, asking the others
+    /// at the 1st, 2nd, 4th, 8th… call after the save. Returns the index committed, if any. A
+    /// collective at those calls.
+    std::optional<boost::filesystem::path> poll() {
+        if (!pending_) return std::nullopt;
+        const std::int64_t n = ++pending_->polls;
+        if (n & (n - 1)) return std::nullopt;
+        return commit(false);
+    }
+
+    /// Waits for the pending step's file on every rank and commits its index. Returns it, if
+    /// one was pending. A collective.
+    std::optional<boost::filesystem::path> finish() {
+        if (!pending_) return std::nullopt;
+        return commit(true);
+    }
+
+    /// The step whose index is yet to be committed, if any.
+    std::optional<std::int64_t> pending_step() const {
+        return pending_ ? std::optional<std::int64_t>(pending_->step) : std::nullopt;
+    }
+    /// The index this rank last committed.
+    const std::optional<boost::filesystem::path>& last_index() const noexcept { return last_index_; }
+
+private:
+    struct Pending {
+        std::int64_t step = 0;
+        boost::filesystem::path file;
+        bool copied = false;
+        std::int64_t polls = 0;
+        std::shared_future<ckpt::GlobalIndex> description;  // from a thread of its own
+    };
+    enum Status : std::int64_t { busy = 0, described = 1, failed = 2 };
+
+    std::optional<boost::filesystem::path> commit(bool wait) {
+        Pending& p = *pending_;
+        if (wait) p.description.wait();
+        const bool ready = p.description.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+        std::optional<ckpt::GlobalIndex> mine;
+        std::exception_ptr failure;
+        if (ready) {
+            try {
+                mine = p.description.get();
+            } catch (...) {
+                failure = std::current_exception();
+            }
+        }
+        const auto statuses =
+            detail::allgather_records(comm_, static_cast<std::int64_t>(!ready ? busy : mine ? described : failed));
+        if (std::any_of(statuses.begin(), statuses.end(), [](std::int64_t s) { return s == busy; })) return std::nullopt;
+        std::string failed_ranks;
+        for (std::size_t r = 0; r < statuses.size(); ++r)
+            if (statuses[r] == failed) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
+        if (!failed_ranks.empty()) {
+            ckpt::detail::log(ckpt::LogLevel::warning,
+                              "global index of step " + std::to_string(p.step) + " in '" + dir_.string() +
+                                  "' not committed: the save of rank(s) " + failed_ranks + " failed" +
+                                  (failure ? " (rank " + std::to_string(comm_.rank()) + "'s: " +
+                                                 ckpt::detail::message_of(failure) + ")"
+                                           : std::string()));
+            manager_.release(p.file);
+            pending_.reset();
+            // a write that failed is the manager's to rethrow, at its next call; a misuse
+            // (a file not under the index's directory) stops this rank now, as a synchronous save would
+            if (failure) {
+                try {
+                    std::rethrow_exception(failure);
+                } catch (const ckpt::ConfigError&) {
+                    throw;
+                } catch (...) {
+                }
+            }
+            return std::nullopt;
+        }
+        boost::filesystem::path index;
+        try {
+            index = commit_global_index(comm_, dir_, p.step, *mine);
+        } catch (...) {  // not tried again
+            manager_.release(p.file);
+            pending_.reset();
+            throw;
+        }
+        detail::after_index_commit(comm_.rank(), manager_, dir_, index, p.file, p.copied);
+        pending_.reset();
+        last_index_ = index;
+        return index;
+    }
+
+    Comm& comm_;
+    Manager& manager_;
+    boost::filesystem::path dir_;
+    std::optional<Pending> pending_;
+    std::optional<boost::filesystem::path> last_index_;
+};
 
 /// The callback that commits the global index of each step `files` saves (an
 /// nn::ModelCheckpoint of this rank, saving into a directory under `dir`); list it after
 /// them. `pieces` says where sharded state sits (a DataParallelOptimizer's piece_map);
 /// without it every tensor is whole. Every rank must save at the same steps. See
-/// index_saved_checkpoint() for what it does.
+/// index_saved_checkpoint() for what it does; with async_save it is an IndexCommitter
+/// polled at every step's and epoch's end, and finished at the end of training.
 template <Communicator Comm, class Files>
 class GlobalIndexer {
 public:
     GlobalIndexer(Comm& comm, Files& files, ckpt::PathArg dir, std::function<ckpt::PieceMap()> pieces = {})
-        : comm_(comm), files_(files), dir_(std::move(dir)), pieces_(std::move(pieces)) {}
+        : files_(files), pieces_(std::move(pieces)), commits_(comm, files.manager(), std::move(dir)) {}
 
     void on_step_end(nn::RunContext& c) { index(c); }
     void on_epoch_end(nn::RunContext& c) { index(c); }
-    void on_train_end(nn::RunContext& c) { index(c); }
+    void on_train_end(nn::RunContext& c) {
+        index(c);
+        commits_.finish();
+    }
 
     /// The index this rank last committed.
-    const std::optional<boost::filesystem::path>& last_index() const noexcept { return last_index_; }
+    const std::optional<boost::filesystem::path>& last_index() const noexcept { return commits_.last_index(); }
 
 private:
     void index(nn::RunContext& c) {
         const auto& saved = files_.last_saved();
-        if (!saved || saved == indexed_) return;
+        if (!saved || saved == indexed_) {
+            commits_.poll();
+            return;
+        }
         indexed_ = saved;
-        last_index_ = index_saved_checkpoint(comm_, files_.manager(), dir_, c.global_step, *saved,
-                                             pieces_ ? pieces_() : ckpt::PieceMap{});
+        commits_.saved(c.global_step, *saved, pieces_ ? pieces_() : ckpt::PieceMap{});
     }
 
-    Comm& comm_;
     Files& files_;
-    boost::filesystem::path dir_;
     std::function<ckpt::PieceMap()> pieces_;
-    std::optional<boost::filesystem::path> indexed_, last_index_;
+    IndexCommitter<Comm, std::remove_reference_t<decltype(std::declval<Files&>().manager())>> commits_;
+    std::optional<boost::filesystem::path> indexed_;
 };
 
 }  // namespace fault

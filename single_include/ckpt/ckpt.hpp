@@ -6636,6 +6636,7 @@ struct AnyOf {
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -6730,7 +6731,7 @@ public:
             throw;
         }
         lock.lock();
-        queued_.push_back({free, std::move(job)});
+        queued_.push_back({free, std::move(job), ++submitted_});
         if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
         lock.unlock();
         work_.notify_one();
@@ -6742,6 +6743,26 @@ public:
         std::unique_lock lock(mutex_);
         done_.wait(lock, [&] { return queued_.empty() && !writing_; });
         rethrow_error();
+    }
+
+    /// How many saves were queued so far: the number of the last one (they are written in turn).
+    std::int64_t submitted() const {
+        std::lock_guard lock(mutex_);
+        return submitted_;
+    }
+    /// Whether save number `n` (submitted() after it was queued) is finished; never blocks.
+    bool finished(std::int64_t n) const {
+        std::lock_guard lock(mutex_);
+        return written_ >= n;
+    }
+    /// Blocks until save number `n` is finished, not the saves queued after it. What it failed
+    /// with, or nothing when it is durable. The failure stays to be rethrown by the next
+    /// submit(), wait() or check(), for the training thread: any thread may call this.
+    std::exception_ptr wait_for(std::int64_t n) {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return written_ >= n; });
+        const auto failed = failures_.find(n);
+        return failed == failures_.end() ? nullptr : failed->second;
     }
 
     /// Rethrows the error of a save that has finished; never blocks.
@@ -6768,6 +6789,7 @@ private:
     struct Queued {
         Buffer* buffer;
         Job job;
+        std::int64_t number;
     };
 
     Buffer* free_buffer() {
@@ -6809,6 +6831,10 @@ private:
             ++written_;
             write_seconds_ += took;
             max_write_seconds_ = std::max(max_write_seconds_, took);
+            if (failed) {  // for wait_for(); the last few are enough, it asks about saves in flight
+                failures_.emplace(next.number, failed);
+                if (failures_.size() > 8) failures_.erase(failures_.begin());
+            }
             if (failed && !error_) error_ = failed;
             else if (failed) log_failure(failed);  // an earlier error is still to be reported
             next.buffer->busy = false;
@@ -6824,7 +6850,8 @@ private:
     std::deque<Queued> queued_;
     bool writing_ = false;
     bool stopping_ = false;
-    std::int64_t written_ = 0;
+    std::int64_t submitted_ = 0, written_ = 0;
+    std::map<std::int64_t, std::exception_ptr> failures_;  // by number, the newest few
     double write_seconds_ = 0, max_write_seconds_ = 0;
     std::exception_ptr error_;
     std::thread thread_;
@@ -7182,6 +7209,7 @@ private:
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -7197,12 +7225,24 @@ public:
     /// global index names it.
     void pin(fs::path relative) {
         std::lock_guard lock(mutex_);
+        held_.erase(relative);
         pinned_ = std::move(relative);
     }
-    /// Whether `file` in `dir` is the pinned file.
-    bool pinned(const fs::path& file, const fs::path& dir) const {
+    /// Keeps the file at `relative` from retention too, until pin() names it or release():
+    /// a global index of it is being committed.
+    void hold(fs::path relative) {
         std::lock_guard lock(mutex_);
-        return pinned_ && file.lexically_relative(dir) == *pinned_;
+        held_.insert(std::move(relative));
+    }
+    void release(const fs::path& relative) {
+        std::lock_guard lock(mutex_);
+        held_.erase(relative);
+    }
+    /// Whether `file` in `dir` is the pinned file or a held one.
+    bool pinned(const fs::path& file, const fs::path& dir) const {
+        const auto relative = file.lexically_relative(dir);
+        std::lock_guard lock(mutex_);
+        return (pinned_ && relative == *pinned_) || held_.contains(relative);
     }
     /// Forgets what was read of `file`, deleted.
     void forget(const fs::path& file) {
@@ -7277,6 +7317,7 @@ private:
     std::string prefix_;
     mutable std::mutex mutex_;
     std::optional<fs::path> pinned_;
+    std::set<fs::path> held_;
     mutable std::map<std::string, std::uint64_t> unowned_intact_;
     mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
 };
@@ -7578,8 +7619,21 @@ public:
     /// Rethrows the error of a background save, if one failed.
     void check_background() { background_.check(); }
 
-    /// See CheckpointManager::pin().
+    /// See CheckpointManager::pin(), hold() and release().
     void pin(const fs::path& file) { memory_.pin(file.lexically_relative(dir_)); }
+    void hold(const fs::path& file) { memory_.hold(file.lexically_relative(dir_)); }
+    void release(const fs::path& file) { memory_.release(file.lexically_relative(dir_)); }
+
+    /// See CheckpointManager::durable().
+    bool durable(const fs::path& file) const {
+        const auto n = save_number(file);
+        return !n || background_.finished(*n);
+    }
+    /// See CheckpointManager::wait_for().
+    void wait_for(const fs::path& file) {
+        if (const auto n = save_number(file))
+            if (const auto failed = background_.wait_for(*n)) std::rethrow_exception(failed);
+    }
 
     /// See CheckpointManager::wait_flushed().
     FlushStats wait_flushed() {
@@ -7653,6 +7707,16 @@ public:
                 if (copy) queue_copy(file, p, restored);
                 apply_retention(file, p, restored);
             });
+            {
+                std::lock_guard lock(numbers_mutex_);
+                save_numbers_[file] = background_.submitted();  // only the training thread submits
+                if (save_numbers_.size() > 16) {  // forget the oldest: long durable
+                    auto oldest = save_numbers_.begin();
+                    for (auto it = save_numbers_.begin(); it != save_numbers_.end(); ++it)
+                        if (it->second < oldest->second) oldest = it;
+                    save_numbers_.erase(oldest);
+                }
+            }
             const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             ++async_stats_.saves;
             async_stats_.waited += waited;
@@ -8154,6 +8218,16 @@ private:
     // queues copies, so it is drained first).
     std::unique_ptr<detail::Flusher> flusher_;
     detail::BackgroundSaver background_{options_.async_buffers};
+    // the number of each recent async save, by file, for durable() and wait_for() (which other
+    // threads may call)
+    mutable std::mutex numbers_mutex_;
+    std::map<fs::path, std::int64_t> save_numbers_;
+
+    std::optional<std::int64_t> save_number(const fs::path& file) const {
+        std::lock_guard lock(numbers_mutex_);
+        const auto it = save_numbers_.find(file);
+        return it == save_numbers_.end() ? std::nullopt : std::optional<std::int64_t>(it->second);
+    }
 };
 
 }  // namespace detail
@@ -8268,6 +8342,20 @@ public:
     /// break the one whole index before the next is committed (fault::index_saved_checkpoint
     /// pins each rank's).
     void pin(const PathArg& file);
+    /// Retention on either level also keeps `file` until pin() names it or release() lets it
+    /// go: a file whose global index is yet to be committed (fault::IndexCommitter holds each
+    /// rank's while its index waits for the others).
+    void hold(const PathArg& file);
+    void release(const PathArg& file);
+    /// Whether the save of `file` (a path on_step() or save() returned) is durable, its
+    /// retention done; never blocks. Always, after a synchronous save. A failed save counts
+    /// as done: wait_for() says what it failed with.
+    bool durable(const PathArg& file) const;
+    /// With async_save: blocks until the save of `file` is durable, not the saves handed over
+    /// after it, and rethrows what it failed with (which the training thread's next call
+    /// rethrows too). Any thread may call it while the manager lives. Returns at once after a
+    /// synchronous save.
+    void wait_for(const PathArg& file);
     /// Call when the loop fails: with exception_save on, writes "…_breakpoint.ckpt".
     template <class State>
     std::optional<Path> on_exception(const Progress& p, State&& state) {
@@ -8428,6 +8516,26 @@ bool CheckpointManager<S, R, N, A, C>::due_at_train_end(Progress& p) { return co
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
 void CheckpointManager<S, R, N, A, C>::pin(const PathArg& file) {
     core_->pin(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::hold(const PathArg& file) {
+    core_->hold(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::release(const PathArg& file) {
+    core_->release(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+bool CheckpointManager<S, R, N, A, C>::durable(const PathArg& file) const {
+    return core_->durable(file);
+}
+
+template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>
+void CheckpointManager<S, R, N, A, C>::wait_for(const PathArg& file) {
+    core_->wait_for(file);
 }
 
 template <SavePolicy S, RetentionPolicy R, NamingPolicy N, ArchivePolicy A, CodecPolicy C>

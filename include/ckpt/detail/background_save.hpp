@@ -13,6 +13,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -109,7 +110,7 @@ public:
             throw;
         }
         lock.lock();
-        queued_.push_back({free, std::move(job)});
+        queued_.push_back({free, std::move(job), ++submitted_});
         if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
         lock.unlock();
         work_.notify_one();
@@ -121,6 +122,26 @@ public:
         std::unique_lock lock(mutex_);
         done_.wait(lock, [&] { return queued_.empty() && !writing_; });
         rethrow_error();
+    }
+
+    /// How many saves were queued so far: the number of the last one (they are written in turn).
+    std::int64_t submitted() const {
+        std::lock_guard lock(mutex_);
+        return submitted_;
+    }
+    /// Whether save number `n` (submitted() after it was queued) is finished; never blocks.
+    bool finished(std::int64_t n) const {
+        std::lock_guard lock(mutex_);
+        return written_ >= n;
+    }
+    /// Blocks until save number `n` is finished, not the saves queued after it. What it failed
+    /// with, or nothing when it is durable. The failure stays to be rethrown by the next
+    /// submit(), wait() or check(), for the training thread: any thread may call this.
+    std::exception_ptr wait_for(std::int64_t n) {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return written_ >= n; });
+        const auto failed = failures_.find(n);
+        return failed == failures_.end() ? nullptr : failed->second;
     }
 
     /// Rethrows the error of a save that has finished; never blocks.
@@ -147,6 +168,7 @@ private:
     struct Queued {
         Buffer* buffer;
         Job job;
+        std::int64_t number;
     };
 
     Buffer* free_buffer() {
@@ -188,6 +210,10 @@ private:
             ++written_;
             write_seconds_ += took;
             max_write_seconds_ = std::max(max_write_seconds_, took);
+            if (failed) {  // for wait_for(); the last few are enough, it asks about saves in flight
+                failures_.emplace(next.number, failed);
+                if (failures_.size() > 8) failures_.erase(failures_.begin());
+            }
             if (failed && !error_) error_ = failed;
             else if (failed) log_failure(failed);  // an earlier error is still to be reported
             next.buffer->busy = false;
@@ -203,7 +229,8 @@ private:
     std::deque<Queued> queued_;
     bool writing_ = false;
     bool stopping_ = false;
-    std::int64_t written_ = 0;
+    std::int64_t submitted_ = 0, written_ = 0;
+    std::map<std::int64_t, std::exception_ptr> failures_;  // by number, the newest few
     double write_seconds_ = 0, max_write_seconds_ = 0;
     std::exception_ptr error_;
     std::thread thread_;

@@ -222,8 +222,21 @@ public:
     /// Rethrows the error of a background save, if one failed.
     void check_background() { background_.check(); }
 
-    /// See CheckpointManager::pin().
+    /// See CheckpointManager::pin(), hold() and release().
     void pin(const fs::path& file) { memory_.pin(file.lexically_relative(dir_)); }
+    void hold(const fs::path& file) { memory_.hold(file.lexically_relative(dir_)); }
+    void release(const fs::path& file) { memory_.release(file.lexically_relative(dir_)); }
+
+    /// See CheckpointManager::durable().
+    bool durable(const fs::path& file) const {
+        const auto n = save_number(file);
+        return !n || background_.finished(*n);
+    }
+    /// See CheckpointManager::wait_for().
+    void wait_for(const fs::path& file) {
+        if (const auto n = save_number(file))
+            if (const auto failed = background_.wait_for(*n)) std::rethrow_exception(failed);
+    }
 
     /// See CheckpointManager::wait_flushed().
     FlushStats wait_flushed() {
@@ -297,6 +310,16 @@ public:
                 if (copy) queue_copy(file, p, restored);
                 apply_retention(file, p, restored);
             });
+            {
+                std::lock_guard lock(numbers_mutex_);
+                save_numbers_[file] = background_.submitted();  // only the training thread submits
+                if (save_numbers_.size() > 16) {  // forget the oldest: long durable
+                    auto oldest = save_numbers_.begin();
+                    for (auto it = save_numbers_.begin(); it != save_numbers_.end(); ++it)
+                        if (it->second < oldest->second) oldest = it;
+                    save_numbers_.erase(oldest);
+                }
+            }
             const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             ++async_stats_.saves;
             async_stats_.waited += waited;
@@ -798,6 +821,16 @@ private:
     // queues copies, so it is drained first).
     std::unique_ptr<detail::Flusher> flusher_;
     detail::BackgroundSaver background_{options_.async_buffers};
+    // the number of each recent async save, by file, for durable() and wait_for() (which other
+    // threads may call)
+    mutable std::mutex numbers_mutex_;
+    std::map<fs::path, std::int64_t> save_numbers_;
+
+    std::optional<std::int64_t> save_number(const fs::path& file) const {
+        std::lock_guard lock(numbers_mutex_);
+        const auto it = save_numbers_.find(file);
+        return it == save_numbers_.end() ? std::nullopt : std::optional<std::int64_t>(it->second);
+    }
 };
 
 }  // namespace detail

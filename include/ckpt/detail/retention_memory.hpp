@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,12 +32,24 @@ public:
     /// global index names it.
     void pin(fs::path relative) {
         std::lock_guard lock(mutex_);
+        held_.erase(relative);
         pinned_ = std::move(relative);
     }
-    /// Whether `file` in `dir` is the pinned file.
-    bool pinned(const fs::path& file, const fs::path& dir) const {
+    /// Keeps the file at `relative` from retention too, until pin() names it or release():
+    /// a global index of it is being committed.
+    void hold(fs::path relative) {
         std::lock_guard lock(mutex_);
-        return pinned_ && file.lexically_relative(dir) == *pinned_;
+        held_.insert(std::move(relative));
+    }
+    void release(const fs::path& relative) {
+        std::lock_guard lock(mutex_);
+        held_.erase(relative);
+    }
+    /// Whether `file` in `dir` is the pinned file or a held one.
+    bool pinned(const fs::path& file, const fs::path& dir) const {
+        const auto relative = file.lexically_relative(dir);
+        std::lock_guard lock(mutex_);
+        return (pinned_ && relative == *pinned_) || held_.contains(relative);
     }
     /// Forgets what was read of `file`, deleted.
     void forget(const fs::path& file) {
@@ -111,6 +124,7 @@ private:
     std::string prefix_;
     mutable std::mutex mutex_;
     std::optional<fs::path> pinned_;
+    std::set<fs::path> held_;
     mutable std::map<std::string, std::uint64_t> unowned_intact_;
     mutable std::map<std::string, std::pair<std::uint64_t, std::map<std::string, double>>> metrics_read_;
 };
