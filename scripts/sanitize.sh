@@ -87,7 +87,7 @@ tsan() {
         "-sf=*test_last_words.cpp"
         "-sf=*test_data_parallel.cpp,*test_uce.cpp,*test_comm.cpp,*test_cluster.cpp,*test_memory_level.cpp,*test_durable_level.cpp"
         "-ts=async save,codec"
-        "-tc=large bodies are read by two threads*,a step saved by 4 ranks loads into*"
+        "-tc=large bodies are read by two threads*,a step saved by 4 ranks loads into*,async saves commit their global index*,a rank whose async save fails*"
         "-sf=*test_trainer.cpp|-tc=a termination signal*"
     )
     local logs=build-tsan/logs pids=() status=0
