@@ -599,13 +599,17 @@ TEST_CASE("async saves commit their global index later, keeping a pending step's
             std::fill(w.begin(), w.end(), static_cast<float>(step));
             const auto file = mgr.on_step(ckpt::Progress::at_iteration(step), state);
             REQUIRE(file);
+            mgr.wait_for(*file);  // its retention has run before the pending step's index is committed
             const auto committed = commits.saved(step, *file);
             CHECK(commits.pending_step() == step);
             CHECK(committed.has_value() == (step > 1));
-            if (committed && comm.rank() == 0) {
-                // whole: the files it names were held while it was pending
-                CHECK(fault::latest_global_index(dir.path()) == *committed);
-                CHECK(committed->filename() == "index-step_" + std::to_string(step - 1) + ".ckpt");
+            if (committed) CHECK(committed->filename() == "index-step_" + std::to_string(step - 1) + ".ckpt");
+            if (committed && comm.rank() == 0 && step > 2) {
+                // the index committed at the save before is written by now (rank 0 said so in
+                // this call's exchange), and whole: the files it names were held while it was pending
+                const auto before = fault::global_index_path(dir.path(), step - 2);
+                CHECK(fs::exists(before));
+                CHECK_FALSE(fault::detail::global_index_files_problem(before));
             }
             comm.barrier();  // rank 0's check before either goes on
         }
@@ -618,9 +622,10 @@ TEST_CASE("async saves commit their global index later, keeping a pending step's
         REQUIRE(committed);
         CHECK(committed->filename() == "index-step_4.ckpt");
         pending[static_cast<std::size_t>(comm.rank())] = commits.pending_step();
-        CHECK_FALSE(commits.finish());  // nothing left
+        CHECK_FALSE(commits.finish());  // nothing left to commit; rank 0's write is waited for
     }).rethrow();
     CHECK(pending == std::vector<std::optional<std::int64_t>>(2));
+    CHECK(fault::latest_global_index(dir.path()) == fault::global_index_path(dir.path(), 4));
     // what the index of step 4 names loads, as saved
     fault::ThreadGroup again(2, std::chrono::seconds(20));
     fault::run_ranks(again, [&](fault::ThreadComm& comm) {
@@ -661,11 +666,21 @@ TEST_CASE("a rank whose async save fails gives up the step's index on every rank
         CHECK_FALSE(commits.pending_step());
         if (comm.rank() == 1) CHECK_THROWS_AS(mgr.wait(), ckpt::IoError);
         else CHECK_NOTHROW(mgr.wait());
+        // rank 0 cannot write the index of step 3 (a directory is in the way): every rank hears
+        // of it at the next exchange, and the index of step 1 stays the newest
+        if (comm.rank() == 0) fs::create_directories(fault::global_index_path(dir.path(), 3) / "in_the_way");
+        comm.barrier();
+        commits.saved(3, *mgr.on_step(ckpt::Progress::at_iteration(3), state));
+        CHECK(commits.finish() == fault::global_index_path(dir.path(), 3));
+        CHECK(commits.last_index() == fault::global_index_path(dir.path(), 1));
     }).rethrow();
     const auto latest = fault::latest_global_index(dir.path());
     REQUIRE(latest);
     CHECK(latest->filename() == "index-step_1.ckpt");
     CHECK_FALSE(fs::exists(fault::global_index_path(dir.path(), 2)));
+    CHECK(std::count_if(log.warnings.begin(), log.warnings.end(), [](const std::string& w) {
+              return w.find("index-step_3.ckpt' could not be written") != std::string::npos;
+          }) == 2);
     const auto said = std::count_if(log.warnings.begin(), log.warnings.end(), [](const std::string& w) {
         return w.find("global index of step 2") != std::string::npos && w.find("the save of rank(s) 1 failed") != std::string::npos;
     });

@@ -78,8 +78,15 @@ inline ckpt::GlobalIndex describe_rank_file(const ckpt::PathArg& dir, const ckpt
 /// the overload below describes it). Returns the index's path. A collective.
 template <Communicator Comm>
 boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir, std::int64_t global_step,
-                                            const ckpt::GlobalIndex& mine) {
-    const auto path = global_index_path(dir, global_step);
+                                            const ckpt::GlobalIndex& mine);
+
+namespace detail {
+
+/// The global index of `global_step` from every rank's description (`mine`, this rank's),
+/// built and checked on every rank alike: commit_global_index() without the write. A collective.
+template <Communicator Comm>
+ckpt::GlobalIndex gather_global_index(Comm& comm, const ckpt::PathArg& dir, std::int64_t global_step,
+                                      const ckpt::GlobalIndex& mine) {
     // every description to every rank by allgather, not by sends to rank 0: a collective fails
     // at once when a rank dies, as the training's own calls do, where a send already queued
     // to a dead peer may wait for its timeout (see GlooComm)
@@ -125,11 +132,24 @@ boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir
         for (const auto& [name, copies] : theirs.copies) index.copies.emplace(name, copies);
     }
     ckpt::detail::check_pieces_fit(index, "global index of step " + std::to_string(global_step) + " in '" + dir.string() + "'");
-    if (comm.rank() == 0) {
-        ckpt::SaveOptions save;
-        save.step = global_step;
-        ckpt::save_checkpoint(ckpt::index_to_dict(index), path, save);
-    }
+    return index;
+}
+
+/// Writes `index` to `path`, atomically and durably.
+inline void write_global_index(const ckpt::GlobalIndex& index, const boost::filesystem::path& path) {
+    ckpt::SaveOptions save;
+    save.step = index.global_step;
+    ckpt::save_checkpoint(ckpt::index_to_dict(index), path, save);
+}
+
+}  // namespace detail
+
+template <Communicator Comm>
+boost::filesystem::path commit_global_index(Comm& comm, const ckpt::PathArg& dir, std::int64_t global_step,
+                                            const ckpt::GlobalIndex& mine) {
+    const auto index = detail::gather_global_index(comm, dir, global_step, mine);
+    const auto path = global_index_path(dir, global_step);
+    if (comm.rank() == 0) detail::write_global_index(index, path);
     comm.barrier();
     return path;
 }
@@ -237,15 +257,11 @@ inline void remove_stale_global_indexes(const ckpt::PathArg& dir) {
 
 namespace detail {
 
-/// What follows the commit of `index`, the global index naming this rank's `file`: the
-/// manager keeps the file until the next index is committed; rank 0 removes the indexes whose
-/// files retention deleted and, when `copied` (the file goes to the durable level), queues the
+/// Rank 0's part once the global index at `index` is written: removes the indexes whose files
+/// retention deleted and, when `copied` (the ranks' files go to the durable level), queues the
 /// index's copy there.
 template <class Manager>
-void after_index_commit(int rank, Manager& manager, const ckpt::PathArg& dir, const boost::filesystem::path& index,
-                        const ckpt::PathArg& file, bool copied) {
-    if constexpr (requires { manager.pin(file); }) manager.pin(file);
-    if (rank != 0) return;
+void publish_global_index(Manager& manager, const ckpt::PathArg& dir, const boost::filesystem::path& index, bool copied) {
     remove_stale_global_indexes(dir);
     const auto* durable = manager.durable_directory();
     if (!durable || !copied) return;
@@ -255,6 +271,16 @@ void after_index_commit(int rank, Manager& manager, const ckpt::PathArg& dir, co
         if (const auto f = target_dir / p.file; std::find(needs.begin(), needs.end(), f) == needs.end()) needs.push_back(f);
     manager.queue_durable_copy(index, target_dir / index.filename(), std::move(needs),
                                [target_dir] { remove_stale_global_indexes(target_dir); });
+}
+
+/// What follows the commit of `index`, the global index naming this rank's `file`: the
+/// manager keeps the file until the next index is committed; rank 0 publishes the index
+/// (publish_global_index()).
+template <class Manager>
+void after_index_commit(int rank, Manager& manager, const ckpt::PathArg& dir, const boost::filesystem::path& index,
+                        const ckpt::PathArg& file, bool copied) {
+    if constexpr (requires { manager.pin(file); }) manager.pin(file);
+    if (rank == 0) publish_global_index(manager, dir, index, copied);
 }
 
 }  // namespace detail
@@ -288,14 +314,16 @@ boost::filesystem::path index_saved_checkpoint(Comm& comm, Manager& manager, con
 }
 
 /// Commits the global index of each step a rank's `manager` saves, as index_saved_checkpoint()
-/// does, and with async_save without making the training thread wait for the write: a thread
+/// does, and with async_save without making the training thread wait for the writes: a thread
 /// of its own waits until this rank's file is durable and describes it (reading it back to
-/// checksum its chunks), and the index is committed at the first poll() where every rank's
-/// file is described. The ranks ask each other at the 1st, 2nd, 4th, 8th… poll() after a save
-/// (one allgather of a word each), and commit at the next save or finish() at the latest,
-/// waiting then. Until its index is committed a step is not saved: latest_global_index() and
-/// the loads find the previous one, whose files the managers keep (pin()) as they keep the
-/// pending step's (hold()), whatever their retention says.
+/// checksum its chunks), the ranks exchange the descriptions at the first poll() where every
+/// rank's file is described, and rank 0 writes the index on a thread of its own. The ranks ask
+/// each other at the 1st, 2nd, 4th, 8th… poll() after a save (one allgather of two words each),
+/// and commit at the next save or finish() at the latest, waiting then. Until its index is
+/// committed a step is not saved: latest_global_index() and the loads find the previous one,
+/// whose files the managers keep (pin()) as they keep the pending step's (hold()), whatever
+/// their retention says; the index before it keeps its files too until rank 0 says, at the
+/// next exchange, that the new one is written.
 ///
 ///   fault::IndexCommitter commits(comm, manager, dir);
 ///   for (...) {
@@ -308,7 +336,8 @@ boost::filesystem::path index_saved_checkpoint(Comm& comm, Manager& manager, con
 ///
 /// Every rank must call it at the same steps (the calls are collectives). A rank whose save
 /// failed tells the others, and the step is given up on every rank (a warning names the
-/// rank); its manager rethrows the failure at its next call. Destroy it before the manager.
+/// rank); its manager rethrows the failure at its next call. An index rank 0 could not write
+/// is given up alike, at the next exchange. Destroy it before the manager.
 /// With synchronous saves, saved() is index_saved_checkpoint() and poll() does nothing.
 template <Communicator Comm, class Manager>
 class IndexCommitter {
@@ -316,9 +345,10 @@ public:
     IndexCommitter(Comm& comm, Manager& manager, ckpt::PathArg dir) : comm_(comm), manager_(manager), dir_(std::move(dir)) {}
     IndexCommitter(const IndexCommitter&) = delete;
     IndexCommitter& operator=(const IndexCommitter&) = delete;
-    /// Lets the pending step's file go (after its describer is done with it): its index will
-    /// not be committed.
+    /// Waits for its threads. The pending step's file is let go: its index will not be
+    /// committed. The files of the last two indexes stay kept while the manager lives.
     ~IndexCommitter() {
+        if (writing_.valid()) writing_.wait();
         if (!pending_) return;
         pending_->description.wait();
         manager_.release(pending_->file);
@@ -326,14 +356,15 @@ public:
 
     /// After this rank's manager saved `file` at `global_step`: commits the pending step's index
     /// first (waiting for it), then this step's, at once with synchronous saves. Returns the
-    /// index committed now, if any. A collective.
+    /// index committed now, if any (with async_save, rank 0 may still be writing it). A
+    /// collective.
     std::optional<boost::filesystem::path> saved(std::int64_t global_step, const ckpt::PathArg& file,
                                                  ckpt::PieceMap places = {}) {
         if (!manager_.options().async_save) {
             last_index_ = index_saved_checkpoint(comm_, manager_, dir_, global_step, file, places);
             return last_index_;
         }
-        auto committed = finish();
+        auto committed = pending_ ? commit(true) : std::nullopt;
         manager_.hold(file);
         Pending& p = pending_.emplace();
         p.step = global_step;
@@ -357,18 +388,19 @@ public:
         return commit(false);
     }
 
-    /// Waits for the pending step's file on every rank and commits its index. Returns it, if
-    /// one was pending. A collective.
+    /// Waits for the pending step's file on every rank and commits its index, then for rank 0
+    /// to have written it. Returns it, if one was pending. A collective.
     std::optional<boost::filesystem::path> finish() {
-        if (!pending_) return std::nullopt;
-        return commit(true);
+        auto committed = pending_ ? commit(true) : std::nullopt;
+        if (unconfirmed_) settle(detail::allgather_records(comm_, Status{described, write_outcome()})[0].index);
+        return committed;
     }
 
     /// The step whose index is yet to be committed, if any.
     std::optional<std::int64_t> pending_step() const {
         return pending_ ? std::optional<std::int64_t>(pending_->step) : std::nullopt;
     }
-    /// The index this rank last committed.
+    /// The index this rank last committed (with async_save, rank 0 may still be writing it).
     const std::optional<boost::filesystem::path>& last_index() const noexcept { return last_index_; }
 
 private:
@@ -379,7 +411,44 @@ private:
         std::int64_t polls = 0;
         std::shared_future<ckpt::GlobalIndex> description;  // from a thread of its own
     };
-    enum Status : std::int64_t { busy = 0, described = 1, failed = 2 };
+    struct Committed {
+        boost::filesystem::path file;   // this rank's, which the index names
+        boost::filesystem::path index;
+    };
+    enum Code : std::int64_t { busy = 0, described = 1, failed = 2, none = 3, written = 4 };
+    struct Status {
+        std::int64_t file;   // this rank's description: busy, described or failed
+        std::int64_t index;  // rank 0's write of the index committed last: none, written or failed
+    };
+
+    /// Rank 0: how its write of the last index ended (waiting for it); others: none.
+    std::int64_t write_outcome() {
+        if (!writing_.valid()) return none;
+        try {
+            writing_.get();
+            return written;
+        } catch (...) {
+            write_failure_ = ckpt::detail::message_of(std::current_exception());
+            return failed;
+        }
+    }
+
+    /// What every rank learns of rank 0's last write (`outcome`): written, the new index's files
+    /// are the ones to keep; failed, the step is given up and the index before stays the newest.
+    void settle(std::int64_t outcome) {
+        if (!unconfirmed_ || outcome == none) return;
+        if (outcome == written) {
+            if (confirmed_) manager_.release(confirmed_->file);
+            confirmed_ = std::move(unconfirmed_);
+        } else {
+            ckpt::detail::log(ckpt::LogLevel::warning,
+                              "global index '" + unconfirmed_->index.string() + "' could not be written" +
+                                  (comm_.rank() == 0 ? ": " + write_failure_ : std::string(" (rank 0 says why)")) +
+                                  "; its step is not saved");
+            last_index_ = confirmed_ ? std::optional<boost::filesystem::path>(confirmed_->index) : std::nullopt;
+        }
+        unconfirmed_.reset();
+    }
 
     std::optional<boost::filesystem::path> commit(bool wait) {
         Pending& p = *pending_;
@@ -394,12 +463,13 @@ private:
                 failure = std::current_exception();
             }
         }
-        const auto statuses =
-            detail::allgather_records(comm_, static_cast<std::int64_t>(!ready ? busy : mine ? described : failed));
-        if (std::any_of(statuses.begin(), statuses.end(), [](std::int64_t s) { return s == busy; })) return std::nullopt;
+        const auto statuses = detail::allgather_records(
+            comm_, Status{!ready ? busy : mine ? described : failed, write_outcome()});
+        settle(statuses[0].index);
+        if (std::any_of(statuses.begin(), statuses.end(), [](const Status& s) { return s.file == busy; })) return std::nullopt;
         std::string failed_ranks;
         for (std::size_t r = 0; r < statuses.size(); ++r)
-            if (statuses[r] == failed) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
+            if (statuses[r].file == failed) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
         if (!failed_ranks.empty()) {
             ckpt::detail::log(ckpt::LogLevel::warning,
                               "global index of step " + std::to_string(p.step) + " in '" + dir_.string() +
@@ -421,24 +491,36 @@ private:
             }
             return std::nullopt;
         }
-        boost::filesystem::path index;
+        const auto path = global_index_path(dir_, p.step);
         try {
-            index = commit_global_index(comm_, dir_, p.step, *mine);
+            auto index = detail::gather_global_index(comm_, dir_, p.step, *mine);
+            if (comm_.rank() == 0)  // written, old indexes removed and the copy queued, on a thread of its own
+                writing_ = std::async(std::launch::async, [&manager = manager_, dir = dir_, path, copied = p.copied,
+                                                           index = std::move(index)] {
+                    detail::write_global_index(index, path);
+                    detail::publish_global_index(manager, dir, path, copied);
+                });
         } catch (...) {  // not tried again
             manager_.release(p.file);
             pending_.reset();
             throw;
         }
-        detail::after_index_commit(comm_.rank(), manager_, dir_, index, p.file, p.copied);
+        // the files of the index before stay until this one is known to be written
+        if (confirmed_) manager_.hold(confirmed_->file);
+        manager_.pin(p.file);
+        unconfirmed_ = Committed{p.file, path};
         pending_.reset();
-        last_index_ = index;
-        return index;
+        last_index_ = path;
+        return path;
     }
 
     Comm& comm_;
     Manager& manager_;
     boost::filesystem::path dir_;
     std::optional<Pending> pending_;
+    std::optional<Committed> confirmed_, unconfirmed_;  // the newest index known written, and the one being written
+    std::future<void> writing_;                         // rank 0's write of the newest index
+    std::string write_failure_;                         // rank 0: why it failed
     std::optional<boost::filesystem::path> last_index_;
 };
 
