@@ -9,6 +9,8 @@
 #include <array>
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "support.hpp"
@@ -222,3 +224,21 @@ TEST_CASE("a manager moves: returned from a factory, kept in an optional and a v
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("log levels compare by severity, so that a sink can keep what the default one prints") {
+    static_assert(ckpt::LogLevel::info < ckpt::LogLevel::notice && ckpt::LogLevel::notice < ckpt::LogLevel::warning);
+    test::LogCapture sink_after;  // puts the suite's sink back at the end
+    std::vector<std::string> kept;
+    ckpt::set_log_sink([&kept](ckpt::LogLevel level, std::string_view msg) {
+        if (level >= ckpt::LogLevel::notice) kept.emplace_back(msg);
+    });
+    test::TempDir dir;
+    ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> mgr(dir.path(), "run");
+    std::vector<float> w(4, 1.0f);
+    ckpt::ParamDict state;
+    state.set("w", ckpt::view_of(w));
+    CHECK_FALSE(mgr.restore(state));  // a notice: nothing to resume from
+    ckpt::set_log_sink({});
+    REQUIRE(kept.size() == 1);
+    CHECK(kept[0].find("starting from the beginning") != std::string::npos);
+}

@@ -318,15 +318,15 @@ TEST_CASE("damaged compressed and encrypted bodies are corruption, altered ones 
                 ckpt::ParamDict into = large_state();
                 CHECK_THROWS_AS(ckpt::load_checkpoint_into(file, into, true, with_key(key)), ckpt::AuthenticationError);
             }
-            // Deep in a large body: the segment is named, whichever way the body was read (into
-            // existing tensors, segment 3 is decrypted in the background).
+            // Deep in a large body: the segment is named, counting from 1, whichever way the body
+            // was read (into existing tensors, the fourth segment is decrypted in the background).
             fresh();
             rewrite_body(file, [](std::vector<char>& b) { b[64 + 3 * ((1u << 20) + 16) + 5] ^= 1; });
-            CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(file, with_key(key)), doctest::Contains("segment 3 of"),
+            CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(file, with_key(key)), doctest::Contains("segment 4 of"),
                                  ckpt::AuthenticationError);
             ckpt::ParamDict into = large_state();
             CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(file, into, true, with_key(key)),
-                                 doctest::Contains("segment 3 of"), ckpt::AuthenticationError);
+                                 doctest::Contains("segment 4 of"), ckpt::AuthenticationError);
             // The header is authenticated too: another step, with the header check recomputed.
             fresh();
             auto b = test::read_bytes(file);

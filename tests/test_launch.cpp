@@ -156,6 +156,9 @@ TEST_CASE("ckpt-run forwards SIGTERM to the workers and exits with 128 + 15, bad
     test::Process help({CKPT_RUN, "--help"}, (dir / "help.log").string());
     CHECK(help.wait(10s) == 0);
     CHECK(help.output().find("--max-restarts") != std::string::npos);
+    // one usage line, and it shows where the program goes
+    CHECK(help.output().find("Usage: ckpt-run --nproc N --store URL [options] -- PROGRAM ARGS...\n") != std::string::npos);
+    CHECK(help.output().find("Usage:") == help.output().rfind("Usage:"));
     test::Process nostore({CKPT_RUN, "--nproc", "2", "--", "/bin/true"}, (dir / "nostore.log").string());
     CHECK(nostore.wait(10s) == 2);
     CHECK(nostore.output().find("--store is required") != std::string::npos);

@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -114,6 +115,13 @@ void stop_all(std::vector<Worker>& workers, int sig, std::chrono::seconds grace)
     }
 }
 
+/// CLI11's own usage line says only "ckpt-run [OPTIONS]": this one shows where the program goes.
+struct Usage : CLI::Formatter {
+    std::string make_usage(const CLI::App*, std::string) const override {
+        return "Usage: ckpt-run --nproc N --store URL [options] -- PROGRAM ARGS...\n";
+    }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,7 +142,7 @@ int main(int argc, char** argv) {
                  "The job's world size may change: a worker that fails with no restarts left is left out and the "
                  "others go on (the workers must be elastic too, e.g. cluster_recover --elastic)");
     app.add_option("--grace", grace, "Seconds between SIGTERM and SIGKILL when stopping workers")->check(CLI::Range(0, 1000000));
-    app.footer("Usage: ckpt-run --nproc N --store URL [options] -- PROGRAM ARGS...");
+    app.formatter(std::make_shared<Usage>());
     app.prefix_command();  // PROGRAM and its arguments pass through untouched
     try {
         app.parse(argc, argv);

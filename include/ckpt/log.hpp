@@ -17,8 +17,9 @@ namespace ckpt {
 
 /// info: what ckpt did on its own (silent by default); notice: what the program should know
 /// though nothing is wrong (which file a resume took, that a fresh start follows); warning:
-/// something is wrong (a corrupt file skipped, a deletion that failed).
-enum class LogLevel { info, warning, notice };
+/// something is wrong (a corrupt file skipped, a deletion that failed). Ordered by severity:
+/// a sink may keep `level >= LogLevel::notice`.
+enum class LogLevel { info, notice, warning };
 
 /// Receives each message ckpt logs, with its level (set_log_sink()); called by one thread at a
 /// time.

@@ -374,8 +374,8 @@ def aes_decode(stored, key, header56, path, budget=None):
             plain = aead.decrypt(_nonce(i, i == count - 1), bytes(stored[at:at + n]), aad)
         except InvalidTag:
             out.fill(0)
-            raise AuthenticationError("checkpoint '%s' fails authentication at segment %d of %d: its body or header "
-                                      "was altered after it was written" % (path, i, count), path) from None
+            raise AuthenticationError("checkpoint '%s' fails authentication in segment %d of %d: its body or header "
+                                      "was altered after it was written" % (path, i + 1, count), path) from None
         out[pos:pos + len(plain)] = np.frombuffer(plain, dtype=np.uint8)
         at += n
         pos += len(plain)

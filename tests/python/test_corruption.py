@@ -156,7 +156,7 @@ def test_altered_encrypted_body_fails_authentication(tmp_path, name):
         damaged[at] ^= 0x01
         path = support.write(tmp_path / name, reseal(damaged))
         ckpt.verify(path)  # the checksums match: only the key can tell
-        e = refused(path, ckpt.AuthenticationError, match="fails authentication at segment 0 of 1")
+        e = refused(path, ckpt.AuthenticationError, match="fails authentication in segment 1 of 1")
         assert isinstance(e, ckpt.ChecksumError)
         with pytest.raises(ckpt.AuthenticationError):
             ckpt.verify(path, key=GOLDEN_KEY)

@@ -207,9 +207,10 @@ private:
     std::optional<BlockPipeline> pipeline_;
 };
 
+/// `segment` counts from 0; the message, for people, from 1 ("segment 1 of 3").
 inline AuthenticationError aes_authentication_error(const std::string& path, std::uint64_t segment,
                                                     std::uint64_t segments) {
-    return AuthenticationError("checkpoint '" + path + "' fails authentication in segment " + std::to_string(segment) +
+    return AuthenticationError("checkpoint '" + path + "' fails authentication in segment " + std::to_string(segment + 1) +
                                    " of " + std::to_string(segments) +
                                    ": its body or header was altered after it was encrypted",
                                path);
