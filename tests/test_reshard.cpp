@@ -685,6 +685,27 @@ TEST_CASE("a rank whose async save fails gives up the step's index on every rank
         return w.find("global index of step 2") != std::string::npos && w.find("the save of rank(s) 1 failed") != std::string::npos;
     });
     CHECK(said == 2);  // on each rank
+
+    // a manager saving outside the index's directory is a misuse: every rank stops, as with
+    // synchronous saves, rather than train on with steps that are never saved
+    test::TempDir elsewhere;
+    fault::ThreadGroup again(2, std::chrono::seconds(20));
+    const auto errors = fault::run_ranks(again, [&](fault::ThreadComm& comm) {
+        std::vector<float> w(64, 1.0f);
+        ckpt::ParamDict state;
+        state.set("w", ckpt::view_of(w));
+        ckpt::ManagerOptions async;
+        async.async_save = true;
+        ckpt::CheckpointManager<ckpt::EverySteps, ckpt::KeepLast, ckpt::StepNaming> mgr(
+            elsewhere / ("rank_" + std::to_string(comm.rank())), "net", ckpt::EverySteps{1}, ckpt::KeepLast{2}, {}, async);
+        fault::IndexCommitter commits(comm, mgr, dir.path());
+        commits.saved(1, *mgr.on_step(ckpt::Progress::at_iteration(1), state));
+        commits.finish();
+    });
+    for (const auto& e : errors) {
+        REQUIRE(e);
+        CHECK_THROWS_WITH_AS(std::rethrow_exception(e), doctest::Contains("is not under"), ckpt::ConfigError);
+    }
 }
 
 namespace {
