@@ -690,6 +690,78 @@ TEST_CASE("several async buffers keep saves in order and bound what is in flight
                          doctest::Contains("async_buffers must be at least 1"), ckpt::ConfigError);
 }
 
+/// A retention that lets through as many saves as the test allows, one at a time: saves in
+/// flight whose ends the test controls.
+struct SaveTurnstile {
+    std::mutex m;
+    std::condition_variable cv;
+    int allowed = 0;
+    void allow_one() {
+        {
+            std::lock_guard lock(m);
+            ++allowed;
+        }
+        cv.notify_all();
+    }
+};
+
+struct TurnstileRetention {
+    SaveTurnstile* turnstile;
+    std::vector<std::size_t> to_delete(std::span<const ckpt::StoredCheckpoint>) const {
+        std::unique_lock lock(turnstile->m);
+        if (!turnstile->cv.wait_for(lock, std::chrono::seconds(30), [&] { return turnstile->allowed > 0; }))
+            throw std::runtime_error("the test never let the save through");
+        --turnstile->allowed;
+        return {};
+    }
+};
+
+TEST_CASE("durable() and wait_for() ask about one async save, not about those handed over after it") {
+    test::TempDir dir;
+    std::vector<float> w(1024, 1.0f);
+    ckpt::ParamDict state;
+    state.set("w", ckpt::view_of(w));
+    SaveTurnstile turnstile;
+    auto o = async_options();
+    o.async_buffers = 2;
+    ckpt::CheckpointManager<ckpt::EverySteps, TurnstileRetention, ckpt::StepNaming> mgr(
+        dir.path(), "t", ckpt::EverySteps{1}, TurnstileRetention{&turnstile}, {}, o);
+    const auto first = mgr.on_step(ckpt::Progress::at_iteration(1), state);
+    const auto second = mgr.on_step(ckpt::Progress::at_iteration(2), state);
+    REQUIRE(first);
+    REQUIRE(second);
+    CHECK_FALSE(mgr.durable(*first));  // both held in their retention
+    CHECK_FALSE(mgr.durable(*second));
+    turnstile.allow_one();
+    mgr.wait_for(*first);  // returns while the second is still held
+    CHECK(mgr.durable(*first));
+    CHECK_NOTHROW(ckpt::verify_checkpoint(*first));
+    CHECK_FALSE(mgr.durable(*second));
+    turnstile.allow_one();
+    mgr.wait_for(*second);
+    CHECK(mgr.durable(*second));
+
+    // a synchronous save is durable when on_step returns; a file the manager never saved is
+    // not waited for
+    StepManager sync(dir / "sync", "s", ckpt::EverySteps{1}, ckpt::KeepLast{2});
+    const auto saved = sync.on_step(ckpt::Progress::at_iteration(1), state);
+    REQUIRE(saved);
+    CHECK(sync.durable(*saved));
+    CHECK_NOTHROW(sync.wait_for(*saved));
+
+    // a save that failed is done, and wait_for() says why, naming the file
+    SaveTurnstile open;
+    for (int i = 0; i < 4; ++i) open.allow_one();
+    ckpt::CheckpointManager<ckpt::EverySteps, TurnstileRetention, ckpt::StepNaming> failing(
+        dir / "failing", "f", ckpt::EverySteps{1}, TurnstileRetention{&open}, {}, o);
+    boost::filesystem::create_directories(dir / "failing" / "f-1.ckpt" / "in_the_way");
+    const auto lost = failing.on_step(ckpt::Progress::at_iteration(1), state);
+    REQUIRE(lost);
+    CHECK_THROWS_WITH_AS(failing.wait_for(*lost), doctest::Contains(lost->string().c_str()), ckpt::IoError);
+    CHECK(failing.durable(*lost));
+    CHECK_THROWS_AS(failing.wait(), ckpt::IoError);  // and the training thread hears of it too
+}
+
 TEST_CASE("CheckpointConfig's async_save reaches the manager") {
     test::TempDir dir;
     TinyNet net;
