@@ -741,6 +741,20 @@ TEST_CASE("durable() and wait_for() ask about one async save, not about those ha
     mgr.wait_for(*second);
     CHECK(mgr.durable(*second));
 
+    // with more saves in flight than the manager remembers numbers for, it forgets finished
+    // ones, never the first still in flight
+    SaveTurnstile many;
+    o.async_buffers = 20;
+    ckpt::CheckpointManager<ckpt::EverySteps, TurnstileRetention, ckpt::StepNaming> deep(
+        dir / "deep", "d", ckpt::EverySteps{1}, TurnstileRetention{&many}, {}, o);
+    std::vector<boost::filesystem::path> in_flight;
+    for (int i = 1; i <= 19; ++i) in_flight.push_back(*deep.on_step(ckpt::Progress::at_iteration(i), state));
+    CHECK_FALSE(deep.durable(in_flight.front()));
+    for (std::size_t i = 0; i < in_flight.size(); ++i) many.allow_one();
+    deep.wait_for(in_flight.front());
+    CHECK(deep.durable(in_flight.front()));
+    deep.wait();
+
     // a synchronous save is durable when on_step returns; a file the manager never saved is
     // not waited for
     StepManager sync(dir / "sync", "s", ckpt::EverySteps{1}, ckpt::KeepLast{2});

@@ -7711,11 +7711,12 @@ public:
             {
                 std::lock_guard lock(numbers_mutex_);
                 save_numbers_[file] = background_.submitted();  // only the training thread submits
-                if (save_numbers_.size() > 16) {  // forget the oldest: long durable
-                    auto oldest = save_numbers_.begin();
+                if (save_numbers_.size() > 16) {  // forget the oldest finished one, never one in flight
+                    auto oldest = save_numbers_.end();
                     for (auto it = save_numbers_.begin(); it != save_numbers_.end(); ++it)
-                        if (it->second < oldest->second) oldest = it;
-                    save_numbers_.erase(oldest);
+                        if (background_.finished(it->second) && (oldest == save_numbers_.end() || it->second < oldest->second))
+                            oldest = it;
+                    if (oldest != save_numbers_.end()) save_numbers_.erase(oldest);
                 }
             }
             const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
