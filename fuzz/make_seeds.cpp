@@ -89,15 +89,20 @@ int main(int argc, char** argv) {
             o.archive = kind;
             o.epoch = 1;
             o.step = 2;
-            ckpt::save_checkpoint(d, tmp, o);
-            std::ifstream in(tmp.string(), std::ios::binary);
-            const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-            boost::filesystem::remove(tmp);
-            // mode 0: the whole file; mode 1 + kind: its body alone
-            std::ofstream(dir.string() + "/file-" + std::to_string(n), std::ios::binary) << '\0' << file;
-            std::ofstream(dir.string() + "/body-" + std::to_string(n), std::ios::binary)
-                << static_cast<char>(1 + static_cast<int>(kind)) << file.substr(ckpt::header_size);
-            ++n;
+            // binary bodies as versions 1 and 3 (mode 1 reads a body under both headers)
+            for (const std::uint64_t chunk_bytes : {std::uint64_t{0}, ckpt::min_chunk_bytes}) {
+                if (chunk_bytes && kind != ckpt::ArchiveKind::binary) continue;
+                o.chunk_bytes = chunk_bytes;
+                ckpt::save_checkpoint(d, tmp, o);
+                std::ifstream in(tmp.string(), std::ios::binary);
+                const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+                boost::filesystem::remove(tmp);
+                // mode 0: the whole file; mode 1 + kind: its body alone
+                std::ofstream(dir.string() + "/file-" + std::to_string(n), std::ios::binary) << '\0' << file;
+                std::ofstream(dir.string() + "/body-" + std::to_string(n), std::ios::binary)
+                    << static_cast<char>(1 + static_cast<int>(kind)) << file.substr(ckpt::header_size);
+                ++n;
+            }
         }
 
     // Binary bodies through the codecs: mode 8 compressed, mode 9 encrypted with the fuzz key
@@ -115,7 +120,7 @@ int main(int argc, char** argv) {
     n = 0;
     for (const auto& d : coded) {
         const auto tmp = dir / "tmp.ckpt";
-        ckpt::save_checkpoint(d, tmp);
+        ckpt::save_checkpoint(d, tmp, {.chunk_bytes = 0});  // codecs hold version 1 bodies
         const std::string body = read_file(tmp).substr(ckpt::header_size);
         boost::filesystem::remove(tmp);
         const std::string zstd = fuzz::encode(ckpt::Zstd{3}.codecs(), fuzz::codec_header({ckpt::CodecId::zstd}), body);

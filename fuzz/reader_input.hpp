@@ -29,7 +29,8 @@
 //          reach the unpickler instead of failing the CRC check
 // Checkpoints are loaded, with fuzz_key() and max_decoded_bytes at 64 MiB (scripts/fuzz.sh's
 // allocation limit, below the default budget), into a fresh dictionary and into a target with a
-// tensor "w", and their table of contents read (read_contents); safetensors, npz and PyTorch
+// tensor "w", their table of contents read (read_contents), and each entry read through
+// ckpt::open; a mode 1 body is read a second time under a format version 3 header; safetensors, npz and PyTorch
 // files are loaded (load_safetensors, load_npz, load_torch) and listed as `ckpt show` lists them
 // (safetensors_contents, npz_contents, torch_contents), with the same budget.
 // The only acceptable failure is a ckpt::Error (format, checksum, version, key,
@@ -94,7 +95,7 @@ inline const ckpt::Key& fuzz_key() {
 /// time 0, so that the associated data aes-256-gcm authenticates is the same for every input.
 inline ckpt::FileHeader codec_header(std::initializer_list<ckpt::CodecId> codecs) {
     ckpt::FileHeader h;
-    h.version = ckpt::format_version;
+    h.version = ckpt::format_version_codecs;
     std::size_t i = 0;
     for (const auto c : codecs) h.codecs[i++] = c;
     return h;
@@ -293,6 +294,8 @@ inline void touch(const ckpt::ParamDict& d) {
 }
 
 /// Writes the input's file to `path` and reads it back with the reader(s) its mode names.
+inline void read_checkpoint(const std::string& path, const ckpt::LoadOptions& opts);
+
 inline void read_input(const std::uint8_t* data, std::size_t size, const std::string& path) {
     const std::string bytes = file_bytes(data, size);
     std::FILE* f = std::fopen(path.c_str(), "wb");
@@ -330,8 +333,36 @@ inline void read_input(const std::uint8_t* data, std::size_t size, const std::st
     ckpt::LoadOptions opts;
     opts.key = fuzz_key();
     opts.max_decoded_bytes = interop.max_decoded_bytes;
+    read_checkpoint(path, opts);
+    if (mode == 1) {  // the same binary body as a version 3 file: its table of contents, parsed unverified by open()
+        ckpt::FileHeader h;
+        h.version = ckpt::format_version_chunked;
+        const std::string v3 = with_header(h, std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
+        if (std::FILE* out = std::fopen(path.c_str(), "wb")) {
+            std::fwrite(v3.data(), 1, v3.size(), out);
+            std::fclose(out);
+            read_checkpoint(path, opts);
+        }
+    }
+}
+
+/// Every reader of a checkpoint file on `path`; each may only fail with a ckpt::Error.
+inline void read_checkpoint(const std::string& path, const ckpt::LoadOptions& opts) {
     try {
         touch(ckpt::load_checkpoint(path, opts));
+    } catch (const ckpt::Error&) {
+    }
+    try {
+        // one entry at a time, verified alone in a version 3 file (its table of contents parsed
+        // before it is checked)
+        const auto reader = ckpt::open(path, opts);
+        for (const auto& e : reader.entries()) {
+            ckpt::ParamDict one;
+            one.set(e.name, reader.read(e.name));
+            touch(one);
+            if (e.kind == ckpt::ValueKind::tensor && !e.shape.empty() && e.order == ckpt::Order::row_major)
+                reader.read_rows(e.name, 0, std::min<std::int64_t>(1, e.shape[0]));
+        }
     } catch (const ckpt::Error&) {
     }
     try {

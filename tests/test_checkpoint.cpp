@@ -367,11 +367,11 @@ TEST_CASE("an unknown format version") {
     TempDir dir;
     ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
     auto b = test::read_bytes(dir / "x.ckpt");
-    b[8] = 3;
+    b[8] = 4;
     test::write_bytes(dir / "x.ckpt", b);
     reseal(dir / "x.ckpt");
     CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt"),
-                         doctest::Contains("has format version 3; this reader knows versions 1 to 2"), ckpt::VersionError);
+                         doctest::Contains("has format version 4; this reader knows versions 1 to 3"), ckpt::VersionError);
 }
 
 TEST_CASE("the wrong archive kind") {
@@ -392,10 +392,10 @@ TEST_CASE("the wrong archive kind") {
 
 TEST_CASE("malformed bodies with valid checksums are rejected, not trusted") {
     TempDir dir;
-    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt");
-    const auto whole = test::read_bytes(dir / "x.ckpt");
-    // binary body: entries u64 @64, name length u64 @72, "w" @80, kind u32 @81, dtype u32 @85,
-    // rank u32 @89, dims i64 @93 and @101, nbytes u64 @109
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt", {.chunk_bytes = 0});
+    auto whole = test::read_bytes(dir / "x.ckpt");
+    // binary body (version 1): entries u64 @64, name length u64 @72, "w" @80, kind u32 @81,
+    // dtype u32 @85, rank u32 @89, dims i64 @93 and @101, nbytes u64 @109
     auto patched = [&](std::size_t off, std::uint64_t value, std::size_t width) {
         auto b = whole;
         for (std::size_t i = 0; i < width; ++i) b[off + i] = static_cast<char>((value >> (8 * i)) & 0xff);
@@ -419,6 +419,21 @@ TEST_CASE("malformed bodies with valid checksums are rejected, not trusted") {
         ckpt::ParamDict target = one_tensor();
         CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(dir / "x.ckpt", target), doctest::Contains(c.message),
                              ckpt::FormatError);
+    }
+    // version 3 (FORMAT.md section 13): chunk_bytes u64 @64, then the fields above 8 bytes on,
+    // w's one chunk hash @125, toc_check @133
+    ckpt::save_checkpoint(one_tensor(), dir / "x.ckpt", {.chunk_bytes = ckpt::min_chunk_bytes});
+    whole = test::read_bytes(dir / "x.ckpt");
+    for (const Case& c : {Case{64, 1000, 8, "the chunk size 1000 is not a power of two"},
+                          Case{64, 1ull << 31, 8, "the chunk size 2147483648 is not a power of two"},
+                          Case{72, 1ull << 60, 8, "entry count"}, Case{117, 1ull << 50, 8, "should hold 4000 bytes"}}) {
+        CAPTURE(c.off);
+        patched(c.off, c.value, c.width);
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint(dir / "x.ckpt"), doctest::Contains(c.message), ckpt::FormatError);
+        ckpt::ParamDict target = one_tensor();
+        CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(dir / "x.ckpt", target), doctest::Contains(c.message),
+                             ckpt::FormatError);
+        CHECK_THROWS_WITH_AS(ckpt::open(dir / "x.ckpt"), doctest::Contains(c.message), ckpt::FormatError);
     }
 }
 
@@ -558,7 +573,9 @@ TEST_CASE_TEMPLATE("a column-major tensor is stored as its transpose with a reco
     d.set("r", numbered(2, 3, ckpt::Order::row_major));
     d.set("v", ckpt::Tensor(ckpt::DType::float32, {4}, ckpt::Order::column_major));  // rank 1: no order
     d.set("step", std::int64_t{3});
-    ckpt::save_checkpoint(d, dir / "o.ckpt", with_archive<A>());
+    auto options = with_archive<A>();
+    options.chunk_bytes = 0;  // the version 1 body the bytes below spell out
+    ckpt::save_checkpoint(d, dir / "o.ckpt", options);
     const auto contents = ckpt::read_contents(dir / "o.ckpt");
     std::vector<std::string> names;
     for (const auto& e : contents.entries) names.push_back(e.name);

@@ -52,7 +52,10 @@ constexpr Golden goldens[] = {{"v1-binary.ckpt", ckpt::ArchiveKind::binary, 0, 1
                               {"v1-xml.ckpt", ckpt::ArchiveKind::xml, 2, 1, {0, 0, 0}, 5, 2000},
                               {"v2-zstd.ckpt", ckpt::ArchiveKind::binary, 0, 2, {1, 0, 0}, 6, 2400},
                               {"v2-aes-256-gcm.ckpt", ckpt::ArchiveKind::text, 1, 2, {2, 0, 0}, 7, 2800},
-                              {"v2-zstd-aes-256-gcm.ckpt", ckpt::ArchiveKind::xml, 2, 2, {1, 2, 0}, 8, 3200}};
+                              {"v2-zstd-aes-256-gcm.ckpt", ckpt::ArchiveKind::xml, 2, 2, {1, 2, 0}, 8, 3200},
+                              {"v3-binary.ckpt", ckpt::ArchiveKind::binary, 0, 3, {0, 0, 0}, 10, 4000}};
+/// The chunk size v3-binary.ckpt was written with (FORMAT.md section 13).
+constexpr std::uint64_t golden_chunk_bytes = 4096;
 
 std::string golden_path(const std::string& file) { return std::string(CKPT_SOURCE_DIR) + "/tests/golden/" + file; }
 
@@ -121,6 +124,7 @@ ckpt::ParamDict read_entries(Body& in) {
     };
     ckpt::ParamDict out;
     std::vector<Meta> toc;
+    in.begin_toc();
     const std::uint64_t count = in.u64("entries");
     for (std::uint64_t i = 0; i < count; ++i) {
         Meta m{in.string("name"), static_cast<std::uint32_t>(in.u64("kind", 4))};
@@ -132,7 +136,9 @@ ckpt::ParamDict read_entries(Body& in) {
                 REQUIRE(rank <= 64);
                 ckpt::Shape shape;
                 for (std::uint64_t r = 0; r < rank; ++r) shape.push_back(in.i64("dim"));
-                out.set(m.name, make_tensor(dtype, shape, in.u64("nbytes")));
+                const auto nbytes = in.u64("nbytes");
+                out.set(m.name, make_tensor(dtype, shape, nbytes));
+                in.chunk_hashes(nbytes);
                 break;
             }
             case 1: out.set(m.name, in.i64("value")); break;
@@ -148,6 +154,7 @@ ckpt::ParamDict read_entries(Body& in) {
         }
         toc.push_back(m);
     }
+    in.end_toc();
     for (const Meta& m : toc) {
         if (m.kind != 0) continue;
         ckpt::Tensor& t = out.tensor(m.name);
@@ -157,11 +164,41 @@ ckpt::ParamDict read_entries(Body& in) {
     return out;
 }
 
+/// The version 3 fields (section 13) in text and xml bodies, which never have them: none.
+struct NoChunks {
+    void begin_toc() {}
+    void chunk_hashes(std::uint64_t) {}
+    void end_toc() {}
+};
+
 /// Binary: little-endian fixed-width fields, strings as u64 length + bytes, payloads behind
-/// a u32 pad and that many zero bytes, starting 64-byte aligned in the body.
+/// a u32 pad and that many zero bytes, starting 64-byte aligned in the body. In version 3
+/// (`chunked`), the chunk size, each tensor's chunk hashes and the toc_check as well, every
+/// one of them checked here with libxxhash.
 struct BinaryBody {
     std::string b;
+    bool chunked = false;
     std::size_t at = 0;
+    std::uint64_t chunk_bytes = 0;
+    std::vector<std::vector<std::uint64_t>> hashes;  // by tensor, in order
+    std::size_t payloads = 0;
+
+    void begin_toc() {
+        if (!chunked) return;
+        chunk_bytes = u64("chunk_bytes");
+        REQUIRE(chunk_bytes >= 4096);
+        REQUIRE(std::has_single_bit(chunk_bytes));
+    }
+    void chunk_hashes(std::uint64_t nbytes) {
+        if (!chunked) return;
+        auto& list = hashes.emplace_back();
+        for (std::uint64_t k = 0; k < (nbytes + chunk_bytes - 1) / chunk_bytes; ++k) list.push_back(u64("hash"));
+    }
+    void end_toc() {
+        if (!chunked) return;
+        const std::size_t covered = at;
+        CHECK(u64("toc_check") == XXH3_64bits(b.data(), covered));
+    }
     std::uint64_t u64(const char*, std::size_t width = 8) {
         const auto v = le(b, at, width);
         at += width;
@@ -184,6 +221,14 @@ struct BinaryBody {
         at += pad;
         CHECK(at % 64 == 0);
         std::memcpy(dst, b.data() + at, n);
+        if (chunked) {
+            REQUIRE(payloads < hashes.size());
+            const auto& list = hashes[payloads++];
+            REQUIRE(list.size() == (n + chunk_bytes - 1) / chunk_bytes);
+            for (std::size_t k = 0; k < list.size(); ++k)
+                CHECK(XXH3_64bits(b.data() + at + k * chunk_bytes, std::min<std::size_t>(chunk_bytes, n - k * chunk_bytes)) ==
+                      list[k]);
+        }
         at += n;
     }
     void end() { CHECK(at == b.size()); }
@@ -212,7 +257,7 @@ bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; 
 
 /// Text: decimal numbers separated by white space; strings as a length and then a base64
 /// block; a block of n bytes is 4 * ceil(n / 3) base64 characters (line breaks allowed).
-struct TextBody {
+struct TextBody : NoChunks {
     std::string b;
     std::size_t at = 0;
     std::string token() {
@@ -264,7 +309,7 @@ struct TextBody {
 
 /// XML: one element per field, named as in FORMAT.md, its text escaped with the five
 /// predefined entities; payloads base64 in <data> elements.
-struct XmlBody {
+struct XmlBody : NoChunks {
     std::string b;
     std::size_t at = 0;
     std::string element(const std::string& tag) {
@@ -499,11 +544,13 @@ std::string bytes(const char (&s)[N]) {
 ckpt::ParamDict read_independently(const Golden& g, const std::string& body) {
     switch (g.archive) {
         case ckpt::ArchiveKind::binary: {
-            BinaryBody in{body};
+            BinaryBody in;
+            in.b = body;
+            in.chunked = g.version == 3;
             return read_entries(in);
         }
         case ckpt::ArchiveKind::text: {
-            TextBody in{body};
+            TextBody in{{}, body};
             CHECK(in.token() == "22");
             CHECK(in.token() == "serialization::archive");
             CHECK(in.u64("library version") >= 1);
@@ -517,7 +564,7 @@ ckpt::ParamDict read_independently(const Golden& g, const std::string& body) {
             REQUIRE(body.compare(0, prologue.size(), prologue) == 0);
             const auto open_end = body.find("\">\n", prologue.size());
             REQUIRE(open_end != std::string::npos);
-            XmlBody in{body, open_end + 3};
+            XmlBody in{{}, body, open_end + 3};
             return read_entries(in);
         }
     }
@@ -779,18 +826,22 @@ TEST_CASE("the codec stages of every version-2 golden body, undone as FORMAT.md 
 
 TEST_CASE("today's writer produces the golden bodies byte for byte at this format version") {
     // A change to what save_checkpoint writes must come with a new format version (and new
-    // golden files for it), never as a reinterpretation of version 1. Files without codecs
-    // are still written as version 1.
+    // golden files for it), never as a reinterpretation of version 1. Text and xml files
+    // without codecs are still written as version 1, and binary ones with chunk_bytes 0;
+    // binary ones are version 3 by default.
     REQUIRE_MESSAGE(ckpt::format_version_plain == 1,
                     "format version " << ckpt::format_version_plain << " needs golden files of its own in tests/golden/");
     test::TempDir tmp;
     const std::string library_version =
         std::to_string(static_cast<unsigned>(boost::archive::BOOST_ARCHIVE_VERSION()));
     for (const Golden& g : goldens) {
-        if (g.version != 1) continue;  // codecs: the salt is random, and zstd's output may change with libzstd
+        if (g.version == 2) continue;  // codecs: the salt is random, and zstd's output may change with libzstd
         CAPTURE(g.file);
         const auto path = tmp / g.file;
-        ckpt::save_checkpoint(golden_state(), path, {.archive = g.archive, .epoch = g.epoch, .step = g.step});
+        ckpt::SaveOptions o{.archive = g.archive, .epoch = g.epoch, .step = g.step};
+        if (g.version == 1 && g.archive == ckpt::ArchiveKind::binary) o.chunk_bytes = 0;
+        if (g.version == 3) o.chunk_bytes = golden_chunk_bytes;
+        ckpt::save_checkpoint(golden_state(), path, o);
         const std::string now = file_bytes(path.string());
         std::string want = file_bytes(golden_path(g.file));
         CHECK(now.substr(0, 16) == want.substr(0, 16));   // magic, version, archive kind
@@ -808,8 +859,8 @@ TEST_CASE("today's writer stores codec stages as FORMAT.md says") {
     // Golden files of format version 2 hold one small block and one segment; here a body of
     // several zstd blocks (stored as is and compressed) and several AES segments, written now,
     // undone by the reader of this file.
-    REQUIRE_MESSAGE(ckpt::format_version == 2,
-                    "format version " << ckpt::format_version << " needs golden files of its own in tests/golden/");
+    REQUIRE_MESSAGE(ckpt::format_version_codecs == 2,
+                    "format version " << ckpt::format_version_codecs << " needs golden files of its own in tests/golden/");
     ckpt::ParamDict state = golden_state();
     std::vector<std::uint8_t> noise(4352u << 10);  // does not compress; over 4 MiB: several segments
     std::mt19937 rng(7);
@@ -819,7 +870,7 @@ TEST_CASE("today's writer stores codec stages as FORMAT.md says") {
     const std::string key = golden_key_bytes();
     const ckpt::Key ckpt_key = ckpt::Key::from_bytes(key);
     test::TempDir tmp;
-    ckpt::save_checkpoint(state, tmp / "plain.ckpt");
+    ckpt::save_checkpoint(state, tmp / "plain.ckpt", {.chunk_bytes = 0});  // the body the codecs encode
     const std::string plain = body_of(file_bytes((tmp / "plain.ckpt").string()));
     struct Case {
         const char* name;
@@ -916,7 +967,7 @@ TEST_CASE("the column-major golden file loads in its orders, and its bytes are w
     check_entries(read_independently(g, body), as_stored(want));
     // today's writer writes the same body
     test::TempDir tmp;
-    ckpt::save_checkpoint(want, tmp / "now.ckpt", {.epoch = g.epoch, .step = g.step});
+    ckpt::save_checkpoint(want, tmp / "now.ckpt", {.epoch = g.epoch, .step = g.step, .chunk_bytes = 0});
     CHECK(body_of(file_bytes((tmp / "now.ckpt").string())) == body);
 }
 

@@ -219,9 +219,9 @@ TEST_CASE("the newest checkpoint in a format this version cannot read: no start 
     TempDir dir;
     Counter c;
     run_job(dir.path(), 200, c);
-    // job-200.ckpt as a newer writer would make it: format version 3, its header sealed
+    // job-200.ckpt as a newer writer would make it: format version 4, its header sealed
     auto bytes = test::read_bytes(dir / "job-200.ckpt");
-    ckpt::detail::put_le<std::uint32_t>(reinterpret_cast<std::byte*>(bytes.data()) + 8, 3);
+    ckpt::detail::put_le<std::uint32_t>(reinterpret_cast<std::byte*>(bytes.data()) + 8, 4);
     test::reseal(bytes);
     test::write_bytes(dir / "job-200.ckpt", bytes);
 
@@ -232,7 +232,7 @@ TEST_CASE("the newest checkpoint in a format this version cannot read: no start 
         FAIL("restore() went on");
     } catch (const ckpt::UnreadableCheckpoints& e) {
         CHECK(std::string(e.what()).find("job-200.ckpt") != std::string::npos);
-        CHECK(std::string(e.what()).find("format version 3") != std::string::npos);
+        CHECK(std::string(e.what()).find("format version 4") != std::string::npos);
         REQUIRE(e.files().size() == 1);
         CHECK(e.files()[0].unsupported);
     }

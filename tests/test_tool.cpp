@@ -602,7 +602,7 @@ TEST_CASE("ckpt ls marks no latest file when the newest is one this program cann
         mgr.save(ckpt::Progress::at_iteration(2), small_state(2));
     }
     auto bytes = test::read_bytes(dir / "exp-2.ckpt");  // as a newer writer would make it
-    ckpt::detail::put_le<std::uint32_t>(reinterpret_cast<std::byte*>(bytes.data()) + 8, 3);
+    ckpt::detail::put_le<std::uint32_t>(reinterpret_cast<std::byte*>(bytes.data()) + 8, 4);
     test::reseal(bytes);
     test::write_bytes(dir / "exp-2.ckpt", bytes);
     CHECK_THROWS_AS(ckpt::latest(dir.path(), "exp"), ckpt::UnreadableCheckpoints);
@@ -614,7 +614,7 @@ TEST_CASE("ckpt ls marks no latest file when the newest is one this program cann
             CAPTURE(path);
             ++seen;
             CHECK(c["latest"] == false);
-            if (contains(path, "exp-2.ckpt")) CHECK(contains(c["problem"].get<std::string>(), "format version 3"));
+            if (contains(path, "exp-2.ckpt")) CHECK(contains(c["problem"].get<std::string>(), "format version 4"));
         }
     CHECK(seen == 2);
 }

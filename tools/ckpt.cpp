@@ -3,7 +3,7 @@
 // record.
 //
 //   ckpt ls DIR [--prefix P] [--headers-only] [--best METRIC[:min|max]] [--json] [--clean]
-//   ckpt show FILE [--stats] [--json]
+//   ckpt show FILE [--stats] [--json] [--entry NAME]
 //   ckpt verify FILE|DIR ...
 //   ckpt diff A B [--atol X] [--rtol Y]
 //   ckpt export FILE OUT.safetensors|OUT.npz [--select REGEX] [--rename FROM=TO]... [--compress] [--force]
@@ -1360,6 +1360,35 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
     return 0;
 }
 
+/// `show --entry`: one entry, read and verified alone (ckpt::open) where the file allows it,
+/// with its statistics.
+int cmd_show_entry(const fs::path& file, const std::string& name, bool as_json) {
+    if (format_of(file) != FileFormat::checkpoint)
+        throw Failure("--entry reads one entry of a checkpoint; '" + file.string() +
+                      "' is not one (show --stats reads all of its entries)");
+    const ckpt::CheckpointReader reader = ckpt::open(file, load_options);
+    const std::vector<ckpt::EntryInfo> one{reader.entry(name)};
+    std::optional<ckpt::ParamDict> loaded(std::in_place);
+    loaded->set(one[0].name, reader.read(name));
+    const auto& h = reader.header();
+    const std::string how = reader.verifies_pieces()
+                                ? "read and verified alone: " + std::to_string(reader.bytes_read()) + " of the " +
+                                      std::to_string(h.body_length) + " body bytes"
+                                : "the whole file was read and verified (format version " + std::to_string(h.version) +
+                                      "; only version 3 files are read in parts)";
+    if (as_json) {
+        json out = {{"path", file.string()},
+                    {"entry", entries_json(one, loaded)[0]},
+                    {"verified_alone", reader.verifies_pieces()},
+                    {"bytes_read", reader.verifies_pieces() ? reader.bytes_read() : h.body_length}};
+        std::cout << json_text(out) << "\n";
+        return 0;
+    }
+    std::cout << shown(file) << "\n  entry '" << shown(name) << "', " << how << "\n";
+    print_entries(one, loaded, true);
+    return 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // verify
 
@@ -1556,6 +1585,7 @@ int main(int argc, char** argv) {
     std::string dir, file, a, b, in, out, prefix, archive = "binary", best_spec;
     std::vector<std::string> verify_paths;
     bool stats = false, as_json = false, headers_only = false, compress = false, force = false;
+    std::string entry_name;
     double atol = 0, rtol = 0;
     std::int64_t epoch = 0, step = 0;
     int zstd_level = 0;
@@ -1591,6 +1621,9 @@ int main(int argc, char** argv) {
                    "Verify the file, read the payloads and add per-tensor min, max, mean, std over finite values, and "
                    "the count of NaN and Inf");
     show->add_flag("--json", as_json, "Print JSON");
+    show->add_option("--entry", entry_name,
+                     "Show one entry with its statistics, reading and verifying only its bytes (a file of format version "
+                     "3; others are verified whole)");
     add_key_file(show, "Key of an encrypted checkpoint (32 bytes, or 64 hex digits): without it only the header shows");
     add_max_decoded(show);
 
@@ -1674,7 +1707,7 @@ int main(int argc, char** argv) {
         if (*ls)
             return cmd_ls(dir, prefix.empty() ? std::nullopt : std::optional(prefix), headers_only, as_json,
                           best_spec.empty() ? std::nullopt : std::optional(parse_best(best_spec)), clean);
-        if (*show) return cmd_show(file, stats, as_json);
+        if (*show) return show->count("--entry") ? cmd_show_entry(file, entry_name, as_json) : cmd_show(file, stats, as_json);
         if (*verify) {
             std::vector<fs::path> paths(verify_paths.begin(), verify_paths.end());
             return cmd_verify(paths);

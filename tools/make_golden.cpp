@@ -3,7 +3,8 @@
 // for format version 1 one file per archive kind, for format version 2 one file per codec
 // chain (each in another archive kind), encrypted with the test key tests/golden/v2.key; and
 // v1-column-major.ckpt, column-major tensors with their storage order records
-// (golden_column_major_state()), which format version 1 holds without a new version.
+// (golden_column_major_state()), which format version 1 holds without a new version; and for
+// format version 3 (chunk checksums) one binary file, in chunks of the smallest size (4 KiB).
 //
 // Golden files are never regenerated for an existing format version. The files of format
 // version 1 (tests/golden/v1-*.ckpt) and of version 2 (tests/golden/v2-*.ckpt) were written
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
             std::int64_t epoch, step;
             ckpt::CodecChain codecs;
             const ckpt::ParamDict* entries;
+            std::uint64_t chunk_bytes = 0;  // version 3 only
         };
         const File files[] = {
             {"v1-binary.ckpt", ckpt::ArchiveKind::binary, 3, 1200, {}, &state},
@@ -63,6 +65,7 @@ int main(int argc, char** argv) {
             {"v2-zstd-aes-256-gcm.ckpt", ckpt::ArchiveKind::xml, 8, 3200,
              ckpt::Chain<ckpt::Zstd, ckpt::AesGcm>{ckpt::Zstd{19}, ckpt::AesGcm{key}}.codecs(), &state},
             {"v1-column-major.ckpt", ckpt::ArchiveKind::binary, 9, 3600, {}, &column_major},
+            {"v3-binary.ckpt", ckpt::ArchiveKind::binary, 10, 4000, {}, &state, ckpt::min_chunk_bytes},
         };
         for (const File& f : files) {
             const std::string path = dir + "/" + f.name;
@@ -72,7 +75,12 @@ int main(int argc, char** argv) {
             }
             ckpt::save_checkpoint(
                 *f.entries, path,
-                {.archive = f.archive, .epoch = f.epoch, .step = f.step, .overwrite = false, .codecs = f.codecs});
+                {.archive = f.archive,
+                 .epoch = f.epoch,
+                 .step = f.step,
+                 .overwrite = false,
+                 .codecs = f.codecs,
+                 .chunk_bytes = f.chunk_bytes});
             ckpt::LoadOptions with_key;
             with_key.key = key;
             if (!(ckpt::load_checkpoint(path, with_key) == *f.entries)) {

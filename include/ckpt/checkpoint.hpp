@@ -35,6 +35,14 @@ struct SaveOptions {
     std::int64_t step = 0;   ///< likewise
     bool overwrite = true;   ///< false: fail with EEXIST rather than replace an existing file
     CodecChain codecs{};     ///< what the body passes through, in order (see codecs/codec.hpp); none by default
+    /// A binary body without codecs is written as format version 3, whose table of contents
+    /// holds the checksum of each piece of this many bytes of each tensor: ckpt::open() reads
+    /// one entry, or a slice, and verifies only the pieces it reads. A power of two from 4 KiB
+    /// to 1 GiB; 0 writes a version 1 file, which readers before version 3 read. Text and xml
+    /// bodies, and bodies with codecs, are read whole, and have no pieces.
+    std::uint64_t chunk_bytes = default_chunk_bytes;
+    /// Threads that may hash those pieces (the caller's among them): 0 for the machine's cores.
+    unsigned hash_threads = 0;
 };
 
 /// How a load reads a file: the archive kind it must have (any, unset), the key of an encrypted
@@ -145,7 +153,15 @@ std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const std::st
 /// ChecksumError before it is any codec's error.
 BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts);
 /// The table of contents of a decoded body (read_decoded_body).
-std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, const std::string& path);
+std::vector<EntryMeta> decoded_toc(const FileHeader& header, const BodyBytes& body, const std::string& path);
+/// A format version 3 file's table of contents, checked against its toc_check (ChecksumError
+/// otherwise), with its chunk size and the file offset of each tensor's payload.
+struct CheckedToc {
+    std::vector<EntryMeta> entries;
+    std::uint64_t chunk_bytes = 0;
+    std::map<std::string, std::uint64_t> payload_offsets;
+};
+CheckedToc read_checked_toc(OpenedCheckpoint& c, const std::string& path);
 /// verify_checkpoint(), its errors not translated (detail::reading).
 FileHeader verify_opened(const std::string& path, const LoadOptions& opts);
 /// read_contents() of an opened file, or, with `decode_encoded` false, only its header for a

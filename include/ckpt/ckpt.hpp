@@ -5,6 +5,7 @@
 //   bound values view_of(string, map, engine, …), bytes_of, object     bound.hpp, object.hpp
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
+//   one entry    open: read and verify one entry or rows of a tensor    open.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
 //   policies     SavePolicy, RetentionPolicy, NamingPolicy,
 //                ArchivePolicy                                         policies/
@@ -38,6 +39,7 @@
 #include "latest.hpp"
 #include "log.hpp"
 #include "manager.hpp"
+#include "open.hpp"
 #include "policies/naming.hpp"
 #include "param_dict.hpp"
 #include "preemption.hpp"

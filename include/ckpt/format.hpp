@@ -3,7 +3,8 @@
 //
 //   offset  size  field
 //        0     8  magic "\x89CKPT\r\n\x1a" (the \r\n and \x1a catch text-mode mangling)
-//        8     4  format version: 1, or 2 when the body passed through codecs
+//        8     4  format version: 3 for a binary body with chunk checksums in its table of
+//                 contents, 2 when the body passed through codecs, 1 otherwise
 //       12     1  archive kind of the body: 0 binary, 1 text, 2 xml
 //       13     3  codecs the body passed through, in the order applied, one byte each:
 //                 0 none (unused slots), 1 zstd, 2 aes-256-gcm (version 1: all three 0)
@@ -54,10 +55,20 @@ constexpr std::string_view codec_name(CodecId c) {
     return "unknown";
 }
 
-/// The newest format version this reader knows. Files without codecs are still written as
-/// version 1, which every reader since the first one reads.
-inline constexpr std::uint32_t format_version = 2;
+/// The newest format version this reader knows. Binary bodies without codecs are written as
+/// version 3 (chunk checksums for partial reads), or version 1, which every reader since the
+/// first one reads, when SaveOptions::chunk_bytes is 0; bodies with codecs as version 2; text
+/// and xml bodies without codecs as version 1.
+inline constexpr std::uint32_t format_version = 3;
 inline constexpr std::uint32_t format_version_plain = 1;
+inline constexpr std::uint32_t format_version_codecs = 2;
+inline constexpr std::uint32_t format_version_chunked = 3;
+/// The chunk sizes a version 3 table of contents may name: powers of two in this range.
+inline constexpr std::uint64_t min_chunk_bytes = std::uint64_t{1} << 12;
+inline constexpr std::uint64_t max_chunk_bytes = std::uint64_t{1} << 30;
+/// What save_checkpoint() checksums a version 3 file's payloads by: a piece read checks at
+/// most this much more than it needs, and the table grows by 8 bytes per chunk.
+inline constexpr std::uint64_t default_chunk_bytes = std::uint64_t{1} << 20;
 /// Format versions above this, in a header that fails its check, are taken for damage rather
 /// than for a newer writer's (decode_header).
 inline constexpr std::uint32_t max_plausible_format_version = 255;
@@ -79,6 +90,9 @@ struct FileHeader {
     std::int64_t save_time_ns = 0;
 
     bool encoded() const noexcept { return codecs[0] != CodecId::none; }
+    /// Version 3: the table of contents checksums each chunk of each payload (a piece of the
+    /// file can be read and verified alone).
+    bool chunked() const noexcept { return version == format_version_chunked; }
     bool encrypted() const noexcept {
         for (auto c : codecs)
             if (c == CodecId::aes_256_gcm) return true;
@@ -177,6 +191,10 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
                                ", which this version of ckpt does not know (written by a newer version?)",
                            path);
     h.archive = static_cast<ArchiveKind>(kind);
+    if (h.chunked() && h.archive != ArchiveKind::binary)
+        throw FormatError("checkpoint '" + path + "' is malformed: format version 3 holds binary bodies, not " +
+                              std::string(archive_kind_name(h.archive)) + " ones",
+                          path);
     bool ended = false;
     for (std::size_t i = 0; i < max_codec_stages; ++i) {
         const auto id = std::to_integer<std::uint32_t>(b[13 + i]);
@@ -185,7 +203,7 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
                                    ", which this version of ckpt does not know (written by a newer version?)",
                                path);
         h.codecs[i] = static_cast<CodecId>(id);
-        if (id != 0 && (ended || h.version == format_version_plain))
+        if (id != 0 && (ended || h.version != format_version_codecs))
             throw FormatError("checkpoint '" + path + "' has a malformed codec list (header bytes 13 to 15)", path);
         ended = ended || id == 0;
     }

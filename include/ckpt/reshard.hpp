@@ -116,7 +116,7 @@ struct TensorPiece {
 struct GlobalIndex {
     std::int64_t global_step = 0;
     std::int64_t world_size = 0;
-    std::uint64_t chunk_bytes = 1u << 20;
+    std::uint64_t chunk_bytes = default_chunk_bytes;
     std::vector<TensorPiece> pieces;
     ParamDict values;  ///< the lowest rank's entries that are not tensors
     /// Each other rank's entries that are not tensors, where they differ from `values`.
@@ -135,45 +135,6 @@ struct ReshardedState {
 };
 
 namespace detail {
-
-/// File offsets of the tensor payloads of a binary body without codecs, by entry (FORMAT.md
-/// sections 3 and 4: a payload starts after a u32 pad and pad zero bytes, 64-byte aligned).
-inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<EntryMeta>& toc) {
-    std::uint64_t at = 8;  // entries
-    for (const auto& e : toc) {
-        at += 8 + e.name.size() + 4;  // name, kind
-        switch (e.kind) {
-            case ValueKind::tensor:
-                at += 4 + 4 + 8 * e.shape.size() + 8;
-                // the storage order record the reader folded into a column-major tensor's entry
-                if (e.order == Order::column_major)
-                    at += 8 + order_record_name(e.name).size() + 4 + 8 + column_major_value.size();
-                break;
-            case ValueKind::boolean: at += 4; break;
-            case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
-            case ValueKind::bytes: at += 8 + e.scalar.get_if<Bytes>()->data.size(); break;
-            case ValueKind::strings:
-                at += 8;
-                for (const auto& item : *e.scalar.get_if<Strings>()) at += 8 + item.size();
-                break;
-            case ValueKind::object: {
-                const auto& o = *e.scalar.get_if<Object>();
-                at += 8 + o.type.size() + 4 + 8 + o.data.size();
-                break;
-            }
-            default: at += 8; break;
-        }
-    }
-    std::map<std::string, std::uint64_t> out;
-    for (const auto& e : toc) {
-        if (e.kind != ValueKind::tensor) continue;
-        const std::uint64_t pad = (payload_alignment - (at + 4) % payload_alignment) % payload_alignment;
-        at += 4 + pad;
-        out[e.name] = header_size + at;
-        at += e.nbytes;
-    }
-    return out;
-}
 
 inline std::uint64_t numel_of(const Shape& s) {
     std::uint64_t n = 1;
@@ -257,10 +218,12 @@ inline void check_pieces_fit(const GlobalIndex& index, const std::string& what) 
 }  // namespace detail
 
 /// This rank's part of the index: the pieces of its saved `file` (named `relative` in the
-/// index) and its values. Reads the file once, to checksum its chunks. A file with codecs is
-/// decoded (`opts.key` for an encrypted one) and its pieces marked `encoded`.
+/// index) and its values. Reads the file once, to checksum its chunks, unless it is a format
+/// version 3 file of the same chunk size: its table of contents holds them (only the table is
+/// read, and checked). A file with codecs is decoded (`opts.key` for an encrypted one) and its
+/// pieces marked `encoded`.
 inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& relative, std::int64_t rank,
-                                       const PieceMap& places = {}, std::uint64_t chunk_bytes = 1u << 20,
+                                       const PieceMap& places = {}, std::uint64_t chunk_bytes = default_chunk_bytes,
                                        const LoadOptions& opts = {}) {
     const std::string path = file.string();
     if (chunk_bytes == 0 || chunk_bytes % detail::payload_alignment)
@@ -272,13 +235,18 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
     const bool encoded = c.header.encoded();
     std::vector<detail::EntryMeta> toc;
     BodyBytes decoded;
+    std::uint64_t file_chunk_bytes = 0;  // a version 3 file's: its chunks' hashes are those of the index
     if (encoded) {
         decoded = detail::read_decoded_body(c, path, opts);
-        toc = detail::decoded_toc(ArchiveKind::binary, decoded, path);
+        toc = detail::decoded_toc(c.header, decoded, path);
+    } else if (c.header.chunked()) {
+        auto checked = detail::read_checked_toc(c, path);
+        toc = std::move(checked.entries);
+        file_chunk_bytes = checked.chunk_bytes;
     } else {
         toc = read_contents(file).entries;
     }
-    auto offsets = detail::payload_offsets(toc);
+    auto offsets = detail::payload_offsets(toc, c.header.chunked());
     if (encoded)
         for (auto& [name, at] : offsets) at -= header_size;  // offsets in the decoded body
     GlobalIndex out;
@@ -316,6 +284,11 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
         p.encoded = encoded;
         if (encoded && p.offset + e.nbytes > decoded.size)
             throw FormatError("'" + path + "': the payload of '" + e.name + "' lies past the end of the decoded body", path);
+        if (file_chunk_bytes == chunk_bytes) {  // hashed by the writer, and checked with the table: not read back
+            p.chunk_hashes = e.chunk_hashes;
+            out.pieces.push_back(std::move(p));
+            continue;
+        }
         for (std::uint64_t done = 0; done < e.nbytes; done += chunk_bytes) {
             const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, e.nbytes - done));
             const char* bytes = buf.get();

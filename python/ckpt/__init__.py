@@ -14,12 +14,12 @@ from .errors import (AuthenticationError, ChecksumError, ConfigError, Error, For
                      LoadMismatch, OutOfMemory, SeriesLocked, UnreadableCheckpoints, VersionError)
 from .codecs import Key
 from ._format import Header, Object, bit_pattern_dtype, dtype_name
-from ._io import EntryInfo, LoadReport, contents, header, load, load_into, save, verify
+from ._io import EntryInfo, LoadReport, Reader, contents, header, load, load_into, open, save, verify
 from ._files import Listed, Skipped, Temporary, best, latest, ls, temporaries
 
 __version__ = "0.2.0"
 
-__all__ = ["load", "load_into", "save", "header", "verify", "contents", "latest", "best", "ls", "temporaries", "Key",
+__all__ = ["load", "load_into", "save", "open", "Reader", "header", "verify", "contents", "latest", "best", "ls", "temporaries", "Key",
            "dtype_name", "bit_pattern_dtype", "Header", "Object", "EntryInfo", "LoadReport", "Listed", "Skipped",
            "Temporary", "Error", "IoError", "FormatError", "ChecksumError", "AuthenticationError", "VersionError",
            "KeyError", "OutOfMemory", "LoadMismatch", "UnreadableCheckpoints", "ConfigError", "SeriesLocked"]

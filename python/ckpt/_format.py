@@ -133,8 +133,8 @@ def parse_header(raw, path, file_size):
         raise FormatError("checkpoint '%s' is truncated: %d bytes, shorter than the %d-byte header"
                           % (path, len(raw), HEADER_SIZE), path)
     magic, version, archive, c0, c1, c2, length, checksum, epoch, step, when, check = _HEADER.unpack_from(raw)
-    if version not in (1, 2):
-        raise VersionError("checkpoint '%s' has format version %d; this reader knows versions 1 and 2"
+    if version not in (1, 2, 3):
+        raise VersionError("checkpoint '%s' has format version %d; this reader knows versions 1 to 3"
                            % (path, version), path)
     if xxh3(raw[:56]) != check:
         raise ChecksumError("checkpoint '%s' has a corrupt header (its header check does not match)" % path, path)
@@ -148,9 +148,12 @@ def parse_header(raw, path, file_size):
             raise VersionError("checkpoint '%s' names unknown codec %d (this reader knows 1 zstd, 2 aes-256-gcm): "
                                "a newer version of ckpt reads it" % (path, c), path)
     listed = [c for c in stages if c]
-    if stages[:len(listed)] != tuple(listed) or (version == 1 and listed):
+    if stages[:len(listed)] != tuple(listed) or (version != 2 and listed):
         raise FormatError("checkpoint '%s' has a malformed codec list %02x %02x %02x for format version %d"
                           % (path, c0, c1, c2, version), path)
+    if version == 3 and archive != 0:
+        raise FormatError("checkpoint '%s' is malformed: format version 3 holds binary bodies, not %s ones"
+                          % (path, ARCHIVES[archive]), path)
     if file_size - HEADER_SIZE != length:
         if file_size - HEADER_SIZE < length:
             raise FormatError("checkpoint '%s' is truncated: its header says %d body bytes, the file has %d"
@@ -161,12 +164,12 @@ def parse_header(raw, path, file_size):
                   step, when, check, bytes(raw[:HEADER_SIZE]))
 
 
-def header_prefix(archive, codecs, epoch, step, save_time_ns):
+def header_prefix(archive, codecs, epoch, step, save_time_ns, chunked=False):
     """Header bytes 0 to 55 with the body length and checksum left zero (what AES-GCM
-    authenticates)."""
+    authenticates). `chunked`: a version 3 body (binary, no codecs, chunk checksums)."""
     ids = [{"zstd": _codecs.ZSTD, "aes-256-gcm": _codecs.AES_256_GCM}[c] for c in codecs] + [0] * (3 - len(codecs))
-    return _HEADER.pack(MAGIC, 2 if codecs else 1, ARCHIVES.index(archive), *ids, 0, 0, epoch, step,
-                        save_time_ns, 0)[:56]
+    version = 2 if codecs else 3 if chunked else 1
+    return _HEADER.pack(MAGIC, version, ARCHIVES.index(archive), *ids, 0, 0, epoch, step, save_time_ns, 0)[:56]
 
 
 def finish_header(prefix56, body_length, body_checksum):
@@ -194,6 +197,7 @@ class Entry:
     column_major: bool = False
     type: str = None
     encoding: int = None
+    chunk_hashes: tuple = None   # version 3: the xxh3 of each chunk of the payload
 
     @property
     def logical_shape(self):
@@ -502,6 +506,13 @@ def _read_value(r, e):
             r.p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
         dims = [r.i64(b"dim", "a dim of '%s'" % name) for _ in range(rank)]
         r.p.tensor_meta(e, dtype, dims, r.u64(b"nbytes", "the size of '%s'" % name))
+        chunk = getattr(r, "chunk_bytes", 0)
+        if chunk:
+            count = -(-e.nbytes // chunk)
+            if count > r.left() // 8:  # bounded by the body before anything is allocated
+                r.p.fail("tensor '%s' of %d bytes needs %d chunk checksums, more than the body holds"
+                         % (name, e.nbytes, count))
+            e.chunk_hashes = struct.unpack("<%dQ" % count, r.data(b"hash", 8 * count, "the chunk checksums of '%s'" % name))
     elif e.kind == INT64:
         e.value = r.i64(b"value", "the value of '%s'" % name)
     elif e.kind == DOUBLE:
@@ -550,6 +561,11 @@ def _write_value(w, name, kind, v):
         for d in v.shape:
             w.i64(b"dim", d)
         w.u64(b"nbytes", v.nbytes)
+        chunk = getattr(w, "chunk_bytes", 0)
+        if chunk:
+            data = _payload(v)
+            w.small(struct.pack("<%dQ" % -(-len(data) // chunk),
+                                *(xxh3(data[at:at + chunk]) for at in range(0, len(data), chunk))))
     elif kind == INT64:
         w.i64(b"value", v)
     elif kind == DOUBLE:
@@ -624,11 +640,38 @@ class _BinaryReader:
         return decode_name(self.data(tag, self.u64(tag, what), what))
 
 
-def parse_binary(buf, path):
+CHUNK_BYTES = 1 << 20                     # what save() checksums a version 3 body's payloads by
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 12, 1 << 30
+
+
+def check_chunk_bytes(n, fail):
+    if not MIN_CHUNK_BYTES <= n <= MAX_CHUNK_BYTES or n & (n - 1):
+        fail("the chunk size %d is not a power of two from %d to %d" % (n, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES))
+
+
+def parse_binary(buf, path, chunked=False, toc=None):
     """The entries of a binary body held in `buf` (see _BinaryReader), with their payload
-    offsets in `buf`. Payload bytes are not read."""
+    offsets in `buf`. Payload bytes are not read. `chunked`: a version 3 body, whose chunk size,
+    toc_check and the length of the bytes it covers go into `toc` (a dict) when given; the
+    table of contents is then all that is read, the payload offsets computed (section 13)."""
     r = _BinaryReader(buf, path)
+    if chunked:
+        r.chunk_bytes = r.u64(b"chunk_bytes", "the chunk size")
+        check_chunk_bytes(r.chunk_bytes, r.p.fail)
     entries = _read_entries(r)
+    if chunked:
+        end = r.at
+        check = r.u64(b"toc_check", "the table of contents' check")
+        if toc is not None:
+            toc.update(chunk_bytes=r.chunk_bytes, end=end, check=check)
+            at = r.at
+            for e in entries:
+                if e.kind == TENSOR:
+                    e.offset = at + 4 + (ALIGNMENT - (at + 4) % ALIGNMENT) % ALIGNMENT
+                    at = e.offset + e.nbytes
+            if at != r.n:
+                r.p.fail("the payloads end at body offset %d, the body at %d" % (at, r.n))
+            return fold_order_records(entries, r.p)
     for e in entries:
         if e.kind != TENSOR:
             continue
@@ -690,11 +733,20 @@ class _BinaryWriter:
         return self.out
 
 
-def binary_writes(entries, path=None):
+def binary_writes(entries, path=None, chunk_bytes=0):
     """A binary body of `entries` as the archive writes it: (bytes-like, direct) pieces, direct
-    for a string, block or payload large enough for the C++ writer to hand on from memory."""
+    for a string, block or payload large enough for the C++ writer to hand on from memory.
+    `chunk_bytes`: a version 3 body, its payloads checksummed in chunks of that size."""
     w = _BinaryWriter()
+    if chunk_bytes:
+        w.chunk_bytes = chunk_bytes
+        w.u64(b"chunk_bytes", chunk_bytes)
     _write_entries(w, entries)
+    if chunk_bytes:
+        hasher = xxhash.xxh3_64()
+        for piece, _ in w.pieces():
+            hasher.update(piece)
+        w.u64(b"toc_check", hasher.intdigest())
     position = w.written()
     for name, kind, v in entries:
         if kind != TENSOR:

@@ -206,6 +206,9 @@ class _Window:
 
     def unpack_from(self, fields, at):
         """`fields` (a struct.Struct) unpacked from body offset `at`."""
+        start = at - self.start
+        if 0 <= start <= len(self.data) - fields.size:  # in the window: no view made (a table has many fields)
+            return fields.unpack_from(self.data, start)
         return fields.unpack_from(self._get(at, fields.size))
 
 
@@ -281,7 +284,7 @@ class _Opened:
         body without codecs read on demand (its table of contents), any other read whole."""
         h = self.header
         if h.archive == "binary" and not h.codecs:
-            return F.parse_binary(_Window(self), self.path)
+            return F.parse_binary(_Window(self), self.path, h.version == 3)
         if h.codecs:
             raise ConfigError("checkpoint '%s' has a coded body (%s): its entries need it decoded"
                               % (self.path, "+".join(h.codecs)), self.path)
@@ -322,13 +325,16 @@ def _parse(opened, key, use_mmap, max_decoded_bytes):
     if h.archive == "binary" and not h.codecs and use_mmap:
         mm, body = opened.mapped_body()
         try:
-            entries = F.parse_binary(body, opened.path)
+            entries = F.parse_binary(body, opened.path, h.version == 3)
         finally:
             body.release()
         return entries, mm, F.HEADER_SIZE
     body = opened.decoded_body(key, max_decoded_bytes) if h.codecs else opened.stored_body()
     view = memoryview(body).cast("B")
-    entries = F.PARSERS[h.archive](view, opened.path)
+    if h.archive == "binary":
+        entries = F.parse_binary(view, opened.path, h.version == 3)
+    else:
+        entries = F.PARSERS[h.archive](view, opened.path)
     return entries, body, 0
 
 
@@ -494,17 +500,138 @@ def contents(path, key=None, max_decoded_bytes=None):
             entries = opened.table()  # the table of contents alone, read again (from the cache)
         else:
             entries, _, _ = _parse(opened, key, False, max_decoded_bytes)
-    out = []
-    for e in entries:
-        if e.kind == F.TENSOR:
-            out.append(EntryInfo(e.name, "tensor", F.DTYPE_NAMES[e.dtype], e.logical_shape, e.nbytes, None,
-                                 F.COLUMN_MAJOR if e.column_major else "row_major"))
-        elif e.kind == F.OBJECT:
-            out.append(EntryInfo(e.name, "object", nbytes=e.nbytes, value=e.value, type=e.type,
-                                 encoding=F.OBJECT_ENCODINGS[e.encoding]))
-        else:
-            out.append(EntryInfo(e.name, _KIND_NAMES[e.kind], nbytes=e.nbytes, value=e.value))
-    return out
+    return [_entry_info(e) for e in entries]
+
+
+def _entry_info(e):
+    if e.kind == F.TENSOR:
+        return EntryInfo(e.name, "tensor", F.DTYPE_NAMES[e.dtype], e.logical_shape, e.nbytes, None,
+                         F.COLUMN_MAJOR if e.column_major else "row_major")
+    if e.kind == F.OBJECT:
+        return EntryInfo(e.name, "object", nbytes=e.nbytes, value=e.value, type=e.type,
+                         encoding=F.OBJECT_ENCODINGS[e.encoding])
+    return EntryInfo(e.name, _KIND_NAMES[e.kind], nbytes=e.nbytes, value=e.value)
+
+
+class Reader:
+    """An open checkpoint, from ckpt.open(): its entries, and any one of them, or rows of an
+    array, read on demand. A format version 3 file (binary, no codecs: what save() and the C++
+    library write by default) has its header and table of contents checked when opened, and
+    each read checks only the chunks it reads. Any other file is verified and read whole when
+    opened. Use it in a `with` block, or close() it."""
+
+    def __init__(self, path, key=None, max_decoded_bytes=None):
+        self.path = path
+        self._opened, self._whole, self._buf, self._base = None, None, None, 0
+        self.bytes_read = 0     # payload bytes read by read() and read_rows(), whole chunks counted
+        opened = _Opened(path)
+        try:
+            self.header = opened.header
+            if self.header.version == 3:
+                toc = {}
+                try:
+                    entries = F.parse_binary(_Window(opened), path, True, toc)
+                except FormatError:  # damage is reported as such: a malformed table in a whole file is not
+                    opened.check_body()
+                    raise
+                self._check_toc(opened, toc)
+                self.chunk_bytes = toc["chunk_bytes"]
+                self._opened, opened = opened, None
+            else:
+                entries, self._buf, self._base = _parse(opened, key, False, max_decoded_bytes)
+        finally:
+            if opened is not None:
+                opened.close()
+        self._entries = {e.name: e for e in entries if not e.name.startswith(F.RESERVED_PREFIX)}
+
+    def _check_toc(self, opened, toc):
+        hasher = xxhash.xxh3_64()
+        end = toc["end"]
+        view = memoryview(bytearray(min(end, _HASH_CHUNK)))
+        for at in range(0, end, _HASH_CHUNK):
+            chunk = view[:min(_HASH_CHUNK, end - at)]
+            _read_exactly(opened.fd, chunk, F.HEADER_SIZE + at, self.path)
+            hasher.update(chunk)
+        if hasher.intdigest() != toc["check"]:
+            raise ChecksumError("checkpoint '%s' has a corrupt table of contents (its check does not match)"
+                                % self.path, self.path)
+
+    def close(self):
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def entries(self):
+        """The entries in file order (reserved `__ckpt.*` ones left out), as contents() gives them."""
+        return [_entry_info(e) for e in self._entries.values()]
+
+    def _entry(self, name):
+        e = self._entries.get(name)
+        if e is None:
+            raise LoadMismatch("checkpoint '%s' has no entry '%s'" % (self.path, name))
+        return e
+
+    def read(self, name):
+        """Entry `name` as load() gives it: an array read and checked chunk by chunk, or the value."""
+        e = self._entry(name)
+        if e.kind != F.TENSOR:
+            return e.value
+        if self._opened is None and self._buf is not None:
+            return _tensor(e, self._buf, self._base, True, self.path)
+        rows = e.shape[0] if e.shape else 1
+        a = self._rows(e, 0, rows)
+        a = a.reshape(e.shape)
+        return a.T if e.column_major else a
+
+    def read_rows(self, name, begin, end):
+        """Rows [begin, end) of row-major array `name` along its first axis; only the chunks that
+        hold them are read and checked."""
+        e = self._entry(name)
+        if e.kind != F.TENSOR or not e.shape or e.column_major:
+            raise LoadMismatch("cannot read rows of '%s' in '%s': rows are slices of a row-major array of rank 1 or "
+                               "more%s" % (name, self.path, " (it is column-major: read it whole)" if e.column_major
+                                           else ""))
+        if not 0 <= begin <= end <= e.shape[0]:
+            raise LoadMismatch("cannot read rows [%d, %d) of '%s' in '%s': it has %d rows"
+                               % (begin, end, name, self.path, e.shape[0]))
+        if self._opened is None:
+            return _tensor(e, self._buf, self._base, True, self.path)[begin:end].copy()
+        return self._rows(e, begin, end).reshape((end - begin,) + tuple(e.shape[1:]))
+
+    def _rows(self, e, begin, end):
+        if self._opened is None:
+            raise ConfigError("checkpoint '%s' is closed" % self.path)
+        rows = e.shape[0] if e.shape else 1
+        row = e.nbytes // rows if rows else 0
+        lo, hi, chunk = begin * row, end * row, self.chunk_bytes
+        first = lo // chunk
+        last = first if hi == lo else (hi - 1) // chunk + 1
+        start, stop = first * chunk, min(e.nbytes, last * chunk)
+        buf = np.empty(stop - start, dtype=np.uint8)
+        _read_exactly(self._opened.fd, memoryview(buf), F.HEADER_SIZE + e.offset + start, self.path)
+        self.bytes_read += stop - start
+        for k in range(first, last):
+            piece = buf[k * chunk - start:min((k + 1) * chunk, e.nbytes) - start]
+            if F.xxh3(piece) != e.chunk_hashes[k]:
+                raise ChecksumError("checkpoint '%s' is corrupt: chunk %d of %d of tensor '%s' (bytes %d to %d of its "
+                                    "payload) fails its checksum" % (self.path, k + 1, len(e.chunk_hashes), e.name,
+                                                                     k * chunk, min((k + 1) * chunk, e.nbytes)),
+                                    self.path)
+        return buf[lo - start:hi - start].view(F.DTYPES[e.dtype])
+
+
+@_reader
+def open(path, key=None, max_decoded_bytes=None):
+    """Opens checkpoint `path` to read its entries one at a time (a Reader): in a format
+    version 3 file each read checks only the chunks it reads, so one entry of a large file
+    costs its own bytes. `key` and `max_decoded_bytes` as for load(), for files read whole."""
+    return Reader(_fspath(path), key, max_decoded_bytes)
 
 
 @_reader
@@ -637,7 +764,8 @@ def _fsync_dir(directory, path):
         os.close(fd)
 
 
-def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, overwrite=True, metrics=None):
+def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, overwrite=True, metrics=None,
+         chunk_bytes=F.CHUNK_BYTES):
     """Writes `entries` (a mapping, or pairs, of names to numpy arrays, int, float, bool, str,
     bytes, lists or tuples of str, dicts and ckpt.Object) as checkpoint `path`, atomically:
     into a temporary beside it, fsynced, renamed over `path`, the directory fsynced. A crash
@@ -658,7 +786,12 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
     vector<int32>, ...) or "any". A ckpt.Object is saved as it is.
 
     For the same entries, position and options the file holds the bytes the C++ library
-    writes, but for the save time (and the salt and ciphertext of an encrypted body)."""
+    writes, but for the save time (and the salt and ciphertext of an encrypted body).
+
+    A binary body without codecs is written as format version 3: its table of contents holds
+    the checksum of each `chunk_bytes` piece of each array (a power of two from 4 KiB to 1 GiB),
+    so that open() reads and verifies one entry alone. `chunk_bytes=0` writes a version 1 file,
+    which readers before version 3 read."""
     if isinstance(path, Mapping) and isinstance(entries, (str, bytes, os.PathLike)):
         raise ConfigError("save(path, entries) takes the path first, then the entries (C++ save_checkpoint takes the "
                           "state first); got the entries, then '%s'" % os.fspath(entries))
@@ -677,8 +810,16 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
     key = C.as_key(key)
     items = _normalize(entries, path) + _metric_entries(metrics, path)
     codecs = (["zstd"] if zstd is not None else []) + (["aes-256-gcm"] if key is not None else [])
-    prefix56 = F.header_prefix(archive, codecs, epoch, step, time.time_ns())
-    pieces = F.WRITERS[archive](items, path)
+    if type(chunk_bytes) is not int or (chunk_bytes and not (F.MIN_CHUNK_BYTES <= chunk_bytes <= F.MAX_CHUNK_BYTES
+                                                             and chunk_bytes & (chunk_bytes - 1) == 0)):
+        raise ConfigError("chunk_bytes is a power of two from %d to %d, or 0 for a version 1 file; got %r"
+                          % (F.MIN_CHUNK_BYTES, F.MAX_CHUNK_BYTES, chunk_bytes), path)
+    chunked = archive == "binary" and not codecs and chunk_bytes != 0
+    prefix56 = F.header_prefix(archive, codecs, epoch, step, time.time_ns(), chunked)
+    if chunked:
+        pieces = F.binary_writes(items, path, chunk_bytes)
+    else:
+        pieces = F.WRITERS[archive](items, path)
     if zstd is not None:
         pieces = C.zstd_encode(C.zstd_blocks(pieces), zstd)
     else:

@@ -9,6 +9,7 @@
 //   bound values view_of(string, map, engine, …), bytes_of, object     bound.hpp, object.hpp
 //   one file     save_checkpoint, load_checkpoint, load_checkpoint_into,
 //                load_param_into_net, verify_checkpoint                checkpoint.hpp
+//   one entry    open: read and verify one entry or rows of a tensor    open.hpp
 //   finding      latest, latest_checkpoint, list_checkpoints           latest.hpp
 //   policies     SavePolicy, RetentionPolicy, NamingPolicy,
 //                ArchivePolicy                                         policies/
@@ -1664,7 +1665,8 @@ Binding view_of(std::unordered_map<K, V, H, E, A>&) {
 //
 //   offset  size  field
 //        0     8  magic "\x89CKPT\r\n\x1a" (the \r\n and \x1a catch text-mode mangling)
-//        8     4  format version: 1, or 2 when the body passed through codecs
+//        8     4  format version: 3 for a binary body with chunk checksums in its table of
+//                 contents, 2 when the body passed through codecs, 1 otherwise
 //       12     1  archive kind of the body: 0 binary, 1 text, 2 xml
 //       13     3  codecs the body passed through, in the order applied, one byte each:
 //                 0 none (unused slots), 1 zstd, 2 aes-256-gcm (version 1: all three 0)
@@ -1775,10 +1777,20 @@ constexpr std::string_view codec_name(CodecId c) {
     return "unknown";
 }
 
-/// The newest format version this reader knows. Files without codecs are still written as
-/// version 1, which every reader since the first one reads.
-inline constexpr std::uint32_t format_version = 2;
+/// The newest format version this reader knows. Binary bodies without codecs are written as
+/// version 3 (chunk checksums for partial reads), or version 1, which every reader since the
+/// first one reads, when SaveOptions::chunk_bytes is 0; bodies with codecs as version 2; text
+/// and xml bodies without codecs as version 1.
+inline constexpr std::uint32_t format_version = 3;
 inline constexpr std::uint32_t format_version_plain = 1;
+inline constexpr std::uint32_t format_version_codecs = 2;
+inline constexpr std::uint32_t format_version_chunked = 3;
+/// The chunk sizes a version 3 table of contents may name: powers of two in this range.
+inline constexpr std::uint64_t min_chunk_bytes = std::uint64_t{1} << 12;
+inline constexpr std::uint64_t max_chunk_bytes = std::uint64_t{1} << 30;
+/// What save_checkpoint() checksums a version 3 file's payloads by: a piece read checks at
+/// most this much more than it needs, and the table grows by 8 bytes per chunk.
+inline constexpr std::uint64_t default_chunk_bytes = std::uint64_t{1} << 20;
 /// Format versions above this, in a header that fails its check, are taken for damage rather
 /// than for a newer writer's (decode_header).
 inline constexpr std::uint32_t max_plausible_format_version = 255;
@@ -1800,6 +1812,9 @@ struct FileHeader {
     std::int64_t save_time_ns = 0;
 
     bool encoded() const noexcept { return codecs[0] != CodecId::none; }
+    /// Version 3: the table of contents checksums each chunk of each payload (a piece of the
+    /// file can be read and verified alone).
+    bool chunked() const noexcept { return version == format_version_chunked; }
     bool encrypted() const noexcept {
         for (auto c : codecs)
             if (c == CodecId::aes_256_gcm) return true;
@@ -1898,6 +1913,10 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
                                ", which this version of ckpt does not know (written by a newer version?)",
                            path);
     h.archive = static_cast<ArchiveKind>(kind);
+    if (h.chunked() && h.archive != ArchiveKind::binary)
+        throw FormatError("checkpoint '" + path + "' is malformed: format version 3 holds binary bodies, not " +
+                              std::string(archive_kind_name(h.archive)) + " ones",
+                          path);
     bool ended = false;
     for (std::size_t i = 0; i < max_codec_stages; ++i) {
         const auto id = std::to_integer<std::uint32_t>(b[13 + i]);
@@ -1906,7 +1925,7 @@ inline FileHeader decode_header(const std::byte* b, std::size_t available, std::
                                    ", which this version of ckpt does not know (written by a newer version?)",
                                path);
         h.codecs[i] = static_cast<CodecId>(id);
-        if (id != 0 && (ended || h.version == format_version_plain))
+        if (id != 0 && (ended || h.version != format_version_codecs))
             throw FormatError("checkpoint '" + path + "' has a malformed codec list (header bytes 13 to 15)", path);
         ended = ended || id == 0;
     }
@@ -2711,8 +2730,10 @@ decltype(auto) reading(const std::string& path, F&& f) {
 // the body's limits: what a reader needs to know about a body without its archive.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 
 namespace ckpt::detail {
@@ -2740,10 +2761,53 @@ struct EntryMeta {
     Order order = Order::row_major;
     std::uint64_t nbytes = 0;
     Value scalar;
+    /// Format version 3: the XXH3-64 of each chunk of the payload, in order (the body's chunk
+    /// size; the last chunk may be shorter). Empty in older files and for other kinds.
+    std::vector<std::uint64_t> chunk_hashes;
 
     /// The shape the tensor's elements are indexed by (Tensor::logical_shape()).
     Shape logical_shape() const { return order == Order::column_major ? reversed(shape) : shape; }
 };
+
+/// File offsets of the tensor payloads of a binary body without codecs, by entry (FORMAT.md
+/// sections 3 and 4: a payload starts after a u32 pad and pad zero bytes, 64-byte aligned).
+inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<EntryMeta>& toc, bool chunked) {
+    std::uint64_t at = chunked ? 16 : 8;  // [chunk_bytes], entries
+    for (const auto& e : toc) {
+        at += 8 + e.name.size() + 4;  // name, kind
+        switch (e.kind) {
+            case ValueKind::tensor:
+                at += 4 + 4 + 8 * e.shape.size() + 8 + 8 * e.chunk_hashes.size();
+                // the storage order record the reader folded into a column-major tensor's entry
+                if (e.order == Order::column_major)
+                    at += 8 + order_record_name(e.name).size() + 4 + 8 + column_major_value.size();
+                break;
+            case ValueKind::boolean: at += 4; break;
+            case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
+            case ValueKind::bytes: at += 8 + e.scalar.get_if<Bytes>()->data.size(); break;
+            case ValueKind::strings:
+                at += 8;
+                for (const auto& item : *e.scalar.get_if<Strings>()) at += 8 + item.size();
+                break;
+            case ValueKind::object: {
+                const auto& o = *e.scalar.get_if<Object>();
+                at += 8 + o.type.size() + 4 + 8 + o.data.size();
+                break;
+            }
+            default: at += 8; break;
+        }
+    }
+    if (chunked) at += 8;  // toc_check
+    std::map<std::string, std::uint64_t> out;
+    for (const auto& e : toc) {
+        if (e.kind != ValueKind::tensor) continue;
+        const std::uint64_t pad = (payload_alignment - (at + 4) % payload_alignment) % payload_alignment;
+        at += 4 + pad;
+        out[e.name] = header_size + at;
+        at += e.nbytes;
+    }
+    return out;
+}
 
 }  // namespace ckpt::detail
 // Header-only or compiled, the user's choice (as spdlog's SPDLOG_COMPILED_LIB and Asio's
@@ -2774,6 +2838,14 @@ struct SaveOptions {
     std::int64_t step = 0;   ///< likewise
     bool overwrite = true;   ///< false: fail with EEXIST rather than replace an existing file
     CodecChain codecs{};     ///< what the body passes through, in order (see codecs/codec.hpp); none by default
+    /// A binary body without codecs is written as format version 3, whose table of contents
+    /// holds the checksum of each piece of this many bytes of each tensor: ckpt::open() reads
+    /// one entry, or a slice, and verifies only the pieces it reads. A power of two from 4 KiB
+    /// to 1 GiB; 0 writes a version 1 file, which readers before version 3 read. Text and xml
+    /// bodies, and bodies with codecs, are read whole, and have no pieces.
+    std::uint64_t chunk_bytes = default_chunk_bytes;
+    /// Threads that may hash those pieces (the caller's among them): 0 for the machine's cores.
+    unsigned hash_threads = 0;
 };
 
 /// How a load reads a file: the archive kind it must have (any, unset), the key of an encrypted
@@ -2884,7 +2956,15 @@ std::shared_ptr<std::byte> read_verified_body(OpenedCheckpoint& c, const std::st
 /// ChecksumError before it is any codec's error.
 BodyBytes read_decoded_body(OpenedCheckpoint& c, const std::string& path, const LoadOptions& opts);
 /// The table of contents of a decoded body (read_decoded_body).
-std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, const std::string& path);
+std::vector<EntryMeta> decoded_toc(const FileHeader& header, const BodyBytes& body, const std::string& path);
+/// A format version 3 file's table of contents, checked against its toc_check (ChecksumError
+/// otherwise), with its chunk size and the file offset of each tensor's payload.
+struct CheckedToc {
+    std::vector<EntryMeta> entries;
+    std::uint64_t chunk_bytes = 0;
+    std::map<std::string, std::uint64_t> payload_offsets;
+};
+CheckedToc read_checked_toc(OpenedCheckpoint& c, const std::string& path);
 /// verify_checkpoint(), its errors not translated (detail::reading).
 FileHeader verify_opened(const std::string& path, const LoadOptions& opts);
 /// read_contents() of an opened file, or, with `decode_encoded` false, only its header for a
@@ -3036,6 +3116,7 @@ LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = fa
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -3044,6 +3125,7 @@ LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = fa
 #include <locale>
 #include <ostream>
 #include <stdexcept>
+#include <thread>
 #include <unordered_set>
 
 // Atomic, durable file replacement: write a temporary in the same directory, fsync it,
@@ -3331,6 +3413,11 @@ inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefi
 //
 // The table of contents comes first so a load can check names, dtypes and shapes against its
 // targets before any payload is written into them.
+//
+// Version 3 (binary only) adds what a reader needs to read one entry and verify only it:
+//   chunk_bytes u64 before `entries`; after each tensor's nbytes, the XXH3-64 of each
+//   chunk_bytes piece of its payload (u64 x ceil(nbytes / chunk_bytes)); and after the last
+//   entry, toc_check u64: the XXH3-64 of the body bytes before it.
 
 #include <boost/archive/binary_iarchive.hpp>
 #include <boost/archive/binary_oarchive.hpp>
@@ -3345,12 +3432,14 @@ inline void remove_stale_temporaries(const fs::path& dir, std::string_view prefi
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cctype>
 #include <cstdint>
 #include <streambuf>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -3398,12 +3487,57 @@ inline bool is_column_major(const Value& v) {
     return t && t->order() == Order::column_major;
 }
 
+/// The chunk checksums of a version 3 body: the chunk size, and the hashes of every tensor's
+/// chunks in the order of the dict. A chunk size of 0 means a version 1 body.
+struct ChunkTable {
+    std::uint64_t chunk_bytes = 0;
+    std::vector<std::uint64_t> hashes;
+};
+
+inline std::uint64_t chunk_count(std::uint64_t nbytes, std::uint64_t chunk_bytes) {
+    return nbytes / chunk_bytes + (nbytes % chunk_bytes != 0);
+}
+
+/// Hashes every tensor payload of `dict` in chunks of `chunk_bytes`, before the table of
+/// contents that records them is written. Chunks are independent, so a large state hashes on
+/// up to `threads` threads.
+inline ChunkTable hash_chunks(const ParamDict& dict, std::uint64_t chunk_bytes, unsigned threads) {
+    ChunkTable table{chunk_bytes, {}};
+    std::vector<std::pair<const std::byte*, std::size_t>> chunks;
+    std::uint64_t total = 0;
+    for (const ParamDict::Entry& entry : dict)
+        if (const Tensor* t = entry.value.get_if<Tensor>()) {
+            for (std::uint64_t at = 0; at < t->nbytes(); at += chunk_bytes)
+                chunks.emplace_back(t->data() + at, static_cast<std::size_t>(std::min(chunk_bytes, t->nbytes() - at)));
+            total += t->nbytes();
+        }
+    table.hashes.resize(chunks.size());
+    auto hash_from = [&](std::atomic<std::size_t>& next) {
+        for (std::size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks.size();)
+            table.hashes[i] = xxh3(chunks[i].first, chunks[i].second);
+    };
+    std::atomic<std::size_t> next{0};
+    // a thread pays for itself past a few MiB: below, hash here
+    const auto helpers = static_cast<std::size_t>(
+        std::min<std::uint64_t>(threads > 0 ? threads - 1 : 0, std::min<std::uint64_t>(chunks.size(), total >> 23)));
+    std::vector<std::jthread> pool;
+    pool.reserve(helpers);
+    for (std::size_t k = 0; k < helpers; ++k) pool.emplace_back([&] { hash_from(next); });
+    hash_from(next);
+    return table;
+}
+
 /// Writes `dict`; `position()` tells the writer's offset in the body, for payload alignment.
-template <class OArchive, class Position>
-void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
+/// With `chunks.chunk_bytes` set (binary archives only) it writes a version 3 body, whose
+/// toc_check is `digest()`: the XXH3-64 of the body written so far.
+template <class OArchive, class Position, class Digest>
+void write_body(OArchive& ar, const ParamDict& dict, Position&& position, const ChunkTable& chunks, Digest&& digest) {
     std::uint64_t count = dict.size();
     for (const ParamDict::Entry& entry : dict) count += is_column_major(entry.value);
+    const bool chunked = chunks.chunk_bytes != 0;
+    if (chunked) ar << make_nvp("chunk_bytes", chunks.chunk_bytes);
     ar << make_nvp("entries", count);
+    auto hash = chunks.hashes.begin();
     for (const ParamDict::Entry& entry : dict) {
         const Value& value = entry.value;
         write_string(ar, "name", entry.name);
@@ -3416,6 +3550,9 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
             for (std::int64_t d : t->shape()) ar << make_nvp("dim", d);  // the stored shape
             const std::uint64_t nbytes = t->nbytes();
             ar << make_nvp("nbytes", nbytes);
+            if (chunked)
+                for (std::uint64_t k = chunk_count(nbytes, chunks.chunk_bytes); k > 0; --k)
+                    ar << make_nvp("hash", *hash++);
             if (t->order() == Order::column_major) {
                 write_string(ar, "name", order_record_name(entry.name));
                 const auto string_kind = static_cast<std::uint32_t>(ValueKind::string);
@@ -3446,6 +3583,10 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
             throw std::logic_error("entry '" + entry.name + "': a binding reached the writer (materialized() first)");
         }
     }
+    if (chunked) {
+        const std::uint64_t toc_check = digest();
+        ar << make_nvp("toc_check", toc_check);
+    }
     static constexpr std::array<char, payload_alignment> zeros{};
     for (const ParamDict::Entry& entry : dict) {
         const Tensor* t = entry.value.get_if<Tensor>();
@@ -3464,9 +3605,17 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
 template <class IArchive, class Source>
 class BodyParser {
 public:
-    BodyParser(IArchive& ar, Source& src, const std::string& path) : ar_(ar), src_(src), path_(path) {}
+    /// `chunked`: a version 3 body (FileHeader::chunked()).
+    BodyParser(IArchive& ar, Source& src, const std::string& path, bool chunked)
+        : ar_(ar), src_(src), path_(path), chunked_(chunked) {}
 
     std::vector<EntryMeta> read_toc() {
+        if (chunked_) {
+            ar_ >> make_nvp("chunk_bytes", chunk_bytes_);
+            if (chunk_bytes_ < min_chunk_bytes || chunk_bytes_ > max_chunk_bytes || !std::has_single_bit(chunk_bytes_))
+                fail("the chunk size " + std::to_string(chunk_bytes_) + " is not a power of two from " +
+                     std::to_string(min_chunk_bytes) + " to " + std::to_string(max_chunk_bytes));
+        }
         std::uint64_t count = 0;
         ar_ >> make_nvp("entries", count);
         if (count > remaining()) fail("entry count " + std::to_string(count) + " exceeds the body size");
@@ -3523,9 +3672,19 @@ public:
             if (payload_total > src_.length())
                 fail("tensor payloads add up to more than the body's " + std::to_string(src_.length()) + " bytes");
         }
+        if (chunked_) {
+            toc_end_ = src_.position();
+            ar_ >> make_nvp("toc_check", toc_check_);
+        }
         apply_order_records(toc);
         return toc;
     }
+
+    /// Version 3: the chunk size, the body offset of toc_check (the length of the bytes it
+    /// covers) and its value, once read_toc() returned.
+    std::uint64_t chunk_bytes() const noexcept { return chunk_bytes_; }
+    std::uint64_t toc_end() const noexcept { return toc_end_; }
+    std::uint64_t toc_check() const noexcept { return toc_check_; }
 
     /// Skips the alignment padding in front of a payload (binary archives only).
     void read_padding() {
@@ -3620,6 +3779,15 @@ private:
             fail("tensor '" + e.name + "' of " + std::string(dtype_name(e.dtype)) + shape_string(e.shape) +
                  " should hold " + std::to_string(numel * itemsize(e.dtype)) + " bytes, not " +
                  std::to_string(e.nbytes));
+        if (chunked_) {
+            // the count is bounded by the body before anything is allocated
+            const std::uint64_t n = e.nbytes / chunk_bytes_ + (e.nbytes % chunk_bytes_ != 0);
+            if (n > remaining() / 8)
+                fail("tensor '" + e.name + "' of " + std::to_string(e.nbytes) + " bytes needs " + std::to_string(n) +
+                     " chunk checksums, more than the body holds");
+            e.chunk_hashes.resize(static_cast<std::size_t>(n));
+            for (auto& h : e.chunk_hashes) ar_ >> make_nvp("hash", h);
+        }
     }
 
     /// Marks the tensors that storage-order records name column-major, and drops the records.
@@ -3654,6 +3822,8 @@ private:
     IArchive& ar_;
     Source& src_;
     const std::string& path_;
+    bool chunked_;
+    std::uint64_t chunk_bytes_ = 0, toc_end_ = 0, toc_check_ = 0;
 };
 
 /// An xml body on its way to Boost's xml archive, refusing a '&' that starts none of the five
@@ -3981,6 +4151,12 @@ public:
     /// Bytes the archive wrote so far (before any codec): payload alignment counts these.
     std::uint64_t position() const noexcept { return flushed_ + static_cast<std::uint64_t>(pptr() - pbase()); }
     std::uint64_t digest() const { return hash_.digest(); }
+    /// The XXH3-64 of the body written so far, buffered bytes included (without an encoder:
+    /// a version 3 body's toc_check).
+    std::uint64_t digest_so_far() {
+        flush_buffer();
+        return hash_.digest();
+    }
 
     /// Writes what is buffered; rethrows the first error met inside the archive's calls.
     void finish() {
@@ -4352,12 +4528,13 @@ CKPT_INLINE void check_text_signature(const std::byte* body, std::size_t n, cons
 
 /// Parses a verified in-memory body. Binary payloads that sit 64-byte aligned (all of ours)
 /// become tensors aliasing the body block: no copy.
-CKPT_INLINE ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, std::uint64_t n,
+CKPT_INLINE ParamDict parse_body(const FileHeader& header, std::shared_ptr<std::byte> body, std::uint64_t n,
                                  const std::string& path) {
+    const ArchiveKind kind = header.archive;
     MemoryReader src(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
     // `source`: src, or for xml the check in front of it (XmlEntityCheck)
     auto parse = [&](auto& ar, auto& source) {
-        BodyParser parser(ar, source, path);
+        BodyParser parser(ar, source, path, header.chunked());
         auto toc = parser.read_toc();
         reject_duplicates(toc, path);
         ParamDict dict;
@@ -4591,11 +4768,13 @@ namespace detail {
 /// Reads a body's table of contents from `src` and stops there. `first` holds the body's
 /// first bytes (up to 32), for the text signature check.
 template <class Source>
-std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const std::byte> first, const std::string& path) {
+std::vector<EntryMeta> read_toc(const FileHeader& header, Source& src, std::span<const std::byte> first,
+                                const std::string& path) {
+    const ArchiveKind kind = header.archive;
     std::vector<EntryMeta> entries;
     // `source`: src, or for xml the check in front of it (XmlEntityCheck)
     auto read = [&](auto& ar, auto& source) {
-        BodyParser parser(ar, source, path);
+        BodyParser parser(ar, source, path, header.chunked());
         entries = parser.read_toc();
         reject_duplicates(entries, path);
     };
@@ -4639,10 +4818,10 @@ std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const s
 }  // namespace detail
 
 namespace detail {
-CKPT_INLINE std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, const std::string& path) {
+CKPT_INLINE std::vector<EntryMeta> decoded_toc(const FileHeader& header, const BodyBytes& body, const std::string& path) {
     MemoryReader src(reinterpret_cast<char*>(body.data.get()), static_cast<std::size_t>(body.size));
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, body.size));
-    return read_toc(kind, src, {body.data.get(), n}, path);
+    return read_toc(header, src, {body.data.get(), n}, path);
 }
 
 CKPT_INLINE void check_savable(const ParamDict& dict, ArchiveKind archive, const std::string& path) {
@@ -4678,7 +4857,18 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
     h.epoch = opts.epoch;
     h.step = opts.step;
     h.save_time_ns = detail::unix_time_ns();  // before the body: a codec may authenticate it
-    if (!opts.codecs.empty()) h.version = format_version;
+    const bool chunked = opts.archive == ArchiveKind::binary && opts.codecs.empty() && opts.chunk_bytes != 0;
+    if (chunked && (opts.chunk_bytes < min_chunk_bytes || opts.chunk_bytes > max_chunk_bytes ||
+                    !std::has_single_bit(opts.chunk_bytes)))
+        throw ConfigError("cannot save '" + path + "': chunk_bytes " + std::to_string(opts.chunk_bytes) +
+                          " is not a power of two from " + std::to_string(min_chunk_bytes) + " to " +
+                          std::to_string(max_chunk_bytes) + " (or 0, for a version 1 file)");
+    if (!opts.codecs.empty()) h.version = format_version_codecs;
+    else if (chunked) h.version = format_version_chunked;
+    detail::ChunkTable chunks;
+    if (chunked)
+        chunks = detail::hash_chunks(dict, opts.chunk_bytes,
+                                     opts.hash_threads ? opts.hash_threads : std::max(1u, std::thread::hardware_concurrency()));
     for (std::size_t i = 0; i < opts.codecs.size(); ++i) h.codecs[i] = opts.codecs[i].id;
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
@@ -4694,10 +4884,11 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
                               opts.archive == ArchiveKind::binary);
     try {
         auto position = [&] { return writer.position(); };
+        auto digest = [&] { return writer.digest_so_far(); };
         switch (opts.archive) {
             case ArchiveKind::binary: {
                 boost::archive::binary_oarchive ar(writer, boost::archive::no_header | boost::archive::no_codecvt);
-                detail::write_body(ar, dict, position);
+                detail::write_body(ar, dict, position, chunks, digest);
                 break;
             }
             case ArchiveKind::text: {
@@ -4705,7 +4896,7 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
                 os.imbue(std::locale::classic());  // numbers as FORMAT.md writes them, whatever the global locale
                 {
                     boost::archive::text_oarchive ar(os);
-                    detail::write_body(ar, dict, position);
+                    detail::write_body(ar, dict, position, chunks, digest);
                 }
                 os.flush();
                 break;
@@ -4715,7 +4906,7 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
                 os.imbue(std::locale::classic());  // numbers as FORMAT.md writes them, whatever the global locale
                 {
                     boost::archive::xml_oarchive ar(os);
-                    detail::write_body(ar, dict, position);
+                    detail::write_body(ar, dict, position, chunks, digest);
                 }
                 os.flush();
                 break;
@@ -4739,6 +4930,55 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
     out.commit();
 }
 
+namespace detail {
+CKPT_INLINE CheckedToc read_checked_toc(OpenedCheckpoint& c, const std::string& path) {
+    CheckedToc out;
+    // the xxh3 of the first `length` body bytes, read a piece at a time
+    auto hash_body = [&](std::uint64_t length) {
+        Xxh3 hash;
+        std::vector<char> buf(static_cast<std::size_t>(std::min<std::uint64_t>(length, stream_buffer_size)));
+        for (std::uint64_t at = 0; at < length;) {
+            const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), length - at));
+            pread_exact(c.fd.get(), buf.data(), n, header_size + at, path);
+            hash.update(buf.data(), n);
+            at += n;
+        }
+        return hash.digest();
+    };
+    UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    std::uint64_t toc_end = 0, toc_check = 0;
+    try {
+        translating_archive_errors(path, [&] {
+            boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
+            BodyParser parser(ar, src, path, true);
+            out.entries = parser.read_toc();
+            reject_duplicates(out.entries, path);
+            out.chunk_bytes = parser.chunk_bytes();
+            toc_end = parser.toc_end();
+            toc_check = parser.toc_check();
+        });
+    } catch (const FormatError&) {  // damage is reported as such: a malformed table in a whole file is not
+        if (const auto got = hash_body(c.header.body_length); got != c.header.body_hash)
+            throw body_checksum_error(path, c.header.body_hash, got);
+        throw;
+    }
+    // what was parsed above is trusted only once its bytes hash to toc_check
+    if (const auto got = hash_body(toc_end); got != toc_check)
+        throw ChecksumError("checkpoint '" + path + "' has a corrupt table of contents (its check reads " +
+                                hex64(toc_check) + ", its " + std::to_string(toc_end) + " bytes hash to " + hex64(got) + ")",
+                            path);
+    out.payload_offsets = payload_offsets(out.entries, true);
+    std::uint64_t end = header_size + toc_end + 8;  // where the payloads end, in the file
+    for (const auto& e : out.entries)
+        if (e.kind == ValueKind::tensor) end = std::max(end, out.payload_offsets.at(e.name) + e.nbytes);
+    if (end != header_size + c.header.body_length)
+        throw FormatError("checkpoint '" + path + "' is malformed: its payloads end at byte " + std::to_string(end) +
+                              " of a " + std::to_string(header_size + c.header.body_length) + "-byte file",
+                          path);
+    return out;
+}
+}  // namespace detail
+
 CKPT_INLINE FileHeader read_header(const PathArg& file) {
     const std::string path = file.string();
     return detail::reading(path, [&] { return detail::open_checkpoint(path, {}).header; });
@@ -4751,7 +4991,7 @@ CKPT_INLINE CheckpointContents contents_of(OpenedCheckpoint& c, const std::strin
                                            bool decode_encoded) {
     CheckpointContents out{c.header, {}};
     if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
-        if (decode_encoded) out.entries = decoded_toc(c.header.archive, read_decoded_body(c, path, opts), path);
+        if (decode_encoded) out.entries = decoded_toc(c.header, read_decoded_body(c, path, opts), path);
         return out;
     }
     UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
@@ -4759,7 +4999,7 @@ CKPT_INLINE CheckpointContents contents_of(OpenedCheckpoint& c, const std::strin
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
     if (c.header.archive == ArchiveKind::text)
         pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
-    out.entries = read_toc(c.header.archive, src, {first.data(), n}, path);
+    out.entries = read_toc(c.header, src, {first.data(), n}, path);
     return out;
 }
 }  // namespace detail
@@ -4803,7 +5043,7 @@ CKPT_INLINE ParamDict load_checkpoint(const PathArg& file, const LoadOptions& op
     return detail::reading(path, [&] {
         auto c = detail::open_checkpoint(path, opts);
         auto body = detail::read_decoded_body(c, path, opts);
-        ParamDict dict = detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
+        ParamDict dict = detail::parse_body(c.header, std::move(body.data), body.size, path);
         detail::drop_reserved(dict);
         return dict;
     });
@@ -4877,7 +5117,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
     try {
         translating_archive_errors(path, [&] {
             boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-            BodyParser parser(ar, src, path);
+            BodyParser parser(ar, src, path, header.chunked());
             toc = parser.read_toc();
             reject_duplicates(toc, path);
             if (shape) naming_source("'" + path + "'", [&] { (*shape)(toc, target); });
@@ -4949,7 +5189,7 @@ CKPT_INLINE LoadReport load_file_into(const PathArg& file, ParamDict& target, bo
                     return detail::load_binary_into(*src, h, path, target, strict, values_are_copies, shape);
         }
         auto body = detail::read_decoded_body(c, path, opts);
-        ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
+        ParamDict dict = detail::parse_body(h, std::move(body.data), body.size, path);
         detail::drop_reserved(dict);
         return detail::load_param_into(target, dict, strict, values_are_copies, shape, "'" + path + "'");
     });
@@ -8715,6 +8955,187 @@ ConfiguredManager<N, A> make_manager(PathArg directory, std::string prefix, cons
 }
 
 }  // namespace ckpt
+// ckpt::open(): one checkpoint file kept open to read any of its entries, or rows of a
+// tensor, verifying only what is read. A format version 3 file (binary, no codecs: what
+// save_checkpoint writes by default) checksums each chunk of each payload in its table of
+// contents, and the table itself: a read costs its own bytes, not the file's. Older files,
+// text and xml bodies and bodies with codecs have no such pieces: open() verifies and reads
+// them whole, once, and serves every read from memory.
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+
+namespace ckpt {
+
+/// An open checkpoint (ckpt::open()). Reads may run on several threads at once.
+class CheckpointReader {
+public:
+    /// The file's header: format version, archive kind, codecs, recorded epoch and step.
+    const FileHeader& header() const noexcept { return header_; }
+    const std::string& path() const noexcept { return path_; }
+
+    /// The program's entries in file order (the writer's `__ckpt.` records left out): name and
+    /// kind, dtype and logical shape of tensors, the value of the others.
+    const std::vector<EntryInfo>& entries() const noexcept { return entries_; }
+    bool contains(std::string_view name) const { return index_.contains(std::string(name)); }
+    /// @throws NotFound naming the file and the entry
+    const EntryInfo& entry(std::string_view name) const { return entries_[find(name)]; }
+
+    /// Whether reads check the pieces they read (a version 3 file), rather than the file
+    /// having been verified whole when it was opened.
+    bool verifies_pieces() const noexcept { return !whole_; }
+
+    /// Entry `name`: a tensor read and checked chunk by chunk, or the value of another kind
+    /// (checked with the table of contents when the file was opened).
+    /// @throws NotFound, ChecksumError naming the file, the tensor and the bytes that failed
+    Value read(std::string_view name) const {
+        const EntryInfo& e = entry(name);
+        if (e.kind != ValueKind::tensor) return e.scalar;
+        if (whole_) return whole_->at(e.name);
+        return read_range(e, 0, e.shape.empty() ? 1 : e.shape[0], true);
+    }
+    /// Rows [begin, end) of row-major tensor `name` along its first dimension: a tensor of that
+    /// many rows. Only the chunks holding them are read and checked.
+    /// @throws NotFound, LoadMismatch (not a row-major tensor of rank 1 or more, rows out of
+    /// range), ChecksumError
+    Tensor read_rows(std::string_view name, std::int64_t begin, std::int64_t end) const {
+        const EntryInfo& e = entry(name);
+        if (e.kind != ValueKind::tensor || e.shape.empty() || e.order != Order::row_major)
+            throw LoadMismatch("cannot read rows of '" + e.name + "' in '" + path_ + "': rows are slices of a row-major tensor of rank 1 or more" +
+                               (e.order == Order::column_major ? " (it is column-major: read it whole)" : ""));
+        const std::int64_t rows = e.shape[0];
+        if (begin < 0 || begin > end || end > rows)
+            throw LoadMismatch("cannot read rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of '" +
+                               e.name + "' in '" + path_ + "': it has " + std::to_string(rows) + " rows");
+        if (whole_) {
+            const Tensor& t = whole_->tensor(e.name);
+            Shape shape = t.shape();
+            shape[0] = end - begin;
+            Tensor out = Tensor::uninitialized(t.dtype(), shape);
+            const std::uint64_t row = rows ? t.nbytes() / static_cast<std::uint64_t>(rows) : 0;
+            std::copy_n(t.data() + begin * row, out.nbytes(), out.data());
+            return out;
+        }
+        return read_range(e, begin, end, false);
+    }
+
+    /// Payload bytes read from the file by read() and read_rows() so far, whole chunks counted
+    /// (0 when the file was read whole at open()).
+    std::uint64_t bytes_read() const noexcept { return bytes_read_->load(std::memory_order_relaxed); }
+
+private:
+    friend CheckpointReader open(const PathArg& file, const LoadOptions& opts);
+    CheckpointReader() = default;
+
+    std::size_t find(std::string_view name) const {
+        const auto it = index_.find(std::string(name));
+        if (it == index_.end()) throw NotFound("checkpoint '" + path_ + "' has no entry '" + std::string(name) + "'");
+        return it->second;
+    }
+
+    /// Rows [begin, end) of `e` from a version 3 file: the chunks that hold them are read,
+    /// checked, and the rows copied out (or, for the whole tensor, kept where they were read).
+    Tensor read_range(const EntryInfo& e, std::int64_t begin, std::int64_t end, bool whole) const {
+        const std::int64_t rows = e.shape.empty() ? 1 : e.shape[0];
+        const std::uint64_t row = rows ? e.nbytes / static_cast<std::uint64_t>(rows) : 0;
+        const std::uint64_t lo = static_cast<std::uint64_t>(begin) * row, hi = static_cast<std::uint64_t>(end) * row;
+        const std::uint64_t first = lo / chunk_bytes_, last = hi == lo ? first : (hi - 1) / chunk_bytes_ + 1;
+        const std::uint64_t from = first * chunk_bytes_, to = std::min(e.nbytes, last * chunk_bytes_);
+        Shape shape = e.logical_shape();
+        if (!whole) shape[0] = end - begin;
+        Tensor out = Tensor::uninitialized(e.dtype, shape, e.order);
+        const bool in_place = from == lo && to == hi;  // the rows are whole chunks: read into `out`
+        std::shared_ptr<std::byte> scratch;
+        std::byte* at = out.data();
+        if (!in_place) {
+            scratch = detail::allocate_aligned(static_cast<std::size_t>(to - from));
+            at = scratch.get();
+        }
+        const std::uint64_t offset = payload_offsets_.at(e.name) + from;
+        detail::pread_exact(fd_->get(), reinterpret_cast<char*>(at), static_cast<std::size_t>(to - from), offset, path_);
+        bytes_read_->fetch_add(to - from, std::memory_order_relaxed);
+        for (std::uint64_t k = first; k < last; ++k) {
+            const std::uint64_t start = k * chunk_bytes_ - from, n = std::min(chunk_bytes_, e.nbytes - k * chunk_bytes_);
+            const std::uint64_t got = detail::xxh3(at + start, static_cast<std::size_t>(n));
+            if (got != e.chunk_hashes[static_cast<std::size_t>(k)])
+                throw ChecksumError("checkpoint '" + path_ + "' is corrupt: chunk " + std::to_string(k + 1) + " of " +
+                                        std::to_string(e.chunk_hashes.size()) + " of tensor '" + e.name + "' (bytes " +
+                                        std::to_string(k * chunk_bytes_) + " to " + std::to_string(k * chunk_bytes_ + n) +
+                                        " of its payload) fails its checksum",
+                                    path_);
+        }
+        if (!in_place) std::copy_n(at + (lo - from), hi - lo, out.data());
+        return out;
+    }
+
+    std::string path_;
+    FileHeader header_;
+    std::vector<EntryInfo> entries_;
+    std::unordered_map<std::string, std::size_t> index_;
+    // a version 3 file: its descriptor, chunk size and payload offsets
+    std::shared_ptr<detail::Fd> fd_;
+    std::uint64_t chunk_bytes_ = 0;
+    std::map<std::string, std::uint64_t> payload_offsets_;
+    // any other file: its entries, verified and read whole at open()
+    std::shared_ptr<const ParamDict> whole_;
+    std::unique_ptr<std::atomic<std::uint64_t>> bytes_read_ = std::make_unique<std::atomic<std::uint64_t>>(0);
+};
+
+/// Opens a checkpoint to read entries one by one (CheckpointReader). A version 3 file has its
+/// header and table of contents read and checked here, and nothing else; any other file is
+/// verified and read whole here (with `opts.key` for an encrypted one).
+/// @throws FormatError, ChecksumError, VersionError, KeyError, IoError naming the file
+inline CheckpointReader open(const PathArg& file, const LoadOptions& opts = {}) {
+    CheckpointReader r;
+    r.path_ = file.string();
+    const std::string& path = r.path_;
+    std::vector<EntryInfo> toc;
+    detail::reading(path, [&] {
+        auto c = detail::open_checkpoint(path, opts);
+        r.header_ = c.header;
+        if (c.header.chunked()) {
+            auto checked = detail::read_checked_toc(c, path);
+            toc = std::move(checked.entries);
+            r.chunk_bytes_ = checked.chunk_bytes;
+            r.payload_offsets_ = std::move(checked.payload_offsets);
+            r.fd_ = std::make_shared<detail::Fd>(std::move(c.fd));
+        }
+    });
+    if (!r.header_.chunked()) {
+        auto whole = std::make_shared<ParamDict>(load_checkpoint(file, opts));
+        for (const auto& [name, value] : *whole) {
+            EntryInfo& e = toc.emplace_back();
+            e.name = name;
+            e.kind = value.kind();
+            if (const Tensor* t = value.get_if<Tensor>()) {
+                e.dtype = t->dtype();
+                e.shape = t->shape();
+                e.order = t->order();
+                e.nbytes = t->nbytes();
+            } else {
+                e.scalar = value;
+            }
+        }
+        r.whole_ = std::move(whole);
+    }
+    for (auto& e : toc)
+        if (!detail::is_reserved_name(e.name)) {
+            r.index_.emplace(e.name, r.entries_.size());
+            r.entries_.push_back(std::move(e));
+        }
+    return r;
+}
+
+}  // namespace ckpt
 // Termination signals (SIGTERM, SIGINT, SIGUSR1: what a scheduler sends before it preempts
 // a job) turned into a flag the training loop polls at step boundaries. The handler only
 // sets the flag; everything else happens on the training threads.
@@ -9139,7 +9560,7 @@ struct TensorPiece {
 struct GlobalIndex {
     std::int64_t global_step = 0;
     std::int64_t world_size = 0;
-    std::uint64_t chunk_bytes = 1u << 20;
+    std::uint64_t chunk_bytes = default_chunk_bytes;
     std::vector<TensorPiece> pieces;
     ParamDict values;  ///< the lowest rank's entries that are not tensors
     /// Each other rank's entries that are not tensors, where they differ from `values`.
@@ -9158,45 +9579,6 @@ struct ReshardedState {
 };
 
 namespace detail {
-
-/// File offsets of the tensor payloads of a binary body without codecs, by entry (FORMAT.md
-/// sections 3 and 4: a payload starts after a u32 pad and pad zero bytes, 64-byte aligned).
-inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<EntryMeta>& toc) {
-    std::uint64_t at = 8;  // entries
-    for (const auto& e : toc) {
-        at += 8 + e.name.size() + 4;  // name, kind
-        switch (e.kind) {
-            case ValueKind::tensor:
-                at += 4 + 4 + 8 * e.shape.size() + 8;
-                // the storage order record the reader folded into a column-major tensor's entry
-                if (e.order == Order::column_major)
-                    at += 8 + order_record_name(e.name).size() + 4 + 8 + column_major_value.size();
-                break;
-            case ValueKind::boolean: at += 4; break;
-            case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
-            case ValueKind::bytes: at += 8 + e.scalar.get_if<Bytes>()->data.size(); break;
-            case ValueKind::strings:
-                at += 8;
-                for (const auto& item : *e.scalar.get_if<Strings>()) at += 8 + item.size();
-                break;
-            case ValueKind::object: {
-                const auto& o = *e.scalar.get_if<Object>();
-                at += 8 + o.type.size() + 4 + 8 + o.data.size();
-                break;
-            }
-            default: at += 8; break;
-        }
-    }
-    std::map<std::string, std::uint64_t> out;
-    for (const auto& e : toc) {
-        if (e.kind != ValueKind::tensor) continue;
-        const std::uint64_t pad = (payload_alignment - (at + 4) % payload_alignment) % payload_alignment;
-        at += 4 + pad;
-        out[e.name] = header_size + at;
-        at += e.nbytes;
-    }
-    return out;
-}
 
 inline std::uint64_t numel_of(const Shape& s) {
     std::uint64_t n = 1;
@@ -9280,10 +9662,12 @@ inline void check_pieces_fit(const GlobalIndex& index, const std::string& what) 
 }  // namespace detail
 
 /// This rank's part of the index: the pieces of its saved `file` (named `relative` in the
-/// index) and its values. Reads the file once, to checksum its chunks. A file with codecs is
-/// decoded (`opts.key` for an encrypted one) and its pieces marked `encoded`.
+/// index) and its values. Reads the file once, to checksum its chunks, unless it is a format
+/// version 3 file of the same chunk size: its table of contents holds them (only the table is
+/// read, and checked). A file with codecs is decoded (`opts.key` for an encrypted one) and its
+/// pieces marked `encoded`.
 inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& relative, std::int64_t rank,
-                                       const PieceMap& places = {}, std::uint64_t chunk_bytes = 1u << 20,
+                                       const PieceMap& places = {}, std::uint64_t chunk_bytes = default_chunk_bytes,
                                        const LoadOptions& opts = {}) {
     const std::string path = file.string();
     if (chunk_bytes == 0 || chunk_bytes % detail::payload_alignment)
@@ -9295,13 +9679,18 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
     const bool encoded = c.header.encoded();
     std::vector<detail::EntryMeta> toc;
     BodyBytes decoded;
+    std::uint64_t file_chunk_bytes = 0;  // a version 3 file's: its chunks' hashes are those of the index
     if (encoded) {
         decoded = detail::read_decoded_body(c, path, opts);
-        toc = detail::decoded_toc(ArchiveKind::binary, decoded, path);
+        toc = detail::decoded_toc(c.header, decoded, path);
+    } else if (c.header.chunked()) {
+        auto checked = detail::read_checked_toc(c, path);
+        toc = std::move(checked.entries);
+        file_chunk_bytes = checked.chunk_bytes;
     } else {
         toc = read_contents(file).entries;
     }
-    auto offsets = detail::payload_offsets(toc);
+    auto offsets = detail::payload_offsets(toc, c.header.chunked());
     if (encoded)
         for (auto& [name, at] : offsets) at -= header_size;  // offsets in the decoded body
     GlobalIndex out;
@@ -9339,6 +9728,11 @@ inline GlobalIndex describe_checkpoint(const PathArg& file, const std::string& r
         p.encoded = encoded;
         if (encoded && p.offset + e.nbytes > decoded.size)
             throw FormatError("'" + path + "': the payload of '" + e.name + "' lies past the end of the decoded body", path);
+        if (file_chunk_bytes == chunk_bytes) {  // hashed by the writer, and checked with the table: not read back
+            p.chunk_hashes = e.chunk_hashes;
+            out.pieces.push_back(std::move(p));
+            continue;
+        }
         for (std::uint64_t done = 0; done < e.nbytes; done += chunk_bytes) {
             const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, e.nbytes - done));
             const char* bytes = buf.get();

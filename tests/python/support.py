@@ -27,7 +27,9 @@ GOLDEN_FILES = {
     "v2-zstd.ckpt": (2, "binary", ("zstd",), 6, 2400),
     "v2-aes-256-gcm.ckpt": (2, "text", ("aes-256-gcm",), 7, 2800),
     "v2-zstd-aes-256-gcm.ckpt": (2, "xml", ("zstd", "aes-256-gcm"), 8, 3200),
+    "v3-binary.ckpt": (3, "binary", (), 10, 4000),
 }
+GOLDEN_CHUNK_BYTES = 4096    # what v3-binary.ckpt checksums its payloads by (FORMAT.md section 13)
 
 # docs/FORMAT.md section 3.1: the golden file of column-major tensors (golden_column_major_state)
 COLUMN_MAJOR_GOLDEN = "v1-column-major.ckpt"

@@ -53,7 +53,7 @@ def strict_json(text):
 def test_verify_exit_codes(tmp_path):
     files = [support.golden(n) for n in sorted(support.GOLDEN_FILES)]
     r = run("verify", *files)  # the checksums need no key
-    assert r.stdout.count("ok       ") == 6 and "6 verified, 0 failed" in r.stdout
+    assert r.stdout.count("ok       ") == len(files) and "%d verified, 0 failed" % len(files) in r.stdout
     run("verify", *files, "--key-file", support.GOLDEN_KEY)
     damaged = bytearray(support.read(files[0]))
     damaged[100] ^= 1

@@ -174,7 +174,7 @@ def test_names_and_strings_that_are_not_utf8(tool, tmp_path):
     loaded = ckpt.load(original)
     assert list(loaded) == ["bad\udcff\udcfename", "ok"]
     for archive in ARCHIVES:
-        again = ckpt.save(str(tmp_path / ("again-%s.ckpt" % archive)), loaded, archive=archive)
+        again = ckpt.save(str(tmp_path / ("again-%s.ckpt" % archive)), loaded, archive=archive, chunk_bytes=0)
         assert ckpt.load(again) == loaded
         tool.assert_bit_equal(original, again)
     assert support.read(tmp_path / "again-binary.ckpt")[64:] == body
@@ -289,7 +289,8 @@ def test_encrypted_files_hold_the_same_plaintext(tool, tmp_path, key_file, ident
     plain = [bytes(C.aes_decode(np.frombuffer(f, np.uint8)[64:], key, f[:56], "f")) for f in (cpp, py)]
     assert plain[0] == plain[1]
     # the plaintext is what the same save without encryption stores
-    unencrypted = support.read(ckpt.save(str(tmp_path / "plain.ckpt"), entries, archive=archive, zstd=zstd))
+    unencrypted = support.read(ckpt.save(str(tmp_path / "plain.ckpt"), entries, archive=archive, zstd=zstd,
+                                         chunk_bytes=0))
     assert plain[1] == unencrypted[64:]
     assert len(py) == len(cpp)
 
@@ -316,5 +317,5 @@ def test_python_cli_matches_the_tool_on_golden_files(tool):
     files = [support.golden(n) for n in sorted(support.GOLDEN_FILES)]
     r = subprocess.run([sys.executable, "-m", "ckpt", "verify", *files, "--key-file", support.GOLDEN_KEY],
                        capture_output=True, text=True, env=env)
-    assert r.returncode == 0 and "6 verified, 0 failed" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "%d verified, 0 failed" % len(files) in r.stdout, r.stdout + r.stderr
     tool.verify(files[0])

@@ -351,7 +351,7 @@ def test_a_metric_no_file_records_is_none_with_a_notice(tmp_path, caplog):
 
 # --------------------------------------------------------------------------- unreadable is not absent
 
-def newer_version(path, field=8, value=struct.pack("<I", 3)):
+def newer_version(path, field=8, value=struct.pack("<I", 4)):
     """`path` made the file of a newer writer: a header value this reader does not know (the
     format version by default), the header check and checksum made right: intact, not damaged."""
     raw = bytearray(support.read(path))
@@ -368,19 +368,19 @@ def test_a_newest_checkpoint_this_version_cannot_read_stops_latest(tmp_path, cap
         ckpt.latest(d, "exp")
     e = info.value
     assert str(e).startswith("checkpoint '%s' of prefix 'exp' in '%s' cannot be read here: checkpoint '%s' has "
-                             "format version 3" % (newest, d, newest))
+                             "format version 4" % (newest, d, newest))
     assert "upgrade ckpt" in str(e) and "fall_back=True" in str(e) and older not in str(e)
     assert [f.path for f in e.files] == [newest] and e.path == newest and isinstance(e, ckpt.Error)
     # passing over it is asked for: the older one, the newer one reported
     skipped = []
     with caplog.at_level(logging.WARNING, logger="ckpt"):
         assert ckpt.latest(d, "exp", skipped=skipped, fall_back=True) == older
-    assert [s.path for s in skipped] == [newest] and "format version 3" in skipped[0].reason
+    assert [s.path for s in skipped] == [newest] and "format version 4" in skipped[0].reason
     assert any("skipping checkpoint '%s'" % newest in m for m in notices(caplog))
     # alone, with fall_back: None
     os.unlink(older)
     assert ckpt.latest(d, "exp", fall_back=True) is None
-    with pytest.raises(ckpt.UnreadableCheckpoints, match="format version 3"):
+    with pytest.raises(ckpt.UnreadableCheckpoints, match="format version 4"):
         ckpt.latest(d, "exp")
 
 

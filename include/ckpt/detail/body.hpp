@@ -17,6 +17,11 @@
 //
 // The table of contents comes first so a load can check names, dtypes and shapes against its
 // targets before any payload is written into them.
+//
+// Version 3 (binary only) adds what a reader needs to read one entry and verify only it:
+//   chunk_bytes u64 before `entries`; after each tensor's nbytes, the XXH3-64 of each
+//   chunk_bytes piece of its payload (u64 x ceil(nbytes / chunk_bytes)); and after the last
+//   entry, toc_check u64: the XXH3-64 of the body bytes before it.
 
 #include <boost/archive/binary_iarchive.hpp>
 #include <boost/archive/binary_oarchive.hpp>
@@ -31,17 +36,21 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cctype>
 #include <cstdint>
 #include <streambuf>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "../error.hpp"
+#include "../format.hpp"
+#include "hash.hpp"
 #include "entry.hpp"
 #include "../param_dict.hpp"
 #include "../tensor.hpp"
@@ -88,12 +97,57 @@ inline bool is_column_major(const Value& v) {
     return t && t->order() == Order::column_major;
 }
 
+/// The chunk checksums of a version 3 body: the chunk size, and the hashes of every tensor's
+/// chunks in the order of the dict. A chunk size of 0 means a version 1 body.
+struct ChunkTable {
+    std::uint64_t chunk_bytes = 0;
+    std::vector<std::uint64_t> hashes;
+};
+
+inline std::uint64_t chunk_count(std::uint64_t nbytes, std::uint64_t chunk_bytes) {
+    return nbytes / chunk_bytes + (nbytes % chunk_bytes != 0);
+}
+
+/// Hashes every tensor payload of `dict` in chunks of `chunk_bytes`, before the table of
+/// contents that records them is written. Chunks are independent, so a large state hashes on
+/// up to `threads` threads.
+inline ChunkTable hash_chunks(const ParamDict& dict, std::uint64_t chunk_bytes, unsigned threads) {
+    ChunkTable table{chunk_bytes, {}};
+    std::vector<std::pair<const std::byte*, std::size_t>> chunks;
+    std::uint64_t total = 0;
+    for (const ParamDict::Entry& entry : dict)
+        if (const Tensor* t = entry.value.get_if<Tensor>()) {
+            for (std::uint64_t at = 0; at < t->nbytes(); at += chunk_bytes)
+                chunks.emplace_back(t->data() + at, static_cast<std::size_t>(std::min(chunk_bytes, t->nbytes() - at)));
+            total += t->nbytes();
+        }
+    table.hashes.resize(chunks.size());
+    auto hash_from = [&](std::atomic<std::size_t>& next) {
+        for (std::size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks.size();)
+            table.hashes[i] = xxh3(chunks[i].first, chunks[i].second);
+    };
+    std::atomic<std::size_t> next{0};
+    // a thread pays for itself past a few MiB: below, hash here
+    const auto helpers = static_cast<std::size_t>(
+        std::min<std::uint64_t>(threads > 0 ? threads - 1 : 0, std::min<std::uint64_t>(chunks.size(), total >> 23)));
+    std::vector<std::jthread> pool;
+    pool.reserve(helpers);
+    for (std::size_t k = 0; k < helpers; ++k) pool.emplace_back([&] { hash_from(next); });
+    hash_from(next);
+    return table;
+}
+
 /// Writes `dict`; `position()` tells the writer's offset in the body, for payload alignment.
-template <class OArchive, class Position>
-void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
+/// With `chunks.chunk_bytes` set (binary archives only) it writes a version 3 body, whose
+/// toc_check is `digest()`: the XXH3-64 of the body written so far.
+template <class OArchive, class Position, class Digest>
+void write_body(OArchive& ar, const ParamDict& dict, Position&& position, const ChunkTable& chunks, Digest&& digest) {
     std::uint64_t count = dict.size();
     for (const ParamDict::Entry& entry : dict) count += is_column_major(entry.value);
+    const bool chunked = chunks.chunk_bytes != 0;
+    if (chunked) ar << make_nvp("chunk_bytes", chunks.chunk_bytes);
     ar << make_nvp("entries", count);
+    auto hash = chunks.hashes.begin();
     for (const ParamDict::Entry& entry : dict) {
         const Value& value = entry.value;
         write_string(ar, "name", entry.name);
@@ -106,6 +160,9 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
             for (std::int64_t d : t->shape()) ar << make_nvp("dim", d);  // the stored shape
             const std::uint64_t nbytes = t->nbytes();
             ar << make_nvp("nbytes", nbytes);
+            if (chunked)
+                for (std::uint64_t k = chunk_count(nbytes, chunks.chunk_bytes); k > 0; --k)
+                    ar << make_nvp("hash", *hash++);
             if (t->order() == Order::column_major) {
                 write_string(ar, "name", order_record_name(entry.name));
                 const auto string_kind = static_cast<std::uint32_t>(ValueKind::string);
@@ -136,6 +193,10 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
             throw std::logic_error("entry '" + entry.name + "': a binding reached the writer (materialized() first)");
         }
     }
+    if (chunked) {
+        const std::uint64_t toc_check = digest();
+        ar << make_nvp("toc_check", toc_check);
+    }
     static constexpr std::array<char, payload_alignment> zeros{};
     for (const ParamDict::Entry& entry : dict) {
         const Tensor* t = entry.value.get_if<Tensor>();
@@ -154,9 +215,17 @@ void write_body(OArchive& ar, const ParamDict& dict, Position&& position) {
 template <class IArchive, class Source>
 class BodyParser {
 public:
-    BodyParser(IArchive& ar, Source& src, const std::string& path) : ar_(ar), src_(src), path_(path) {}
+    /// `chunked`: a version 3 body (FileHeader::chunked()).
+    BodyParser(IArchive& ar, Source& src, const std::string& path, bool chunked)
+        : ar_(ar), src_(src), path_(path), chunked_(chunked) {}
 
     std::vector<EntryMeta> read_toc() {
+        if (chunked_) {
+            ar_ >> make_nvp("chunk_bytes", chunk_bytes_);
+            if (chunk_bytes_ < min_chunk_bytes || chunk_bytes_ > max_chunk_bytes || !std::has_single_bit(chunk_bytes_))
+                fail("the chunk size " + std::to_string(chunk_bytes_) + " is not a power of two from " +
+                     std::to_string(min_chunk_bytes) + " to " + std::to_string(max_chunk_bytes));
+        }
         std::uint64_t count = 0;
         ar_ >> make_nvp("entries", count);
         if (count > remaining()) fail("entry count " + std::to_string(count) + " exceeds the body size");
@@ -213,9 +282,19 @@ public:
             if (payload_total > src_.length())
                 fail("tensor payloads add up to more than the body's " + std::to_string(src_.length()) + " bytes");
         }
+        if (chunked_) {
+            toc_end_ = src_.position();
+            ar_ >> make_nvp("toc_check", toc_check_);
+        }
         apply_order_records(toc);
         return toc;
     }
+
+    /// Version 3: the chunk size, the body offset of toc_check (the length of the bytes it
+    /// covers) and its value, once read_toc() returned.
+    std::uint64_t chunk_bytes() const noexcept { return chunk_bytes_; }
+    std::uint64_t toc_end() const noexcept { return toc_end_; }
+    std::uint64_t toc_check() const noexcept { return toc_check_; }
 
     /// Skips the alignment padding in front of a payload (binary archives only).
     void read_padding() {
@@ -310,6 +389,15 @@ private:
             fail("tensor '" + e.name + "' of " + std::string(dtype_name(e.dtype)) + shape_string(e.shape) +
                  " should hold " + std::to_string(numel * itemsize(e.dtype)) + " bytes, not " +
                  std::to_string(e.nbytes));
+        if (chunked_) {
+            // the count is bounded by the body before anything is allocated
+            const std::uint64_t n = e.nbytes / chunk_bytes_ + (e.nbytes % chunk_bytes_ != 0);
+            if (n > remaining() / 8)
+                fail("tensor '" + e.name + "' of " + std::to_string(e.nbytes) + " bytes needs " + std::to_string(n) +
+                     " chunk checksums, more than the body holds");
+            e.chunk_hashes.resize(static_cast<std::size_t>(n));
+            for (auto& h : e.chunk_hashes) ar_ >> make_nvp("hash", h);
+        }
     }
 
     /// Marks the tensors that storage-order records name column-major, and drops the records.
@@ -344,6 +432,8 @@ private:
     IArchive& ar_;
     Source& src_;
     const std::string& path_;
+    bool chunked_;
+    std::uint64_t chunk_bytes_ = 0, toc_end_ = 0, toc_check_ = 0;
 };
 
 /// An xml body on its way to Boost's xml archive, refusing a '&' that starts none of the five

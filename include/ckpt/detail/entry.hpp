@@ -3,9 +3,12 @@
 // the body's limits: what a reader needs to know about a body without its archive.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "../format.hpp"
 #include "../param_dict.hpp"
 #include "../tensor.hpp"
 
@@ -34,9 +37,52 @@ struct EntryMeta {
     Order order = Order::row_major;
     std::uint64_t nbytes = 0;
     Value scalar;
+    /// Format version 3: the XXH3-64 of each chunk of the payload, in order (the body's chunk
+    /// size; the last chunk may be shorter). Empty in older files and for other kinds.
+    std::vector<std::uint64_t> chunk_hashes;
 
     /// The shape the tensor's elements are indexed by (Tensor::logical_shape()).
     Shape logical_shape() const { return order == Order::column_major ? reversed(shape) : shape; }
 };
+
+/// File offsets of the tensor payloads of a binary body without codecs, by entry (FORMAT.md
+/// sections 3 and 4: a payload starts after a u32 pad and pad zero bytes, 64-byte aligned).
+inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<EntryMeta>& toc, bool chunked) {
+    std::uint64_t at = chunked ? 16 : 8;  // [chunk_bytes], entries
+    for (const auto& e : toc) {
+        at += 8 + e.name.size() + 4;  // name, kind
+        switch (e.kind) {
+            case ValueKind::tensor:
+                at += 4 + 4 + 8 * e.shape.size() + 8 + 8 * e.chunk_hashes.size();
+                // the storage order record the reader folded into a column-major tensor's entry
+                if (e.order == Order::column_major)
+                    at += 8 + order_record_name(e.name).size() + 4 + 8 + column_major_value.size();
+                break;
+            case ValueKind::boolean: at += 4; break;
+            case ValueKind::string: at += 8 + e.scalar.get_if<std::string>()->size(); break;
+            case ValueKind::bytes: at += 8 + e.scalar.get_if<Bytes>()->data.size(); break;
+            case ValueKind::strings:
+                at += 8;
+                for (const auto& item : *e.scalar.get_if<Strings>()) at += 8 + item.size();
+                break;
+            case ValueKind::object: {
+                const auto& o = *e.scalar.get_if<Object>();
+                at += 8 + o.type.size() + 4 + 8 + o.data.size();
+                break;
+            }
+            default: at += 8; break;
+        }
+    }
+    if (chunked) at += 8;  // toc_check
+    std::map<std::string, std::uint64_t> out;
+    for (const auto& e : toc) {
+        if (e.kind != ValueKind::tensor) continue;
+        const std::uint64_t pad = (payload_alignment - (at + 4) % payload_alignment) % payload_alignment;
+        at += 4 + pad;
+        out[e.name] = header_size + at;
+        at += e.nbytes;
+    }
+    return out;
+}
 
 }  // namespace ckpt::detail

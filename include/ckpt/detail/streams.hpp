@@ -41,6 +41,12 @@ public:
     /// Bytes the archive wrote so far (before any codec): payload alignment counts these.
     std::uint64_t position() const noexcept { return flushed_ + static_cast<std::uint64_t>(pptr() - pbase()); }
     std::uint64_t digest() const { return hash_.digest(); }
+    /// The XXH3-64 of the body written so far, buffered bytes included (without an encoder:
+    /// a version 3 body's toc_check).
+    std::uint64_t digest_so_far() {
+        flush_buffer();
+        return hash_.digest();
+    }
 
     /// Writes what is buffered; rethrows the first error met inside the archive's calls.
     void finish() {

@@ -6,6 +6,7 @@
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <locale>
 #include <ostream>
 #include <stdexcept>
+#include <thread>
 #include <unordered_set>
 
 #include "../checkpoint.hpp"
@@ -195,12 +197,13 @@ CKPT_INLINE void check_text_signature(const std::byte* body, std::size_t n, cons
 
 /// Parses a verified in-memory body. Binary payloads that sit 64-byte aligned (all of ours)
 /// become tensors aliasing the body block: no copy.
-CKPT_INLINE ParamDict parse_body(ArchiveKind kind, std::shared_ptr<std::byte> body, std::uint64_t n,
+CKPT_INLINE ParamDict parse_body(const FileHeader& header, std::shared_ptr<std::byte> body, std::uint64_t n,
                                  const std::string& path) {
+    const ArchiveKind kind = header.archive;
     MemoryReader src(reinterpret_cast<char*>(body.get()), static_cast<std::size_t>(n));
     // `source`: src, or for xml the check in front of it (XmlEntityCheck)
     auto parse = [&](auto& ar, auto& source) {
-        BodyParser parser(ar, source, path);
+        BodyParser parser(ar, source, path, header.chunked());
         auto toc = parser.read_toc();
         reject_duplicates(toc, path);
         ParamDict dict;
@@ -434,11 +437,13 @@ namespace detail {
 /// Reads a body's table of contents from `src` and stops there. `first` holds the body's
 /// first bytes (up to 32), for the text signature check.
 template <class Source>
-std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const std::byte> first, const std::string& path) {
+std::vector<EntryMeta> read_toc(const FileHeader& header, Source& src, std::span<const std::byte> first,
+                                const std::string& path) {
+    const ArchiveKind kind = header.archive;
     std::vector<EntryMeta> entries;
     // `source`: src, or for xml the check in front of it (XmlEntityCheck)
     auto read = [&](auto& ar, auto& source) {
-        BodyParser parser(ar, source, path);
+        BodyParser parser(ar, source, path, header.chunked());
         entries = parser.read_toc();
         reject_duplicates(entries, path);
     };
@@ -482,10 +487,10 @@ std::vector<EntryMeta> read_toc(ArchiveKind kind, Source& src, std::span<const s
 }  // namespace detail
 
 namespace detail {
-CKPT_INLINE std::vector<EntryMeta> decoded_toc(ArchiveKind kind, const BodyBytes& body, const std::string& path) {
+CKPT_INLINE std::vector<EntryMeta> decoded_toc(const FileHeader& header, const BodyBytes& body, const std::string& path) {
     MemoryReader src(reinterpret_cast<char*>(body.data.get()), static_cast<std::size_t>(body.size));
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(32, body.size));
-    return read_toc(kind, src, {body.data.get(), n}, path);
+    return read_toc(header, src, {body.data.get(), n}, path);
 }
 
 CKPT_INLINE void check_savable(const ParamDict& dict, ArchiveKind archive, const std::string& path) {
@@ -521,7 +526,18 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
     h.epoch = opts.epoch;
     h.step = opts.step;
     h.save_time_ns = detail::unix_time_ns();  // before the body: a codec may authenticate it
-    if (!opts.codecs.empty()) h.version = format_version;
+    const bool chunked = opts.archive == ArchiveKind::binary && opts.codecs.empty() && opts.chunk_bytes != 0;
+    if (chunked && (opts.chunk_bytes < min_chunk_bytes || opts.chunk_bytes > max_chunk_bytes ||
+                    !std::has_single_bit(opts.chunk_bytes)))
+        throw ConfigError("cannot save '" + path + "': chunk_bytes " + std::to_string(opts.chunk_bytes) +
+                          " is not a power of two from " + std::to_string(min_chunk_bytes) + " to " +
+                          std::to_string(max_chunk_bytes) + " (or 0, for a version 1 file)");
+    if (!opts.codecs.empty()) h.version = format_version_codecs;
+    else if (chunked) h.version = format_version_chunked;
+    detail::ChunkTable chunks;
+    if (chunked)
+        chunks = detail::hash_chunks(dict, opts.chunk_bytes,
+                                     opts.hash_threads ? opts.hash_threads : std::max(1u, std::thread::hardware_concurrency()));
     for (std::size_t i = 0; i < opts.codecs.size(); ++i) h.codecs[i] = opts.codecs[i].id;
     detail::AtomicFile out(file, opts.overwrite);
     const std::array<std::byte, header_size> placeholder{};
@@ -537,10 +553,11 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
                               opts.archive == ArchiveKind::binary);
     try {
         auto position = [&] { return writer.position(); };
+        auto digest = [&] { return writer.digest_so_far(); };
         switch (opts.archive) {
             case ArchiveKind::binary: {
                 boost::archive::binary_oarchive ar(writer, boost::archive::no_header | boost::archive::no_codecvt);
-                detail::write_body(ar, dict, position);
+                detail::write_body(ar, dict, position, chunks, digest);
                 break;
             }
             case ArchiveKind::text: {
@@ -548,7 +565,7 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
                 os.imbue(std::locale::classic());  // numbers as FORMAT.md writes them, whatever the global locale
                 {
                     boost::archive::text_oarchive ar(os);
-                    detail::write_body(ar, dict, position);
+                    detail::write_body(ar, dict, position, chunks, digest);
                 }
                 os.flush();
                 break;
@@ -558,7 +575,7 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
                 os.imbue(std::locale::classic());  // numbers as FORMAT.md writes them, whatever the global locale
                 {
                     boost::archive::xml_oarchive ar(os);
-                    detail::write_body(ar, dict, position);
+                    detail::write_body(ar, dict, position, chunks, digest);
                 }
                 os.flush();
                 break;
@@ -582,6 +599,55 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
     out.commit();
 }
 
+namespace detail {
+CKPT_INLINE CheckedToc read_checked_toc(OpenedCheckpoint& c, const std::string& path) {
+    CheckedToc out;
+    // the xxh3 of the first `length` body bytes, read a piece at a time
+    auto hash_body = [&](std::uint64_t length) {
+        Xxh3 hash;
+        std::vector<char> buf(static_cast<std::size_t>(std::min<std::uint64_t>(length, stream_buffer_size)));
+        for (std::uint64_t at = 0; at < length;) {
+            const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), length - at));
+            pread_exact(c.fd.get(), buf.data(), n, header_size + at, path);
+            hash.update(buf.data(), n);
+            at += n;
+        }
+        return hash.digest();
+    };
+    UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
+    std::uint64_t toc_end = 0, toc_check = 0;
+    try {
+        translating_archive_errors(path, [&] {
+            boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
+            BodyParser parser(ar, src, path, true);
+            out.entries = parser.read_toc();
+            reject_duplicates(out.entries, path);
+            out.chunk_bytes = parser.chunk_bytes();
+            toc_end = parser.toc_end();
+            toc_check = parser.toc_check();
+        });
+    } catch (const FormatError&) {  // damage is reported as such: a malformed table in a whole file is not
+        if (const auto got = hash_body(c.header.body_length); got != c.header.body_hash)
+            throw body_checksum_error(path, c.header.body_hash, got);
+        throw;
+    }
+    // what was parsed above is trusted only once its bytes hash to toc_check
+    if (const auto got = hash_body(toc_end); got != toc_check)
+        throw ChecksumError("checkpoint '" + path + "' has a corrupt table of contents (its check reads " +
+                                hex64(toc_check) + ", its " + std::to_string(toc_end) + " bytes hash to " + hex64(got) + ")",
+                            path);
+    out.payload_offsets = payload_offsets(out.entries, true);
+    std::uint64_t end = header_size + toc_end + 8;  // where the payloads end, in the file
+    for (const auto& e : out.entries)
+        if (e.kind == ValueKind::tensor) end = std::max(end, out.payload_offsets.at(e.name) + e.nbytes);
+    if (end != header_size + c.header.body_length)
+        throw FormatError("checkpoint '" + path + "' is malformed: its payloads end at byte " + std::to_string(end) +
+                              " of a " + std::to_string(header_size + c.header.body_length) + "-byte file",
+                          path);
+    return out;
+}
+}  // namespace detail
+
 CKPT_INLINE FileHeader read_header(const PathArg& file) {
     const std::string path = file.string();
     return detail::reading(path, [&] { return detail::open_checkpoint(path, {}).header; });
@@ -594,7 +660,7 @@ CKPT_INLINE CheckpointContents contents_of(OpenedCheckpoint& c, const std::strin
                                            bool decode_encoded) {
     CheckpointContents out{c.header, {}};
     if (c.header.encoded()) {  // a codec's output cannot be read from the middle: decode it all
-        if (decode_encoded) out.entries = decoded_toc(c.header.archive, read_decoded_body(c, path, opts), path);
+        if (decode_encoded) out.entries = decoded_toc(c.header, read_decoded_body(c, path, opts), path);
         return out;
     }
     UncheckedBodyReader src(c.fd.get(), path, c.header.body_length);
@@ -602,7 +668,7 @@ CKPT_INLINE CheckpointContents contents_of(OpenedCheckpoint& c, const std::strin
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(first.size(), c.header.body_length));
     if (c.header.archive == ArchiveKind::text)
         pread_exact(c.fd.get(), reinterpret_cast<char*>(first.data()), n, header_size, path);
-    out.entries = read_toc(c.header.archive, src, {first.data(), n}, path);
+    out.entries = read_toc(c.header, src, {first.data(), n}, path);
     return out;
 }
 }  // namespace detail
@@ -646,7 +712,7 @@ CKPT_INLINE ParamDict load_checkpoint(const PathArg& file, const LoadOptions& op
     return detail::reading(path, [&] {
         auto c = detail::open_checkpoint(path, opts);
         auto body = detail::read_decoded_body(c, path, opts);
-        ParamDict dict = detail::parse_body(c.header.archive, std::move(body.data), body.size, path);
+        ParamDict dict = detail::parse_body(c.header, std::move(body.data), body.size, path);
         detail::drop_reserved(dict);
         return dict;
     });
@@ -720,7 +786,7 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
     try {
         translating_archive_errors(path, [&] {
             boost::archive::binary_iarchive ar(src, boost::archive::no_header | boost::archive::no_codecvt);
-            BodyParser parser(ar, src, path);
+            BodyParser parser(ar, src, path, header.chunked());
             toc = parser.read_toc();
             reject_duplicates(toc, path);
             if (shape) naming_source("'" + path + "'", [&] { (*shape)(toc, target); });
@@ -792,7 +858,7 @@ CKPT_INLINE LoadReport load_file_into(const PathArg& file, ParamDict& target, bo
                     return detail::load_binary_into(*src, h, path, target, strict, values_are_copies, shape);
         }
         auto body = detail::read_decoded_body(c, path, opts);
-        ParamDict dict = detail::parse_body(h.archive, std::move(body.data), body.size, path);
+        ParamDict dict = detail::parse_body(h, std::move(body.data), body.size, path);
         detail::drop_reserved(dict);
         return detail::load_param_into(target, dict, strict, values_are_copies, shape, "'" + path + "'");
     });
