@@ -44,6 +44,7 @@ program() {
 }
 
 p=$(program ckpt_io) && [ -n "$p" ] && smoke ckpt_io "$p" --rounds 1 --tensors 2 --dir "$work"
+p=$(program partial_read) && [ -n "$p" ] && smoke partial_read "$p" --mib 8 --rounds 1 --dir "$work"
 p=$(program interop_io) && [ -n "$p" ] && smoke interop_io "$p" --rounds 1 --tensors 2 --dir "$work"
 p=$(program parse_scaling) && [ -n "$p" ] && smoke parse_scaling "$p" --entries 200 --rounds 1 --dir "$work"
 p=$(program map_state) && [ -n "$p" ] && smoke map_state "$p" --entries 200 --rounds 1 --dir "$work"
@@ -69,6 +70,7 @@ else
 fi
 p=$(program torch_io) && [ -n "$p" ] && smoke torch_io "$p" "$work" --rounds 1 --width 256 --train-width 256
 smoke python_io /usr/bin/python3 bench/python_io.py --mib 4 --rounds 1 --dir "$work/python_io"
+smoke partial_read_py /usr/bin/python3 bench/partial_read.py --mib 8 --rounds 1 --dir "$work"
 if [ -x "$build/examples/cluster_recover/cluster_recover" ] && [ -x "$build/ckpt-run" ]; then
     CKPT_BENCH_EPOCHS=1 smoke cluster_recovery bash bench/cluster_recovery.sh \
         "$build/examples/cluster_recover/cluster_recover" "$build/ckpt-run" 1
