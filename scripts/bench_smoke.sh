@@ -45,6 +45,7 @@ program() {
 
 p=$(program ckpt_io) && [ -n "$p" ] && smoke ckpt_io "$p" --rounds 1 --tensors 2 --dir "$work"
 p=$(program partial_read) && [ -n "$p" ] && smoke partial_read "$p" --mib 8 --rounds 1 --dir "$work"
+p=$(program parallel_writes) && [ -n "$p" ] && smoke parallel_writes "$p" --mib 8 --rounds 1 --dir "$work"
 p=$(program interop_io) && [ -n "$p" ] && smoke interop_io "$p" --rounds 1 --tensors 2 --dir "$work"
 p=$(program parse_scaling) && [ -n "$p" ] && smoke parse_scaling "$p" --entries 200 --rounds 1 --dir "$work"
 p=$(program map_state) && [ -n "$p" ] && smoke map_state "$p" --entries 200 --rounds 1 --dir "$work"
