@@ -1277,20 +1277,7 @@ int cmd_show_dict(const fs::path& file, bool stats, bool as_json) {
     std::optional<ckpt::ParamDict> loaded;
     if (stats) {
         loaded = load_any(file);
-        for (const auto& [name, value] : *loaded) {
-            ckpt::EntryInfo e;
-            e.name = name;
-            e.kind = value.kind();
-            if (const auto* t = value.get_if<ckpt::Tensor>()) {
-                e.dtype = t->dtype();
-                e.shape = t->shape();
-                e.order = t->order();
-                e.nbytes = t->nbytes();
-            } else {
-                e.scalar = value;
-            }
-            entries.push_back(std::move(e));
-        }
+        for (const auto& [name, value] : *loaded) entries.push_back(ckpt::detail::entry_of(name, value));
     } else {
         entries = contents_any(file);
     }

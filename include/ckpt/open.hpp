@@ -166,19 +166,7 @@ inline CheckpointReader open(const PathArg& file, const LoadOptions& opts = {}) 
     });
     if (!r.header_.chunked()) {
         auto whole = std::make_shared<ParamDict>(load_checkpoint(file, opts));
-        for (const auto& [name, value] : *whole) {
-            EntryInfo& e = toc.emplace_back();
-            e.name = name;
-            e.kind = value.kind();
-            if (const Tensor* t = value.get_if<Tensor>()) {
-                e.dtype = t->dtype();
-                e.shape = t->shape();
-                e.order = t->order();
-                e.nbytes = t->nbytes();
-            } else {
-                e.scalar = value;
-            }
-        }
+        for (const auto& [name, value] : *whole) toc.push_back(detail::entry_of(name, value));
         r.whole_ = std::move(whole);
     }
     for (auto& e : toc)

@@ -2769,6 +2769,22 @@ struct EntryMeta {
     Shape logical_shape() const { return order == Order::column_major ? reversed(shape) : shape; }
 };
 
+/// The table of contents' entry of a value held in memory: a tensor's layout, or the value.
+inline EntryMeta entry_of(const std::string& name, const Value& value) {
+    EntryMeta e;
+    e.name = name;
+    e.kind = value.kind();
+    if (const Tensor* t = value.get_if<Tensor>()) {
+        e.dtype = t->dtype();
+        e.shape = t->shape();
+        e.order = t->order();
+        e.nbytes = t->nbytes();
+    } else {
+        e.scalar = value;
+    }
+    return e;
+}
+
 /// File offsets of the tensor payloads of a binary body without codecs, by entry (FORMAT.md
 /// sections 3 and 4: a payload starts after a u32 pad and pad zero bytes, 64-byte aligned).
 inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<EntryMeta>& toc, bool chunked) {
@@ -9112,19 +9128,7 @@ inline CheckpointReader open(const PathArg& file, const LoadOptions& opts = {}) 
     });
     if (!r.header_.chunked()) {
         auto whole = std::make_shared<ParamDict>(load_checkpoint(file, opts));
-        for (const auto& [name, value] : *whole) {
-            EntryInfo& e = toc.emplace_back();
-            e.name = name;
-            e.kind = value.kind();
-            if (const Tensor* t = value.get_if<Tensor>()) {
-                e.dtype = t->dtype();
-                e.shape = t->shape();
-                e.order = t->order();
-                e.nbytes = t->nbytes();
-            } else {
-                e.scalar = value;
-            }
-        }
+        for (const auto& [name, value] : *whole) toc.push_back(detail::entry_of(name, value));
         r.whole_ = std::move(whole);
     }
     for (auto& e : toc)

@@ -45,6 +45,22 @@ struct EntryMeta {
     Shape logical_shape() const { return order == Order::column_major ? reversed(shape) : shape; }
 };
 
+/// The table of contents' entry of a value held in memory: a tensor's layout, or the value.
+inline EntryMeta entry_of(const std::string& name, const Value& value) {
+    EntryMeta e;
+    e.name = name;
+    e.kind = value.kind();
+    if (const Tensor* t = value.get_if<Tensor>()) {
+        e.dtype = t->dtype();
+        e.shape = t->shape();
+        e.order = t->order();
+        e.nbytes = t->nbytes();
+    } else {
+        e.scalar = value;
+    }
+    return e;
+}
+
 /// File offsets of the tensor payloads of a binary body without codecs, by entry (FORMAT.md
 /// sections 3 and 4: a payload starts after a u32 pad and pad zero bytes, 64-byte aligned).
 inline std::map<std::string, std::uint64_t> payload_offsets(const std::vector<EntryMeta>& toc, bool chunked) {
