@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -86,17 +88,27 @@ private:
     std::optional<int> status_;
 };
 
-/// A loopback TCP port nobody listens on at the moment of asking.
+/// A loopback TCP port nobody holds at the moment of asking, below the kernel's range of
+/// ephemeral ports (or above it): a port in that range, which binding port 0 would give, can
+/// be taken at any moment as the local port of an outgoing connection (a concurrent test's),
+/// and a server started on it afterwards then fails to bind.
 inline int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw std::runtime_error("bind failed");
-    socklen_t len = sizeof addr;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    ::close(fd);
-    return ntohs(addr.sin_port);
+    int low = 32768, high = 60999;
+    if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> low >> high;
+    static std::mt19937 pick(std::random_device{}());
+    for (int tries = 0; tries < 1000; ++tries) {
+        const int port = low > 11024 ? std::uniform_int_distribution<int>(10000, low - 1)(pick)
+                                     : std::uniform_int_distribution<int>(high + 1, 65535)(pick);
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        addr.sin_port = htons(static_cast<std::uint16_t>(port));
+        const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+        ::close(fd);
+        if (free) return port;
+    }
+    throw std::runtime_error("no free loopback port");
 }
 
 /// A redis-server (Debian's, installed by scripts/deps.sh) on 127.0.0.1, without

@@ -35,17 +35,45 @@ start_redis() {
     wait_for_line "$1/redis-$4.log" "Ready to accept connections" 20
 }
 
-# free_port: a loopback TCP port nobody listens on now.
+# free_port: a loopback TCP port nobody listens on now, below the kernel's range of ephemeral
+# ports (or above it): a port in that range can be taken at any moment as the local port of
+# an outgoing connection, a concurrent test's among them, and a server then cannot bind it.
 free_port() {
-    local p
+    local p low high
+    read -r low high < /proc/sys/net/ipv4/ip_local_port_range
     for _ in $(seq 1 200); do
-        p=$((20000 + RANDOM % 40000))
+        if [ "$low" -gt 11024 ]; then p=$((10000 + RANDOM % (low - 10000))); else p=$((high + 1 + RANDOM % (65535 - high))); fi
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             echo "$p"
             return
         fi
     done
     echo "no free port found" >&2
+    exit 1
+}
+
+# start_redis_on_free_port <work dir> <appendonly: yes|no> <n>: start_redis on a free port, in
+# port; another one when a concurrent test took the port between the look and the bind.
+start_redis_on_free_port() {
+    local try
+    for try in 1 2 3 4 5; do
+        port=$(free_port)
+        /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly "$2" --appendfsync always \
+            --dir "$1" > "$1/redis-$3.log" 2>&1 &
+        redis_pid=$!
+        local deadline=$((SECONDS + 20))
+        until grep -q "Ready to accept connections\|Address already in use" "$1/redis-$3.log" 2>/dev/null; do
+            if [ $SECONDS -ge $deadline ] || ! kill -0 "$redis_pid" 2>/dev/null; then break; fi
+            sleep 0.02
+        done
+        grep -q "Ready to accept connections" "$1/redis-$3.log" && return
+        kill -9 "$redis_pid" 2>/dev/null || true
+        wait "$redis_pid" 2>/dev/null || true
+        grep -q "Address already in use" "$1/redis-$3.log" || break
+        echo "port $port was taken; trying another" >&2
+    done
+    echo "redis-server did not start:" >&2
+    cat "$1/redis-$3.log" >&2
     exit 1
 }
 

@@ -23,8 +23,7 @@ source "$(dirname "$0")/common.sh"
 redis_pid=
 trap 'kill -9 $redis_pid 2>/dev/null || true' EXIT
 if [ "$redis" = yes ]; then
-    port=$(free_port)
-    start_redis "$work" "$port" no 1
+    start_redis_on_free_port "$work" no 1
     store="redis://127.0.0.1:$port"
 else
     store="file://$work/store"

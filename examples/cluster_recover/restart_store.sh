@@ -17,10 +17,9 @@ rm -rf "$work"
 mkdir -p "$work"
 source "$(dirname "$0")/common.sh"
 
-port=$(free_port)
 redis_pid=
 trap 'kill -9 $redis_pid 2>/dev/null || true' EXIT
-start_redis "$work" "$port" "$persistent" 1
+start_redis_on_free_port "$work" "$persistent" 1
 
 "$launcher" --nproc 4 --store "redis://127.0.0.1:$port" --max-restarts 1 -- \
     "$program" --dir "$work/checkpoints" "$@" > "$work/job.log" 2>&1 &
