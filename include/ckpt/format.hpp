@@ -66,6 +66,9 @@ inline constexpr std::uint32_t format_version_chunked = 3;
 /// The chunk sizes a version 3 table of contents may name: powers of two in this range.
 inline constexpr std::uint64_t min_chunk_bytes = std::uint64_t{1} << 12;
 inline constexpr std::uint64_t max_chunk_bytes = std::uint64_t{1} << 30;
+constexpr bool valid_chunk_bytes(std::uint64_t n) {
+    return n >= min_chunk_bytes && n <= max_chunk_bytes && (n & (n - 1)) == 0;
+}
 /// What save_checkpoint() checksums a version 3 file's payloads by: a piece read checks at
 /// most this much more than it needs, and the table grows by 8 bytes per chunk.
 inline constexpr std::uint64_t default_chunk_bytes = std::uint64_t{1} << 20;

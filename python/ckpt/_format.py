@@ -644,8 +644,12 @@ CHUNK_BYTES = 1 << 20                     # what save() checksums a version 3 bo
 MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 12, 1 << 30
 
 
+def valid_chunk_bytes(n):
+    return MIN_CHUNK_BYTES <= n <= MAX_CHUNK_BYTES and n & (n - 1) == 0
+
+
 def check_chunk_bytes(n, fail):
-    if not MIN_CHUNK_BYTES <= n <= MAX_CHUNK_BYTES or n & (n - 1):
+    if not valid_chunk_bytes(n):
         fail("the chunk size %d is not a power of two from %d to %d" % (n, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES))
 
 

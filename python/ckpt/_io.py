@@ -262,11 +262,11 @@ class _Opened:
             raise self.checksum_failure()
         return mm, body
 
-    def hashed_body(self):
-        """The xxh3 of the stored body, read through one reused buffer: nothing mapped (a file
-        cut short under a map kills the process with SIGBUS; here it is an error), and no
-        memory of the body's size."""
-        n = self.header.body_length
+    def hashed_body(self, n=None):
+        """The xxh3 of the stored body (or of its first `n` bytes), read through one reused
+        buffer: nothing mapped (a file cut short under a map kills the process with SIGBUS;
+        here it is an error), and no memory of the body's size."""
+        n = self.header.body_length if n is None else n
         view = memoryview(bytearray(min(n, _HASH_CHUNK)))
         hasher = xxhash.xxh3_64()
         for at in range(0, n, _HASH_CHUNK):
@@ -522,7 +522,7 @@ class Reader:
 
     def __init__(self, path, key=None, max_decoded_bytes=None):
         self.path = path
-        self._opened, self._whole, self._buf, self._base = None, None, None, 0
+        self._opened, self._buf, self._base = None, None, 0
         self.bytes_read = 0     # payload bytes read by read() and read_rows(), whole chunks counted
         opened = _Opened(path)
         try:
@@ -545,14 +545,7 @@ class Reader:
         self._entries = {e.name: e for e in entries if not e.name.startswith(F.RESERVED_PREFIX)}
 
     def _check_toc(self, opened, toc):
-        hasher = xxhash.xxh3_64()
-        end = toc["end"]
-        view = memoryview(bytearray(min(end, _HASH_CHUNK)))
-        for at in range(0, end, _HASH_CHUNK):
-            chunk = view[:min(_HASH_CHUNK, end - at)]
-            _read_exactly(opened.fd, chunk, F.HEADER_SIZE + at, self.path)
-            hasher.update(chunk)
-        if hasher.intdigest() != toc["check"]:
+        if opened.hashed_body(toc["end"]) != toc["check"]:
             raise ChecksumError("checkpoint '%s' has a corrupt table of contents (its check does not match)"
                                 % self.path, self.path)
 
@@ -810,8 +803,7 @@ def save(path, entries, epoch=0, step=0, archive="binary", zstd=None, key=None, 
     key = C.as_key(key)
     items = _normalize(entries, path) + _metric_entries(metrics, path)
     codecs = (["zstd"] if zstd is not None else []) + (["aes-256-gcm"] if key is not None else [])
-    if type(chunk_bytes) is not int or (chunk_bytes and not (F.MIN_CHUNK_BYTES <= chunk_bytes <= F.MAX_CHUNK_BYTES
-                                                             and chunk_bytes & (chunk_bytes - 1) == 0)):
+    if type(chunk_bytes) is not int or (chunk_bytes and not F.valid_chunk_bytes(chunk_bytes)):
         raise ConfigError("chunk_bytes is a power of two from %d to %d, or 0 for a version 1 file; got %r"
                           % (F.MIN_CHUNK_BYTES, F.MAX_CHUNK_BYTES, chunk_bytes), path)
     chunked = archive == "binary" and not codecs and chunk_bytes != 0

@@ -1788,6 +1788,9 @@ inline constexpr std::uint32_t format_version_chunked = 3;
 /// The chunk sizes a version 3 table of contents may name: powers of two in this range.
 inline constexpr std::uint64_t min_chunk_bytes = std::uint64_t{1} << 12;
 inline constexpr std::uint64_t max_chunk_bytes = std::uint64_t{1} << 30;
+constexpr bool valid_chunk_bytes(std::uint64_t n) {
+    return n >= min_chunk_bytes && n <= max_chunk_bytes && (n & (n - 1)) == 0;
+}
 /// What save_checkpoint() checksums a version 3 file's payloads by: a piece read checks at
 /// most this much more than it needs, and the table grows by 8 bytes per chunk.
 inline constexpr std::uint64_t default_chunk_bytes = std::uint64_t{1} << 20;
@@ -3132,7 +3135,6 @@ LoadReport load_checkpoint_into(const PathArg& file, T& target, bool strict = fa
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -3628,7 +3630,7 @@ public:
     std::vector<EntryMeta> read_toc() {
         if (chunked_) {
             ar_ >> make_nvp("chunk_bytes", chunk_bytes_);
-            if (chunk_bytes_ < min_chunk_bytes || chunk_bytes_ > max_chunk_bytes || !std::has_single_bit(chunk_bytes_))
+            if (!valid_chunk_bytes(chunk_bytes_))
                 fail("the chunk size " + std::to_string(chunk_bytes_) + " is not a power of two from " +
                      std::to_string(min_chunk_bytes) + " to " + std::to_string(max_chunk_bytes));
         }
@@ -3797,7 +3799,7 @@ private:
                  std::to_string(e.nbytes));
         if (chunked_) {
             // the count is bounded by the body before anything is allocated
-            const std::uint64_t n = e.nbytes / chunk_bytes_ + (e.nbytes % chunk_bytes_ != 0);
+            const std::uint64_t n = chunk_count(e.nbytes, chunk_bytes_);
             if (n > remaining() / 8)
                 fail("tensor '" + e.name + "' of " + std::to_string(e.nbytes) + " bytes needs " + std::to_string(n) +
                      " chunk checksums, more than the body holds");
@@ -4874,8 +4876,7 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
     h.step = opts.step;
     h.save_time_ns = detail::unix_time_ns();  // before the body: a codec may authenticate it
     const bool chunked = opts.archive == ArchiveKind::binary && opts.codecs.empty() && opts.chunk_bytes != 0;
-    if (chunked && (opts.chunk_bytes < min_chunk_bytes || opts.chunk_bytes > max_chunk_bytes ||
-                    !std::has_single_bit(opts.chunk_bytes)))
+    if (chunked && !valid_chunk_bytes(opts.chunk_bytes))
         throw ConfigError("cannot save '" + path + "': chunk_bytes " + std::to_string(opts.chunk_bytes) +
                           " is not a power of two from " + std::to_string(min_chunk_bytes) + " to " +
                           std::to_string(max_chunk_bytes) + " (or 0, for a version 1 file)");

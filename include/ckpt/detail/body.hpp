@@ -222,7 +222,7 @@ public:
     std::vector<EntryMeta> read_toc() {
         if (chunked_) {
             ar_ >> make_nvp("chunk_bytes", chunk_bytes_);
-            if (chunk_bytes_ < min_chunk_bytes || chunk_bytes_ > max_chunk_bytes || !std::has_single_bit(chunk_bytes_))
+            if (!valid_chunk_bytes(chunk_bytes_))
                 fail("the chunk size " + std::to_string(chunk_bytes_) + " is not a power of two from " +
                      std::to_string(min_chunk_bytes) + " to " + std::to_string(max_chunk_bytes));
         }
@@ -391,7 +391,7 @@ private:
                  std::to_string(e.nbytes));
         if (chunked_) {
             // the count is bounded by the body before anything is allocated
-            const std::uint64_t n = e.nbytes / chunk_bytes_ + (e.nbytes % chunk_bytes_ != 0);
+            const std::uint64_t n = chunk_count(e.nbytes, chunk_bytes_);
             if (n > remaining() / 8)
                 fail("tensor '" + e.name + "' of " + std::to_string(e.nbytes) + " bytes needs " + std::to_string(n) +
                      " chunk checksums, more than the body holds");

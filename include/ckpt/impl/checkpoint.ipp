@@ -6,7 +6,6 @@
 #include <boost/filesystem.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -527,8 +526,7 @@ CKPT_INLINE void save_checkpoint(const ParamDict& state, const PathArg& file, co
     h.step = opts.step;
     h.save_time_ns = detail::unix_time_ns();  // before the body: a codec may authenticate it
     const bool chunked = opts.archive == ArchiveKind::binary && opts.codecs.empty() && opts.chunk_bytes != 0;
-    if (chunked && (opts.chunk_bytes < min_chunk_bytes || opts.chunk_bytes > max_chunk_bytes ||
-                    !std::has_single_bit(opts.chunk_bytes)))
+    if (chunked && !valid_chunk_bytes(opts.chunk_bytes))
         throw ConfigError("cannot save '" + path + "': chunk_bytes " + std::to_string(opts.chunk_bytes) +
                           " is not a power of two from " + std::to_string(min_chunk_bytes) + " to " +
                           std::to_string(max_chunk_bytes) + " (or 0, for a version 1 file)");
