@@ -18,6 +18,17 @@
 #                         without CAP_SYS_PTRACE: every transfer fails there ("Read -1,
 #                         expected N, errno = 1", open-mpi/ompi#4948). No slower here, where
 #                         CMA is allowed (docs/PERFORMANCE.md).
+#   --mca orte_tmpdir_base DIR
+#                         a session directory of each job's own: two jobs starting at once
+#                         both create /tmp/ompi.<host>.<uid>, and the one that loses the race
+#                         fails to start ("A call to mkdir was unable to create the desired
+#                         directory ... File exists", orte_init failed). A job removes what it
+#                         made there when it ends; the empty directories left are removed once
+#                         an hour old.
 # On several hosts, use mpirun itself with the first three and --mca btl self,vader,tcp.
+tmp=${TMPDIR:-/tmp}
+find "$tmp" -maxdepth 1 -name 'ckpt-mpirun.*' -type d -empty -mmin +60 -delete 2> /dev/null || true
+session=$(mktemp -d "$tmp/ckpt-mpirun.XXXXXX")
 exec mpirun --allow-run-as-root --oversubscribe --bind-to none \
-    --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none "$@"
+    --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+    --mca orte_tmpdir_base "$session" "$@"
