@@ -775,7 +775,7 @@ TEST_CASE("replica shares cut the shared tensors at rows into runs of nearly equ
             // the same split whenever it is asked for
             CHECK(fault::replica_share(state, replicas, k, declared).places == share.places);
         }
-        CHECK(total == 7020);
+        CHECK(total == 7020 + 40 * replicas);  // the shared bytes once, the piece (a group of one each) whole
         // nearly equal: within a row (28 bytes of "a", 16 of "z") of the mean at each cut
         CHECK(most - least <= 2 * 28);
         for (const char* name : {"a", "b", "cm", "s", "z"}) {
@@ -787,107 +787,168 @@ TEST_CASE("replica shares cut the shared tensors at rows into runs of nearly equ
         }
     }
     CHECK_THROWS_AS(fault::replica_share(state, 2, 2), ckpt::ConfigError);
+    CHECK_THROWS_AS(fault::replica_share(state, 2, 0, declared, {3, 0}), ckpt::ConfigError);
+    CHECK_THROWS_AS(fault::replica_share(state, 4, 0, declared, {2, 2}), ckpt::ConfigError);
+}
+
+TEST_CASE("the pieces of sharded state are cut among the members of their replica group, each element in one share") {
+    const ckpt::ParamDict state = mixed_state();
+    // "moments.m" is elements [10, 20) of a global tensor of 40 x 2
+    const ckpt::PieceMap declared{{"rng", ckpt::PiecePlace::per_rank()}, {"moments.m", {"moments.g", {40, 2}, 10}}};
+    for (const int members : {1, 2, 3}) {
+        CAPTURE(members);
+        std::vector<int> hits(80);
+        std::vector<float> rebuilt(80);
+        for (int k = 0; k < members; ++k) {
+            // the shared tensors are cut among all 6 replicas whatever the group
+            const fault::ReplicaShare share = fault::replica_share(state, 6, k, declared, {members, k});
+            CHECK(share.shared_bytes == 7020);
+            CHECK(share.group_bytes == 40);
+            CHECK(share.places == fault::replica_share(state, 6, k, declared, {members, k}).places);
+            CHECK(share.state.at("rng") == state.at("rng"));
+            if (!share.state.contains("moments.m")) continue;
+            const auto part = share.state.tensor("moments.m").values<float>();
+            std::uint64_t first = 10;
+            if (const auto it = share.places.find("moments.m"); it != share.places.end()) {
+                CHECK(it->second.global == "moments.g");
+                CHECK(it->second.global_shape == ckpt::Shape{40, 2});
+                CHECK(it->second.copies == ckpt::Copies::same);
+                first = it->second.first;
+            } else {
+                CHECK(part.size() == 10);
+            }
+            REQUIRE(first + part.size() <= 80);
+            for (std::size_t i = 0; i < part.size(); ++i) {
+                ++hits[first + i];
+                rebuilt[first + i] = part[i];
+            }
+        }
+        const auto whole = state.tensor("moments.m").values<float>();
+        for (std::size_t i = 0; i < 80; ++i) CHECK(hits[i] == (i >= 10 && i < 20 ? 1 : 0));
+        CHECK(std::equal(whole.begin(), whole.end(), rebuilt.begin() + 10));
+    }
 }
 
 TEST_CASE("a data-parallel job saves replica-parallel, each byte once, and resumes from the index on 4 or 2 ranks") {
     constexpr int ranks = 4;
-    test::TempDir dir;
-    using Files = nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast>;
-    // trains `epochs` on `world` ranks, from the newest index when there is one; saves every 4 steps
-    auto job = [&](int world, std::int64_t epochs) {
-        test::Params params(static_cast<std::size_t>(world));
-        std::vector<std::uint64_t> own(static_cast<std::size_t>(world));
-        fault::ThreadGroup group(world, std::chrono::seconds(20));
-        fault::run_ranks(group, [&](fault::ThreadComm& comm) {
-            auto data = test::shard_of(world, comm.rank());
-            nn::UceNet net(7);
+    // 1: every rank holds all the state; 2: the momentum in 2 pieces, each kept by 2 ranks
+    for (const int shard_size : {1, 2}) {
+        CAPTURE(shard_size);
+        test::TempDir dir;
+        using Files = nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast>;
+        // trains `epochs` on `world` ranks, from the newest index when there is one; saves every 4 steps
+        auto job = [&](int world, std::int64_t epochs) {
+            test::Params params(static_cast<std::size_t>(world));
+            std::vector<std::uint64_t> own(static_cast<std::size_t>(world));
+            fault::ThreadGroup group(world, std::chrono::seconds(20));
+            fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+                auto data = test::shard_of(world, comm.rank());
+                nn::UceNet net(7);
+                test::DpStack stack(net, comm, shard_size);
+                nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+                std::int64_t initial_epoch = 0;
+                if (auto got = fault::load_latest_resharded(comm, dir.path(), trainer.load_target(), stack.opt().piece_map())) {
+                    stack.opt().claim_resharded(got->state.state);
+                    const auto rp = trainer.resume_from_state(got->state.state, got->index.string(), data);
+                    stack.opt().set_completed_steps(rp.global_step);
+                    initial_epoch = rp.initial_epoch;
+                }
+                Files files(dir / ("rank_" + std::to_string(comm.rank())), "net", {}, ckpt::EverySteps{4}, ckpt::KeepLast{1});
+                fault::ReplicaParallel shared(comm, files, [&] { return stack.opt().piece_map(); });
+                fault::GlobalIndexer indexer(comm, shared, dir.path(), [&] { return shared.piece_map(); });
+                trainer.train(epochs, data, nn::callbacks(shared, indexer), initial_epoch);
+                params[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+                own[static_cast<std::size_t>(comm.rank())] = shared.own_bytes();
+            }).rethrow();
+            return std::pair{params, own};
+        };
+        const auto [straight, own] = job(ranks, 2);  // 16 steps, saved at 4, 8, 12, 16
+        const fs::path index = dir.path() / "index-step_16.ckpt";
+        REQUIRE(fs::exists(index));
+        {
+            // each rank wrote a quarter of the parameters and the momentum: their bytes once in all
+            const ckpt::GlobalIndex read = ckpt::read_global_index(index);
+            std::map<std::string, std::uint64_t> tensors;  // each global tensor's bytes
+            std::set<std::string> files;
+            for (const auto& p : read.pieces) {
+                tensors[p.global] = ckpt::detail::numel_of(p.global_shape) * ckpt::itemsize(p.dtype);
+                files.insert(p.file);
+            }
+            std::uint64_t model = 0, written = 0;
+            for (const auto& [name, bytes] : tensors) model += bytes;
+            for (const auto& f : files) written += fs::file_size(dir / f);
+            CAPTURE(written);
+            CAPTURE(model);
+            CHECK(files.size() == ranks);
+            CHECK(double(written) / double(model) < 1.01);
+            for (const std::uint64_t mine : own) CHECK(std::llabs(std::int64_t(mine) - std::int64_t(model / ranks)) < 4096);
+            // sharded, each piece of the momentum is written once, cut between the 2 ranks keeping it
+            std::vector<std::pair<std::uint64_t, std::int64_t>> pieces;
+            for (const auto& p : read.pieces)
+                if (p.global == "moments.layer1.param") pieces.emplace_back(p.first, p.rank);
+            std::sort(pieces.begin(), pieces.end());
+            if (shard_size == 2) {
+                REQUIRE(pieces.size() == 4);
+                CHECK(pieces[0] == std::pair<std::uint64_t, std::int64_t>{0, 0});
+                CHECK(pieces[1].second == 2);
+                CHECK(pieces[1].first > 0);
+                CHECK(pieces[2] == std::pair<std::uint64_t, std::int64_t>{784 * 512 / 2, 1});
+                CHECK(pieces[3].second == 3);
+                CHECK(pieces[3].first > 784 * 512 / 2);
+            }
+        }
+        // on 2 ranks: each loads the whole state of step 16, bit for bit the 4 ranks' parameters,
+        // each reading half of it from the files and the other half from the other rank
+        test::Params on_two(2);
+        std::vector<std::uint64_t> read(2), needed(2);
+        fault::ThreadGroup two(2, std::chrono::seconds(20));
+        fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+            auto data = test::shard_of(2, comm.rank());
+            nn::UceNet net(3);
             test::DpStack stack(net, comm, 1);
             nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
-            std::int64_t initial_epoch = 0;
-            if (auto got = fault::load_latest_resharded(comm, dir.path(), trainer.load_target(), stack.opt().piece_map())) {
-                const auto rp = trainer.resume_from_state(got->state.state, got->index.string(), data);
-                stack.opt().set_completed_steps(rp.global_step);
-                initial_epoch = rp.initial_epoch;
-            }
-            Files files(dir / ("rank_" + std::to_string(comm.rank())), "net", {}, ckpt::EverySteps{4}, ckpt::KeepLast{1});
-            fault::ReplicaParallel shared(comm, files, [&] { return stack.opt().piece_map(); });
-            fault::GlobalIndexer indexer(comm, shared, dir.path(), [&] { return shared.piece_map(); });
-            trainer.train(epochs, data, nn::callbacks(shared, indexer), initial_epoch);
-            params[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
-            own[static_cast<std::size_t>(comm.rank())] = shared.own_bytes();
+            auto got = fault::load_latest_resharded(comm, dir.path(), trainer.load_target(), stack.opt().piece_map());
+            REQUIRE(got);
+            CHECK(got->global_step == 16);
+            read[static_cast<std::size_t>(comm.rank())] = got->state.bytes_read;
+            needed[static_cast<std::size_t>(comm.rank())] = got->state.bytes_needed;
+            stack.opt().claim_resharded(got->state.state);
+            trainer.resume_from_state(got->state.state, got->index.string(), data);
+            on_two[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
         }).rethrow();
-        return std::pair{params, own};
-    };
-    const auto [straight, own] = job(ranks, 2);  // 16 steps, saved at 4, 8, 12, 16
-    const fs::path index = dir.path() / "index-step_16.ckpt";
-    REQUIRE(fs::exists(index));
-    {
-        // each rank wrote a quarter of the parameters and the momentum: their bytes once in all
-        const ckpt::GlobalIndex read = ckpt::read_global_index(index);
-        std::map<std::string, std::uint64_t> tensors;  // each global tensor's bytes
-        std::set<std::string> files;
-        for (const auto& p : read.pieces) {
-            tensors[p.global] = ckpt::detail::numel_of(p.global_shape) * ckpt::itemsize(p.dtype);
-            files.insert(p.file);
-        }
-        std::uint64_t model = 0, written = 0;
-        for (const auto& [name, bytes] : tensors) model += bytes;
-        for (const auto& f : files) written += fs::file_size(dir / f);
-        CAPTURE(written);
-        CAPTURE(model);
-        CHECK(files.size() == ranks);
-        CHECK(double(written) / double(model) < 1.01);
-        for (const std::uint64_t mine : own) CHECK(std::llabs(std::int64_t(mine) - std::int64_t(model / ranks)) < 4096);
+        CHECK(on_two[0] == straight[0]);
+        CHECK(on_two[1] == straight[0]);
+        CHECK(needed[0] == needed[1]);
+        CAPTURE(read[0]);
+        CAPTURE(read[1]);
+        CHECK(std::llabs(std::int64_t(read[0]) - std::int64_t(needed[0] / 2)) < 4096);
+        CHECK(std::llabs(std::int64_t(read[1]) - std::int64_t(needed[0] / 2)) < 4096);
+        // a rank that cannot reach the files (its view of the directory gone) loads too: the index
+        // and the state from the other
+        fault::run_ranks(two, [&](fault::ThreadComm& comm) {
+            auto data = test::shard_of(2, comm.rank());
+            nn::UceNet net(3);
+            test::DpStack stack(net, comm, 1);
+            nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
+            const fs::path where = comm.rank() == 1 ? dir / "gone" : dir.path();
+            auto got = fault::load_latest_resharded(comm, where, trainer.load_target(), stack.opt().piece_map());
+            REQUIRE(got);
+            CHECK(got->global_step == 16);
+            read[static_cast<std::size_t>(comm.rank())] = got->state.bytes_read;
+            stack.opt().claim_resharded(got->state.state);
+            trainer.resume_from_state(got->state.state, got->index.string(), data);
+            on_two[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
+        }).rethrow();
+        CHECK(on_two[0] == straight[0]);
+        CHECK(on_two[1] == straight[0]);
+        CHECK(read[0] >= needed[0]);
+        CHECK(read[1] == 0);
+        // the same job stopped after step 8, then resumed from its index: the same bits
+        for (const auto& f : fs::directory_iterator(dir.path())) fs::remove_all(f.path());
+        job(ranks, 1);
+        const auto resumed = job(ranks, 2).first;
+        for (int r = 0; r < ranks; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == straight[0]);
     }
-    // on 2 ranks: each loads the whole state of step 16, bit for bit the 4 ranks' parameters,
-    // each reading half of it from the files and the other half from the other rank
-    test::Params on_two(2);
-    std::vector<std::uint64_t> read(2), needed(2);
-    fault::ThreadGroup two(2, std::chrono::seconds(20));
-    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
-        auto data = test::shard_of(2, comm.rank());
-        nn::UceNet net(3);
-        test::DpStack stack(net, comm, 1);
-        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
-        const auto got = fault::load_latest_resharded(comm, dir.path(), trainer.load_target(), stack.opt().piece_map());
-        REQUIRE(got);
-        CHECK(got->global_step == 16);
-        read[static_cast<std::size_t>(comm.rank())] = got->state.bytes_read;
-        needed[static_cast<std::size_t>(comm.rank())] = got->state.bytes_needed;
-        trainer.resume_from_state(got->state.state, got->index.string(), data);
-        on_two[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
-    }).rethrow();
-    CHECK(on_two[0] == straight[0]);
-    CHECK(on_two[1] == straight[0]);
-    CHECK(needed[0] == needed[1]);
-    CAPTURE(read[0]);
-    CAPTURE(read[1]);
-    CHECK(std::llabs(std::int64_t(read[0]) - std::int64_t(needed[0] / 2)) < 4096);
-    CHECK(std::llabs(std::int64_t(read[1]) - std::int64_t(needed[0] / 2)) < 4096);
-    // a rank that cannot reach the files (its view of the directory gone) loads too: the index
-    // and the state from the other
-    fault::run_ranks(two, [&](fault::ThreadComm& comm) {
-        auto data = test::shard_of(2, comm.rank());
-        nn::UceNet net(3);
-        test::DpStack stack(net, comm, 1);
-        nn::Trainer<nn::UceNet, test::DpOpt> trainer(net, stack.opt(), {}, comm.rank());
-        const fs::path where = comm.rank() == 1 ? dir / "gone" : dir.path();
-        const auto got = fault::load_latest_resharded(comm, where, trainer.load_target(), stack.opt().piece_map());
-        REQUIRE(got);
-        CHECK(got->global_step == 16);
-        read[static_cast<std::size_t>(comm.rank())] = got->state.bytes_read;
-        trainer.resume_from_state(got->state.state, got->index.string(), data);
-        on_two[static_cast<std::size_t>(comm.rank())] = test::flat(net.parameters());
-    }).rethrow();
-    CHECK(on_two[0] == straight[0]);
-    CHECK(on_two[1] == straight[0]);
-    CHECK(read[0] >= needed[0]);
-    CHECK(read[1] == 0);
-    // the same job stopped after step 8, then resumed from its index: the same bits
-    for (const auto& f : fs::directory_iterator(dir.path())) fs::remove_all(f.path());
-    job(ranks, 1);
-    const auto resumed = job(ranks, 2).first;
-    for (int r = 0; r < ranks; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == straight[0]);
 }
 
 TEST_CASE("an index whose pieces leave a tensor's elements in no file is refused on every rank, and not written") {
@@ -916,6 +977,57 @@ TEST_CASE("an index whose pieces leave a tensor's elements in no file is refused
         CHECK(why.find("no rank's file holds elements [80, 92) of 'w' (120 elements)") != std::string::npos);
     }
     CHECK_FALSE(fs::exists(dir.path() / "index-step_1.ckpt"));
+}
+
+TEST_CASE("a replica-parallel save finds the replica groups of sharded state, and refuses a piece that differs in one") {
+    constexpr int ranks = 4;
+    for (const bool differ : {false, true}) {
+        CAPTURE(differ);
+        test::TempDir dir;
+        std::vector<std::string> refused(ranks);
+        std::vector<std::vector<int>> groups(ranks);
+        fault::ThreadGroup group(ranks, std::chrono::seconds(10));
+        fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+            // "m" in 2 pieces of 6 elements: ranks 0 and 2 keep the first, 1 and 3 the second
+            const int piece = comm.rank() % 2;
+            ckpt::Tensor w = iota({40, 4}), m = iota({6}, static_cast<float>(6 * piece + (differ && comm.rank() == 3)));
+            nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(dir / ("rank_" + std::to_string(comm.rank())),
+                                                                        "net", {}, ckpt::EverySteps{1});
+            const ckpt::PieceMap pieces{{"m", {"m", {12}, static_cast<std::uint64_t>(6 * piece)}}};
+            fault::ReplicaParallel shared(comm, files, [&] { return pieces; });
+            nn::RunContext ctx;
+            ctx.epoch = 1;
+            ctx.step = ctx.global_step = 1;
+            ctx.steps_per_epoch = 10;
+            ctx.state = [&] { return ckpt::ParamDict{{"w", w}, {"m", m}}; };
+            try {
+                shared.on_step_end(ctx);
+                fault::commit_global_index(comm, dir.path(), 1, *shared.last_saved(), shared.piece_map());
+            } catch (const ckpt::ConfigError& e) {
+                refused[static_cast<std::size_t>(comm.rank())] = e.what();
+            }
+            groups[static_cast<std::size_t>(comm.rank())] = shared.replica_group();
+        }).rethrow();
+        CHECK(groups == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {0, 2}, {1, 3}});
+        for (const auto& why : refused) {
+            CAPTURE(why);
+            CHECK(why.empty() == !differ);
+            if (differ)
+                CHECK(why.find("replica-parallel save of global step 1: rank(s) 3 hold other values than rank 1, of their "
+                               "replica group, for ") != std::string::npos);
+        }
+        CHECK(fs::exists(dir.path() / "index-step_1.ckpt") == !differ);
+        if (differ) continue;
+        // each piece once: 3 elements from each rank of its group
+        const ckpt::GlobalIndex index = ckpt::read_global_index(dir.path() / "index-step_1.ckpt");
+        std::vector<std::pair<std::uint64_t, std::int64_t>> m;
+        for (const auto& p : index.pieces)
+            if (p.global == "m") m.emplace_back(p.first, p.rank);
+        std::sort(m.begin(), m.end());
+        CHECK(m == std::vector<std::pair<std::uint64_t, std::int64_t>>{{0, 0}, {3, 2}, {6, 1}, {9, 3}});
+        const ckpt::ParamDict like{{"m", ckpt::Tensor(ckpt::DType::float32, {12})}};
+        CHECK(ckpt::load_resharded(dir.path() / "index-step_1.ckpt", like).state.at("m") == ckpt::Value(iota({12})));
+    }
 }
 
 TEST_CASE("a replica-parallel save refuses a tensor that differs between the ranks unless it is declared per-rank") {
@@ -959,17 +1071,19 @@ TEST_CASE("a replica-parallel save refuses a tensor that differs between the ran
 
 namespace {
 
-/// A ThreadComm whose allgathers of more than 1 KiB arrive at rank `victim` with one bit flipped.
+/// A ThreadComm whose allgathers of more than 1 KiB arrive at rank `victim` with one bit flipped,
+/// in byte `at`.
 struct CorruptingComm {
     fault::ThreadComm& comm;
     int victim;
+    std::size_t at = 100;
     int rank() const { return comm.rank(); }
     int size() const { return comm.size(); }
     void allreduce(std::span<float> d, fault::ReduceOp op) { comm.allreduce(d, op); }
     void broadcast(std::span<float> d, int root) { comm.broadcast(d, root); }
     void allgather(std::span<const float> in, std::span<float> out) {
         comm.allgather(in, out);
-        if (comm.rank() == victim && out.size_bytes() > 1024) reinterpret_cast<unsigned char*>(out.data())[100] ^= 1;
+        if (comm.rank() == victim && out.size_bytes() > 1024) reinterpret_cast<unsigned char*>(out.data())[at] ^= 1;
     }
     void barrier() { comm.barrier(); }
     void send(std::span<const float> d, int peer, int tag) { comm.send(d, peer, tag); }
@@ -1052,6 +1166,63 @@ TEST_CASE("a load on several ranks reads each byte of what they load alike once,
         }).rethrow();
         CHECK(read[1] >= 300 * 64 * 4);
     }
+}
+
+TEST_CASE("a load reads each piece of sharded state once in its replica group, and checks what it receives") {
+    test::TempDir dir;
+    // 4 ranks save "w" replica-parallel and "m" in 2 pieces of 3000 elements, each cut between
+    // the 2 ranks keeping it; chunks of 4 KiB
+    auto piece_of = [](int rank) {
+        const int piece = rank % 2;
+        return ckpt::PieceMap{{"m", {"m", {6000}, static_cast<std::uint64_t>(3000 * piece)}}};
+    };
+    fault::ThreadGroup four(4, std::chrono::seconds(10));
+    fault::run_ranks(four, [&](fault::ThreadComm& comm) {
+        const ckpt::PieceMap declared = piece_of(comm.rank());
+        ckpt::ParamDict d;
+        d.set("w", iota({300, 16}));
+        d.set("m", iota({3000}, static_cast<float>(declared.at("m").first)));
+        const fault::ReplicaShare share = fault::replica_share(d, 4, comm.rank(), declared, {2, comm.rank() / 2});
+        const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_3.ckpt";
+        fs::create_directories(file.parent_path());
+        ckpt::save_checkpoint(share.state, file);
+        ckpt::PieceMap places = declared;
+        for (const auto& [name, place] : share.places) places[name] = place;
+        fault::commit_global_index(comm, dir.path(), 3, file, places, 4096);
+    }).rethrow();
+    const fs::path index_file = dir.path() / "index-step_3.ckpt";
+    const ckpt::GlobalIndex index = ckpt::read_global_index(index_file);
+    const ckpt::ParamDict like{{"w", ckpt::Tensor(ckpt::DType::float32, {300, 16})},
+                               {"m", ckpt::Tensor(ckpt::DType::float32, {3000})}};
+    std::vector<std::uint64_t> read(4);
+    fault::run_ranks(four, [&](fault::ThreadComm& comm) {
+        const ckpt::PieceMap mine = piece_of(comm.rank());
+        const auto got = fault::load_resharded_read_once(comm, index, index_file, like, mine);
+        CHECK(got.state.at("w") == ckpt::Value(iota({300, 16})));
+        CHECK(got.state.at("m") == ckpt::Value(iota({3000}, static_cast<float>(mine.at("m").first))));
+        CHECK(got.bytes_needed == (300 * 16 + 3000) * 4);
+        read[static_cast<std::size_t>(comm.rank())] = got.bytes_read;
+    }).rethrow();
+    const std::uint64_t total = read[0] + read[1] + read[2] + read[3];
+    CAPTURE(total);
+    // each byte once (the runs are the saved pieces: no chunk is read in part), where each rank
+    // reading its whole piece would read 48000 bytes of "m"
+    CHECK(total >= (300 * 16 + 6000) * 4);
+    CHECK(total <= (300 * 16 + 6000) * 4 + 4096);
+    // a run damaged on its way: the pieces, received by rank 3 from rank 1 of its group
+    std::vector<std::string> errors(4);
+    fault::run_ranks(four, [&](fault::ThreadComm& comm) {
+        // each rank's slot: its quarter of "w" (4800 bytes), then its half of its piece (6000, padded to 6016)
+        CorruptingComm corrupting{comm, 3, 10816 + 4800 + 100};
+        try {
+            fault::load_resharded_read_once(corrupting, index, index_file, like, piece_of(comm.rank()));
+        } catch (const ckpt::ChecksumError& e) {
+            errors[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+    }).rethrow();
+    CHECK(errors[0].empty());
+    CHECK(errors[3].find("the pieces of sharded state rank 1 read for its replica group, as received, do not match") !=
+          std::string::npos);
 }
 
 TEST_CASE("replica-parallel saves with no index committed stop at the next hook, saying what is missing") {
