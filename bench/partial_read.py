@@ -98,6 +98,7 @@ def run(work, files, args):
             times[label].append(time.perf_counter() - t0)
             gc.enable()
             same = same and np.array_equal(got, state[name])
+            got = None  # freed here, not in the next read's time (a full load's body is 256 MiB to unmap)
     failed = []
     for label, ts in times.items():
         if len(ts) != args.rounds:

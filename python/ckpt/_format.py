@@ -501,18 +501,21 @@ def _read_entries(r):
 def _read_value(r, e):
     name = e.name
     if e.kind == TENSOR:
-        dtype, rank = r.u32(b"dtype", "the dtype of '%s'" % name), r.u32(b"rank", "the rank of '%s'" % name)
-        if rank > MAX_RANK:
-            r.p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
-        dims = [r.i64(b"dim", "a dim of '%s'" % name) for _ in range(rank)]
-        r.p.tensor_meta(e, dtype, dims, r.u64(b"nbytes", "the size of '%s'" % name))
+        head = r.tensor_head() if hasattr(r, "tensor_head") else None
+        if head is None:
+            dtype, rank = r.u32(b"dtype", "the dtype of '%s'" % name), r.u32(b"rank", "the rank of '%s'" % name)
+            if rank > MAX_RANK:
+                r.p.fail("tensor '%s' has rank %d (at most %d)" % (name, rank, MAX_RANK))
+            dims = [r.i64(b"dim", "a dim of '%s'" % name) for _ in range(rank)]
+            head = dtype, dims, r.u64(b"nbytes", "the size of '%s'" % name)
+        r.p.tensor_meta(e, *head)
         chunk = getattr(r, "chunk_bytes", 0)
         if chunk:
             count = -(-e.nbytes // chunk)
             if count > r.left() // 8:  # bounded by the body before anything is allocated
                 r.p.fail("tensor '%s' of %d bytes needs %d chunk checksums, more than the body holds"
                          % (name, e.nbytes, count))
-            e.chunk_hashes = struct.unpack("<%dQ" % count, r.data(b"hash", 8 * count, "the chunk checksums of '%s'" % name))
+            e.chunk_hashes = r.hashes(count, "the chunk checksums of '%s'" % name)
     elif e.kind == INT64:
         e.value = r.i64(b"value", "the value of '%s'" % name)
     elif e.kind == DOUBLE:
@@ -592,6 +595,8 @@ def _write_value(w, name, kind, v):
 # --------------------------------------------------------------------------- binary bodies
 
 _U32, _U64, _I64, _F64 = (struct.Struct(f) for f in ("<I", "<Q", "<q", "<d"))
+_TENSOR_HEAD = struct.Struct("<II")                                          # dtype, rank
+_TENSOR_DIMS = [struct.Struct("<%dqQ" % k) for k in range(MAX_RANK + 1)]     # the dims and nbytes, by rank
 
 
 class _BinaryReader:
@@ -603,6 +608,36 @@ class _BinaryReader:
         self.buf, self.n, self.at = buf, len(buf), 0
         self.p = _Parser(path, self.n)
         self.window = hasattr(buf, "unpack_from")
+        # what fields are unpacked from directly: the body in memory, or a window's first bytes
+        self.head = buf.head() if self.window else buf
+        self.head_n = len(self.head)
+        self.hash_fields = {}  # struct.Struct of n hashes, by n
+
+    def unpack(self, fields, at):
+        if at + fields.size <= self.head_n:
+            return fields.unpack_from(self.head, at)
+        return self.buf.unpack_from(fields, at)
+
+    def tensor_head(self):
+        """(dtype, dims, nbytes) of a tensor entry in one or two unpacks (a table has many), or
+        None, nothing read, when they may not all be there: the field-by-field path then says
+        what is wrong."""
+        at = self.at
+        if self.n - at < _TENSOR_HEAD.size:
+            return None
+        dtype, rank = self.unpack(_TENSOR_HEAD, at)
+        if rank > MAX_RANK or self.n - at - _TENSOR_HEAD.size < _TENSOR_DIMS[rank].size:
+            return None
+        *dims, nbytes = self.unpack(_TENSOR_DIMS[rank], at + _TENSOR_HEAD.size)
+        self.at = at + _TENSOR_HEAD.size + _TENSOR_DIMS[rank].size
+        return dtype, dims, nbytes
+
+    def hashes(self, count, what):
+        """`count` u64 chunk checksums, as a tuple."""
+        fields = self.hash_fields.get(count)
+        if fields is None:
+            fields = self.hash_fields[count] = struct.Struct("<%dQ" % count)
+        return self.unpack(fields, self.take(fields.size, what))
 
     def left(self):
         return self.n - self.at
@@ -618,7 +653,7 @@ class _BinaryReader:
         if fields.size > self.n - at:
             self.take(fields.size, what)  # (fails)
         self.at = at + fields.size
-        return (self.buf.unpack_from(fields, at) if self.window else fields.unpack_from(self.buf, at))[0]
+        return self.unpack(fields, at)[0]
 
     def u32(self, tag, what):
         return self.field(_U32, what)
@@ -637,6 +672,12 @@ class _BinaryReader:
         return bytes(self.buf[start:start + n])
 
     def text(self, tag, what):
+        at = self.at
+        if at + 8 <= self.head_n:  # (most are)
+            n = _U64.unpack_from(self.head, at)[0]
+            if n <= self.head_n - at - 8:
+                self.at = at + 8 + n
+                return decode_name(bytes(self.head[at + 8:at + 8 + n]))
         return decode_name(self.data(tag, self.u64(tag, what), what))
 
 

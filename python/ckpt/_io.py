@@ -204,6 +204,11 @@ class _Window:
     def __getitem__(self, s):
         return self._get(s.start, s.stop - s.start)
 
+    def head(self):
+        """The body's first bytes, as many as the window holds (bytes)."""
+        self._get(0, min(self.SIZE, self.n))
+        return self.data
+
     def unpack_from(self, fields, at):
         """`fields` (a struct.Struct) unpacked from body offset `at`."""
         start = at - self.start
@@ -528,13 +533,13 @@ class Reader:
         try:
             self.header = opened.header
             if self.header.version == 3:
-                toc = {}
+                toc, window = {}, _Window(opened)
                 try:
-                    entries = F.parse_binary(_Window(opened), path, True, toc)
+                    entries = F.parse_binary(window, path, True, toc)
                 except FormatError:  # damage is reported as such: a malformed table in a whole file is not
                     opened.check_body()
                     raise
-                self._check_toc(opened, toc)
+                self._check_toc(opened, toc, window)
                 self.chunk_bytes = toc["chunk_bytes"]
                 self._opened, opened = opened, None
             else:
@@ -544,8 +549,10 @@ class Reader:
                 opened.close()
         self._entries = {e.name: e for e in entries if not e.name.startswith(F.RESERVED_PREFIX)}
 
-    def _check_toc(self, opened, toc):
-        if opened.hashed_body(toc["end"]) != toc["check"]:
+    def _check_toc(self, opened, toc, window):
+        end, head = toc["end"], window.head()
+        got = F.xxh3(memoryview(head)[:end]) if end <= len(head) else opened.hashed_body(end)  # (most tables fit)
+        if got != toc["check"]:
             raise ChecksumError("checkpoint '%s' has a corrupt table of contents (its check does not match)"
                                 % self.path, self.path)
 
