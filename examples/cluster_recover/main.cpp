@@ -29,7 +29,8 @@
 //
 // With --replica-parallel the workers share the writing: the state they hold alike is cut
 // into N runs of equal bytes and each worker writes one (fault::ReplicaParallel), so a save
-// puts the model on storage once instead of N times. A worker's file is then a part of its
+// puts the model on storage once instead of N times. With --shard-size S the optimizer is
+// momentum with its state in S pieces, each kept by N / S workers: they cut it between them. A worker's file is then a part of its
 // step, and every resume loads through the global index.
 //
 //   ckpt-run --nproc 4 --store file:///tmp/job --max-restarts 3 -- \
@@ -75,6 +76,7 @@ struct Options {
     bool last_words = false;        // the memory level's last words
     bool elastic = false;
     bool replica_parallel = false;
+    int shard_size = 1;  // optimizer-state pieces (elastic: one per rank)
     std::int64_t elastic_wait_ms = 60000;
     std::size_t global_batch = 0;  // 0: 32 x ranks (elastic: rounded up to suit every number of ranks)
     std::int64_t die_in_transfer = 0;  // 0: no fault injected
@@ -88,7 +90,8 @@ struct Options {
 constexpr const char* usage_text =
     "cluster_recover [--dir DIR] [--epochs N] [--limit N] [--save-every N] [--keep N]\n"
     "                       [--memory-every K [--last-words]] [--elastic [--elastic-wait-ms MS]] [--global-batch N]\n"
-    "                       [--replica-parallel] [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS] [--timeout-ms MS] [--data DIR]\n"
+    "                       [--replica-parallel] [--shard-size S] [--die-in-transfer N [--die-rank R]] [--cooldown-ms MS]\n"
+    "                       [--timeout-ms MS] [--data DIR]\n"
     "                       [--address IP] [--fresh] [--help]";
 constexpr const char* options_text =
     "One worker of a data-parallel job started by ckpt-run (or any launcher setting RANK,\n"
@@ -116,6 +119,9 @@ constexpr const char* options_text =
     "                     with --elastic, a multiple of every number of ranks from 1 to WORLD_SIZE)\n"
     "  --replica-parallel each worker writes 1/N of the state the workers hold alike, so a save\n"
     "                     writes the model once; resuming loads through the global index\n"
+    "  --shard-size S     train with momentum, its state in S pieces, each kept by the WORLD_SIZE / S\n"
+    "                     workers of its replica group (default 1: plain SGD, no state; --elastic:\n"
+    "                     momentum, one piece a worker)\n"
     "  --die-in-transfer N  (tests) at its first start, rank R kills itself with SIGKILL in the\n"
     "                     middle of sending its N-th memory copy (default: off)\n"
     "  --die-rank R       the rank --die-in-transfer kills (default 1)\n"
@@ -142,6 +148,7 @@ Options parse(int argc, char** argv) {
         else if (*a == "--elastic") o.elastic = true;
         else if (*a == "--elastic-wait-ms") o.elastic_wait_ms = cli.count();
         else if (*a == "--replica-parallel") o.replica_parallel = true;
+        else if (*a == "--shard-size") o.shard_size = static_cast<int>(cli.count());
         else if (*a == "--global-batch") o.global_batch = static_cast<std::size_t>(cli.count());
         else if (*a == "--die-in-transfer") o.die_in_transfer = cli.count();
         else if (*a == "--die-rank") o.die_rank = static_cast<int>(cli.count());
@@ -163,6 +170,9 @@ Options parse(int argc, char** argv) {
     if (fault::launch_env().store.empty()) cli.fail("no store: start it with ckpt-run, or set RANK, WORLD_SIZE and CKPT_STORE");
     if (o.elastic && o.memory_every) cli.fail("--elastic resumes from the global index: it does not combine with --memory-every");
     const auto world = static_cast<std::size_t>(fault::launch_env().world_size);
+    if (o.shard_size < 1 || world % static_cast<std::size_t>(o.shard_size))
+        cli.fail("--shard-size " + std::to_string(o.shard_size) + " does not divide the " + std::to_string(world) + " workers");
+    if (o.elastic && o.shard_size != 1) cli.fail("--elastic keeps one optimizer-state piece a worker: leave out --shard-size");
     if (o.elastic) {
         // the batch must split evenly among however many ranks remain
         std::size_t every = 1;
@@ -220,14 +230,15 @@ struct MemorySnapshots {
 };
 
 // Trains from the agreed step to the end in generation `comm` with optimizer Inner (its
-// state sharded over every rank with --elastic); throws PeerFailure when a worker dies
+// state in --shard-size pieces, one per rank with --elastic); throws PeerFailure when a worker dies
 // meanwhile, JoinersWaiting when workers wait to join. Returns the final parameters' hash.
 template <class Inner, class... InnerArgs>
 std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine, fault::MemoryLevel& memory,
                   std::int64_t& done, InnerArgs... inner_args) {
     auto data = examples::seed_dp_dataset(o.data, o.limit, comm.size(), comm.rank(), o.global_batch);
     Net net;  // the same seed on every rank: a fresh start is the same everywhere
-    fault::ShardedOptimizer<Inner, fault::GlooComm> sharded(net.parameters(), comm, {o.elastic ? comm.size() : 1}, inner_args...);
+    const fault::ShardLayout layout{o.elastic ? comm.size() : o.shard_size};
+    fault::ShardedOptimizer<Inner, fault::GlooComm> sharded(net.parameters(), comm, layout, inner_args...);
     auto& dp = sharded.optimizer();
     nn::Trainer<Net, fault::DataParallelOptimizer<Inner, fault::GlooComm>> trainer(net, dp, {}, comm.rank());
     std::int64_t initial_epoch = 0;
@@ -295,7 +306,7 @@ std::string train(fault::GlooComm& comm, const Options& o, const fs::path& mine,
     ElasticJoins joins;
     if (o.elastic) joins.take_in.emplace(comm, indexer);
     MemorySnapshots snapshots;
-    const fault::MemoryCheckpointOptions memory_options{.last_words = o.last_words};
+    const fault::MemoryCheckpointOptions memory_options{.last_words = o.last_words, .layout = layout};
     if (o.die_in_transfer && comm.job_rank() == o.die_rank && fault::launch_env().restarts == 0) {
         snapshots.dying.emplace(comm, fault::MemoryLevel::tag, o.die_in_transfer);
         snapshots.every_k_dying.emplace(*snapshots.dying, memory, o.memory_every, memory_options);
@@ -341,8 +352,10 @@ int run(const Options& o) {
             if (comm->rank() == 0)
                 std::printf("generation %d: %d rank(s), workers %s\n", comm->generation().number, comm->size(),
                             fault::detail::join_ids(comm->generation().members, ", ").c_str());
-            const std::string hash = o.elastic ? train<nn::Momentum>(*comm, o, mine, memory, done, 1e-2, 0.9)
-                                               : train<nn::SGD>(*comm, o, mine, memory, done, 1e-2);
+            // plain SGD keeps no state to shard
+            const bool momentum = o.elastic || o.shard_size > 1;
+            const std::string hash = momentum ? train<nn::Momentum>(*comm, o, mine, memory, done, 1e-2, 0.9)
+                                              : train<nn::SGD>(*comm, o, mine, memory, done, 1e-2);
             std::printf("rank %d: final_params_xxh64=%s\n", env.rank, hash.c_str());
             return 0;
         } catch (const fault::PeerFailure& e) {
