@@ -722,17 +722,8 @@ CKPT_INLINE LoadReport load_param_into(ParamDict& target, const ParamDict& src, 
                                        const TargetShaper* shape, const std::string& source) {
     std::vector<detail::EntryMeta> toc;
     for (const auto& [name, value] : src) {
-        detail::EntryMeta e;
-        e.name = name;
-        e.kind = value.kind();
-        if (const Tensor* t = value.get_if<Tensor>()) {
-            e.dtype = t->dtype();
-            e.shape = t->shape();
-            e.order = t->order();
-            e.nbytes = t->nbytes();
-        }
-        if (e.kind != ValueKind::tensor) e.scalar = materialized(value, ObjectEncoding::boost_binary);
-        toc.push_back(std::move(e));
+        toc.push_back(entry_of(name, value));
+        if (toc.back().kind != ValueKind::tensor) toc.back().scalar = materialized(value, ObjectEncoding::boost_binary);
     }
     if (shape) naming_source(source, [&] { (*shape)(toc, target); });
     auto plan = detail::plan_load(target, toc, values_are_copies);
