@@ -1209,6 +1209,17 @@ TEST_CASE("a load reads each piece of sharded state once in its replica group, a
     // reading its whole piece would read 48000 bytes of "m"
     CHECK(total >= (300 * 16 + 6000) * 4);
     CHECK(total <= (300 * 16 + 6000) * 4 + 4096);
+    // rank 3 cannot reach the files: rank 1 reads their piece for both, the others "w" for all
+    fault::run_ranks(four, [&](fault::ThreadComm& comm) {
+        const ckpt::PieceMap mine = piece_of(comm.rank());
+        const fs::path where = comm.rank() == 3 ? dir / "gone" / "index-step_3.ckpt" : index_file;
+        const auto got = fault::load_resharded_read_once(comm, index, where, like, mine);
+        CHECK(got.state.at("w") == ckpt::Value(iota({300, 16})));
+        CHECK(got.state.at("m") == ckpt::Value(iota({3000}, static_cast<float>(mine.at("m").first))));
+        read[static_cast<std::size_t>(comm.rank())] = got.bytes_read;
+    }).rethrow();
+    CHECK(read[3] == 0);
+    CHECK(read[1] >= 12000);  // all of its group's piece
     // a run damaged on its way: the pieces, received by rank 3 from rank 1 of its group
     std::vector<std::string> errors(4);
     fault::run_ranks(four, [&](fault::ThreadComm& comm) {
