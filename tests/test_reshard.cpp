@@ -943,6 +943,15 @@ TEST_CASE("a data-parallel job saves replica-parallel, each byte once, and resum
         CHECK(on_two[1] == straight[0]);
         CHECK(read[0] >= needed[0]);
         CHECK(read[1] == 0);
+        // a rank's file is a share: a trainer resuming from it alone is told how to load the step
+        {
+            nn::UceNet net(3);
+            nn::Momentum momentum(net.parameters(), 0.01, 0.9);
+            nn::Trainer<nn::UceNet, nn::Momentum> alone(net, momentum);
+            auto data = test::shard_of(1, 0);
+            CHECK_THROWS_WITH_AS(alone.resume_from(*ckpt::latest(dir / "rank_1", "net"), data),
+                                 doctest::Contains("The file is rank 1 of 4's share of global step 16"), ckpt::LoadMismatch);
+        }
         // the same job stopped after step 8, then resumed from its index: the same bits
         for (const auto& f : fs::directory_iterator(dir.path())) fs::remove_all(f.path());
         job(ranks, 1);
@@ -1234,6 +1243,41 @@ TEST_CASE("a load reads each piece of sharded state once in its replica group, a
     CHECK(errors[0].empty());
     CHECK(errors[3].find("the pieces of sharded state rank 1 read for its replica group, as received, do not match") !=
           std::string::npos);
+}
+
+TEST_CASE("a rank's replica-parallel file says it is a share, and a load of it alone into a whole state says how to load") {
+    test::TempDir dir;
+    fault::ThreadGroup group(2, std::chrono::seconds(10));
+    fault::run_ranks(group, [&](fault::ThreadComm& comm) {
+        ckpt::Tensor w = iota({40, 4});
+        nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(dir / ("rank_" + std::to_string(comm.rank())), "net",
+                                                                    {}, ckpt::EverySteps{1});
+        fault::ReplicaParallel shared(comm, files);
+        nn::RunContext ctx;
+        ctx.epoch = 1;
+        ctx.step = ctx.global_step = 7;
+        ctx.steps_per_epoch = 10;
+        ctx.state = [&] { return ckpt::ParamDict{{"w", w}, {"lr", 0.5}}; };
+        shared.on_step_end(ctx);
+        fault::commit_global_index(comm, dir.path(), 7, *shared.last_saved(), shared.piece_map());
+    }).rethrow();
+    const ckpt::Path file = *ckpt::latest(dir / "rank_1", "net");
+    const auto contents = ckpt::read_contents(file);
+    const auto share = ckpt::detail::share_in(contents.entries);
+    REQUIRE(share);
+    CHECK(share->starts_with("rank 1 of 2's share of global step 7 of a replica-parallel save"));
+    CHECK_FALSE(ckpt::load_checkpoint(file).contains(std::string(ckpt::detail::share_record_entry)));  // not a value
+    ckpt::ParamDict whole{{"w", ckpt::Tensor(ckpt::DType::float32, {40, 4})}, {"lr", 0.0}};
+    CHECK_THROWS_WITH_AS(ckpt::load_checkpoint_into(file, whole, /*strict=*/true),
+                         doctest::Contains("The file is rank 1 of 2's share of global step 7 of a replica-parallel "
+                                           "save: it holds parts of the tensors the ranks hold alike, not all of them. "
+                                           "Load the step through its global index (index-step_7.ckpt)"),
+                         ckpt::LoadMismatch);
+    // through the index, the step loads whole, and the record is no value of it
+    const auto got = ckpt::load_resharded(dir.path() / "index-step_7.ckpt", whole);
+    CHECK(got.state.at("w") == ckpt::Value(iota({40, 4})));
+    CHECK(got.state.get<double>("lr") == 0.5);
+    CHECK_FALSE(got.state.contains(std::string(ckpt::detail::share_record_entry)));
 }
 
 TEST_CASE("replica-parallel saves with no index committed stop at the next hook, saying what is missing") {

@@ -1312,6 +1312,7 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
     const auto& h = contents.header;
     // The owner record is the manager's, not an entry of the program's: shown apart.
     const auto owner = ckpt::detail::owner_in(contents.entries);
+    const auto share = ckpt::detail::share_in(contents.entries);
     std::erase_if(contents.entries, [](const ckpt::EntryInfo& e) { return ckpt::detail::is_reserved_name(e.name); });
     const bool verified = locked || loaded || h.encoded();  // a codec's body is read whole, so checked
     if (as_json) {
@@ -1326,6 +1327,7 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
                        {"checksum_xxh3", hex64(h.body_hash)}};
         json out = {{"path", file.string()}, {"header", header}, {"checksum_verified", verified}};
         if (owner) out["owner"] = {{"prefix", owner->prefix}, {"run", owner->run_prefix}};
+        if (share) out["share"] = *share;
         if (locked) out["entries"] = nullptr;
         else out["entries"] = entries;
         std::cout << json_text(out) << "\n";
@@ -1339,6 +1341,7 @@ int cmd_show(const fs::path& file, bool stats, bool as_json) {
               << "  checksum xxh3 " << hex64(h.body_hash)
               << (verified ? " (verified)" : " (not read; ckpt verify or --stats checks it)") << "\n";
     if (owner) std::cout << "  written for prefix '" << shown(owner->prefix) << "', run '" << shown(owner->run_prefix) << "'\n";
+    if (share) std::cout << "  " << shown(*share) << "\n";
     if (locked) {
         std::cout << "  entries encrypted: pass --key-file to list them\n";
         return 0;

@@ -125,12 +125,19 @@ inline constexpr std::string_view owner_run_entry = "__ckpt.run";
 inline constexpr std::string_view owner_follows_entry = "__ckpt.follows_run";
 // Progress::metrics are kept as doubles named "__ckpt.metric.{name}".
 inline constexpr std::string_view metric_entry_prefix = "__ckpt.metric.";
+// A rank's part of a step that several ranks save together (fault::ReplicaParallel) says so
+// in a string entry, what it holds and how its step loads: the one reserved name a state may
+// carry to a manager. A load of the file alone that does not fit its target adds it to the
+// error.
+inline constexpr std::string_view share_record_entry = "__ckpt.share";
 
 inline bool is_reserved_name(std::string_view name) { return name.starts_with(reserved_name_prefix); }
 
 void record_owner(ParamDict& dict, const CheckpointOwner& owner);
 /// The owner record among a table of contents' entries, or nothing when there is none.
 std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>& toc);
+/// The share record (share_record_entry) among a table of contents' entries, if any.
+std::optional<std::string> share_in(const std::vector<EntryMeta>& toc);
 /// Adds the finite ones of `metrics` to `dict`; returns the names of those left out (NaN,
 /// infinite). An empty name is a ConfigError.
 std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics);

@@ -163,8 +163,9 @@ public:
     /// Saves now, whatever the save policy says, then applies retention. With async_save the
     /// file is written in the background: the returned path is where it will be once wait()
     /// (or the next save) returns.
-    /// @throws ConfigError the state holds a name starting with "__ckpt.", or one append_info
-    ///         sets to another value, or what the archive cannot hold; a metric has no name
+    /// @throws ConfigError the state holds a name starting with "__ckpt." (but the share record
+    ///         "__ckpt.share" of a replica-parallel save), or one append_info sets to another
+    ///         value, or what the archive cannot hold; a metric has no name
     /// @throws IoError the file (or the run's meta file) cannot be written
     /// @throws Error with async_save: what an earlier background save failed with, naming its file
     template <class State>

@@ -212,8 +212,17 @@ public:
     /// shape) and positions the trainer and `data` at the step after it. Nothing in memory
     /// changes when the file does not fit. `opts.key` opens an encrypted file.
     ResumePoint resume_from(const ckpt::PathArg& file, Data& data, const ckpt::LoadOptions& opts = {}) {
-        ResumePoint rp =
-            resume_from_state(ckpt::load_checkpoint(file, opts), "checkpoint '" + file.string() + "'", data);
+        const ckpt::ParamDict dict = ckpt::load_checkpoint(file, opts);
+        ResumePoint rp;
+        try {
+            rp = resume_from_state(dict, "checkpoint '" + file.string() + "'", data);
+        } catch (const ckpt::LoadMismatch& e) {
+            // one rank's share of a step cannot fit a whole state: say what the file is (its
+            // table only is read again)
+            if (const auto share = ckpt::detail::share_in(ckpt::read_contents(file, opts).entries))
+                throw ckpt::LoadMismatch(std::string(e.what()) + ". The file is " + *share);
+            throw;
+        }
         rp.file = file;
         return rp;
     }

@@ -2947,12 +2947,19 @@ inline constexpr std::string_view owner_run_entry = "__ckpt.run";
 inline constexpr std::string_view owner_follows_entry = "__ckpt.follows_run";
 // Progress::metrics are kept as doubles named "__ckpt.metric.{name}".
 inline constexpr std::string_view metric_entry_prefix = "__ckpt.metric.";
+// A rank's part of a step that several ranks save together (fault::ReplicaParallel) says so
+// in a string entry, what it holds and how its step loads: the one reserved name a state may
+// carry to a manager. A load of the file alone that does not fit its target adds it to the
+// error.
+inline constexpr std::string_view share_record_entry = "__ckpt.share";
 
 inline bool is_reserved_name(std::string_view name) { return name.starts_with(reserved_name_prefix); }
 
 void record_owner(ParamDict& dict, const CheckpointOwner& owner);
 /// The owner record among a table of contents' entries, or nothing when there is none.
 std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>& toc);
+/// The share record (share_record_entry) among a table of contents' entries, if any.
+std::optional<std::string> share_in(const std::vector<EntryMeta>& toc);
 /// Adds the finite ones of `metrics` to `dict`; returns the names of those left out (NaN,
 /// infinite). An empty name is a ConfigError.
 std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics);
@@ -4417,6 +4424,20 @@ CKPT_INLINE std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>
     return owner;
 }
 
+CKPT_INLINE std::optional<std::string> share_in(const std::vector<EntryMeta>& toc) {
+    for (const auto& e : toc)
+        if (const std::string* s = e.scalar.get_if<std::string>(); s && e.name == share_record_entry) return *s;
+    return std::nullopt;
+}
+
+/// `m`, and when the file (`toc`) is one rank's share of a step, what it is: a load of it
+/// alone cannot fill a whole state.
+CKPT_INLINE LoadMismatch with_share_record(const LoadMismatch& m, const std::vector<EntryMeta>& toc) {
+    const auto share = share_in(toc);
+    if (!share) return m;
+    return LoadMismatch(std::string(m.what()) + ". The file is " + *share);
+}
+
 CKPT_INLINE std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics) {
     std::vector<std::string> left_out;
     for (const auto& [name, value] : metrics) {
@@ -5132,13 +5153,13 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             plan = plan_load(target, toc, values_are_copies);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
-                throw strict_failure("'" + path + "'", plan);
+                throw with_share_record(strict_failure("'" + path + "'", plan), toc);
             }
             try {
                 commits = stage_bindings(plan, toc, strict, "'" + path + "'");
-            } catch (const LoadMismatch&) {
+            } catch (const LoadMismatch& m) {
                 if (auto e = corruption_instead("")) throw *e;
-                throw;
+                throw with_share_record(m, toc);
             }
             for (std::size_t i = 0; i < toc.size(); ++i) {
                 auto& e = toc[i];
@@ -8277,7 +8298,7 @@ private:
     /// also sets to another value (one would silently replace the other in the file).
     void check_state(const ParamDict& dict, const Progress& p) const {
         for (const auto& [name, value] : dict)
-            if (detail::is_reserved_name(name))
+            if (detail::is_reserved_name(name) && name != detail::share_record_entry)
                 throw ConfigError("the state of checkpoint prefix '" + prefix_ + "' holds '" + name +
                                   "': names starting with '__ckpt.' are the manager's own");
         options_.append_info.check_disjoint(dict, p, prefix_);
@@ -8615,8 +8636,9 @@ public:
     /// Saves now, whatever the save policy says, then applies retention. With async_save the
     /// file is written in the background: the returned path is where it will be once wait()
     /// (or the next save) returns.
-    /// @throws ConfigError the state holds a name starting with "__ckpt.", or one append_info
-    ///         sets to another value, or what the archive cannot hold; a metric has no name
+    /// @throws ConfigError the state holds a name starting with "__ckpt." (but the share record
+    ///         "__ckpt.share" of a replica-parallel save), or one append_info sets to another
+    ///         value, or what the archive cannot hold; a metric has no name
     /// @throws IoError the file (or the run's meta file) cannot be written
     /// @throws Error with async_save: what an earlier background save failed with, naming its file
     template <class State>

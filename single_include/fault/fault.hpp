@@ -3517,10 +3517,16 @@ private:
             ~Restore() { c.state = std::move(whole); }
         } restore{c, whole};
         bool saved = false;
-        c.state = [this, &whole, &saved] {
+        c.state = [this, &whole, &saved, step = c.global_step] {
             const ckpt::ParamDict state = whole();
             const ckpt::PieceMap declared = pieces_ ? pieces_() : ckpt::PieceMap{};
             ReplicaShare s = replica_share(state, comm_.size(), comm_.rank(), declared, find_group(state, declared));
+            const std::string g = std::to_string(step);
+            s.state.set(std::string(ckpt::detail::share_record_entry),
+                        "rank " + std::to_string(comm_.rank()) + " of " + std::to_string(comm_.size()) +
+                            "'s share of global step " + g + " of a replica-parallel save: it holds parts of the "
+                            "tensors the ranks hold alike, not all of them. Load the step through its global index "
+                            "(index-step_" + g + ".ckpt): fault::load_latest_resharded, or ckpt::load_resharded");
             hashes_.clear();
             piece_hashes_.clear();
             for (const auto& e : state) {

@@ -631,7 +631,7 @@ private:
     /// also sets to another value (one would silently replace the other in the file).
     void check_state(const ParamDict& dict, const Progress& p) const {
         for (const auto& [name, value] : dict)
-            if (detail::is_reserved_name(name))
+            if (detail::is_reserved_name(name) && name != detail::share_record_entry)
                 throw ConfigError("the state of checkpoint prefix '" + prefix_ + "' holds '" + name +
                                   "': names starting with '__ckpt.' are the manager's own");
         options_.append_info.check_disjoint(dict, p, prefix_);

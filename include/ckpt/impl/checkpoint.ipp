@@ -67,6 +67,20 @@ CKPT_INLINE std::optional<CheckpointOwner> owner_in(const std::vector<EntryMeta>
     return owner;
 }
 
+CKPT_INLINE std::optional<std::string> share_in(const std::vector<EntryMeta>& toc) {
+    for (const auto& e : toc)
+        if (const std::string* s = e.scalar.get_if<std::string>(); s && e.name == share_record_entry) return *s;
+    return std::nullopt;
+}
+
+/// `m`, and when the file (`toc`) is one rank's share of a step, what it is: a load of it
+/// alone cannot fill a whole state.
+CKPT_INLINE LoadMismatch with_share_record(const LoadMismatch& m, const std::vector<EntryMeta>& toc) {
+    const auto share = share_in(toc);
+    if (!share) return m;
+    return LoadMismatch(std::string(m.what()) + ". The file is " + *share);
+}
+
 CKPT_INLINE std::vector<std::string> record_metrics(ParamDict& dict, const Metrics& metrics) {
     std::vector<std::string> left_out;
     for (const auto& [name, value] : metrics) {
@@ -782,13 +796,13 @@ LoadReport load_binary_into(Source& src, const FileHeader& header, const std::st
             plan = plan_load(target, toc, values_are_copies);
             if (strict && !plan.report.complete()) {
                 if (auto e = corruption_instead("")) throw *e;
-                throw strict_failure("'" + path + "'", plan);
+                throw with_share_record(strict_failure("'" + path + "'", plan), toc);
             }
             try {
                 commits = stage_bindings(plan, toc, strict, "'" + path + "'");
-            } catch (const LoadMismatch&) {
+            } catch (const LoadMismatch& m) {
                 if (auto e = corruption_instead("")) throw *e;
-                throw;
+                throw with_share_record(m, toc);
             }
             for (std::size_t i = 0; i < toc.size(); ++i) {
                 auto& e = toc[i];
