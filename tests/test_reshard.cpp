@@ -10,6 +10,7 @@
 #include "support.hpp"
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <set>
@@ -28,6 +29,17 @@ ckpt::Tensor iota(const ckpt::Shape& shape, float offset = 0) {
     std::vector<float> v(n);
     std::iota(v.begin(), v.end(), offset);
     return ckpt::Tensor::from(v, shape);
+}
+
+/// A trainer's context at global step `step` of epoch 1 (10 steps an epoch), whose state is
+/// `state`'s: what a checkpoint callback's hook is given.
+nn::RunContext step_context(std::int64_t step, std::function<ckpt::ParamDict()> state) {
+    nn::RunContext c;
+    c.epoch = 1;
+    c.step = c.global_step = step;
+    c.steps_per_epoch = 10;
+    c.state = std::move(state);
+    return c;
 }
 
 /// Elements [first, first + n) of iota(shape) as a flat tensor.
@@ -1004,11 +1016,7 @@ TEST_CASE("a replica-parallel save finds the replica groups of sharded state, an
                                                                         "net", {}, ckpt::EverySteps{1});
             const ckpt::PieceMap pieces{{"m", {"m", {12}, static_cast<std::uint64_t>(6 * piece)}}};
             fault::ReplicaParallel shared(comm, files, [&] { return pieces; });
-            nn::RunContext ctx;
-            ctx.epoch = 1;
-            ctx.step = ctx.global_step = 1;
-            ctx.steps_per_epoch = 10;
-            ctx.state = [&] { return ckpt::ParamDict{{"w", w}, {"m", m}}; };
+            nn::RunContext ctx = step_context(1, [&] { return ckpt::ParamDict{{"w", w}, {"m", m}}; });
             try {
                 shared.on_step_end(ctx);
                 fault::commit_global_index(comm, dir.path(), 1, *shared.last_saved(), shared.piece_map());
@@ -1053,11 +1061,7 @@ TEST_CASE("a replica-parallel save refuses a tensor that differs between the ran
             fault::ReplicaParallel shared(comm, files, [&] {
                 return declared ? ckpt::PieceMap{{"rng", ckpt::PiecePlace::per_rank()}} : ckpt::PieceMap{};
             });
-            nn::RunContext ctx;
-            ctx.epoch = 1;
-            ctx.step = ctx.global_step = 1;
-            ctx.steps_per_epoch = 10;
-            ctx.state = [&] { return ckpt::ParamDict{{"w", w}, {"rng", rng}}; };
+            nn::RunContext ctx = step_context(1, [&] { return ckpt::ParamDict{{"w", w}, {"rng", rng}}; });
             try {
                 shared.on_step_end(ctx);
                 fault::commit_global_index(comm, dir.path(), 1, *shared.last_saved(), shared.piece_map());
@@ -1253,11 +1257,7 @@ TEST_CASE("a rank's replica-parallel file says it is a share, and a load of it a
         nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(dir / ("rank_" + std::to_string(comm.rank())), "net",
                                                                     {}, ckpt::EverySteps{1});
         fault::ReplicaParallel shared(comm, files);
-        nn::RunContext ctx;
-        ctx.epoch = 1;
-        ctx.step = ctx.global_step = 7;
-        ctx.steps_per_epoch = 10;
-        ctx.state = [&] { return ckpt::ParamDict{{"w", w}, {"lr", 0.5}}; };
+        nn::RunContext ctx = step_context(7, [&] { return ckpt::ParamDict{{"w", w}, {"lr", 0.5}}; });
         shared.on_step_end(ctx);
         fault::commit_global_index(comm, dir.path(), 7, *shared.last_saved(), shared.piece_map());
     }).rethrow();
@@ -1289,10 +1289,7 @@ TEST_CASE("replica-parallel saves with no index committed stop at the next hook,
         nn::ModelCheckpoint<ckpt::EverySteps, ckpt::KeepLast> files(dir / ("rank_" + std::to_string(comm.rank())), "net",
                                                                     {}, ckpt::EverySteps{1});
         fault::ReplicaParallel shared(comm, files);
-        nn::RunContext ctx;
-        ctx.epoch = 1;
-        ctx.steps_per_epoch = 10;
-        ctx.state = [&] { return ckpt::ParamDict{{"w", w}}; };
+        nn::RunContext ctx = step_context(1, [&] { return ckpt::ParamDict{{"w", w}}; });
         for (std::int64_t step = 1; step <= 2; ++step) {
             ctx.step = ctx.global_step = step;
             try {
