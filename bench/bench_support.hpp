@@ -161,6 +161,32 @@ int run_in_directory(const std::string& dir_arg, const std::vector<std::string>&
     return rc;
 }
 
+/// The options of a bench that sizes only its state and its rounds: [--mib N] [--rounds N]
+/// [--dir DIR], each defaulting to `o`'s. Exits with status 2 and the usage on anything else.
+struct SizeOptions {
+    std::size_t mib;
+    int rounds;
+    std::string dir;
+};
+
+inline SizeOptions size_options(int argc, char** argv, SizeOptions o) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--mib" && i + 1 < argc) o.mib = std::strtoull(argv[++i], nullptr, 10);
+        else if (a == "--rounds" && i + 1 < argc) o.rounds = std::atoi(argv[++i]);
+        else if (a == "--dir" && i + 1 < argc) o.dir = argv[++i];
+        else {
+            std::fprintf(stderr, "usage: %s [--mib N] [--rounds N] [--dir DIR]\n", argv[0]);
+            std::exit(2);
+        }
+    }
+    if (o.mib == 0 || o.rounds < 1) {
+        std::fprintf(stderr, "%s: --mib and --rounds must be at least 1\n", argv[0]);
+        std::exit(2);
+    }
+    return o;
+}
+
 // Machine description
 
 inline std::string cpu_model() {

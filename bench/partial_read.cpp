@@ -141,22 +141,7 @@ int run(const std::string& dir, std::size_t mib, int rounds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::size_t mib = 256;
-    int rounds = 9;
-    std::string dir;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
-        else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
-        else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
-        else {
-            std::fprintf(stderr, "usage: %s [--mib N] [--rounds N] [--dir DIR]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (mib == 0 || rounds < 1) {
-        std::fprintf(stderr, "%s: --mib and --rounds must be at least 1\n", argv[0]);
-        return 2;
-    }
-    return run_in_directory(dir, {"partial_v3.ckpt", "partial_v1.ckpt", "partial_save_v3.ckpt", "partial_save_v1.ckpt"}, [&](const std::string& d) { return run(d, mib, rounds); });
+    const SizeOptions o = size_options(argc, argv, {256, 9, ""});
+    return run_in_directory(o.dir, {"partial_v3.ckpt", "partial_v1.ckpt", "partial_save_v3.ckpt", "partial_save_v1.ckpt"},
+                            [&](const std::string& d) { return run(d, o.mib, o.rounds); });
 }

@@ -42,6 +42,18 @@ nn::RunContext step_context(std::int64_t step, std::function<ckpt::ParamDict()> 
     return c;
 }
 
+/// Saves this rank's `share` of step `step` in dir/rank_<r>/step_<step>.ckpt and commits the
+/// step's index over `declared` and the share's places, in chunks of 4 KiB.
+void save_share(fault::ThreadComm& comm, const fs::path& dir, std::int64_t step, const fault::ReplicaShare& share,
+                const ckpt::PieceMap& declared) {
+    const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / ("step_" + std::to_string(step) + ".ckpt");
+    fs::create_directories(file.parent_path());
+    ckpt::save_checkpoint(share.state, file);
+    ckpt::PieceMap places = declared;
+    for (const auto& [name, place] : share.places) places[name] = place;
+    fault::commit_global_index(comm, dir, step, file, places, 4096);
+}
+
 /// Elements [first, first + n) of iota(shape) as a flat tensor.
 ckpt::Tensor iota_piece(std::uint64_t first, std::uint64_t n) {
     return iota({static_cast<std::int64_t>(n)}, static_cast<float>(first));
@@ -1115,13 +1127,7 @@ TEST_CASE("a load on several ranks reads each byte of what they load alike once,
         d.set("v", iota({1000}, 7));
         d.set("rng", iota({4}, static_cast<float>(10 * comm.rank())));
         const ckpt::PieceMap declared{{"rng", ckpt::PiecePlace::per_rank()}};
-        const fault::ReplicaShare share = fault::replica_share(d, 4, comm.rank(), declared);
-        const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_3.ckpt";
-        fs::create_directories(file.parent_path());
-        ckpt::save_checkpoint(share.state, file);
-        ckpt::PieceMap places = declared;
-        for (const auto& [name, place] : share.places) places[name] = place;
-        fault::commit_global_index(comm, dir.path(), 3, file, places, 4096);
+        save_share(comm, dir.path(), 3, fault::replica_share(d, 4, comm.rank(), declared), declared);
     }).rethrow();
     const fs::path index_file = dir.path() / "index-step_3.ckpt";
     const ckpt::GlobalIndex index = ckpt::read_global_index(index_file);
@@ -1195,13 +1201,7 @@ TEST_CASE("a load reads each piece of sharded state once in its replica group, a
         ckpt::ParamDict d;
         d.set("w", iota({300, 16}));
         d.set("m", iota({3000}, static_cast<float>(declared.at("m").first)));
-        const fault::ReplicaShare share = fault::replica_share(d, 4, comm.rank(), declared, {2, comm.rank() / 2});
-        const fs::path file = dir / ("rank_" + std::to_string(comm.rank())) / "step_3.ckpt";
-        fs::create_directories(file.parent_path());
-        ckpt::save_checkpoint(share.state, file);
-        ckpt::PieceMap places = declared;
-        for (const auto& [name, place] : share.places) places[name] = place;
-        fault::commit_global_index(comm, dir.path(), 3, file, places, 4096);
+        save_share(comm, dir.path(), 3, fault::replica_share(d, 4, comm.rank(), declared, {2, comm.rank() / 2}), declared);
     }).rethrow();
     const fs::path index_file = dir.path() / "index-step_3.ckpt";
     const ckpt::GlobalIndex index = ckpt::read_global_index(index_file);

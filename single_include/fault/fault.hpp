@@ -3493,8 +3493,13 @@ public:
     /// The bytes of the tensors all ranks share, all their runs together.
     std::uint64_t shared_bytes() const noexcept { return shared_bytes_; }
     /// The ranks that keep the same pieces of sharded state as this one, its replica group, at
-    /// the last save (every rank, when nothing is sharded).
-    const std::vector<int>& replica_group() const noexcept { return group_; }
+    /// the last save (every rank, when nothing is sharded; none before a save).
+    std::vector<int> replica_group() const {
+        std::vector<int> group;
+        for (std::size_t r = 0; r < group_keys_.size(); ++r)
+            if (group_keys_[r] == group_keys_[static_cast<std::size_t>(comm_.rank())]) group.push_back(static_cast<int>(r));
+        return group;
+    }
 
     auto& manager() noexcept { return files_.manager(); }
     const auto& last_saved() const noexcept { return files_.last_saved(); }
@@ -3554,12 +3559,9 @@ private:
     /// the same names, places, dtypes and shapes (group_keys_ says whose are). A collective.
     ReplicaGroup find_group(const ckpt::ParamDict& state, const ckpt::PieceMap& declared) {
         group_keys_ = detail::allgather_records(comm_, detail::pieces_key(state, declared));
-        group_.clear();
-        const auto me = static_cast<std::size_t>(comm_.rank());
-        for (std::size_t r = 0; r < group_keys_.size(); ++r)
-            if (group_keys_[r] == group_keys_[me]) group_.push_back(static_cast<int>(r));
-        const auto member = std::find(group_.begin(), group_.end(), comm_.rank()) - group_.begin();
-        return {static_cast<int>(group_.size()), static_cast<int>(member)};
+        const std::vector<int> group = replica_group();
+        const auto member = std::find(group.begin(), group.end(), comm_.rank()) - group.begin();
+        return {static_cast<int>(group.size()), static_cast<int>(member)};
     }
 
     /// Throws ConfigError on every rank when the ranks' shared tensors differ, or the pieces of
@@ -3652,7 +3654,6 @@ private:
     std::vector<std::pair<std::string, std::uint64_t>> hashes_;  ///< of the shared tensors, at the last save
     std::vector<std::pair<std::string, std::uint64_t>> piece_hashes_;  ///< of this rank's pieces, at the last save
     std::vector<std::uint64_t> group_keys_;  ///< every rank's, at the last save: ranks of equal keys are a group
-    std::vector<int> group_;
     std::uint64_t own_bytes_ = 0, shared_bytes_ = 0;
     mutable std::optional<std::int64_t> unindexed_;  ///< the step of a save whose places nobody took yet
 };
